@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine:
+#   make test    # virtual environment + install + the test suite (CPU)
+#   make bench   # same setup + the main benchmark job
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: setup setup-bench test bench bench-kernels inspect info clean
+
+$(VENV)/.setup-test: pyproject.toml constraints.txt scripts/setup-env.sh
+	scripts/setup-env.sh $(VENV) test
+	touch $@
+
+$(VENV)/.setup-bench: pyproject.toml constraints.txt scripts/setup-env.sh
+	scripts/setup-env.sh $(VENV) bench,triton
+	touch $@
+
+setup: $(VENV)/.setup-test
+
+test: $(VENV)/.setup-test
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+bench: $(VENV)/.setup-bench
+	$(PY) -m attnkit bench $(BENCH_ARGS)
+
+bench-kernels: $(VENV)/.setup-test
+	$(PY) -m pytest bench/ --benchmark-only $(PYTEST_ARGS)
+
+inspect: $(VENV)/.setup-test
+	$(PY) -m attnkit.kernels.inspect
+
+info: $(VENV)/.setup-test
+	$(PY) -m attnkit info
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

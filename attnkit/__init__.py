@@ -1,0 +1,41 @@
+"""attnkit: pluggable, correct-first attention processors for diffusers.
+
+    pipe.unet.set_attn_processor(attnkit.auto())
+"""
+
+from .backends import AttentionCall, BackendUnavailable, DeviceInfo, get_backend
+from .processor import (
+    PROCESSOR_NAMES,
+    AttnkitProcessor,
+    FlashAttnProcessor,
+    SDPAProcessor,
+    SlicedProcessor,
+    TritonProcessor,
+    UnsupportedModule,
+    VanillaProcessor,
+    XFormersProcessor,
+    apply,
+    processor,
+)
+from .selector import auto
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionCall",
+    "AttnkitProcessor",
+    "BackendUnavailable",
+    "DeviceInfo",
+    "FlashAttnProcessor",
+    "PROCESSOR_NAMES",
+    "SDPAProcessor",
+    "SlicedProcessor",
+    "TritonProcessor",
+    "UnsupportedModule",
+    "VanillaProcessor",
+    "XFormersProcessor",
+    "apply",
+    "auto",
+    "get_backend",
+    "processor",
+]

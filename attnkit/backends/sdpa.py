@@ -1,0 +1,115 @@
+"""sdpa: torch.nn.functional.scaled_dot_product_attention, scale and mask passed through.
+
+Optionally pinned to one of torch's kernels (flash, efficient, math, cudnn) through
+torch.nn.attention.sdpa_kernel; a pinned kernel declares that kernel's own limits, so
+the processor refuses a call it cannot take instead of letting torch fall back.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import Backend, Capabilities
+
+_HALF = frozenset({torch.float16, torch.bfloat16})
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+# What each pinned kernel accepts (torch 2.x, sdp_utils.cpp). Unpinned, torch picks the
+# best kernel per call and always has the math kernel to fall back on.
+_KERNEL_CAPS = {
+    None: Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS),
+    "math": Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS),
+    # torch's CPU flash kernel takes every float dtype, head dim and mask; the CUDA
+    # one's extra limits are in SDPABackend.extra_reasons.
+    "flash": Capabilities(
+        devices=frozenset({"cpu", "cuda"}),
+        dtypes=_FLOATS,
+        min_capability=(8, 0),
+        deterministic=False,
+    ),
+    "efficient": Capabilities(
+        devices=frozenset({"cuda"}),
+        dtypes=_HALF | {torch.float32},
+        max_head_dim=256,
+        head_dim_multiple=8,
+        min_capability=(5, 0),
+        deterministic=False,
+    ),
+    "cudnn": Capabilities(
+        devices=frozenset({"cuda"}),
+        dtypes=_HALF,
+        max_head_dim=128,
+        head_dim_multiple=8,
+        min_capability=(8, 0),
+        deterministic=False,
+    ),
+}
+
+KERNELS = ("flash", "efficient", "math", "cudnn")
+
+
+def _sdpa_backend_enum(kernel: str):
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+    }[kernel]
+
+
+class SDPABackend(Backend):
+    name = "sdpa"
+    capabilities = _KERNEL_CAPS[None]
+
+    def __init__(self, kernel: str | None = None):
+        if kernel is not None and kernel not in KERNELS:
+            raise ValueError(
+                f"kernel={kernel!r}: choose one of {', '.join(KERNELS)}, or None to let torch choose"
+            )
+        if kernel is not None:
+            try:
+                from torch.nn.attention import sdpa_kernel  # noqa: F401  (torch >= 2.3)
+            except ImportError as e:
+                raise ValueError(
+                    f"kernel={kernel!r} needs torch.nn.attention.sdpa_kernel (torch >= 2.3); "
+                    f"torch {torch.__version__} is installed"
+                ) from e
+        self.kernel = kernel
+        self.capabilities = _KERNEL_CAPS[kernel]
+
+    def __repr__(self) -> str:
+        return f"SDPABackend(kernel={self.kernel!r})" if self.kernel else "SDPABackend()"
+
+    def extra_reasons(self, call):
+        if self.kernel != "flash" or call.device.type != "cuda":
+            return []
+        reasons = []
+        if call.dtype not in _HALF:
+            reasons.append(f"dtype={call.dtype} (torch's CUDA flash kernel: float16, bfloat16)")
+        if call.head_dim > 256:
+            reasons.append(f"head_dim={call.head_dim} > 256 (torch's CUDA flash kernel)")
+        elif call.head_dim % 8:
+            reasons.append(f"head_dim={call.head_dim} is not a multiple of 8 (torch's CUDA flash kernel)")
+        if call.mask != "none":
+            reasons.append(f"mask={call.mask} (torch's CUDA flash kernel takes no mask)")
+        return reasons
+
+    def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False):
+        out_dtype = q.dtype
+        # The fused CUDA kernels keep scores in float32 on chip, so upcast costs nothing
+        # there. The math kernel (CPU, or pinned) would hold fp16 scores: run it in fp32.
+        if upcast and out_dtype in _HALF and (q.device.type != "cuda" or self.kernel == "math"):
+            q, k, v = q.float(), k.float(), v.float()
+        if attn_bias is not None and attn_bias.dtype != q.dtype:
+            attn_bias = attn_bias.to(q.dtype)
+        if self.kernel is None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale)
+        else:
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(_sdpa_backend_enum(self.kernel)):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale)
+        return out.to(out_dtype)

@@ -1,0 +1,66 @@
+"""sliced: vanilla attention computed a few (batch*head) rows at a time.
+
+Peak attention memory is slice_size * M * N scores instead of B*H*M*N: the way to fit
+large images (or the VAE's 4096x4096 single-head attention) in little memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Backend, Capabilities
+from .vanilla import _FLOATS, bmm_attention, flatten_bias, flatten_heads
+
+
+def resolve_slice_size(slice_size: int | str, heads: int, rows: int) -> int:
+    """Rows of (batch*heads) per slice. "auto": half the heads; "max": one at a time."""
+    if slice_size == "auto":
+        return max(1, heads // 2)
+    if slice_size == "max":
+        return 1
+    return min(int(slice_size), rows)
+
+
+class SlicedBackend(Backend):
+    name = "sliced"
+    capabilities = Capabilities(
+        devices=frozenset({"cpu", "cuda", "mps", "xpu"}),
+        dtypes=_FLOATS,
+        deterministic=True,
+    )
+
+    def __init__(self, slice_size: int | str = "auto"):
+        if isinstance(slice_size, str):
+            if slice_size not in ("auto", "max"):
+                raise ValueError(
+                    f"slice_size={slice_size!r}: use a positive int, 'auto' (half the heads) "
+                    "or 'max' (one head at a time)"
+                )
+        elif isinstance(slice_size, bool) or not isinstance(slice_size, int) or slice_size < 1:
+            raise ValueError(
+                f"slice_size={slice_size!r}: use a positive int, 'auto' (half the heads) "
+                "or 'max' (one head at a time)"
+            )
+        self.slice_size = slice_size
+
+    def __repr__(self) -> str:
+        return f"SlicedBackend(slice_size={self.slice_size!r})"
+
+    def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False):
+        b, h, m, d = q.shape
+        scale = d**-0.5 if scale is None else scale
+        q3, k3, v3 = flatten_heads(q), flatten_heads(k), flatten_heads(v)
+        bias = flatten_bias(attn_bias, b, h)
+        rows = b * h
+        step = resolve_slice_size(self.slice_size, h, rows)
+        out = torch.empty(rows, m, v.shape[-1], dtype=q.dtype, device=q.device)
+        # ceil division: the last, shorter slice is computed too.
+        for start in range(0, rows, step):
+            end = min(start + step, rows)
+            sl_bias = None
+            if bias is not None:
+                sl_bias = bias if bias.shape[0] == 1 else bias[start:end]
+            out[start:end] = bmm_attention(
+                q3[start:end], k3[start:end], v3[start:end], sl_bias, scale, upcast
+            )
+        return out.view(b, h, m, v.shape[-1])

@@ -1,0 +1,1 @@
+"""The Stable Diffusion benchmark harness behind `attnkit bench`."""

@@ -1,0 +1,379 @@
+"""diffusers' attention-processor protocol, written once for every backend.
+
+diffusers calls ``processor(attn, hidden_states, encoder_hidden_states, attention_mask,
+temb, **cross_attention_kwargs)`` for each ``Attention`` module. Everything around the
+attention itself (spatial/group/cross norms, projections, qk-norm, head split, masks,
+output projection, residual, rescale) is here, once; the backends only compute
+``softmax(q k^T * scale + bias) v`` on (B, H, N, D) tensors.
+
+One processor instance is shared by every module of a model, so it holds no per-layer
+state: only its backend and a cache of "can this backend serve this kind of call".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from .backends import AttentionCall, Backend, BackendUnavailable, get_backend, mask_kind
+
+logger = logging.getLogger("attnkit")
+
+
+class UnsupportedModule(ValueError):
+    """An Attention module whose computation attnkit's processors cannot reproduce."""
+
+
+def describe_module(attn: nn.Module) -> str:
+    """A short label for error messages and logs: the module's name when known."""
+    name = getattr(attn, "_attnkit_name", None)
+    heads = getattr(attn, "heads", "?")
+    inner = getattr(getattr(attn, "to_q", None), "out_features", None)
+    dims = f"heads={heads}" + (f", head_dim={inner // heads}" if inner and isinstance(heads, int) else "")
+    label = f"{type(attn).__name__}({dims})"
+    return f"{name} [{label}]" if name else label
+
+
+def check_module(attn: nn.Module, encoder_hidden_states: Any) -> None:
+    """Refuse, with the reason, a module or call whose computation we would get wrong."""
+    problem = None
+    if isinstance(encoder_hidden_states, (tuple, list)):
+        problem = (
+            "encoder_hidden_states is a tuple: this is an IP-Adapter layer (text and image "
+            "embeddings). attnkit processors do not implement IP-Adapter's extra image "
+            "attention; keep IP-Adapter's processors on these modules with "
+            "attnkit.apply(model, processor), which replaces only the processors it can serve"
+        )
+    elif getattr(attn, "added_kv_proj_dim", None) is not None or getattr(attn, "add_k_proj", None) is not None:
+        problem = (
+            "it has added key/value projections (added_kv_proj_dim, as served by diffusers' "
+            "AttnAddedKVProcessor or a joint SD3/Flux processor); keep that module's own processor"
+        )
+    elif getattr(attn, "to_k", True) is None or getattr(attn, "to_out", True) is None:
+        problem = "it has no to_k/to_v or no to_out projection (only_cross_attention or pre_only, as in joint/dual attention)"
+    elif getattr(attn, "is_causal", False):
+        problem = "it is causal (is_causal=True); attnkit processors serve non-causal attention only"
+    if problem is not None:
+        raise UnsupportedModule(f"attnkit cannot serve {describe_module(attn)}: {problem}.")
+
+
+def _norm_width(norm: nn.Module) -> int | None:
+    """The feature width a q/k norm normalises over, or None if it is width-agnostic."""
+    shape = getattr(norm, "normalized_shape", None)
+    if shape is None:
+        shape = getattr(norm, "dim", None)  # diffusers' RMSNorm keeps it as .dim
+    if isinstance(shape, int):
+        return shape
+    if isinstance(shape, (tuple, list, torch.Size)) and len(shape) == 1:
+        return int(shape[0])
+    return None
+
+
+def prepare_bias(
+    mask: torch.Tensor | None, batch: int, heads: int, q_len: int, kv_len: int, dtype: torch.dtype, attn: nn.Module
+) -> torch.Tensor | None:
+    """A diffusers attention mask as an additive bias broadcastable to (B, H, M, N).
+
+    Accepts what diffusers produces and users pass: (B, N) key padding, (B|1, 1|M, N)
+    as from the UNet's encoder_attention_mask, (B*H, 1|M, N) as after
+    prepare_attention_mask, and (B|1, H|1, 1|M, N). Never expanded in memory: broadcast
+    dims keep size 1. Boolean masks (True = attend) become 0 / -inf once, here.
+    """
+    if mask is None:
+        return None
+    if mask.shape[-1] != kv_len:
+        raise ValueError(
+            f"{describe_module(attn)}: attention_mask has {mask.shape[-1]} keys in its last "
+            f"dimension but the keys have {kv_len} tokens; pass a mask of shape "
+            f"(batch, {kv_len}), (batch, 1 or {q_len}, {kv_len}) or (batch, heads, 1 or {q_len}, {kv_len})"
+        )
+    nd = mask.dim()
+    if nd == 2:
+        b0, h0, m0 = mask.shape[0], 1, 1
+    elif nd == 3:
+        b0, m0 = mask.shape[0], mask.shape[1]
+        h0 = 1
+        if b0 == batch * heads and heads > 1:
+            b0, h0 = batch, heads
+    elif nd == 4:
+        b0, h0, m0 = mask.shape[0], mask.shape[1], mask.shape[2]
+    else:
+        b0 = h0 = m0 = -1
+    if b0 not in (1, batch) or h0 not in (1, heads) or m0 not in (1, q_len):
+        raise ValueError(
+            f"{describe_module(attn)}: attention_mask of shape {tuple(mask.shape)} does not "
+            f"broadcast to (batch={batch}, heads={heads}, queries={q_len}, keys={kv_len}); pass "
+            f"(batch, keys), (batch, 1 or queries, keys), (batch*heads, 1 or queries, keys) "
+            f"or (batch, heads, 1 or queries, keys)"
+        )
+    bias = mask.reshape(b0, h0, m0, kv_len)
+    if bias.dtype == torch.bool:
+        bias = torch.zeros(bias.shape, dtype=dtype, device=bias.device).masked_fill_(~bias, float("-inf"))
+    elif not bias.is_floating_point():
+        raise ValueError(
+            f"{describe_module(attn)}: attention_mask has dtype {mask.dtype}; pass an additive "
+            "float mask (0 = attend, large negative = ignore) or a boolean one (True = attend)"
+        )
+    return bias
+
+
+class AttnkitProcessor:
+    """The diffusers attention processor, for any attnkit backend.
+
+    ``AttnkitProcessor("sdpa")`` or ``AttnkitProcessor(SDPABackend(kernel="flash"))``.
+    A named backend never silently hands a call to another one: a call it cannot serve
+    raises :class:`BackendUnavailable` with every reason.
+    """
+
+    backend_name: str | None = None
+
+    def __init__(self, backend: Backend | str | None = None, **options: Any):
+        if backend is None:
+            backend = self.backend_name
+        if backend is None:
+            raise ValueError("AttnkitProcessor needs a backend (a name or a Backend instance)")
+        if isinstance(backend, str):
+            backend = get_backend(backend, **options)
+        elif options:
+            raise ValueError(f"options {sorted(options)} go to the backend's constructor, not with an instance")
+        self.backend = backend
+        self._reasons: dict[tuple, list[str]] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.backend!r})"
+
+    # -- the attention itself: subclasses (auto) override this --------------------------
+    def attention(
+        self,
+        attn: nn.Module,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_bias: torch.Tensor | None,
+        scale: float,
+        upcast: bool,
+    ) -> torch.Tensor:
+        key = (
+            q.device.type, q.device.index, q.dtype, q.shape[-1], q.shape[-2], k.shape[-2],
+            mask_kind(attn_bias), torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        )
+        reasons = self._reasons.get(key)
+        if reasons is None:
+            reasons = self.backend.not_supported_reasons(AttentionCall.from_tensors(q, k, v, attn_bias))
+            self._reasons[key] = reasons
+        if reasons:
+            raise BackendUnavailable(
+                f"attnkit backend {self.backend.name!r} cannot serve {describe_module(attn)}: "
+                + "; ".join(reasons)
+                + ". Choose another processor (attnkit.auto() picks one that can run; "
+                "`attnkit info` lists every backend and its limits)."
+            )
+        return self.backend.forward(q, k, v, attn_bias, scale, upcast)
+
+    # -- diffusers' protocol --------------------------------------------------------------
+    def __call__(
+        self,
+        attn: nn.Module,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        temb: torch.Tensor | None = None,
+        *args: Any,
+        scale: float | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        # `scale` (deprecated LoRA scale) and unknown kwargs are accepted and ignored: they
+        # are named in the signature so diffusers does not warn on every call.
+        check_module(attn, encoder_hidden_states)
+        residual = hidden_states
+        if attn.spatial_norm is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+
+        input_ndim = hidden_states.ndim
+        if input_ndim == 4:
+            batch, channel, height, width = hidden_states.shape
+            hidden_states = hidden_states.view(batch, channel, height * width).transpose(1, 2)
+        batch, q_len, _ = hidden_states.shape
+
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+
+        self_attention = encoder_hidden_states is None
+        if self_attention:
+            encoder_hidden_states = hidden_states
+        elif attn.norm_cross is not None:
+            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
+
+        if getattr(attn, "fused_projections", False) and self_attention and hasattr(attn, "to_qkv"):
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        elif getattr(attn, "fused_projections", False) and not self_attention and hasattr(attn, "to_kv"):
+            query = attn.to_q(hidden_states)
+            key, value = attn.to_kv(encoder_hidden_states).chunk(2, dim=-1)
+        else:
+            query = attn.to_q(hidden_states)
+            key = attn.to_k(encoder_hidden_states)
+            value = attn.to_v(encoder_hidden_states)
+
+        heads = attn.heads
+        head_dim = query.shape[-1] // heads
+        kv_len = key.shape[1]
+        kv_heads = key.shape[-1] // head_dim
+
+        norm_q, norm_k = attn.norm_q, attn.norm_k
+        # qk-norm over all heads at once (Lumina's, LTX's) comes before the head split.
+        if norm_q is not None and _norm_width(norm_q) == query.shape[-1] != head_dim:
+            query, norm_q = norm_q(query), None
+        if norm_k is not None and _norm_width(norm_k) == key.shape[-1] != head_dim:
+            key, norm_k = norm_k(key), None
+
+        # (B, N, H*D) -> (B, H, N, D) as a strided view: no copy.
+        q = query.view(batch, q_len, heads, head_dim).transpose(1, 2)
+        k = key.view(batch, kv_len, kv_heads, head_dim).transpose(1, 2)
+        v = value.view(batch, kv_len, kv_heads, value.shape[-1] // kv_heads).transpose(1, 2)
+        if norm_q is not None:
+            q = norm_q(q)
+        if norm_k is not None:
+            k = norm_k(k)
+        if kv_heads != heads:
+            # grouped-query attention: each key/value head serves heads // kv_heads queries.
+            k = k.repeat_interleave(heads // kv_heads, dim=1)
+            v = v.repeat_interleave(heads // kv_heads, dim=1)
+
+        bias = prepare_bias(attention_mask, batch, heads, q_len, kv_len, q.dtype, attn)
+        upcast = bool(attn.upcast_attention or attn.upcast_softmax)
+        out = self.attention(attn, q, k, v, bias, attn.scale, upcast)
+
+        out = out.transpose(1, 2).reshape(batch, q_len, heads * out.shape[-1]).to(query.dtype)
+        out = attn.to_out[0](out)
+        out = attn.to_out[1](out)
+        if input_ndim == 4:
+            out = out.transpose(-1, -2).reshape(batch, channel, height, width)
+        if attn.residual_connection:
+            out = out + residual
+        if attn.rescale_output_factor != 1.0:
+            out = out / attn.rescale_output_factor
+        return out
+
+
+class VanillaProcessor(AttnkitProcessor):
+    """baddbmm + softmax + bmm (diffusers' AttnProcessor), honouring every option."""
+
+    backend_name = "vanilla"
+
+    def __init__(self) -> None:
+        super().__init__("vanilla")
+
+
+class SlicedProcessor(AttnkitProcessor):
+    """Vanilla attention, slice_size (batch*head) rows at a time: low peak memory.
+
+    slice_size: a positive int, "auto" (half the heads) or "max" (one at a time).
+    """
+
+    backend_name = "sliced"
+
+    def __init__(self, slice_size: int | str = "auto") -> None:
+        super().__init__("sliced", slice_size=slice_size)
+
+
+class SDPAProcessor(AttnkitProcessor):
+    """torch's scaled_dot_product_attention, with attn.scale and masks passed through.
+
+    kernel: None (torch chooses), or "flash", "efficient", "math", "cudnn" to pin one.
+    """
+
+    backend_name = "sdpa"
+
+    def __init__(self, kernel: str | None = None) -> None:
+        super().__init__("sdpa", kernel=kernel)
+
+
+class XFormersProcessor(AttnkitProcessor):
+    """xformers.ops.memory_efficient_attention (CUDA; optional extra ``attnkit[xformers]``)."""
+
+    backend_name = "xformers"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__("xformers", **options)
+
+
+class FlashAttnProcessor(AttnkitProcessor):
+    """flash_attn.flash_attn_func (CUDA, fp16/bf16, no mask; optional extra)."""
+
+    backend_name = "flash_attn"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__("flash_attn", **options)
+
+
+class TritonProcessor(AttnkitProcessor):
+    """attnkit's own Triton FlashAttention kernel (CUDA)."""
+
+    backend_name = "triton"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__("triton", **options)
+
+
+_PROCESSORS = {
+    "vanilla": VanillaProcessor,
+    "sliced": SlicedProcessor,
+    "sdpa": SDPAProcessor,
+    "xformers": XFormersProcessor,
+    "flash_attn": FlashAttnProcessor,
+    "triton": TritonProcessor,
+}
+
+PROCESSOR_NAMES = tuple(_PROCESSORS) + ("auto",)
+
+
+def processor(name: str, **options: Any) -> AttnkitProcessor:
+    """A processor by name: vanilla, sliced, sdpa, xformers, flash_attn, triton or auto."""
+    if name == "auto":
+        from .selector import auto
+
+        return auto(**options)
+    try:
+        cls = _PROCESSORS[name]
+    except KeyError:
+        raise ValueError(f"unknown processor {name!r}; choose one of {', '.join(PROCESSOR_NAMES)}") from None
+    return cls(**options)
+
+
+def _keeps_own_processor(proc: Any) -> bool:
+    """Processors with weights or extra inputs (IP-Adapter, custom diffusion) stay."""
+    name = type(proc).__name__
+    return isinstance(proc, nn.Module) or "IPAdapter" in name or "AddedKV" in name or "Joint" in name
+
+
+def apply(model: nn.Module, proc: AttnkitProcessor) -> dict[str, str]:
+    """Set ``proc`` on every attention module of ``model`` that it can serve.
+
+    Unlike ``model.set_attn_processor(proc)``, processors that carry weights or extra
+    inputs (IP-Adapter, custom diffusion, added-KV and joint attention) are kept, and
+    each module is given its name so logs and errors say which layer they mean.
+    Returns {module name: "attnkit" | name of the processor kept}.
+    """
+    from diffusers.models.attention_processor import Attention
+
+    for name, module in model.named_modules():
+        if isinstance(module, Attention):
+            module._attnkit_name = name
+    current = model.attn_processors
+    new: dict[str, Any] = {}
+    report: dict[str, str] = {}
+    for key, old in current.items():
+        if _keeps_own_processor(old):
+            new[key] = old
+            report[key] = type(old).__name__
+        else:
+            new[key] = proc
+            report[key] = "attnkit"
+    kept = [k for k, v in report.items() if v != "attnkit"]
+    if kept:
+        logger.info("attnkit.apply kept %d processors of their own: %s", len(kept), ", ".join(kept))
+    model.set_attn_processor(new)
+    return report

@@ -1,0 +1,132 @@
+"""The float64 reference and the tolerance rule every backend is held to.
+
+Tests and benchmarks both import from here, so "correct" means one thing everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _bias_to_additive(attn_bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if attn_bias.dtype == torch.bool:
+        # True = attend, as in torch's scaled_dot_product_attention.
+        out = torch.zeros(attn_bias.shape, dtype=dtype, device=attn_bias.device)
+        return out.masked_fill(~attn_bias, float("-inf"))
+    return attn_bias.to(dtype)
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(q @ k^T * scale + attn_bias) @ v in float64.
+
+    q: (..., M, D); k: (..., N, D); v: (..., N, Dv); attn_bias broadcastable to
+    (..., M, N): additive float, or bool where True means "attend".
+    scale defaults to D ** -0.5. A query row whose keys are all masked (-inf or False)
+    gives zeros, the convention of FlashAttention and torch's SDPA.
+    Returns float64 on the inputs' device.
+    """
+    d = q.shape[-1]
+    scale = d**-0.5 if scale is None else float(scale)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    scores = torch.matmul(q64, k64.transpose(-1, -2)) * scale
+    if attn_bias is not None:
+        scores = scores + _bias_to_additive(attn_bias, torch.float64)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    dead = torch.isneginf(row_max)
+    row_max = torch.where(dead, torch.zeros_like(row_max), row_max)
+    p = torch.exp(scores - row_max)
+    denom = p.sum(dim=-1, keepdim=True)
+    p = torch.where(dead, torch.zeros_like(p), p / torch.where(dead, torch.ones_like(denom), denom))
+    return torch.matmul(p, v64)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; inf if out has a NaN or inf."""
+    out64 = out.detach().double()
+    ref64 = ref.detach().double()
+    if not torch.isfinite(out64).all():
+        return math.inf
+    denom = ref64.norm().item()
+    num = (out64 - ref64).norm().item()
+    if denom == 0.0:
+        return num
+    return num / denom
+
+
+def torch_math_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Plain torch math in the inputs' own dtype: the baseline for the tolerance rule.
+
+    Scores and softmax in the inputs' dtype, then cast back: what an unfused
+    implementation in that precision gets, without any upcasting.
+    """
+    d = q.shape[-1]
+    scale = d**-0.5 if scale is None else float(scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if attn_bias is not None:
+        scores = scores + _bias_to_additive(attn_bias, scores.dtype)
+    p = torch._safe_softmax(scores, -1) if hasattr(torch, "_safe_softmax") else scores.softmax(-1)
+    return torch.matmul(p.to(v.dtype), v)
+
+
+# Floor of the tolerance: a few units of rounding of the output dtype, so that a
+# baseline that happens to be exact (tiny problems) does not demand exactness.
+EPSILON = {
+    torch.float64: 1e-12,
+    torch.float32: 1e-6,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
+
+def tolerance(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    ref: torch.Tensor | None = None,
+    factor: float = 2.0,
+) -> float:
+    """The allowed relative error for a backend on these inputs.
+
+    factor * (error of plain torch math in the inputs' dtype against float64) + EPSILON.
+    """
+    if ref is None:
+        ref = reference_attention(q, k, v, attn_bias, scale)
+    base = rel_error(torch_math_attention(q, k, v, attn_bias, scale), ref)
+    if not math.isfinite(base):
+        # torch math itself overflowed (fp16 scores beyond 65504): hold the backend
+        # to the dtype's rounding instead.
+        base = 0.0
+    return factor * base + EPSILON.get(q.dtype, 1e-3)
+
+
+def assert_close_to_reference(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    factor: float = 2.0,
+) -> None:
+    """Fail unless out is within the tolerance rule of the float64 reference. NaN fails."""
+    ref = reference_attention(q, k, v, attn_bias, scale)
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    err = rel_error(out, ref)
+    tol = tolerance(q, k, v, attn_bias, scale, ref=ref, factor=factor)
+    assert err <= tol, f"relative error {err:.3e} > tolerance {tol:.3e} ({q.dtype})"

@@ -1,0 +1,36 @@
+"""Shared test setup.
+
+Triton runs on the CPU only through its interpreter, which must be switched on before
+any @triton.jit function is defined: so it is set here, before attnkit is imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; none is present on this machine")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed each run (random data, never zeros), printed so a failure reproduces."""
+    s = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(s)
+    print(f"seed={s}")
+    return s
