@@ -18,6 +18,7 @@ from .processor import (
     processor,
 )
 from .selector import auto
+from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
 
 __version__ = "0.1.0"
 
@@ -38,4 +39,5 @@ __all__ = [
     "auto",
     "get_backend",
     "processor",
+    "testing",
 ]
