@@ -1,0 +1,1036 @@
+"""FlashAttention-2 in Triton: softmax(q k^T * scale + attn_bias) v without an M x N matrix.
+
+Read top to bottom: the @triton.jit kernels, then the launchers that choose tiles and
+grids, then the torch.library custom ops with their autograd, then the public functions.
+
+The algorithm (Dao, "FlashAttention-2", 2023):
+
+* forward: each program owns BLOCK_M query rows; their Q tile stays in registers while
+  K/V tiles of BLOCK_N keys stream through. The softmax is computed online in fp32 in
+  base 2: the factor log2(e) is folded into the scale, so every exponential is one
+  exp2. The program writes its O rows and their log-sum-exp (LSE, stored in base 2).
+* backward: delta = rowsum(dO * O) first; then one pass per key tile computes dK and dV
+  (streaming Q, dO), and one pass per query tile computes dQ (streaming K, V). Each
+  output element is written by exactly one program: no atomics, so the backward is
+  deterministic too.
+
+Head dims. Triton tiles are powers of two, and tensor-core dots need a reduction length
+of at least 16. Padding the head dim to the next power of two wastes a lot at the head
+dims of diffusion models (40 -> 64 is 37.5% of the matrix work). Here the head dim is
+cut into at most two power-of-two pieces D0 >= D1 >= 16 (40 = 32 + 8 -> 32 + 16, 80 =
+64 + 16, 160 = 128 + 32), and each piece is its own dot. Matrix work wasted by padding,
+(padded - D) / padded, both matmuls alike:
+
+    head dim       8    24    40    64    72    80   100   128   160   256
+    next pow2     16    32    64    64   128   128   128   128   256   256
+      waste      50%   25%  37.5%   0%  43.8% 37.5% 21.9%   0%  37.5%   0%
+    FA2/FA3 pad   32    32    64    64    96    96   128   128   192   256
+      waste      75%   25%  37.5%   0%  25.0% 16.7% 21.9%   0%  16.7%   0%
+    this kernel   16    32    48    64    80    80   128   128   160   256
+      waste      50%   25%  16.7%   0%  10.0%   0%  21.9%   0%    0%   0%
+
+(The FlashAttention row is the padding the issue describes: 40 -> 64, 80 -> 96,
+160 -> 192; its kernels are instantiated for head dims that are multiples of 32.)
+Head dim 8 still pays 50%: a tensor-core dot cannot reduce over fewer than 16.
+
+Everything else the callers of a diffusion model produce:
+
+* M and N from 1 up, any remainder: full tiles run without bounds checks and one last
+  masked tile handles the remainder.
+* attn_bias broadcastable to (B, H, M, N), read through its strides (0 on broadcast
+  dims); a key-padding bias (stride 0 over queries) is loaded as one row per tile.
+  A row whose keys are all -inf outputs zeros (and its LSE is -inf).
+* q, k, v, dO with any strides as long as the last dim is contiguous (the (B, N, H, D)
+  storage that a diffusers processor produces, viewed as (B, H, N, D)).
+* 64-bit offsets: batch, head and tile-start offsets are computed in int64, so tensors
+  beyond 2**31 elements index correctly; offsets inside a tile stay 32-bit.
+* fp32 inputs are multiplied in true fp32 (input_precision="ieee") unless the caller
+  allows tf32.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # ln(2): log(x) == log2(x) * LN2
+
+MIN_HEAD_DIM = 8
+MAX_HEAD_DIM = 256
+# The grid is (query or key tiles, heads, batch); CUDA limits grid dims y and z to 65535.
+MAX_GRID_YZ = 65535
+
+# Triton's interpreter runs the same kernels on CPU tensors (for tests and debugging).
+# It must be chosen before this module defines its kernels, like triton itself does.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# =====================================================================================
+# Kernels
+# =====================================================================================
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """acc + a @ b with fp32 accumulation.
+
+    EMULATE_BF16 is set only by the launcher under TRITON_INTERPRET=1 for bf16 inputs:
+    the interpreter multiplies bf16 tensors as their raw uint16 bit patterns. Every bf16
+    value is exact in fp32, so an fp32 dot of the widened operands computes the same
+    products a bf16 tensor-core dot accumulates in fp32. Compiled kernels never take
+    this branch (it is a constexpr, eliminated at compile time).
+    """
+    if EMULATE_BF16:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+@triton.jit
+def _load_tile(base, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr,
+               MASK_R: tl.constexpr, MASK_C: tl.constexpr):
+    """Load base[r, c] for r in offs_r, c in offs_c (last dim contiguous), zeros outside.
+
+    base already points at the tile's first row (int64 arithmetic); offs_r are offsets
+    inside the tile, so the 32-bit products offs_r * stride_r stay small. MASK_R / MASK_C
+    are constexprs so that full tiles carry no bounds checks at all.
+    """
+    ptrs = base + offs_r[:, None] * stride_r + offs_c[None, :]
+    if MASK_R:
+        if MASK_C:
+            x = tl.load(ptrs, mask=(offs_r[:, None] < rows_left) & (offs_c[None, :] < COL_LIMIT), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=offs_r[:, None] < rows_left, other=0.0)
+    else:
+        if MASK_C:
+            x = tl.load(ptrs, mask=offs_c[None, :] < COL_LIMIT, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr, MASK_C: tl.constexpr):
+    """Store x to base[r, c], rows below rows_left (and columns below COL_LIMIT)."""
+    ptrs = base + offs_r[:, None] * stride_r + offs_c[None, :]
+    if MASK_C:
+        tl.store(ptrs, x, mask=(offs_r[:, None] < rows_left) & (offs_c[None, :] < COL_LIMIT))
+    else:
+        tl.store(ptrs, x, mask=offs_r[:, None] < rows_left)
+
+
+@triton.jit
+def _load_bias(base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
+               BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
+    """The bias tile [len(offs_m), len(offs_n)] in fp32 and base-2 units, 0 outside.
+
+    BIAS_PER_KEY: the bias does not depend on the query (key padding, stride 0 over M):
+    one row is loaded and broadcast, not BLOCK_M copies of it.
+    """
+    if BIAS_PER_KEY:
+        ptrs = base + offs_n * stride_bn
+        if MASK_N:
+            b = tl.load(ptrs, mask=offs_n < n_left, other=0.0)
+        else:
+            b = tl.load(ptrs)
+        b = b[None, :]
+    else:
+        ptrs = base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn
+        if MASK_M:
+            if MASK_N:
+                b = tl.load(ptrs, mask=(offs_m[:, None] < m_left) & (offs_n[None, :] < n_left), other=0.0)
+            else:
+                b = tl.load(ptrs, mask=offs_m[:, None] < m_left, other=0.0)
+        else:
+            if MASK_N:
+                b = tl.load(ptrs, mask=offs_n[None, :] < n_left, other=0.0)
+            else:
+                b = tl.load(ptrs)
+    return b.to(tl.float32) * 1.4426950408889634  # natural-log units -> base 2
+
+
+@triton.jit
+def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1,
+              k_base, v_base, b_base, stride_kn, stride_vn, stride_bm, stride_bn,
+              offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
+              HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+              HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
+              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One K/V tile of the online softmax: update (acc, m, l) for the program's queries."""
+    # s = q @ k^T over the head-dim pieces, in base-2 units: qk_scale = scale * log2(e).
+    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM)
+    s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
+             PRECISION, EMULATE_BF16)
+    if D1 > 0:
+        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM)
+        s = _dot(q1, tl.trans(k1), s, PRECISION, EMULATE_BF16)
+    s = s * qk_scale
+    if HAS_BIAS:
+        # Rows beyond M are masked (a full bias has no memory there); key columns only
+        # in the last tile.
+        s += _load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
+                        BIAS_PER_KEY, True, MASK_N)
+    if MASK_N:
+        s = tl.where(offs_n[None, :] < n_left, s, float("-inf"))
+
+    # Online softmax. A row that has seen only -inf keeps m = -inf; exponentiate
+    # against 0 instead so that exp2(-inf - -inf) never makes a NaN: its p and alpha
+    # are 0, and its l stays 0.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_ref)
+    p = tl.math.exp2(s - m_ref[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+
+    # acc = acc * alpha + p @ v; p is rounded to the input dtype for the tensor-core dot,
+    # as in FlashAttention (a no-op for fp32 inputs).
+    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM)
+    acc0 = _dot(p.to(v0.dtype), v0, acc0 * alpha[:, None], PRECISION, EMULATE_BF16)
+    if D1 > 0:
+        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM)
+        acc1 = _dot(p.to(v1.dtype), v1, acc1 * alpha[:, None], PRECISION, EMULATE_BF16)
+    return acc0, acc1, m_new, l_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Bias, Out, Lse,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_ob, stride_oh, stride_om,
+    H, M, N, qk_scale,
+    M_KEY, N_KEY,  # autotuning keys only (lengths rounded to powers of two)
+    HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head."""
+    tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
+    tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
+                     "D1 must be 0 or a power of two in [16, D0]")
+    tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
+    tl.static_assert(BLOCK_M >= 16 and (BLOCK_M & (BLOCK_M - 1)) == 0, "BLOCK_M: power of two >= 16")
+    tl.static_assert(BLOCK_N >= 16 and (BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N: power of two >= 16")
+
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    row0 = pid_m.to(tl.int64) * BLOCK_M
+    m_left = M - pid_m * BLOCK_M
+
+    q_base = Q + b * stride_qb + h * stride_qh + row0 * stride_qm
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    b_base = Bias + b * stride_bb + h * stride_bh + row0 * stride_bm
+    o_base = Out + b * stride_ob + h * stride_oh + row0 * stride_om
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d0 = tl.arange(0, D0)
+    if D1 > 0:
+        offs_d1 = D0 + tl.arange(0, D1)
+    else:
+        offs_d1 = offs_d0  # placeholder, never read
+
+    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM)
+    acc0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
+    if D1 > 0:
+        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
+        acc1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
+    else:
+        # Placeholders that are never read when there is no second piece.
+        q1 = q0
+        acc1 = tl.zeros([1, 1], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # Full key tiles without bounds checks, then the remainder with them.
+    n_full = (N // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):
+        acc0, acc1, m_i, l_i = _fwd_tile(
+            acc0, acc1, m_i, l_i, q0, q1,
+            k_base + tl.cast(start_n, tl.int64) * stride_kn, v_base + tl.cast(start_n, tl.int64) * stride_vn,
+            b_base + tl.cast(start_n, tl.int64) * stride_bn,
+            stride_kn, stride_vn, stride_bm, stride_bn,
+            offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, PRECISION, EMULATE_BF16)
+    if n_full < N:
+        acc0, acc1, m_i, l_i = _fwd_tile(
+            acc0, acc1, m_i, l_i, q0, q1,
+            k_base + tl.cast(n_full, tl.int64) * stride_kn, v_base + tl.cast(n_full, tl.int64) * stride_vn,
+            b_base + tl.cast(n_full, tl.int64) * stride_bn,
+            stride_kn, stride_vn, stride_bm, stride_bn,
+            offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, PRECISION, EMULATE_BF16)
+
+    # Rows whose keys were all masked have l = 0: they output 0 and their LSE is -inf.
+    dead = l_i == 0.0
+    inv_l = 1.0 / tl.where(dead, 1.0, l_i)
+    lse = tl.where(dead, float("-inf"), m_i + tl.math.log2(tl.where(dead, 1.0, l_i)))
+    tl.store(Lse + (b * H + h) * M + row0 + offs_m, lse, mask=offs_m < m_left)
+    _store_tile(o_base, (acc0 * inv_l[:, None]).to(Out.dtype.element_ty), offs_m, offs_d0,
+                stride_om, m_left, HEAD_DIM, D0 > HEAD_DIM)
+    if D1 > 0:
+        _store_tile(o_base, (acc1 * inv_l[:, None]).to(Out.dtype.element_ty), offs_m, offs_d1,
+                    stride_om, m_left, HEAD_DIM, D0 + D1 > HEAD_DIM)
+
+
+@triton.jit
+def _attn_bwd_delta(
+    Out, DO, Delta,
+    stride_ob, stride_oh, stride_om,
+    stride_db, stride_dh, stride_dm,
+    H, M,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """delta = rowsum(dO * O) in fp32, the softmax-gradient term of every query row."""
+    tl.static_assert(BLOCK_D >= HEAD_DIM, "BLOCK_D must cover the head dim")
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    row0 = pid_m.to(tl.int64) * BLOCK_M
+    m_left = M - pid_m * BLOCK_M
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load_tile(Out + b * stride_ob + h * stride_oh + row0 * stride_om, offs_m, offs_d,
+                   stride_om, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM)
+    do = _load_tile(DO + b * stride_db + h * stride_dh + row0 * stride_dm, offs_m, offs_d,
+                    stride_dm, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + (b * H + h) * M + row0 + offs_m, delta, mask=offs_m < m_left)
+
+
+@triton.jit
+def _dkdv_tile(dk0, dk1, dv0, dv1, k0, k1, v0, v1,
+               q_base, do_base, b_base, lse_base, delta_base,
+               stride_qm, stride_dom, stride_bm, stride_bn,
+               offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
+               HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+               HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr,
+               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One Q/dO tile of the dK/dV pass, computed transposed (keys x queries)."""
+    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM)
+    sT = _dot(k0, tl.trans(q0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32),
+              PRECISION, EMULATE_BF16)
+    if D1 > 0:
+        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM)
+        sT = _dot(k1, tl.trans(q1), sT, PRECISION, EMULATE_BF16)
+    sT = sT * qk_scale
+    if HAS_BIAS:
+        # The key rows of this tile may run past N (the tile is the program's own and
+        # is masked on load); the query columns only in the last tile.
+        if BIAS_PER_KEY:
+            bT = tl.load(b_base + offs_n * stride_bn, mask=offs_n < n_left, other=0.0)
+            sT += (bT.to(tl.float32) * 1.4426950408889634)[:, None]
+        else:
+            sT += tl.trans(_load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
+                                      False, MASK_M, True))
+    # The forward's LSE, in base 2. Rows beyond M load +inf and dead rows (LSE -inf)
+    # become +inf, so that their p is exactly 0 instead of exp2(-inf - -inf) = NaN.
+    if MASK_M:
+        lse = tl.load(lse_base + offs_m, mask=offs_m < m_left, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=offs_m < m_left, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    pT = tl.math.exp2(sT - lse[None, :])
+
+    do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM)
+    dv0 = _dot(pT.to(do0.dtype), do0, dv0, PRECISION, EMULATE_BF16)
+    dpT = _dot(v0, tl.trans(do0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32),
+               PRECISION, EMULATE_BF16)
+    if D1 > 0:
+        do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM)
+        dv1 = _dot(pT.to(do1.dtype), do1, dv1, PRECISION, EMULATE_BF16)
+        dpT = _dot(v1, tl.trans(do1), dpT, PRECISION, EMULATE_BF16)
+    # dS = P * (dP - delta), in natural units; the scale is applied once at the end.
+    dsT = (pT * (dpT - delta[None, :])).to(q0.dtype)
+    dk0 = _dot(dsT, q0, dk0, PRECISION, EMULATE_BF16)
+    if D1 > 0:
+        dk1 = _dot(dsT, q1, dk1, PRECISION, EMULATE_BF16)
+    return dk0, dk1, dv0, dv1
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    Q, K, V, Bias, DO, Lse, Delta, DK, DV,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    H, M, N, qk_scale, sm_scale,
+    M_KEY, N_KEY,
+    HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming every query."""
+    tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
+    tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
+                     "D1 must be 0 or a power of two in [16, D0]")
+    tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
+    tl.static_assert(BLOCK_M >= 16 and (BLOCK_M & (BLOCK_M - 1)) == 0, "BLOCK_M: power of two >= 16")
+    tl.static_assert(BLOCK_N >= 16 and (BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N: power of two >= 16")
+
+    pid_n = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    col0 = pid_n.to(tl.int64) * BLOCK_N
+    n_left = N - pid_n * BLOCK_N
+
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DO + b * stride_dob + h * stride_doh
+    b_base = Bias + b * stride_bb + h * stride_bh + col0 * stride_bn
+    lse_base = Lse + (b * H + h) * M
+    delta_base = Delta + (b * H + h) * M
+    k_base = K + b * stride_kb + h * stride_kh + col0 * stride_kn
+    v_base = V + b * stride_vb + h * stride_vh + col0 * stride_vn
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d0 = tl.arange(0, D0)
+    if D1 > 0:
+        offs_d1 = D0 + tl.arange(0, D1)
+    else:
+        offs_d1 = offs_d0  # placeholder, never read
+
+    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM)
+    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM)
+    dk0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
+    dv0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
+    if D1 > 0:
+        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
+        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
+        dk1 = tl.zeros([BLOCK_N, D1], dtype=tl.float32)
+        dv1 = tl.zeros([BLOCK_N, D1], dtype=tl.float32)
+    else:
+        k1 = k0
+        v1 = v0
+        dk1 = tl.zeros([1, 1], dtype=tl.float32)
+        dv1 = tl.zeros([1, 1], dtype=tl.float32)
+
+    m_full = (M // BLOCK_M) * BLOCK_M
+    for start_m in range(0, m_full, BLOCK_M):
+        dk0, dk1, dv0, dv1 = _dkdv_tile(
+            dk0, dk1, dv0, dv1, k0, k1, v0, v1,
+            q_base + tl.cast(start_m, tl.int64) * stride_qm, do_base + tl.cast(start_m, tl.int64) * stride_dom,
+            b_base + tl.cast(start_m, tl.int64) * stride_bm, lse_base + start_m, delta_base + start_m,
+            stride_qm, stride_dom, stride_bm, stride_bn,
+            offs_m, offs_n, offs_d0, offs_d1, M - start_m, n_left, qk_scale,
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, PRECISION, EMULATE_BF16)
+    if m_full < M:
+        dk0, dk1, dv0, dv1 = _dkdv_tile(
+            dk0, dk1, dv0, dv1, k0, k1, v0, v1,
+            q_base + tl.cast(m_full, tl.int64) * stride_qm, do_base + tl.cast(m_full, tl.int64) * stride_dom,
+            b_base + tl.cast(m_full, tl.int64) * stride_bm, lse_base + m_full, delta_base + m_full,
+            stride_qm, stride_dom, stride_bm, stride_bn,
+            offs_m, offs_n, offs_d0, offs_d1, M - m_full, n_left, qk_scale,
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, PRECISION, EMULATE_BF16)
+
+    dk_base = DK + b * stride_dkb + h * stride_dkh + col0 * stride_dkn
+    dv_base = DV + b * stride_dvb + h * stride_dvh + col0 * stride_dvn
+    _store_tile(dk_base, (dk0 * sm_scale).to(DK.dtype.element_ty), offs_n, offs_d0, stride_dkn, n_left,
+                HEAD_DIM, D0 > HEAD_DIM)
+    _store_tile(dv_base, dv0.to(DV.dtype.element_ty), offs_n, offs_d0, stride_dvn, n_left,
+                HEAD_DIM, D0 > HEAD_DIM)
+    if D1 > 0:
+        _store_tile(dk_base, (dk1 * sm_scale).to(DK.dtype.element_ty), offs_n, offs_d1, stride_dkn, n_left,
+                    HEAD_DIM, D0 + D1 > HEAD_DIM)
+        _store_tile(dv_base, dv1.to(DV.dtype.element_ty), offs_n, offs_d1, stride_dvn, n_left,
+                    HEAD_DIM, D0 + D1 > HEAD_DIM)
+
+
+@triton.jit
+def _dq_tile(dq0, dq1, q0, q1, do0, do1, lse, delta,
+             k_base, v_base, b_base, stride_kn, stride_vn, stride_bm, stride_bn,
+             offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
+             HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+             HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
+             PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """One K/V tile of the dQ pass."""
+    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM)
+    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM)
+    s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
+             PRECISION, EMULATE_BF16)
+    dp = _dot(do0, tl.trans(v0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
+              PRECISION, EMULATE_BF16)
+    if D1 > 0:
+        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM)
+        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM)
+        s = _dot(q1, tl.trans(k1), s, PRECISION, EMULATE_BF16)
+        dp = _dot(do1, tl.trans(v1), dp, PRECISION, EMULATE_BF16)
+    s = s * qk_scale
+    if HAS_BIAS:
+        s += _load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
+                        BIAS_PER_KEY, True, MASK_N)
+    if MASK_N:
+        s = tl.where(offs_n[None, :] < n_left, s, float("-inf"))
+    p = tl.math.exp2(s - lse[:, None])
+    ds = (p * (dp - delta[:, None])).to(k0.dtype)
+    dq0 = _dot(ds, k0, dq0, PRECISION, EMULATE_BF16)
+    if D1 > 0:
+        dq1 = _dot(ds, k1, dq1, PRECISION, EMULATE_BF16)
+    return dq0, dq1
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, Bias, DO, Lse, Delta, DQ,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dqb, stride_dqh, stride_dqm,
+    H, M, N, qk_scale, sm_scale,
+    M_KEY, N_KEY,
+    HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+):
+    """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming every key."""
+    tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
+    tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
+                     "D1 must be 0 or a power of two in [16, D0]")
+    tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
+    tl.static_assert(BLOCK_M >= 16 and (BLOCK_M & (BLOCK_M - 1)) == 0, "BLOCK_M: power of two >= 16")
+    tl.static_assert(BLOCK_N >= 16 and (BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N: power of two >= 16")
+
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    row0 = pid_m.to(tl.int64) * BLOCK_M
+    m_left = M - pid_m * BLOCK_M
+
+    q_base = Q + b * stride_qb + h * stride_qh + row0 * stride_qm
+    do_base = DO + b * stride_dob + h * stride_doh + row0 * stride_dom
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    b_base = Bias + b * stride_bb + h * stride_bh + row0 * stride_bm
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d0 = tl.arange(0, D0)
+    if D1 > 0:
+        offs_d1 = D0 + tl.arange(0, D1)
+    else:
+        offs_d1 = offs_d0  # placeholder, never read
+
+    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM)
+    do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM)
+    dq0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
+    if D1 > 0:
+        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
+        do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
+        dq1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
+    else:
+        q1 = q0
+        do1 = do0
+        dq1 = tl.zeros([1, 1], dtype=tl.float32)
+    lse_ptrs = Lse + (b * H + h) * M + row0 + offs_m
+    lse = tl.load(lse_ptrs, mask=offs_m < m_left, other=float("inf"))
+    # Dead rows (all keys masked, LSE -inf) get p = 0 rather than NaN.
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    delta = tl.load(Delta + (b * H + h) * M + row0 + offs_m, mask=offs_m < m_left, other=0.0)
+
+    n_full = (N // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):
+        dq0, dq1 = _dq_tile(
+            dq0, dq1, q0, q1, do0, do1, lse, delta,
+            k_base + tl.cast(start_n, tl.int64) * stride_kn, v_base + tl.cast(start_n, tl.int64) * stride_vn,
+            b_base + tl.cast(start_n, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
+            offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, PRECISION, EMULATE_BF16)
+    if n_full < N:
+        dq0, dq1 = _dq_tile(
+            dq0, dq1, q0, q1, do0, do1, lse, delta,
+            k_base + tl.cast(n_full, tl.int64) * stride_kn, v_base + tl.cast(n_full, tl.int64) * stride_vn,
+            b_base + tl.cast(n_full, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
+            offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, PRECISION, EMULATE_BF16)
+
+    dq_base = DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqm
+    _store_tile(dq_base, (dq0 * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d0, stride_dqm, m_left,
+                HEAD_DIM, D0 > HEAD_DIM)
+    if D1 > 0:
+        _store_tile(dq_base, (dq1 * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d1, stride_dqm, m_left,
+                    HEAD_DIM, D0 + D1 > HEAD_DIM)
+
+
+# =====================================================================================
+# Launchers: head-dim pieces, tile configurations, grids
+# =====================================================================================
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def split_head_dim(head_dim: int) -> tuple[int, int]:
+    """The pieces (D0, D1) of a head dim: powers of two >= 16, D0 >= D1, D1 = 0 if one.
+
+    The smallest padded total D0 + D1 >= head_dim wins; on a tie, one piece (fewer
+    instructions). 40 -> (32, 16), 80 -> (64, 16), 160 -> (128, 32), 100 -> (128, 0).
+    """
+    whole = max(16, _next_pow2(head_dim))
+    d0 = max(16, _next_pow2(head_dim) // 2)
+    rest = head_dim - d0
+    if rest <= 0:
+        return whole, 0
+    d1 = max(16, _next_pow2(rest))
+    if d1 <= d0 and d0 + d1 < whole:
+        return d0, d1
+    return whole, 0
+
+
+def padded_head_dim(head_dim: int) -> int:
+    d0, d1 = split_head_dim(head_dim)
+    return d0 + d1
+
+
+def padding_waste(head_dim: int) -> float:
+    """Fraction of the matrix work spent on padding at this head dim."""
+    p = padded_head_dim(head_dim)
+    return (p - head_dim) / p
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __str__(self) -> str:
+        return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+# The autotuning candidates, by kernel, input width and padded head dim (the smallest
+# bound that holds it). `python -m attnkit.kernels.inspect` compiles every entry for
+# sm_80 and sm_90 and fails if one spills registers or exceeds shared memory; entries
+# that failed were removed rather than shipped. The first entry of each list is the
+# one used without autotuning (TRITON_INTERPRET, ATTNKIT_TRITON_AUTOTUNE=0).
+# For the dK/dV kernel, block_n is the key tile the program keeps and block_m the query
+# tile it streams; for the forward and dQ kernels block_m is kept and block_n streamed.
+_C = TileConfig
+CONFIGS: dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]] = {
+    "fwd": {
+        "16bit": {
+            64: (_C(128, 64, 4, 3), _C(64, 64, 4, 3), _C(128, 128, 8, 3), _C(64, 32, 4, 4)),
+            128: (_C(128, 64, 8, 3), _C(64, 64, 4, 3), _C(128, 32, 4, 3), _C(64, 32, 4, 4)),
+            192: (_C(64, 64, 4, 2), _C(128, 64, 8, 2), _C(64, 32, 4, 3)),
+            256: (_C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(128, 64, 8, 2)),
+        },
+        "32bit": {
+            64: (_C(64, 32, 4, 2), _C(32, 32, 4, 2), _C(64, 64, 8, 2)),
+            128: (_C(64, 32, 4, 2), _C(32, 32, 4, 2)),
+            192: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
+            256: (_C(32, 32, 4, 2), _C(64, 16, 8, 2)),
+        },
+    },
+    "dkdv": {
+        "16bit": {
+            64: (_C(64, 64, 4, 3), _C(32, 64, 4, 3), _C(64, 128, 8, 3)),
+            128: (_C(64, 64, 8, 2), _C(32, 64, 4, 2), _C(32, 128, 8, 2)),
+            192: (_C(32, 64, 8, 2), _C(32, 32, 4, 2)),
+            256: (_C(32, 64, 8, 2), _C(32, 32, 4, 2)),
+        },
+        "32bit": {
+            64: (_C(32, 32, 4, 2), _C(32, 64, 8, 2)),
+            128: (_C(32, 32, 4, 2), _C(32, 64, 8, 2)),
+            192: (_C(16, 32, 4, 2), _C(32, 32, 8, 2)),
+            256: (_C(16, 32, 4, 2), _C(32, 32, 8, 2)),
+        },
+    },
+    "dq": {
+        "16bit": {
+            64: (_C(64, 64, 4, 3), _C(64, 32, 4, 3), _C(128, 64, 8, 3)),
+            128: (_C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(128, 32, 8, 2)),
+            192: (_C(64, 32, 8, 2), _C(32, 32, 4, 2)),
+            256: (_C(64, 32, 8, 2), _C(32, 32, 4, 2)),
+        },
+        "32bit": {
+            64: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
+            128: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
+            192: (_C(32, 16, 4, 2), _C(32, 32, 8, 2)),
+            256: (_C(32, 16, 4, 2), _C(32, 32, 8, 2)),
+        },
+    },
+}
+del _C
+
+# Under the interpreter, tiles are small so that tests cross many tile boundaries.
+INTERPRET_CONFIG = TileConfig(32, 32, 4, 1)
+
+
+def _band(padded: int) -> int:
+    for bound in (64, 128, 192, 256):
+        if padded <= bound:
+            return bound
+    raise ValueError(f"padded head dim {padded} exceeds {MAX_HEAD_DIM}")
+
+
+def _width(dtype: torch.dtype) -> str:
+    return "32bit" if dtype == torch.float32 else "16bit"
+
+
+def configs_for(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
+    """The autotuning candidates of one kernel ("fwd", "dkdv", "dq") at this head dim."""
+    return CONFIGS[kernel][_width(dtype)][_band(padded_head_dim(head_dim))]
+
+
+def _autotune_enabled() -> bool:
+    return os.environ.get("ATTNKIT_TRITON_AUTOTUNE", "1") not in ("0", "")
+
+
+# One triton.autotune wrapper per (kernel, width, band), built on first use: each has
+# its own candidates and its own cache of best configs, keyed by head dim and by the
+# query / key lengths rounded up to powers of two (M_KEY, N_KEY).
+_TUNERS: dict[tuple[str, str, int], object] = {}
+_KERNELS = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
+
+
+def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype):
+    """(callable kernel, fixed config or None): the autotuner, or the plain kernel."""
+    if INTERPRET:
+        return _KERNELS[kernel], INTERPRET_CONFIG
+    cands = configs_for(kernel, head_dim, dtype)
+    if not _autotune_enabled():
+        return _KERNELS[kernel], cands[0]
+    key = (kernel, _width(dtype), _band(padded_head_dim(head_dim)))
+    tuner = _TUNERS.get(key)
+    if tuner is None:
+        tuner = triton.autotune(
+            configs=[
+                triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
+                              num_warps=c.num_warps, num_stages=c.num_stages)
+                for c in cands
+            ],
+            key=["HEAD_DIM", "M_KEY", "N_KEY"],
+        )(_KERNELS[kernel])
+        _TUNERS[key] = tuner
+    return tuner, None
+
+
+def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows_axis_block: str,
+            b: int, h: int, args: tuple, constexprs: dict) -> None:
+    fn, cfg = _kernel_for(kernel, head_dim, dtype)
+    if cfg is None:
+        def grid(meta):
+            return (triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)
+
+        fn[grid](*args, **constexprs)
+    else:
+        block = cfg.block_m if rows_axis_block == "BLOCK_M" else cfg.block_n
+        fn[(triton.cdiv(grid_rows, block), h, b)](
+            *args, **constexprs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+    # Only fp32 operands look at it: "ieee" is true fp32, "tf32" the tensor-core format.
+    return "tf32" if (allow_tf32 or dtype != torch.float32) else "ieee"
+
+
+def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tuple:
+    """(pointer, strides (b, h, m, n), HAS_BIAS, BIAS_PER_KEY) for a broadcastable bias.
+
+    expand() is a view: broadcast dims get stride 0 and nothing is copied.
+    """
+    if attn_bias is None:
+        return q, (0, 0, 0, 0), False, False
+    bias = attn_bias.expand(shape4)
+    sb = tuple(bias.stride())
+    return bias, sb, True, sb[2] == 0
+
+
+def _lengths_key(m: int, n: int) -> tuple[int, int]:
+    return _next_pow2(m), _next_pow2(n)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool):
+    """Launch the forward. Returns (out like q, LSE (B, H, M) fp32 in base 2)."""
+    B, H, M, D = q.shape
+    N = k.shape[2]
+    out = torch.empty_like(q)  # keeps q's layout, so a (B, M, H, D) view stays one
+    lse = torch.empty((B, H, M), device=q.device, dtype=torch.float32)
+    if M == 0 or B == 0 or H == 0:
+        return out, lse
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    o = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+    bias, sb, has_bias, per_key = _bias_args(attn_bias, q, (B, H, M, N))
+    d0, d1 = split_head_dim(D)
+    m_key, n_key = _lengths_key(M, N)
+    args = (q, k, v, bias, o, lse,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            *sb,
+            o.stride(0), o.stride(1), o.stride(2),
+            H, M, N, float(scale) * LOG2E, m_key, n_key)
+    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, HAS_BIAS=has_bias, BIAS_PER_KEY=per_key,
+                      PRECISION=_precision(q.dtype, allow_tf32),
+                      EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
+    _launch("fwd", D, q.dtype, M, "BLOCK_M", B, H, args, constexprs)
+    if o is not out:
+        out.copy_(o)
+    return out, lse
+
+
+def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: bool, dlse=None):
+    """Launch the three backward kernels. Returns (dq, dk, dv), each like its input.
+
+    dlse: the gradient of the base-2 LSE output, or None. Since d lse2 / d s = p * log2(e),
+    it folds into delta: dS = P * (dP - (delta - dlse * log2(e))).
+    """
+    B, H, M, D = q.shape
+    N = k.shape[2]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if B == 0 or H == 0:
+        return dq, dk, dv
+    if M == 0:
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
+        return dq, dk, dv
+    q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
+    dq_, dk_, dv_ = (t if t.stride(-1) == 1 else torch.empty_like(t, memory_format=torch.contiguous_format)
+                     for t in (dq, dk, dv))
+    if do.dtype != q.dtype:
+        do = do.to(q.dtype)
+
+    delta = torch.empty((B, H, M), device=q.device, dtype=torch.float32)
+    block_d = max(16, _next_pow2(D))
+    block = 16 if INTERPRET else 64
+    _attn_bwd_delta[(triton.cdiv(M, block), H, B)](
+        out, do, delta,
+        out.stride(0), out.stride(1), out.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        H, M, HEAD_DIM=D, BLOCK_M=block, BLOCK_D=block_d)
+    if dlse is not None:
+        delta -= dlse.to(torch.float32) * LOG2E
+
+    bias, sb, has_bias, per_key = _bias_args(attn_bias, q, (B, H, M, N))
+    d0, d1 = split_head_dim(D)
+    m_key, n_key = _lengths_key(M, N)
+    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, HAS_BIAS=has_bias, BIAS_PER_KEY=per_key,
+                      PRECISION=_precision(q.dtype, allow_tf32),
+                      EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
+    common = (q.stride(0), q.stride(1), q.stride(2),
+              k.stride(0), k.stride(1), k.stride(2),
+              v.stride(0), v.stride(1), v.stride(2),
+              *sb,
+              do.stride(0), do.stride(1), do.stride(2))
+    qk_scale = float(scale) * LOG2E
+    _launch("dkdv", D, q.dtype, N, "BLOCK_N", B, H,
+            (q, k, v, bias, do, lse, delta, dk_, dv_, *common,
+             dk_.stride(0), dk_.stride(1), dk_.stride(2),
+             dv_.stride(0), dv_.stride(1), dv_.stride(2),
+             H, M, N, qk_scale, float(scale), m_key, n_key), constexprs)
+    _launch("dq", D, q.dtype, M, "BLOCK_M", B, H,
+            (q, k, v, bias, do, lse, delta, dq_, *common,
+             dq_.stride(0), dq_.stride(1), dq_.stride(2),
+             H, M, N, qk_scale, float(scale), m_key, n_key), constexprs)
+    for final, tmp in ((dq, dq_), (dk, dk_), (dv, dv_)):
+        if final is not tmp:
+            final.copy_(tmp)
+    return dq, dk, dv
+
+
+# =====================================================================================
+# torch.library ops: opaque to torch.compile (no graph break), with fake implementations
+# for tracing and a registered autograd formula.
+# =====================================================================================
+
+
+@torch.library.custom_op("attnkit::flash_attention_forward", mutates_args=())
+def _flash_forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: Optional[torch.Tensor],
+    scale: float, allow_tf32: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, attn_bias, scale, allow_tf32)
+
+
+@_flash_forward_op.register_fake
+def _(q, k, v, attn_bias, scale, allow_tf32):
+    B, H, M, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, H, M), dtype=torch.float32)
+
+
+@torch.library.custom_op("attnkit::flash_attention_backward", mutates_args=())
+def _flash_backward_op(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    attn_bias: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
+    dlse: Optional[torch.Tensor], scale: float, allow_tf32: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(do, q, k, v, attn_bias, out, lse, scale, allow_tf32, dlse)
+
+
+@_flash_backward_op.register_fake
+def _(do, q, k, v, attn_bias, out, lse, dlse, scale, allow_tf32):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_bias, scale, allow_tf32 = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, attn_bias, out, lse)
+    ctx.scale = scale
+    ctx.allow_tf32 = allow_tf32
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, attn_bias, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _flash_backward_op(dout, q, k, v, attn_bias, out, lse, dlse, ctx.scale, ctx.allow_tf32)
+    return dq, dk, dv, None, None, None
+
+
+_flash_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# =====================================================================================
+# Public functions
+# =====================================================================================
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _prepare(q, k, v, attn_bias, scale):
+    """Check the inputs (ValueError naming the limit and the value) and normalise
+    attn_bias (bool -> additive float, converted once here) and scale."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims (B, H, len, head_dim), got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name}.dtype={t.dtype} is not supported (float16, bfloat16, float32)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, H, M, D = q.shape
+    N = k.shape[2]
+    if k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
+        raise ValueError(f"k shape {tuple(k.shape)} does not match q shape {tuple(q.shape)} "
+                         f"(expected ({B}, {H}, N, {D}))")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} "
+                         f"(a value head dim different from the query head dim is not supported)")
+    if D < MIN_HEAD_DIM:
+        raise ValueError(f"head_dim={D} is below {MIN_HEAD_DIM}")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={D} exceeds {MAX_HEAD_DIM}")
+    if N == 0:
+        raise ValueError("key length N=0: attention over no keys is undefined (need N >= 1)")
+    if B > MAX_GRID_YZ:
+        raise ValueError(f"batch={B} exceeds {MAX_GRID_YZ} (CUDA grid limit)")
+    if H > MAX_GRID_YZ:
+        raise ValueError(f"heads={H} exceeds {MAX_GRID_YZ} (CUDA grid limit)")
+    if q.device.type != "cuda" and not (INTERPRET and q.device.type == "cpu"):
+        raise ValueError(
+            f"device={q.device.type}: the triton flash attention runs on CUDA; on the CPU it runs "
+            f"only under TRITON_INTERPRET=1 (set before attnkit.kernels is imported), for debugging")
+
+    if scale is None:
+        scale = D ** -0.5
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale={scale} must be finite")
+
+    if attn_bias is not None:
+        if not isinstance(attn_bias, torch.Tensor):
+            raise ValueError(f"attn_bias must be a torch.Tensor or None, got {type(attn_bias).__name__}")
+        if attn_bias.device != q.device:
+            raise ValueError(f"attn_bias is on {attn_bias.device}, q on {q.device}")
+        if attn_bias.dim() > 4:
+            raise ValueError(f"attn_bias has {attn_bias.dim()} dims; at most 4 (B, H, M, N)")
+        try:
+            torch.broadcast_shapes(tuple(attn_bias.shape), (B, H, M, N))
+            ok = torch.broadcast_shapes(tuple(attn_bias.shape), (B, H, M, N)) == (B, H, M, N)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"attn_bias shape {tuple(attn_bias.shape)} is not broadcastable to "
+                             f"(B, H, M, N) = {(B, H, M, N)}")
+        if attn_bias.dtype == torch.bool:
+            # True = attend, as in torch's scaled_dot_product_attention. Converted once, in
+            # the mask's own (broadcast) shape.
+            attn_bias = torch.zeros(attn_bias.shape, dtype=torch.float32, device=attn_bias.device
+                                    ).masked_fill(~attn_bias, float("-inf"))
+        elif not attn_bias.is_floating_point():
+            raise ValueError(f"attn_bias.dtype={attn_bias.dtype}: expected an additive float bias or a bool mask")
+        elif attn_bias.dtype not in (torch.float32, q.dtype):
+            attn_bias = attn_bias.to(torch.float32)
+        elif attn_bias.requires_grad and torch.is_grad_enabled():
+            raise ValueError("attn_bias.requires_grad=True: the gradient of attn_bias is not implemented; "
+                             "pass attn_bias.detach()")
+    return attn_bias, scale
+
+
+def flash_attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    attn_bias: Optional[torch.Tensor] = None, scale: Optional[float] = None, *, allow_tf32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): attention and the row log-sum-exp (natural log), both differentiable.
+
+    lse[b, h, m] = log(sum_n exp(scale * q.k + bias)) in float32, shape (B, H, M); -inf
+    for a row whose keys are all masked. Partial results over disjoint key sets combine
+    exactly through it (ring / context-parallel attention).
+    """
+    attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
+    out, lse2 = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32))
+    return out, lse2 * LN2
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    attn_bias: Optional[torch.Tensor] = None, scale: Optional[float] = None, *, allow_tf32: bool = False,
+) -> torch.Tensor:
+    """softmax(q @ k^T * scale + attn_bias) @ v, FlashAttention-2 in Triton; differentiable.
+
+    q: (B, H, M, D), k and v: (B, H, N, D), fp16 / bf16 / fp32, 8 <= D <= 256; any
+    strides with a contiguous last dim. attn_bias: None, an additive float tensor, or a
+    bool mask (True = attend), broadcastable to (B, H, M, N); it is read through its
+    strides, never expanded in memory. scale defaults to D ** -0.5. allow_tf32 lets fp32
+    inputs use tf32 tensor cores (otherwise fp32 is exact fp32). Returns q's dtype and
+    layout. A query row whose keys are all masked outputs zeros.
+    """
+    attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
+    out, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32))
+    return out
+
+
+def attention_flops(B: int, H: int, M: int, N: int, D: int, backward: bool = False) -> float:
+    """Matrix FLOPs of attention, the convention FlashAttention's benchmarks use.
+
+    Forward: two matmuls, q @ k^T and p @ v, each M * N * D multiply-adds = 2 * M * N * D
+    FLOPs, per (batch, head): 4 * B * H * M * N * D. The softmax is not counted.
+    Backward: five matmuls (recomputing s = q k^T, then dV = p^T dO, dP = dO v^T,
+    dQ = dS k, dK = dS^T q), 2.5x the forward.
+    """
+    fwd = 4.0 * B * H * M * N * D
+    return 2.5 * fwd if backward else fwd
