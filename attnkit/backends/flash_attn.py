@@ -62,7 +62,7 @@ _INSTALL_HINT = {
     2: "pip install flash-attn --no-build-isolation builds it against your torch and CUDA; "
     "or install a prebuilt wheel from the flash-attention releases that matches torch, "
     "CUDA and Python",
-    3: "build it from flash-attention's hopper/ folder (python setup.py install)",
+    3: "build it from flash-attention's hopper/ folder with python setup.py install",
 }
 
 
@@ -127,9 +127,17 @@ class FlashAttnBackend(Backend):
     def extra_reasons(self, call):
         if self.version != 3:
             return []
-        if any(call.package(name) is not None for name in FA3_DISTRIBUTIONS):
-            return []
-        return [f"flash_attn_3 (FlashAttention-3) is not installed ({_INSTALL_HINT[3]})"]
+        reasons = []
+        if all(call.package(name) is None for name in FA3_DISTRIBUTIONS):
+            reasons.append(f"flash_attn_3 (FlashAttention-3) is not installed ({_INSTALL_HINT[3]})")
+        cap = call.device.capability
+        if call.device.type == "cuda" and cap is not None and tuple(cap) >= (10, 0):
+            have = ".".join(map(str, cap))
+            reasons.append(
+                f"compute capability {have}: FlashAttention-3 runs on Hopper (9.0) only; "
+                "use version=2 or another backend"
+            )
+        return reasons
 
     def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False):
         # upcast: FlashAttention keeps scores and softmax in float32 on chip already.
