@@ -96,14 +96,16 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
 
 @triton.jit
 def _load_tile(base, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr,
-               MASK_R: tl.constexpr, MASK_C: tl.constexpr):
+               MASK_R: tl.constexpr, MASK_C: tl.constexpr, ALIGN: tl.constexpr):
     """Load base[r, c] for r in offs_r, c in offs_c (last dim contiguous), zeros outside.
 
     base already points at the tile's first row (int64 arithmetic); offs_r are offsets
     inside the tile, so the 32-bit products offs_r * stride_r stay small. MASK_R / MASK_C
-    are constexprs so that full tiles carry no bounds checks at all.
+    are constexprs so that full tiles carry no bounds checks at all. ALIGN: a power of
+    two that divides stride_r (and base's offset), checked by the launcher; with it the
+    compiler can use vector loads.
     """
-    ptrs = base + offs_r[:, None] * stride_r + offs_c[None, :]
+    ptrs = base + tl.multiple_of(offs_r * stride_r, ALIGN)[:, None] + offs_c[None, :]
     if MASK_R:
         if MASK_C:
             x = tl.load(ptrs, mask=(offs_r[:, None] < rows_left) & (offs_c[None, :] < COL_LIMIT), other=0.0)
@@ -118,9 +120,10 @@ def _load_tile(base, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexp
 
 
 @triton.jit
-def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr, MASK_C: tl.constexpr):
+def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr, MASK_C: tl.constexpr,
+                ALIGN: tl.constexpr):
     """Store x to base[r, c], rows below rows_left (and columns below COL_LIMIT)."""
-    ptrs = base + offs_r[:, None] * stride_r + offs_c[None, :]
+    ptrs = base + tl.multiple_of(offs_r * stride_r, ALIGN)[:, None] + offs_c[None, :]
     if MASK_C:
         tl.store(ptrs, x, mask=(offs_r[:, None] < rows_left) & (offs_c[None, :] < COL_LIMIT))
     else:
@@ -129,21 +132,27 @@ def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.cons
 
 @triton.jit
 def _load_bias(base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
-               BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr):
+               BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
+               BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr):
     """The bias tile [len(offs_m), len(offs_n)] in fp32 and base-2 units, 0 outside.
 
     BIAS_PER_KEY: the bias does not depend on the query (key padding, stride 0 over M):
-    one row is loaded and broadcast, not BLOCK_M copies of it.
+    one row is loaded and broadcast, not BLOCK_M copies of it. BIAS_CONTIG: stride_bn
+    is 1 (vector loads along keys); BIAS_ALIGN divides stride_bm.
     """
+    if BIAS_CONTIG:
+        col_off = offs_n
+    else:
+        col_off = offs_n * stride_bn
     if BIAS_PER_KEY:
-        ptrs = base + offs_n * stride_bn
+        ptrs = base + col_off
         if MASK_N:
             b = tl.load(ptrs, mask=offs_n < n_left, other=0.0)
         else:
             b = tl.load(ptrs)
         b = b[None, :]
     else:
-        ptrs = base + offs_m[:, None] * stride_bm + offs_n[None, :] * stride_bn
+        ptrs = base + tl.multiple_of(offs_m * stride_bm, BIAS_ALIGN)[:, None] + col_off[None, :]
         if MASK_M:
             if MASK_N:
                 b = tl.load(ptrs, mask=(offs_m[:, None] < m_left) & (offs_n[None, :] < n_left), other=0.0)
@@ -163,21 +172,22 @@ def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1,
               offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
               HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
               HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
+              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """One K/V tile of the online softmax: update (acc, m, l) for the program's queries."""
     # s = q @ k^T over the head-dim pieces, in base-2 units: qk_scale = scale * log2(e).
-    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM)
+    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
     s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
              PRECISION, EMULATE_BF16)
     if D1 > 0:
-        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM)
+        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM, ALIGN)
         s = _dot(q1, tl.trans(k1), s, PRECISION, EMULATE_BF16)
     s = s * qk_scale
     if HAS_BIAS:
         # Rows beyond M are masked (a full bias has no memory there); key columns only
         # in the last tile.
         s += _load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
-                        BIAS_PER_KEY, True, MASK_N)
+                        BIAS_PER_KEY, True, MASK_N, BIAS_ALIGN, BIAS_CONTIG)
     if MASK_N:
         s = tl.where(offs_n[None, :] < n_left, s, float("-inf"))
 
@@ -192,10 +202,10 @@ def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1,
 
     # acc = acc * alpha + p @ v; p is rounded to the input dtype for the tensor-core dot,
     # as in FlashAttention (a no-op for fp32 inputs).
-    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM)
+    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
     acc0 = _dot(p.to(v0.dtype), v0, acc0 * alpha[:, None], PRECISION, EMULATE_BF16)
     if D1 > 0:
-        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM)
+        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM, ALIGN)
         acc1 = _dot(p.to(v1.dtype), v1, acc1 * alpha[:, None], PRECISION, EMULATE_BF16)
     return acc0, acc1, m_new, l_i
 
@@ -213,6 +223,7 @@ def _attn_fwd(
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head."""
@@ -229,11 +240,11 @@ def _attn_fwd(
     row0 = pid_m.to(tl.int64) * BLOCK_M
     m_left = M - pid_m * BLOCK_M
 
-    q_base = Q + b * stride_qb + h * stride_qh + row0 * stride_qm
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    b_base = Bias + b * stride_bb + h * stride_bh + row0 * stride_bm
-    o_base = Out + b * stride_ob + h * stride_oh + row0 * stride_om
+    q_base = Q + tl.multiple_of(b * stride_qb + h * stride_qh + row0 * stride_qm, ALIGN)
+    k_base = K + tl.multiple_of(b * stride_kb + h * stride_kh, ALIGN)
+    v_base = V + tl.multiple_of(b * stride_vb + h * stride_vh, ALIGN)
+    b_base = Bias + tl.multiple_of(b * stride_bb + h * stride_bh + row0 * stride_bm, BIAS_ALIGN)
+    o_base = Out + tl.multiple_of(b * stride_ob + h * stride_oh + row0 * stride_om, ALIGN)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -243,10 +254,10 @@ def _attn_fwd(
     else:
         offs_d1 = offs_d0  # placeholder, never read
 
-    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM)
+    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
     acc0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
     if D1 > 0:
-        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
+        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
         acc1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
     else:
         # Placeholders that are never read when there is no second piece.
@@ -260,19 +271,21 @@ def _attn_fwd(
     for start_n in range(0, n_full, BLOCK_N):
         acc0, acc1, m_i, l_i = _fwd_tile(
             acc0, acc1, m_i, l_i, q0, q1,
-            k_base + tl.cast(start_n, tl.int64) * stride_kn, v_base + tl.cast(start_n, tl.int64) * stride_vn,
+            k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(start_n, tl.int64) * stride_bn,
             stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, PRECISION, EMULATE_BF16)
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16)
     if n_full < N:
         acc0, acc1, m_i, l_i = _fwd_tile(
             acc0, acc1, m_i, l_i, q0, q1,
-            k_base + tl.cast(n_full, tl.int64) * stride_kn, v_base + tl.cast(n_full, tl.int64) * stride_vn,
+            k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(n_full, tl.int64) * stride_bn,
             stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, PRECISION, EMULATE_BF16)
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16)
 
     # Rows whose keys were all masked have l = 0: they output 0 and their LSE is -inf.
     dead = l_i == 0.0
@@ -280,10 +293,10 @@ def _attn_fwd(
     lse = tl.where(dead, float("-inf"), m_i + tl.math.log2(tl.where(dead, 1.0, l_i)))
     tl.store(Lse + (b * H + h) * M + row0 + offs_m, lse, mask=offs_m < m_left)
     _store_tile(o_base, (acc0 * inv_l[:, None]).to(Out.dtype.element_ty), offs_m, offs_d0,
-                stride_om, m_left, HEAD_DIM, D0 > HEAD_DIM)
+                stride_om, m_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
     if D1 > 0:
         _store_tile(o_base, (acc1 * inv_l[:, None]).to(Out.dtype.element_ty), offs_m, offs_d1,
-                    stride_om, m_left, HEAD_DIM, D0 + D1 > HEAD_DIM)
+                    stride_om, m_left, HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
 
 
 @triton.jit
@@ -292,7 +305,7 @@ def _attn_bwd_delta(
     stride_ob, stride_oh, stride_om,
     stride_db, stride_dh, stride_dm,
     H, M,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
 ):
     """delta = rowsum(dO * O) in fp32, the softmax-gradient term of every query row."""
     tl.static_assert(BLOCK_D >= HEAD_DIM, "BLOCK_D must cover the head dim")
@@ -304,9 +317,9 @@ def _attn_bwd_delta(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = _load_tile(Out + b * stride_ob + h * stride_oh + row0 * stride_om, offs_m, offs_d,
-                   stride_om, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM)
+                   stride_om, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM, ALIGN)
     do = _load_tile(DO + b * stride_db + h * stride_dh + row0 * stride_dm, offs_m, offs_d,
-                    stride_dm, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM)
+                    stride_dm, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM, ALIGN)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + (b * H + h) * M + row0 + offs_m, delta, mask=offs_m < m_left)
 
@@ -318,24 +331,28 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, k0, k1, v0, v1,
                offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
                HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
                HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr,
+              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
                PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """One Q/dO tile of the dK/dV pass, computed transposed (keys x queries)."""
-    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM)
+    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM, ALIGN)
     sT = _dot(k0, tl.trans(q0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32),
               PRECISION, EMULATE_BF16)
     if D1 > 0:
-        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM)
+        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM, ALIGN)
         sT = _dot(k1, tl.trans(q1), sT, PRECISION, EMULATE_BF16)
     sT = sT * qk_scale
     if HAS_BIAS:
         # The key rows of this tile may run past N (the tile is the program's own and
         # is masked on load); the query columns only in the last tile.
         if BIAS_PER_KEY:
-            bT = tl.load(b_base + offs_n * stride_bn, mask=offs_n < n_left, other=0.0)
+            if BIAS_CONTIG:
+                bT = tl.load(b_base + offs_n, mask=offs_n < n_left, other=0.0)
+            else:
+                bT = tl.load(b_base + offs_n * stride_bn, mask=offs_n < n_left, other=0.0)
             sT += (bT.to(tl.float32) * 1.4426950408889634)[:, None]
         else:
             sT += tl.trans(_load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
-                                      False, MASK_M, True))
+                                      False, MASK_M, True, BIAS_ALIGN, BIAS_CONTIG))
     # The forward's LSE, in base 2. Rows beyond M load +inf and dead rows (LSE -inf)
     # become +inf, so that their p is exactly 0 instead of exp2(-inf - -inf) = NaN.
     if MASK_M:
@@ -347,12 +364,12 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, k0, k1, v0, v1,
     lse = tl.where(lse == float("-inf"), float("inf"), lse)
     pT = tl.math.exp2(sT - lse[None, :])
 
-    do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM)
+    do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM, ALIGN)
     dv0 = _dot(pT.to(do0.dtype), do0, dv0, PRECISION, EMULATE_BF16)
     dpT = _dot(v0, tl.trans(do0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32),
                PRECISION, EMULATE_BF16)
     if D1 > 0:
-        do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM)
+        do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM, ALIGN)
         dv1 = _dot(pT.to(do1.dtype), do1, dv1, PRECISION, EMULATE_BF16)
         dpT = _dot(v1, tl.trans(do1), dpT, PRECISION, EMULATE_BF16)
     # dS = P * (dP - delta), in natural units; the scale is applied once at the end.
@@ -378,6 +395,7 @@ def _attn_bwd_dkdv(
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming every query."""
@@ -394,13 +412,13 @@ def _attn_bwd_dkdv(
     col0 = pid_n.to(tl.int64) * BLOCK_N
     n_left = N - pid_n * BLOCK_N
 
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DO + b * stride_dob + h * stride_doh
-    b_base = Bias + b * stride_bb + h * stride_bh + col0 * stride_bn
+    q_base = Q + tl.multiple_of(b * stride_qb + h * stride_qh, ALIGN)
+    do_base = DO + tl.multiple_of(b * stride_dob + h * stride_doh, ALIGN)
+    b_base = Bias + tl.multiple_of(b * stride_bb + h * stride_bh + col0 * stride_bn, BIAS_ALIGN)
     lse_base = Lse + (b * H + h) * M
     delta_base = Delta + (b * H + h) * M
-    k_base = K + b * stride_kb + h * stride_kh + col0 * stride_kn
-    v_base = V + b * stride_vb + h * stride_vh + col0 * stride_vn
+    k_base = K + tl.multiple_of(b * stride_kb + h * stride_kh + col0 * stride_kn, ALIGN)
+    v_base = V + tl.multiple_of(b * stride_vb + h * stride_vh + col0 * stride_vn, ALIGN)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -410,13 +428,13 @@ def _attn_bwd_dkdv(
     else:
         offs_d1 = offs_d0  # placeholder, never read
 
-    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM)
-    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM)
+    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
     dk0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
     dv0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
     if D1 > 0:
-        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
-        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
+        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
+        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
         dk1 = tl.zeros([BLOCK_N, D1], dtype=tl.float32)
         dv1 = tl.zeros([BLOCK_N, D1], dtype=tl.float32)
     else:
@@ -429,31 +447,33 @@ def _attn_bwd_dkdv(
     for start_m in range(0, m_full, BLOCK_M):
         dk0, dk1, dv0, dv1 = _dkdv_tile(
             dk0, dk1, dv0, dv1, k0, k1, v0, v1,
-            q_base + tl.cast(start_m, tl.int64) * stride_qm, do_base + tl.cast(start_m, tl.int64) * stride_dom,
+            q_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_qm, ALIGN), do_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_dom, ALIGN),
             b_base + tl.cast(start_m, tl.int64) * stride_bm, lse_base + start_m, delta_base + start_m,
             stride_qm, stride_dom, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, M - start_m, n_left, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, PRECISION, EMULATE_BF16)
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16)
     if m_full < M:
         dk0, dk1, dv0, dv1 = _dkdv_tile(
             dk0, dk1, dv0, dv1, k0, k1, v0, v1,
-            q_base + tl.cast(m_full, tl.int64) * stride_qm, do_base + tl.cast(m_full, tl.int64) * stride_dom,
+            q_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_qm, ALIGN), do_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_dom, ALIGN),
             b_base + tl.cast(m_full, tl.int64) * stride_bm, lse_base + m_full, delta_base + m_full,
             stride_qm, stride_dom, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, M - m_full, n_left, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, PRECISION, EMULATE_BF16)
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16)
 
-    dk_base = DK + b * stride_dkb + h * stride_dkh + col0 * stride_dkn
-    dv_base = DV + b * stride_dvb + h * stride_dvh + col0 * stride_dvn
+    dk_base = DK + tl.multiple_of(b * stride_dkb + h * stride_dkh + col0 * stride_dkn, ALIGN)
+    dv_base = DV + tl.multiple_of(b * stride_dvb + h * stride_dvh + col0 * stride_dvn, ALIGN)
     _store_tile(dk_base, (dk0 * sm_scale).to(DK.dtype.element_ty), offs_n, offs_d0, stride_dkn, n_left,
-                HEAD_DIM, D0 > HEAD_DIM)
+                HEAD_DIM, D0 > HEAD_DIM, ALIGN)
     _store_tile(dv_base, dv0.to(DV.dtype.element_ty), offs_n, offs_d0, stride_dvn, n_left,
-                HEAD_DIM, D0 > HEAD_DIM)
+                HEAD_DIM, D0 > HEAD_DIM, ALIGN)
     if D1 > 0:
         _store_tile(dk_base, (dk1 * sm_scale).to(DK.dtype.element_ty), offs_n, offs_d1, stride_dkn, n_left,
-                    HEAD_DIM, D0 + D1 > HEAD_DIM)
+                    HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
         _store_tile(dv_base, dv1.to(DV.dtype.element_ty), offs_n, offs_d1, stride_dvn, n_left,
-                    HEAD_DIM, D0 + D1 > HEAD_DIM)
+                    HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
 
 
 @triton.jit
@@ -462,23 +482,24 @@ def _dq_tile(dq0, dq1, q0, q1, do0, do1, lse, delta,
              offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
              HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
              HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
+              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """One K/V tile of the dQ pass."""
-    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM)
-    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM)
+    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
+    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
     s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
              PRECISION, EMULATE_BF16)
     dp = _dot(do0, tl.trans(v0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
               PRECISION, EMULATE_BF16)
     if D1 > 0:
-        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM)
-        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM)
+        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM, ALIGN)
+        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM, ALIGN)
         s = _dot(q1, tl.trans(k1), s, PRECISION, EMULATE_BF16)
         dp = _dot(do1, tl.trans(v1), dp, PRECISION, EMULATE_BF16)
     s = s * qk_scale
     if HAS_BIAS:
         s += _load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
-                        BIAS_PER_KEY, True, MASK_N)
+                        BIAS_PER_KEY, True, MASK_N, BIAS_ALIGN, BIAS_CONTIG)
     if MASK_N:
         s = tl.where(offs_n[None, :] < n_left, s, float("-inf"))
     p = tl.math.exp2(s - lse[:, None])
@@ -503,6 +524,7 @@ def _attn_bwd_dq(
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming every key."""
@@ -519,11 +541,11 @@ def _attn_bwd_dq(
     row0 = pid_m.to(tl.int64) * BLOCK_M
     m_left = M - pid_m * BLOCK_M
 
-    q_base = Q + b * stride_qb + h * stride_qh + row0 * stride_qm
-    do_base = DO + b * stride_dob + h * stride_doh + row0 * stride_dom
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    b_base = Bias + b * stride_bb + h * stride_bh + row0 * stride_bm
+    q_base = Q + tl.multiple_of(b * stride_qb + h * stride_qh + row0 * stride_qm, ALIGN)
+    do_base = DO + tl.multiple_of(b * stride_dob + h * stride_doh + row0 * stride_dom, ALIGN)
+    k_base = K + tl.multiple_of(b * stride_kb + h * stride_kh, ALIGN)
+    v_base = V + tl.multiple_of(b * stride_vb + h * stride_vh, ALIGN)
+    b_base = Bias + tl.multiple_of(b * stride_bb + h * stride_bh + row0 * stride_bm, BIAS_ALIGN)
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -533,12 +555,12 @@ def _attn_bwd_dq(
     else:
         offs_d1 = offs_d0  # placeholder, never read
 
-    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM)
-    do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM)
+    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+    do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
     dq0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
     if D1 > 0:
-        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
-        do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM)
+        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
+        do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
         dq1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
     else:
         q1 = q0
@@ -554,24 +576,26 @@ def _attn_bwd_dq(
     for start_n in range(0, n_full, BLOCK_N):
         dq0, dq1 = _dq_tile(
             dq0, dq1, q0, q1, do0, do1, lse, delta,
-            k_base + tl.cast(start_n, tl.int64) * stride_kn, v_base + tl.cast(start_n, tl.int64) * stride_vn,
+            k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(start_n, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, PRECISION, EMULATE_BF16)
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16)
     if n_full < N:
         dq0, dq1 = _dq_tile(
             dq0, dq1, q0, q1, do0, do1, lse, delta,
-            k_base + tl.cast(n_full, tl.int64) * stride_kn, v_base + tl.cast(n_full, tl.int64) * stride_vn,
+            k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(n_full, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, PRECISION, EMULATE_BF16)
+            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16)
 
-    dq_base = DQ + b * stride_dqb + h * stride_dqh + row0 * stride_dqm
+    dq_base = DQ + tl.multiple_of(b * stride_dqb + h * stride_dqh + row0 * stride_dqm, ALIGN)
     _store_tile(dq_base, (dq0 * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d0, stride_dqm, m_left,
-                HEAD_DIM, D0 > HEAD_DIM)
+                HEAD_DIM, D0 > HEAD_DIM, ALIGN)
     if D1 > 0:
         _store_tile(dq_base, (dq1 * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d1, stride_dqm, m_left,
-                    HEAD_DIM, D0 + D1 > HEAD_DIM)
+                    HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
 
 
 # =====================================================================================
@@ -633,24 +657,24 @@ _C = TileConfig
 CONFIGS: dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]] = {
     "fwd": {
         "16bit": {
-            64: (_C(128, 64, 4, 3), _C(64, 64, 4, 3), _C(128, 128, 8, 3), _C(64, 32, 4, 4)),
-            128: (_C(128, 64, 8, 3), _C(64, 64, 4, 3), _C(128, 32, 4, 3), _C(64, 32, 4, 4)),
-            192: (_C(64, 64, 4, 2), _C(128, 64, 8, 2), _C(64, 32, 4, 3)),
-            256: (_C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(128, 64, 8, 2)),
+            64: (_C(64, 64, 4, 3), _C(64, 32, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3), _C(128, 64, 4, 2)),
+            128: (_C(64, 32, 4, 3), _C(64, 64, 4, 2), _C(128, 32, 8, 3), _C(128, 64, 8, 2)),
+            192: (_C(64, 32, 4, 2), _C(64, 64, 8, 2), _C(128, 32, 8, 2), _C(64, 32, 8, 3)),
+            256: (_C(64, 32, 8, 2), _C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(128, 32, 8, 2)),
         },
         "32bit": {
             64: (_C(64, 32, 4, 2), _C(32, 32, 4, 2), _C(64, 64, 8, 2)),
-            128: (_C(64, 32, 4, 2), _C(32, 32, 4, 2)),
+            128: (_C(64, 32, 4, 2), _C(32, 32, 4, 2), _C(64, 32, 8, 2)),
             192: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
-            256: (_C(32, 32, 4, 2), _C(64, 16, 8, 2)),
+            256: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
         },
     },
     "dkdv": {
         "16bit": {
-            64: (_C(64, 64, 4, 3), _C(32, 64, 4, 3), _C(64, 128, 8, 3)),
-            128: (_C(64, 64, 8, 2), _C(32, 64, 4, 2), _C(32, 128, 8, 2)),
-            192: (_C(32, 64, 8, 2), _C(32, 32, 4, 2)),
-            256: (_C(32, 64, 8, 2), _C(32, 32, 4, 2)),
+            64: (_C(32, 64, 4, 3), _C(64, 64, 4, 2), _C(32, 128, 8, 3), _C(64, 128, 8, 2)),
+            128: (_C(32, 64, 8, 2), _C(32, 32, 4, 3), _C(64, 64, 8, 2), _C(32, 64, 4, 2)),
+            192: (_C(32, 64, 8, 2), _C(32, 32, 4, 2), _C(32, 32, 8, 2), _C(16, 64, 8, 2)),
+            256: (_C(32, 32, 8, 2), _C(32, 64, 8, 2), _C(32, 32, 4, 2), _C(16, 64, 8, 2)),
         },
         "32bit": {
             64: (_C(32, 32, 4, 2), _C(32, 64, 8, 2)),
@@ -661,10 +685,10 @@ CONFIGS: dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]] = {
     },
     "dq": {
         "16bit": {
-            64: (_C(64, 64, 4, 3), _C(64, 32, 4, 3), _C(128, 64, 8, 3)),
-            128: (_C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(128, 32, 8, 2)),
-            192: (_C(64, 32, 8, 2), _C(32, 32, 4, 2)),
-            256: (_C(64, 32, 8, 2), _C(32, 32, 4, 2)),
+            64: (_C(64, 32, 4, 3), _C(64, 64, 4, 2), _C(128, 32, 8, 3), _C(128, 64, 8, 2)),
+            128: (_C(64, 32, 8, 2), _C(64, 32, 4, 3), _C(128, 32, 8, 2), _C(64, 64, 8, 2)),
+            192: (_C(64, 32, 8, 2), _C(32, 32, 4, 2), _C(64, 64, 8, 2), _C(128, 32, 8, 2)),
+            256: (_C(64, 32, 8, 2), _C(32, 32, 4, 2), _C(64, 64, 8, 2), _C(32, 32, 8, 2)),
         },
         "32bit": {
             64: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
@@ -749,20 +773,49 @@ def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
     return "tf32" if (allow_tf32 or dtype != torch.float32) else "ieee"
 
 
+def _align(*strides: int) -> int:
+    """The largest power of two <= 16 that divides every stride (0 divides by anything).
+
+    Passed to the kernels as ALIGN: a true hint that lets the compiler vectorise loads
+    (e.g. head dim 40 in a (B, N, H, D) layout has a head stride of 40: 8-aligned).
+    """
+    a = 16
+    for st in strides:
+        while st % a:
+            a //= 2
+    return a
+
+
 def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tuple:
-    """(pointer, strides (b, h, m, n), HAS_BIAS, BIAS_PER_KEY) for a broadcastable bias.
+    """(pointer, strides (b, h, m, n), constexprs) for a broadcastable bias.
 
     expand() is a view: broadcast dims get stride 0 and nothing is copied.
     """
     if attn_bias is None:
-        return q, (0, 0, 0, 0), False, False
+        return q, (0, 0, 0, 0), dict(HAS_BIAS=False, BIAS_PER_KEY=False, BIAS_ALIGN=1, BIAS_CONTIG=False)
     bias = attn_bias.expand(shape4)
     sb = tuple(bias.stride())
-    return bias, sb, True, sb[2] == 0
+    return bias, sb, dict(HAS_BIAS=True, BIAS_PER_KEY=sb[2] == 0, BIAS_ALIGN=_align(*sb[:3]),
+                          BIAS_CONTIG=sb[3] == 1)
 
 
 def _lengths_key(m: int, n: int) -> tuple[int, int]:
     return _next_pow2(m), _next_pow2(n)
+
+
+# Tests set this to fill every buffer the kernels write with NaN before they run, so an
+# element a kernel forgets to write cannot pass for a result.
+POISON_OUTPUTS = False
+
+
+def _new_like(t: torch.Tensor, **kw) -> torch.Tensor:
+    out = torch.empty_like(t, **kw)
+    return out.fill_(float("nan")) if POISON_OUTPUTS else out
+
+
+def _new(shape, device) -> torch.Tensor:
+    out = torch.empty(shape, device=device, dtype=torch.float32)
+    return out.fill_(float("nan")) if POISON_OUTPUTS else out
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -773,15 +826,16 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool):
     """Launch the forward. Returns (out like q, LSE (B, H, M) fp32 in base 2)."""
     B, H, M, D = q.shape
     N = k.shape[2]
-    out = torch.empty_like(q)  # keeps q's layout, so a (B, M, H, D) view stays one
-    lse = torch.empty((B, H, M), device=q.device, dtype=torch.float32)
+    out = _new_like(q)  # keeps q's layout, so a (B, M, H, D) view stays one
+    lse = _new((B, H, M), q.device)
     if M == 0 or B == 0 or H == 0:
         return out, lse
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    o = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
-    bias, sb, has_bias, per_key = _bias_args(attn_bias, q, (B, H, M, N))
+    o = out if out.stride(-1) == 1 else _new_like(out, memory_format=torch.contiguous_format)
+    bias, sb, bias_constexprs = _bias_args(attn_bias, q, (B, H, M, N))
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
+    align = _align(*(st for t in (q, k, v, o) for st in t.stride()[:3]))
     args = (q, k, v, bias, o, lse,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -789,7 +843,7 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool):
             *sb,
             o.stride(0), o.stride(1), o.stride(2),
             H, M, N, float(scale) * LOG2E, m_key, n_key)
-    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, HAS_BIAS=has_bias, BIAS_PER_KEY=per_key,
+    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs,
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
     _launch("fwd", D, q.dtype, M, "BLOCK_M", B, H, args, constexprs)
@@ -806,7 +860,7 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: b
     """
     B, H, M, D = q.shape
     N = k.shape[2]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
     if B == 0 or H == 0:
         return dq, dk, dv
     if M == 0:
@@ -815,26 +869,28 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: b
         dv.zero_()
         return dq, dk, dv
     q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
-    dq_, dk_, dv_ = (t if t.stride(-1) == 1 else torch.empty_like(t, memory_format=torch.contiguous_format)
+    dq_, dk_, dv_ = (t if t.stride(-1) == 1 else _new_like(t, memory_format=torch.contiguous_format)
                      for t in (dq, dk, dv))
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
 
-    delta = torch.empty((B, H, M), device=q.device, dtype=torch.float32)
+    delta = _new((B, H, M), q.device)
     block_d = max(16, _next_pow2(D))
     block = 16 if INTERPRET else 64
     _attn_bwd_delta[(triton.cdiv(M, block), H, B)](
         out, do, delta,
         out.stride(0), out.stride(1), out.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
-        H, M, HEAD_DIM=D, BLOCK_M=block, BLOCK_D=block_d)
+        H, M, HEAD_DIM=D, BLOCK_M=block, BLOCK_D=block_d,
+        ALIGN=_align(*out.stride()[:3], *do.stride()[:3]))
     if dlse is not None:
         delta -= dlse.to(torch.float32) * LOG2E
 
-    bias, sb, has_bias, per_key = _bias_args(attn_bias, q, (B, H, M, N))
+    bias, sb, bias_constexprs = _bias_args(attn_bias, q, (B, H, M, N))
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
-    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, HAS_BIAS=has_bias, BIAS_PER_KEY=per_key,
+    align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in t.stride()[:3]))
+    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs,
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
     common = (q.stride(0), q.stride(1), q.stride(2),

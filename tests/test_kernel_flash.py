@@ -1,0 +1,441 @@
+"""The Triton FlashAttention kernel against the float64 reference.
+
+Without a GPU these run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
+before anything imports the kernels): the same kernel source, executed with numpy on CPU
+tensors, with small tiles (32 x 32) so that small problems still cross tile boundaries.
+
+bf16 in the interpreter. Triton 3.9's interpreter stores bf16 as uint16 and multiplies
+the raw bit patterns in tl.dot (errors of 1e10). Under the interpreter only, the launcher
+sets the kernels' EMULATE_BF16 constexpr: each dot widens its bf16 operands to fp32
+(exact: every bf16 value is an fp32 value) and multiplies in true fp32, which is what a
+bf16 tensor-core dot with fp32 accumulation computes, up to summation order. Everything
+else runs as compiled: bf16 loads and stores, the rounding of P and dS to bf16 before
+their dots, the fp32 softmax. So the bf16 tests prove the bf16 data path and its
+roundings; they do not prove the bf16 tensor-core instruction, which only the compiler
+emits (EMULATE_BF16 is a constexpr, False in every compiled kernel: the branch does not
+exist there). That the compiled bf16 kernels use tensor cores (mma on sm_80, wgmma on
+sm_90) is checked by `python -m attnkit.kernels.inspect` (tests/test_kernel_inspect.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+
+from attnkit.testing import (
+    EPSILON,
+    assert_close_to_reference,
+    reference_attention,
+    rel_error,
+    torch_math_attention,
+)
+
+triton = pytest.importorskip("triton")
+
+from attnkit.kernels import (  # noqa: E402
+    attention_flops,
+    flash_attention,
+    flash_attention_with_lse,
+    padding_waste,
+    split_head_dim,
+)
+
+fa = importlib.import_module("attnkit.kernels.flash_attention")
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every buffer a kernel writes starts as NaN: an unwritten element fails the test."""
+    monkeypatch.setattr(fa, "POISON_OUTPUTS", True)
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+
+def make_bias(kind: str, B, H, M, N, dtype):
+    """A bias of one broadcast kind, random values (and some -inf where masks have them)."""
+    if kind == "none":
+        return None
+    if kind == "keypad":  # (B, 1, 1, N): padded keys at the end of each batch element
+        bias = torch.randn(B, 1, 1, N, dtype=dtype)
+        for b in range(B):
+            keep = int(torch.randint(1, N + 1, ()).item())
+            bias[b, ..., keep:] = float("-inf")
+        return bias
+    if kind == "perhead":  # (B, H, 1, N)
+        return torch.randn(B, H, 1, N, dtype=dtype)
+    if kind == "headq":  # (1, H, M, N)
+        return torch.randn(1, H, M, N, dtype=dtype)
+    if kind == "full":  # (B, H, M, N)
+        return torch.randn(B, H, M, N, dtype=dtype)
+    if kind == "2d":  # (M, N), broadcast over batch and heads
+        return torch.randn(M, N, dtype=dtype)
+    if kind == "bool":  # (B, 1, M, N) boolean, True = attend; keep key 0 so no row is empty
+        mask = torch.rand(B, 1, M, N) < 0.7
+        mask[..., 0] = True
+        return mask
+    raise ValueError(kind)
+
+
+def make_qkv(B, H, M, N, D, dtype, layout="bhnd", requires_grad=False):
+    """q (B, H, M, D), k and v (B, H, N, D); layout "bnhd" gives (B, N, H, D) storage
+    viewed as (B, H, N, D), as the diffusers processor produces."""
+
+    def one(L):
+        if layout == "bnhd":
+            x = torch.randn(B, L, H, D, dtype=dtype, device=DEVICE).transpose(1, 2)
+        else:
+            x = torch.randn(B, H, L, D, dtype=dtype, device=DEVICE)
+        return x.requires_grad_(requires_grad)
+
+    return one(M), one(N), one(N)
+
+
+# (dtype, head dim, M, N, bias kind, bias dtype, layout)
+FWD_CASES = [
+    ("fp32", 64, 77, 50, "none", "fp32", "bhnd"),
+    ("fp32", 40, 33, 70, "keypad", "fp32", "bnhd"),
+    ("fp32", 8, 1, 5, "full", "fp32", "bhnd"),
+    ("fp32", 160, 20, 17, "perhead", "fp32", "bnhd"),
+    ("fp16", 40, 77, 333, "keypad", "fp32", "bnhd"),
+    ("fp16", 80, 64, 64, "perhead", "fp16", "bhnd"),
+    ("fp16", 160, 20, 17, "full", "fp32", "bnhd"),
+    ("fp16", 24, 1, 1, "none", "fp32", "bhnd"),
+    ("fp16", 100, 50, 40, "bool", "fp32", "bhnd"),
+    ("fp16", 72, 19, 45, "2d", "fp16", "bnhd"),
+    ("fp16", 256, 17, 33, "keypad", "fp16", "bhnd"),
+    ("bf16", 40, 77, 50, "keypad", "fp32", "bnhd"),
+    ("bf16", 64, 32, 96, "full", "bf16", "bhnd"),
+    ("bf16", 160, 5, 31, "headq", "fp32", "bnhd"),
+    ("bf16", 80, 1, 7, "none", "fp32", "bhnd"),
+]
+
+
+def case_id(case):
+    dt, d, m, n, bias, bdt, layout = case
+    return f"{dt}-d{d}-m{m}-n{n}-{bias}" + (f"-{bdt}bias" if bias not in ("none", "bool") and bdt != "fp32" else "") + (
+        "-bnhd" if layout == "bnhd" else ""
+    )
+
+
+def build(case, requires_grad=False, B=2, H=2):
+    dt, d, m, n, bias_kind, bdt, layout = case
+    q, k, v = make_qkv(B, H, m, n, d, DTYPES[dt], layout, requires_grad)
+    bias = make_bias(bias_kind, B, H, m, n, DTYPES[bdt])
+    if bias is not None:
+        bias = bias.to(DEVICE)
+    return q, k, v, bias
+
+
+@pytest.mark.parametrize("case", FWD_CASES, ids=case_id)
+def test_forward_matches_reference(case, seed):
+    q, k, v, bias = build(case)
+    out = flash_attention(q, k, v, bias)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    # The output keeps q's layout: a (B, M, H, D) view stays one (no copy to undo).
+    assert out.stride() == q.stride()
+    assert_close_to_reference(out, q, k, v, bias)
+
+
+def test_custom_scale_and_last_dim_strided_input(seed):
+    """A scale other than D**-0.5, and a q whose last dim is not contiguous (copied)."""
+    q, k, v = make_qkv(1, 2, 21, 37, 48, torch.float16)
+    q_odd = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # stride(-1) = M
+    assert q_odd.stride(-1) != 1
+    out = flash_attention(q_odd, k, v, scale=0.3)
+    assert_close_to_reference(out, q, k, v, None, scale=0.3)
+
+
+# -- gradients ---------------------------------------------------------------------------
+
+GRAD_CASES = [
+    ("fp32", 40, 33, 45, "keypad", "fp32", "bnhd"),
+    ("fp32", 64, 1, 20, "full", "fp32", "bhnd"),
+    ("fp16", 40, 77, 50, "keypad", "fp32", "bnhd"),
+    ("fp16", 80, 32, 32, "perhead", "fp16", "bhnd"),
+    ("fp16", 160, 17, 9, "full", "fp32", "bnhd"),
+    ("fp16", 24, 5, 1, "none", "fp32", "bhnd"),
+    ("bf16", 64, 40, 70, "2d", "fp32", "bnhd"),
+    ("bf16", 100, 19, 33, "headq", "bf16", "bhnd"),
+]
+
+
+def grads_and_tolerances(case, B=2, H=2):
+    q, k, v, bias = build(case, requires_grad=True, B=B, H=H)
+    out = flash_attention(q, k, v, bias)
+    do = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), do)
+
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(reference_attention(*ref_in, bias), ref_in, do.double())
+    base_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base = torch.autograd.grad(torch_math_attention(*base_in, bias), base_in, do)
+    # The rule of attnkit.testing applied to gradients: at most twice the error of plain
+    # torch math in the same dtype, plus a few units of rounding.
+    eps = EPSILON[q.dtype]
+    return [(name, g, r, 2.0 * rel_error(b, r) + eps) for name, g, r, b in zip("qkv", got, ref, base)]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=case_id)
+def test_gradients_match_reference(case, seed):
+    for name, g, r, tol in grads_and_tolerances(case):
+        err = rel_error(g, r)
+        assert g.shape == r.shape and g.dtype != torch.float64
+        assert err <= tol, f"d{name}: relative error {err:.3e} > tolerance {tol:.3e}"
+
+
+def test_gradients_keep_input_layout(seed):
+    q, k, v = make_qkv(1, 2, 9, 13, 40, torch.float16, "bnhd", requires_grad=True)
+    out = flash_attention(q, k, v)
+    dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
+    assert dq.stride() == q.stride() and dk.stride() == k.stride() and dv.stride() == v.stride()
+
+
+# -- determinism -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_rerun_is_bit_identical(dtype, seed):
+    case = (dtype, 40, 45, 70, "keypad", "fp32", "bnhd")
+    q, k, v, bias = build(case, requires_grad=True, B=1)
+    do = torch.randn(q.shape, dtype=q.dtype)
+    runs = []
+    for _ in range(2):
+        out = flash_attention(q, k, v, bias)
+        runs.append((out.detach().clone(), *torch.autograd.grad(out, (q, k, v), do)))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+# -- LSE, fully masked rows --------------------------------------------------------------
+
+
+def test_lse_and_its_gradient(seed):
+    """The forward's log-sum-exp, and gradients that flow through it (as ring attention
+    combines partial results with it)."""
+    q, k, v, bias = build(("fp32", 40, 33, 50, "perhead", "fp32", "bhnd"), requires_grad=True)
+    out, lse = flash_attention_with_lse(q, k, v, bias)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    scores = ref_in[0] @ ref_in[1].transpose(-1, -2) * 40**-0.5 + bias.double()
+    ref_lse = torch.logsumexp(scores, dim=-1)
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
+    assert rel_error(lse, ref_lse) < 1e-6
+
+    do, dlse = torch.randn_like(out), torch.randn_like(lse)
+    got = torch.autograd.grad((out * do).sum() + (lse * dlse).sum(), (q, k, v))
+    ref_out = reference_attention(*ref_in, bias)
+    ref = torch.autograd.grad((ref_out * do.double()).sum() + (ref_lse * dlse.double()).sum(), ref_in)
+    for name, g, r in zip("qkv", got, ref):
+        assert rel_error(g, r) < 1e-5, name
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_fully_masked_rows_give_zeros(dtype, seed):
+    """A query whose keys are all -inf outputs 0 (LSE -inf) and gets zero gradients;
+    nothing turns into NaN, in the forward or the backward."""
+    B, H, M, N, D = 1, 2, 40, 37, 64
+    q, k, v = make_qkv(B, H, M, N, D, DTYPES[dtype], requires_grad=True)
+    bias = torch.randn(B, H, M, N)
+    bias[:, :, 3] = float("-inf")
+    bias[:, 1, 35:] = float("-inf")
+    out, lse = flash_attention_with_lse(q, k, v, bias)
+    assert torch.all(out[:, :, 3] == 0) and torch.all(out[:, 1, 35:] == 0)
+    assert torch.all(torch.isneginf(lse[:, :, 3]))
+    assert_close_to_reference(out, q, k, v, bias)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    assert torch.all(dq[:, :, 3] == 0)
+
+
+# -- bf16 in the interpreter -------------------------------------------------------------
+
+
+@pytest.mark.skipif(not fa.INTERPRET, reason="about Triton's interpreter")
+def test_interpreter_bf16_dot_still_needs_emulation():
+    """Why EMULATE_BF16 exists (see the module docstring). If a Triton release fixes
+    the interpreter, this skips: the emulation can then go."""
+    import triton.language as tl
+
+    @triton.jit
+    def dot16(a_ptr, b_ptr, c_ptr, EMULATE: tl.constexpr):
+        r = tl.arange(0, 16)
+        a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
+        b = tl.load(b_ptr + r[:, None] * 16 + r[None, :])
+        c = fa._dot(a, b, tl.zeros([16, 16], dtype=tl.float32), "tf32", EMULATE)
+        tl.store(c_ptr + r[:, None] * 16 + r[None, :], c)
+
+    a, b = torch.randn(16, 16, dtype=torch.bfloat16), torch.randn(16, 16, dtype=torch.bfloat16)
+    exact = a.double() @ b.double()
+    c = torch.empty(16, 16)
+    dot16[(1,)](a, b, c, EMULATE=True)
+    assert rel_error(c, exact) < 1e-6  # fp32 products of bf16 values are exact
+    dot16[(1,)](a, b, c, EMULATE=False)
+    if rel_error(c, exact) < 1e-2:
+        pytest.skip("this Triton's interpreter multiplies bf16 correctly: EMULATE_BF16 can go")
+
+
+def test_bf16_emulation_is_interpreter_only():
+    """The launcher asks for emulation only under the interpreter."""
+    seen = {}
+
+    def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs):
+        seen[kernel] = constexprs["EMULATE_BF16"]
+
+    q, k, v = make_qkv(1, 1, 4, 4, 16, torch.bfloat16)
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(fa, "_launch", fake_launch)
+        mp.setattr(fa, "INTERPRET", False)
+        fa._forward_impl(q, k, v, None, 0.25, False)
+        assert seen["fwd"] is False
+        mp.setattr(fa, "INTERPRET", True)
+        fa._forward_impl(q, k, v, None, 0.25, False)
+        assert seen["fwd"] is True
+        fa._forward_impl(q.half(), k.half(), v.half(), None, 0.25, False)
+        assert seen["fwd"] is False
+    finally:
+        mp.undo()
+
+
+# -- head-dim pieces, FLOPs --------------------------------------------------------------
+
+
+def test_head_dim_pieces():
+    assert split_head_dim(40) == (32, 16)
+    assert split_head_dim(80) == (64, 16)
+    assert split_head_dim(160) == (128, 32)
+    assert split_head_dim(64) == (64, 0)
+    assert split_head_dim(8) == (16, 0)
+    assert split_head_dim(100) == (128, 0)
+    # FlashAttention-2/3's padded head dims for these (multiples of 32 / the issue's list).
+    fa_pad = {40: 64, 72: 96, 80: 96, 160: 192}
+    for d in range(8, 257):
+        d0, d1 = split_head_dim(d)
+        assert d0 + d1 >= d and d0 >= 16 and d0 & (d0 - 1) == 0
+        assert d1 == 0 or (16 <= d1 <= d0 and d1 & (d1 - 1) == 0)
+        assert d0 + d1 <= max(16, 1 << (d - 1).bit_length())  # never worse than next pow2
+        if d in fa_pad:
+            assert padding_waste(d) < (fa_pad[d] - d) / fa_pad[d]
+
+
+def test_attention_flops():
+    assert attention_flops(2, 8, 4096, 77, 40) == 4 * 2 * 8 * 4096 * 77 * 40
+    assert attention_flops(1, 1, 10, 10, 64, backward=True) == 2.5 * 4 * 10 * 10 * 64
+
+
+# -- refusals ----------------------------------------------------------------------------
+
+
+def _t(*shape, dtype=torch.float16):
+    return torch.randn(*shape, dtype=dtype, device=DEVICE)
+
+
+BAD_INPUTS = [
+    ("head_dim=320 exceeds 256", lambda: (_t(1, 1, 4, 320), _t(1, 1, 4, 320), _t(1, 1, 4, 320)), {}),
+    ("head_dim=4 is below 8", lambda: (_t(1, 1, 4, 4), _t(1, 1, 4, 4), _t(1, 1, 4, 4)), {}),
+    ("float64 is not supported",
+     lambda: tuple(_t(1, 1, 4, 16, dtype=torch.float64) for _ in range(3)), {}),
+    ("must have 4 dims", lambda: (_t(1, 4, 16), _t(1, 4, 16), _t(1, 4, 16)), {}),
+    ("does not match q shape", lambda: (_t(1, 2, 4, 16), _t(1, 1, 4, 16), _t(1, 1, 4, 16)), {}),
+    ("must equal k shape", lambda: (_t(1, 1, 4, 16), _t(1, 1, 4, 16), _t(1, 1, 5, 16)), {}),
+    ("share a dtype", lambda: (_t(1, 1, 4, 16), _t(1, 1, 4, 16, dtype=torch.float32), _t(1, 1, 4, 16)), {}),
+    ("N=0", lambda: (_t(1, 1, 4, 16), _t(1, 1, 0, 16), _t(1, 1, 0, 16)), {}),
+    ("not broadcastable", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
+     {"attn_bias": torch.zeros(1, 1, 4, 4, device=DEVICE)}),
+    ("expected an additive float bias", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
+     {"attn_bias": torch.zeros(1, 1, 1, 5, dtype=torch.int32, device=DEVICE)}),
+    ("gradient of attn_bias is not implemented",
+     lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
+     {"attn_bias": torch.zeros(1, 1, 1, 5, device=DEVICE, requires_grad=True)}),
+    ("scale=inf must be finite", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
+     {"scale": math.inf}),
+]
+
+
+@pytest.mark.parametrize("message,make,kwargs", BAD_INPUTS, ids=[b[0].split()[0] for b in BAD_INPUTS])
+def test_bad_inputs_raise_value_error(message, make, kwargs):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        flash_attention(*make(), **kwargs)
+
+
+def test_cpu_without_interpreter_is_refused(monkeypatch):
+    monkeypatch.setattr(fa, "INTERPRET", False)
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="runs on CUDA; on the CPU it runs only under TRITON_INTERPRET=1"):
+        flash_attention(q, q, q)
+
+
+def test_empty_query_batch():
+    q, k, v = _t(1, 2, 0, 16), _t(1, 2, 3, 16), _t(1, 2, 3, 16)
+    assert flash_attention(q, k, v).shape == (1, 2, 0, 16)
+
+
+# -- the backend -------------------------------------------------------------------------
+
+
+def test_backend_reasons_and_forward(monkeypatch, seed):
+    from attnkit.backends import AttentionCall, DeviceInfo, get_backend
+    from attnkit.backends import triton as tb
+
+    backend = get_backend("triton")
+    h100 = DeviceInfo("cuda", (9, 0), "H100")
+    assert backend.not_supported_reasons(AttentionCall(h100, torch.bfloat16, 40, mask="key_padding")) == []
+    reasons = backend.not_supported_reasons(AttentionCall(h100, torch.float16, 320))
+    assert reasons == ["head_dim=320 > 256"]
+    t4 = DeviceInfo("cuda", (7, 5), "T4")
+    assert backend.not_supported_reasons(AttentionCall(t4, torch.float16, 64)) == ["compute capability 7.5 < 8.0"]
+
+    cpu_call = AttentionCall(DeviceInfo("cpu"), torch.float16, 40)
+    monkeypatch.setattr(fa, "INTERPRET", False)
+    assert backend.not_supported_reasons(cpu_call) == [tb.CPU_REASON]
+    monkeypatch.setattr(fa, "INTERPRET", True)
+    assert backend.not_supported_reasons(cpu_call) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(fa, "POISON_OUTPUTS", True)
+
+    q, k, v, bias = build(("fp16", 40, 20, 30, "keypad", "fp16", "bnhd"))
+    out = backend.forward(q, k, v, bias, upcast=True)
+    assert_close_to_reference(out, q, k, v, bias)
+
+
+def test_backend_tf32_option_reaches_the_kernel(monkeypatch):
+    from attnkit.backends import get_backend
+
+    seen = {}
+
+    def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs):
+        seen[kernel] = constexprs["PRECISION"]
+
+    monkeypatch.setattr(fa, "_launch", fake_launch)
+    q = torch.randn(1, 1, 4, 16, device=DEVICE)
+    get_backend("triton").forward(q, q, q)
+    assert seen["fwd"] == "ieee"  # fp32 is exact fp32 unless asked
+    get_backend("triton", allow_tf32=True).forward(q, q, q)
+    assert seen["fwd"] == "tf32"
+
+
+# -- on a GPU ----------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_offsets_beyond_2_to_the_31(seed):
+    """k and v of 2**31 + elements: the last heads are read from beyond 32-bit offsets."""
+    B, H, M, D = 1, 4, 16, 128
+    N = (1 << 31) // (B * H * D) + 64  # B*H*N*D > 2**31
+    free, _ = torch.cuda.mem_get_info()
+    if free < 2.5 * 2 * B * H * N * D * 2:
+        pytest.skip("not enough GPU memory for two 4 GiB tensors")
+    q = torch.randn(B, H, M, D, device="cuda", dtype=torch.float16)
+    k = torch.randn(B, H, N, D, device="cuda", dtype=torch.float16)
+    v = torch.randn(B, H, N, D, device="cuda", dtype=torch.float16)
+    out = flash_attention(q, k, v)
+    h = H - 1
+    ref = torch.softmax((q[:, h:].float() @ k[:, h:].float().transpose(-1, -2)) * D**-0.5, -1) @ v[:, h:].float()
+    assert rel_error(out[:, h:], ref) < 1e-2
