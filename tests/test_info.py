@@ -1,0 +1,55 @@
+"""`attnkit info`: devices, versions, backends with reasons, auto()'s choices."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from attnkit import info
+from attnkit.selector import CANDIDATES
+
+
+def test_collect_has_every_section():
+    data = info.collect()
+    assert data["versions"]["torch"] == torch.__version__
+    for name in ("diffusers", "triton", "xformers", "flash_attn", "attnkit", "python"):
+        assert name in data["versions"]
+    assert data["devices"][0]["device"] == "cpu"
+    assert [b["name"] for b in data["backends"]] == list(CANDIDATES)
+    for b in data["backends"]:
+        assert b["available"] == (not b["reasons"])
+    assert data["hardware_class"] in ("cpu", "sm_90", "sm_80", "sm_86-89", "sm_75-", "sm_100+", "rocm", "mps")
+    # SD1.5's head dims, fp16 and fp32, with and without a mask, self and cross
+    rows = {(r["head_dim"], r["dtype"], r["mask"]) for r in data["sd15"]}
+    assert rows == {(d, t, m) for d in (40, 80, 160) for t in ("float16", "float32")
+                    for m in ("none", "key_padding")}
+    for r in data["sd15"]:
+        assert r["self"]["backend"] and r["cross"]["backend"]
+
+
+def test_report_on_this_machine():
+    text = info.report()
+    assert "versions:" in text and "devices:" in text
+    for name in CANDIDATES:
+        assert f"\n  {name} " in text
+    assert "auto() for Stable Diffusion 1.5 shapes" in text
+    if not torch.cuda.is_available():
+        assert "xformers     unavailable:" in text and "device=cpu (supported: cuda)" in text
+        assert "sdpa         available" in text
+        assert "hardware class cpu, order sdpa > sliced > vanilla" in text
+        assert "triton" not in text.split("auto() for Stable Diffusion")[1]
+
+
+def test_main_json(capsys):
+    assert info.main(["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"versions", "devices", "backends", "sd15", "priority"} <= set(data)
+
+
+def test_command_line():
+    out = subprocess.run([sys.executable, "-m", "attnkit", "info"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "attnkit info" in out.stdout and "backends on" in out.stdout
