@@ -21,16 +21,18 @@ cut into at most two power-of-two pieces D0 >= D1 >= 16 (40 = 32 + 8 -> 32 + 16,
 64 + 16, 160 = 128 + 32), and each piece is its own dot. Matrix work wasted by padding,
 (padded - D) / padded, both matmuls alike:
 
-    head dim       8    24    40    64    72    80   100   128   160   256
-    next pow2     16    32    64    64   128   128   128   128   256   256
-      waste      50%   25%  37.5%   0%  43.8% 37.5% 21.9%   0%  37.5%   0%
-    FA2/FA3 pad   32    32    64    64    96    96   128   128   192   256
-      waste      75%   25%  37.5%   0%  25.0% 16.7% 21.9%   0%  16.7%   0%
-    this kernel   16    32    48    64    80    80   128   128   160   256
-      waste      50%   25%  16.7%   0%  10.0%   0%  21.9%   0%    0%   0%
+    head dim         8    24    40    64    72    80   100   128   160   256
+    next pow2       16    32    64    64   128   128   128   128   256   256
+      waste        50%   25%  37.5%   0%  43.8% 37.5% 21.9%   0%  37.5%   0%
+    FlashAttn-2     32    32    64    64    96    96   128   128   160   256
+      waste        75%   25%  37.5%   0%  25.0% 16.7% 21.9%   0%    0%   0%
+    FlashAttn-3     64    64    64    64    96    96   128   128   192   256
+      waste      87.5% 62.5% 37.5%   0%  25.0% 16.7% 21.9%   0%  16.7%   0%
+    this kernel     16    32    48    64    80    80   128   128   160   256
+      waste        50%   25%  16.7%   0%  10.0%   0%  21.9%   0%    0%   0%
 
-(The FlashAttention row is the padding the issue describes: 40 -> 64, 80 -> 96,
-160 -> 192; its kernels are instantiated for head dims that are multiples of 32.)
+(FlashAttention-2 instantiates its kernels for head dims in multiples of 32,
+FlashAttention-3 for 64, 96, 128, 192 and 256; a head dim runs in the next one up.)
 Head dim 8 still pays 50%: a tensor-core dot cannot reduce over fewer than 16.
 
 Everything else the callers of a diffusion model produce:
@@ -167,14 +169,23 @@ def _load_bias(base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
 
 
 @triton.jit
-def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1,
+def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
               k_base, v_base, b_base, stride_kn, stride_vn, stride_bm, stride_bn,
               offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
               HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
               HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
               ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """One K/V tile of the online softmax: update (acc, m, l) for the program's queries."""
+              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr):
+    """One K/V tile of the online softmax: update (acc, m, l) for the program's queries.
+
+    RELOAD: load the Q tile here, every iteration (from L1/L2), instead of holding it in
+    registers across the loop: fewer registers at large head dims (see CONFIGS).
+    """
+    if RELOAD:
+        q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        if D1 > 0:
+            q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                            ALIGN)
     # s = q @ k^T over the head-dim pieces, in base-2 units: qk_scale = scale * log2(e).
     k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
     s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
@@ -224,7 +235,7 @@ def _attn_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head."""
     tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
@@ -254,14 +265,22 @@ def _attn_fwd(
     else:
         offs_d1 = offs_d0  # placeholder, never read
 
-    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+    # Placeholders ([1, 1]) stand for what does not exist: a second piece when D1 = 0,
+    # a held Q tile when the tiles reload it. They are never read.
+    if RELOAD:
+        q0 = tl.zeros([1, 1], dtype=tl.float32)
+        q1 = q0
+    else:
+        q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        if D1 > 0:
+            q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                            ALIGN)
+        else:
+            q1 = q0
     acc0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
     if D1 > 0:
-        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
         acc1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
     else:
-        # Placeholders that are never read when there is no second piece.
-        q1 = q0
         acc1 = tl.zeros([1, 1], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -270,22 +289,22 @@ def _attn_fwd(
     n_full = (N // BLOCK_N) * BLOCK_N
     for start_n in range(0, n_full, BLOCK_N):
         acc0, acc1, m_i, l_i = _fwd_tile(
-            acc0, acc1, m_i, l_i, q0, q1,
+            acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
             k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(start_n, tl.int64) * stride_bn,
             stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16)
+            PRECISION, EMULATE_BF16, RELOAD)
     if n_full < N:
         acc0, acc1, m_i, l_i = _fwd_tile(
-            acc0, acc1, m_i, l_i, q0, q1,
+            acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
             k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(n_full, tl.int64) * stride_bn,
             stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16)
+            PRECISION, EMULATE_BF16, RELOAD)
 
     # Rows whose keys were all masked have l = 0: they output 0 and their LSE is -inf.
     dead = l_i == 0.0
@@ -325,15 +344,25 @@ def _attn_bwd_delta(
 
 
 @triton.jit
-def _dkdv_tile(dk0, dk1, dv0, dv1, k0, k1, v0, v1,
+def _dkdv_tile(dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
                q_base, do_base, b_base, lse_base, delta_base,
                stride_qm, stride_dom, stride_bm, stride_bn,
                offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
                HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
                HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr,
               ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """One Q/dO tile of the dK/dV pass, computed transposed (keys x queries)."""
+               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr):
+    """One Q/dO tile of the dK/dV pass, computed transposed (keys x queries).
+
+    RELOAD: load the program's K and V tiles here (see _fwd_tile)."""
+    if RELOAD:
+        k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        if D1 > 0:
+            k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                            ALIGN)
+            v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                            ALIGN)
     q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM, ALIGN)
     sT = _dot(k0, tl.trans(q0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32),
               PRECISION, EMULATE_BF16)
@@ -396,7 +425,7 @@ def _attn_bwd_dkdv(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming every query."""
     tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
@@ -428,40 +457,50 @@ def _attn_bwd_dkdv(
     else:
         offs_d1 = offs_d0  # placeholder, never read
 
-    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+    if RELOAD:
+        k0 = tl.zeros([1, 1], dtype=tl.float32)
+        k1 = k0
+        v0 = k0
+        v1 = k0
+    else:
+        k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        if D1 > 0:
+            k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                            ALIGN)
+            v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                            ALIGN)
+        else:
+            k1 = k0
+            v1 = v0
     dk0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
     dv0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
     if D1 > 0:
-        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
-        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
         dk1 = tl.zeros([BLOCK_N, D1], dtype=tl.float32)
         dv1 = tl.zeros([BLOCK_N, D1], dtype=tl.float32)
     else:
-        k1 = k0
-        v1 = v0
         dk1 = tl.zeros([1, 1], dtype=tl.float32)
         dv1 = tl.zeros([1, 1], dtype=tl.float32)
 
     m_full = (M // BLOCK_M) * BLOCK_M
     for start_m in range(0, m_full, BLOCK_M):
         dk0, dk1, dv0, dv1 = _dkdv_tile(
-            dk0, dk1, dv0, dv1, k0, k1, v0, v1,
+            dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
             q_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_qm, ALIGN), do_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_dom, ALIGN),
             b_base + tl.cast(start_m, tl.int64) * stride_bm, lse_base + start_m, delta_base + start_m,
             stride_qm, stride_dom, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, M - start_m, n_left, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16)
+            PRECISION, EMULATE_BF16, RELOAD)
     if m_full < M:
         dk0, dk1, dv0, dv1 = _dkdv_tile(
-            dk0, dk1, dv0, dv1, k0, k1, v0, v1,
+            dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
             q_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_qm, ALIGN), do_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_dom, ALIGN),
             b_base + tl.cast(m_full, tl.int64) * stride_bm, lse_base + m_full, delta_base + m_full,
             stride_qm, stride_dom, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, M - m_full, n_left, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16)
+            PRECISION, EMULATE_BF16, RELOAD)
 
     dk_base = DK + tl.multiple_of(b * stride_dkb + h * stride_dkh + col0 * stride_dkn, ALIGN)
     dv_base = DV + tl.multiple_of(b * stride_dvb + h * stride_dvh + col0 * stride_dvn, ALIGN)
@@ -477,14 +516,22 @@ def _attn_bwd_dkdv(
 
 
 @triton.jit
-def _dq_tile(dq0, dq1, q0, q1, do0, do1, lse, delta,
+def _dq_tile(dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
              k_base, v_base, b_base, stride_kn, stride_vn, stride_bm, stride_bn,
              offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
              HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
              HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
               ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-             PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """One K/V tile of the dQ pass."""
+             PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr):
+    """One K/V tile of the dQ pass. RELOAD: load the Q and dO tiles here (see _fwd_tile)."""
+    if RELOAD:
+        q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        if D1 > 0:
+            q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                            ALIGN)
+            do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                             ALIGN)
     k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
     v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
     s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
@@ -525,7 +572,7 @@ def _attn_bwd_dq(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming every key."""
     tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
@@ -555,16 +602,26 @@ def _attn_bwd_dq(
     else:
         offs_d1 = offs_d0  # placeholder, never read
 
-    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-    do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+    if RELOAD:
+        q0 = tl.zeros([1, 1], dtype=tl.float32)
+        q1 = q0
+        do0 = q0
+        do1 = q0
+    else:
+        q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
+        if D1 > 0:
+            q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                            ALIGN)
+            do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
+                             ALIGN)
+        else:
+            q1 = q0
+            do1 = do0
     dq0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
     if D1 > 0:
-        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
-        do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM, ALIGN)
         dq1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
     else:
-        q1 = q0
-        do1 = do0
         dq1 = tl.zeros([1, 1], dtype=tl.float32)
     lse_ptrs = Lse + (b * H + h) * M + row0 + offs_m
     lse = tl.load(lse_ptrs, mask=offs_m < m_left, other=float("inf"))
@@ -575,20 +632,20 @@ def _attn_bwd_dq(
     n_full = (N // BLOCK_N) * BLOCK_N
     for start_n in range(0, n_full, BLOCK_N):
         dq0, dq1 = _dq_tile(
-            dq0, dq1, q0, q1, do0, do1, lse, delta,
+            dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
             k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(start_n, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16)
+            PRECISION, EMULATE_BF16, RELOAD)
     if n_full < N:
         dq0, dq1 = _dq_tile(
-            dq0, dq1, q0, q1, do0, do1, lse, delta,
+            dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
             k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(n_full, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16)
+            PRECISION, EMULATE_BF16, RELOAD)
 
     dq_base = DQ + tl.multiple_of(b * stride_dqb + h * stride_dqh + row0 * stride_dqm, ALIGN)
     _store_tile(dq_base, (dq0 * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d0, stride_dqm, m_left,
@@ -641,9 +698,13 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    # Reload the loop-invariant operand tiles (Q; K and V in the dK/dV pass) every
+    # iteration instead of holding them in registers: for large head dims.
+    reload: bool = False
 
     def __str__(self) -> str:
-        return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+        r = "-r" if self.reload else ""
+        return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{r}"
 
 
 # The autotuning candidates, by kernel, input width and padded head dim (the smallest
@@ -743,7 +804,7 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype):
     if tuner is None:
         tuner = triton.autotune(
             configs=[
-                triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
+                triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "RELOAD": c.reload},
                               num_warps=c.num_warps, num_stages=c.num_stages)
                 for c in cands
             ],
@@ -764,7 +825,7 @@ def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows
     else:
         block = cfg.block_m if rows_axis_block == "BLOCK_M" else cfg.block_n
         fn[(triton.cdiv(grid_rows, block), h, b)](
-            *args, **constexprs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            *args, **constexprs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RELOAD=cfg.reload,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -1012,10 +1073,11 @@ def _prepare(q, k, v, attn_bias, scale):
             f"only under TRITON_INTERPRET=1 (set before attnkit.kernels is imported), for debugging")
 
     if scale is None:
-        scale = D ** -0.5
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale={scale} must be finite")
+        scale = D ** -0.5  # symbolic under torch.compile(dynamic=True); finite anyway
+    else:
+        scale = float(scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"scale={scale} must be finite")
 
     if attn_bias is not None:
         if not isinstance(attn_bias, torch.Tensor):

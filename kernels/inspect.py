@@ -45,7 +45,7 @@ class Job:
     kernel: str
     head_dim: int
     dtype: str
-    config: tuple  # (block_m, block_n, num_warps, num_stages)
+    config: tuple  # (block_m, block_n, num_warps, num_stages, reload)
     arch: int
     bias: str
 
@@ -122,9 +122,9 @@ def compile_job(job: Job) -> Result:
         pointer_types = {"Bias": "*fp32", "Lse": "*fp32", "Delta": "*fp32"}
         sig = _signature(fn, job.dtype, pointer_types)
         d0, d1 = fa.split_head_dim(job.head_dim)
-        bm, bn, warps, stages = job.config
+        bm, bn, warps, stages, reload = job.config
         constexprs = dict(
-            HEAD_DIM=job.head_dim, D0=d0, D1=d1, BLOCK_M=bm, BLOCK_N=bn,
+            HEAD_DIM=job.head_dim, D0=d0, D1=d1, BLOCK_M=bm, BLOCK_N=bn, RELOAD=bool(reload),
             HAS_BIAS=job.bias != "none", BIAS_PER_KEY=job.bias == "keypad",
             # A (B, N, H, D) layout: head stride D, row stride H * D.
             ALIGN=fa._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True,
@@ -163,7 +163,7 @@ def compile_job(job: Job) -> Result:
     return res
 
 
-def jobs_for(kernels, head_dims, dtypes, archs, biases, quick: bool) -> list[Job]:
+def jobs_for(kernels, head_dims, dtypes, archs, biases, quick: bool, configs=None) -> list[Job]:
     import torch
 
     fa = _fa()
@@ -173,20 +173,23 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, quick: bool) -> list[Job
     for kernel in kernels:
         for d in head_dims:
             for dtype in dtypes:
-                configs = fa.configs_for(kernel, d, tdt[dtype])
-                if quick:
-                    configs = configs[:1]
-                for cfg in configs:
+                if configs:
+                    cands = configs
+                else:
+                    shipped = fa.configs_for(kernel, d, tdt[dtype])
+                    if quick:
+                        shipped = shipped[:1]
+                    cands = [(c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)) for c in shipped]
+                for cfg in cands:
                     for arch in archs:
                         for bias in biases:
-                            jobs.append(Job(kernel, d, dtype, (cfg.block_m, cfg.block_n, cfg.num_warps,
-                                                               cfg.num_stages), arch, bias))
+                            jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias))
     return jobs
 
 
 def _row(r: Result) -> str:
     j = r.job
-    cfg = "M{}-N{}-w{}-s{}".format(*j.config)
+    cfg = "M{}-N{}-w{}-s{}".format(*j.config[:4]) + ("-r" if j.config[4] else "")
     probs = r.problems
     status = "ok" if not probs else "FAIL: " + "; ".join(probs)
     return (f"{j.kernel:5} {j.head_dim:4} {j.dtype:5} {j.bias:6} {cfg:16} sm_{j.arch}  "
@@ -203,6 +206,8 @@ def main(argv=None) -> int:
                     help="repeatable; default fp16 bf16")
     ap.add_argument("--arch", action="append", type=int, choices=ARCHS, help="repeatable; default 80 90")
     ap.add_argument("--bias", action="append", choices=BIASES, help="repeatable; default full")
+    ap.add_argument("--config", action="append", metavar="BM,BN,WARPS,STAGES[,RELOAD]",
+                    help="compile this tile configuration instead of the shipped ones (repeatable)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compilations")
     args = ap.parse_args(argv)
 
@@ -220,7 +225,11 @@ def main(argv=None) -> int:
     dtypes = args.dtype or (["fp16"] if args.quick else list(DTYPES))
     archs = args.arch or list(ARCHS)
     biases = args.bias or ["full"]
-    jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, args.quick)
+    configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [])]
+    if any(len(c) not in (4, 5) for c in configs):
+        ap.error("--config takes BLOCK_M,BLOCK_N,NUM_WARPS,NUM_STAGES[,RELOAD (0 or 1)]")
+    configs = [c if len(c) == 5 else (*c, 0) for c in configs]
+    jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, args.quick, configs)
 
     print(f"{len(jobs)} compilations ({args.jobs} at a time); stack > 0 means spilled registers; "
           f"shared-memory limits: " + ", ".join(f"sm_{a} {SMEM_LIMIT[a]} B" for a in archs))

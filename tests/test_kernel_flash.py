@@ -191,6 +191,18 @@ def test_gradients_match_reference(case, seed):
         assert err <= tol, f"d{name}: relative error {err:.3e} > tolerance {tol:.3e}"
 
 
+@pytest.mark.parametrize("case", [GRAD_CASES[2], GRAD_CASES[6]], ids=case_id)
+def test_reload_variant_matches_reference(case, monkeypatch, seed):
+    """The tile variant that reloads its loop-invariant operands each iteration (shipped
+    for large head dims) computes the same, forward and backward."""
+    monkeypatch.setattr(fa, "INTERPRET_CONFIG", fa.TileConfig(32, 16, 4, 1, reload=True))
+    q, k, v, bias = build(case, B=1)
+    assert_close_to_reference(flash_attention(q, k, v, bias), q, k, v, bias)
+    for name, g, r, tol in grads_and_tolerances(case, B=1):
+        err = rel_error(g, r)
+        assert err <= tol, f"d{name}: relative error {err:.3e} > tolerance {tol:.3e}"
+
+
 def test_gradients_keep_input_layout(seed):
     q, k, v = make_qkv(1, 2, 9, 13, 40, torch.float16, "bnhd", requires_grad=True)
     out = flash_attention(q, k, v)
