@@ -32,7 +32,9 @@ def bmm_attention(
     """Attention on 3-D (batch*heads, tokens, D) tensors; attn_bias broadcastable to
     (batch*heads, M, N). Scores in float32 when upcast is set."""
     out_dtype = q.dtype
-    if upcast and q.dtype in (torch.float16, torch.bfloat16):
+    # upcast only widens: float32/float64 inputs are already "upcast".
+    upcast = upcast and q.dtype in (torch.float16, torch.bfloat16)
+    if upcast:
         q = q.float()
         k = k.float()
     if attn_bias is None:

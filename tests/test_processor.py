@@ -1,0 +1,298 @@
+"""The diffusers-facing processor: every Attention option, masks, and clear refusals.
+
+Each module option is checked in float64 against diffusers' own processor that
+honours it (AttnProcessor, or AttnProcessor2_0 where qk-norm is involved, since
+AttnProcessor skips norm_q/norm_k), and against a written-out reference where no stock
+processor is right (qk-norm together with a custom scale, qk-norm across heads).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
+
+import attnkit
+from attnkit.processor import UnsupportedModule
+from attnkit.testing import reference_attention, rel_error
+
+PROCESSORS = {
+    "vanilla": lambda: attnkit.VanillaProcessor(),
+    "sliced": lambda: attnkit.SlicedProcessor(slice_size=3),
+    "sdpa": lambda: attnkit.SDPAProcessor(),
+    "sdpa-math": lambda: attnkit.SDPAProcessor(kernel="math"),
+    "auto": lambda: attnkit.auto(),
+}
+
+
+def _module(**kw) -> Attention:
+    torch.manual_seed(1234)
+    attn = Attention(**kw).double().eval()
+    # random, non-trivial norm parameters so a skipped norm cannot pass
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return attn
+
+
+def _written_out_reference(attn: Attention, x: torch.Tensor, ehs: torch.Tensor | None, mask=None) -> torch.Tensor:
+    """Attention's documented computation, step by step, in float64."""
+    b, m, _ = x.shape
+    ctx = x if ehs is None else ehs
+    q, k, v = attn.to_q(x), attn.to_k(ctx), attn.to_v(ctx)
+    h = attn.heads
+    d = q.shape[-1] // h
+    if attn.norm_q is not None and getattr(attn.norm_q, "normalized_shape", (d,))[0] == h * d:
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        per_head = False
+    else:
+        per_head = attn.norm_q is not None
+    q = q.view(b, m, h, d).transpose(1, 2)
+    k = k.view(b, -1, h, d).transpose(1, 2)
+    v = v.view(b, -1, h, d).transpose(1, 2)
+    if per_head:
+        q, k = attn.norm_q(q), attn.norm_k(k)
+    out = reference_attention(q, k, v, mask, attn.scale)
+    out = attn.to_out[0](out.transpose(1, 2).reshape(b, m, h * d))
+    return out
+
+
+def _run(attn, proc, *args, **kw):
+    attn.set_processor(proc)
+    with torch.no_grad():
+        return attn(*args, **kw)
+
+
+OPTION_CASES = {
+    # name: (Attention kwargs, input kind, which stock processor is right)
+    "self": (dict(query_dim=64, heads=4, dim_head=16), "seq", AttnProcessor),
+    "cross": (dict(query_dim=64, cross_attention_dim=24, heads=2, dim_head=40), "cross", AttnProcessor),
+    "scale_qk_false": (dict(query_dim=64, heads=4, dim_head=16, scale_qk=False), "seq", AttnProcessor),
+    # diffusers casts float64 to float32 when upcasting, so the reference is written out.
+    "upcast": (dict(query_dim=64, heads=4, dim_head=16, upcast_attention=True, upcast_softmax=True), "seq", None),
+    "group_norm_residual_4d": (
+        dict(query_dim=64, heads=1, dim_head=64, norm_num_groups=8, residual_connection=True,
+             rescale_output_factor=2.0, bias=True), "image", AttnProcessor),
+    "spatial_norm": (dict(query_dim=32, heads=1, dim_head=32, spatial_norm_dim=4), "image-temb", AttnProcessor),
+    "norm_cross_layer": (dict(query_dim=64, cross_attention_dim=24, heads=2, dim_head=32,
+                              cross_attention_norm="layer_norm"), "cross", AttnProcessor),
+    "norm_cross_group": (dict(query_dim=64, cross_attention_dim=24, heads=2, dim_head=32,
+                              cross_attention_norm="group_norm", cross_attention_norm_num_groups=4), "cross", AttnProcessor),
+    "qk_layer_norm": (dict(query_dim=64, heads=4, dim_head=16, qk_norm="layer_norm"), "seq", AttnProcessor2_0),
+    "qk_rms_norm": (dict(query_dim=64, heads=4, dim_head=16, qk_norm="rms_norm"), "seq", AttnProcessor2_0),
+    "qk_l2": (dict(query_dim=64, heads=4, dim_head=16, qk_norm="l2"), "seq", AttnProcessor2_0),
+    "qk_norm_custom_scale": (dict(query_dim=64, heads=4, dim_head=16, qk_norm="rms_norm", scale_qk=False), "seq", None),
+    "qk_norm_across_heads": (dict(query_dim=64, heads=4, kv_heads=4, dim_head=16, qk_norm="layer_norm_across_heads"), "seq", None),
+    "out_dim": (dict(query_dim=48, heads=3, dim_head=16, out_dim=48), "seq", AttnProcessor),
+}
+
+
+def _inputs(kind, attn):
+    if kind == "seq":
+        return (torch.randn(2, 37, attn.query_dim, dtype=torch.float64),), {}
+    if kind == "cross":
+        return (torch.randn(2, 37, attn.query_dim, dtype=torch.float64),
+                torch.randn(2, 77, attn.cross_attention_dim, dtype=torch.float64)), {}
+    if kind == "image":
+        return (torch.randn(2, attn.query_dim, 6, 5, dtype=torch.float64),), {}
+    if kind == "image-temb":
+        return (torch.randn(2, attn.query_dim, 6, 6, dtype=torch.float64),), {
+            "temb": torch.randn(2, 4, 3, 3, dtype=torch.float64)}
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("proc_name", list(PROCESSORS))
+@pytest.mark.parametrize("case", list(OPTION_CASES))
+def test_every_attention_option_is_honoured(seed, case, proc_name):
+    kw, kind, stock = OPTION_CASES[case]
+    attn = _module(**kw)
+    args, extra = _inputs(kind, attn)
+    if stock is not None:
+        ref = _run(attn, stock(), *args, **extra)
+    else:
+        with torch.no_grad():
+            ref = _written_out_reference(attn, args[0], args[1] if len(args) > 1 else None)
+    out = _run(attn, PROCESSORS[proc_name](), *args, **extra)
+    assert out.shape == ref.shape
+    assert rel_error(out, ref) < 1e-12
+
+
+def test_stock_processors_miss_what_we_honour(seed):
+    """The reason this package exists: diffusers' AttnProcessor skips qk-norm and
+    AttnProcessor2_0 ignores attn.scale; attnkit gets both right."""
+    attn = _module(query_dim=64, heads=4, dim_head=16, qk_norm="rms_norm", scale_qk=False)
+    x = torch.randn(2, 37, 64, dtype=torch.float64)
+    with torch.no_grad():
+        ref = _written_out_reference(attn, x, None)
+    assert rel_error(_run(attn, AttnProcessor(), x), ref) > 1e-3
+    assert rel_error(_run(attn, AttnProcessor2_0(), x), ref) > 1e-3
+    assert rel_error(_run(attn, attnkit.SDPAProcessor(), x), ref) < 1e-12
+
+
+# -- masks, as diffusers hands them over ---------------------------------------------
+
+def _mask_variants(b, h, m, n):
+    keep = torch.rand(b, n) > 0.3
+    keep[:, 0] = True
+    add = (~keep).double() * -10000.0
+    full = torch.randn(b, m, n, dtype=torch.float64)
+    return {
+        # the UNet turns encoder_attention_mask (B, N) into (B, 1, N) -10000 bias
+        "unet-encoder-mask": (add[:, None, :], add[:, None, None, :]),
+        "bool-2d": (keep, keep[:, None, None, :]),
+        "bool-3d": (keep[:, None, :], keep[:, None, None, :]),
+        "additive-2d": (add, add[:, None, None, :]),
+        # after Attention.prepare_attention_mask: (B*H, 1, N)
+        "prepared-bh": (add.repeat_interleave(h, 0)[:, None, :], add[:, None, None, :]),
+        "full-3d": (full, full[:, None]),
+        "per-head-4d": (torch.randn(1, h, 1, n, dtype=torch.float64),) * 2,
+        "full-4d": (torch.randn(b, h, m, n, dtype=torch.float64),) * 2,
+    }
+
+
+@pytest.mark.parametrize("proc_name", ["vanilla", "sliced", "sdpa"])
+@pytest.mark.parametrize("variant", list(_mask_variants(2, 2, 5, 7)))
+def test_masks_in_every_form_diffusers_produces(seed, proc_name, variant):
+    attn = _module(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    ehs = torch.randn(2, 7, 16, dtype=torch.float64)
+    mask, as_bias4d = _mask_variants(2, 2, 5, 7)[variant]
+    with torch.no_grad():
+        ref = _written_out_reference(attn, x, ehs, mask=as_bias4d)
+    out = _run(attn, PROCESSORS[proc_name](), x, ehs, attention_mask=mask)
+    assert rel_error(out, ref) < 1e-12
+
+
+def test_diffusers_mask_matches_stock_processor(seed):
+    """A -10000 additive key-padding mask gives what diffusers' AttnProcessor gives."""
+    attn = _module(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16)
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    ehs = torch.randn(2, 7, 16, dtype=torch.float64)
+    keep = torch.rand(2, 7) > 0.4
+    keep[:, 0] = True
+    mask = ((~keep).double() * -10000.0)[:, None, :]
+    ref = _run(attn, AttnProcessor(), x, ehs, attention_mask=mask)
+    for name in PROCESSORS:
+        assert rel_error(_run(attn, PROCESSORS[name](), x, ehs, attention_mask=mask), ref) < 1e-12, name
+
+
+# -- refusals: a clear ValueError, never a wrong answer or a deep shape error ---------
+
+def test_refuses_added_kv_module():
+    attn = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=8, cross_attention_norm="group_norm",
+                     cross_attention_norm_num_groups=4)
+    attn.set_processor(attnkit.SDPAProcessor())
+    with pytest.raises(UnsupportedModule, match="added key/value projections"):
+        attn(torch.randn(1, 4, 32), torch.randn(1, 3, 8))
+
+
+def test_refuses_joint_attention_module():
+    attn = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=32, context_pre_only=False)
+    attn.set_processor(attnkit.VanillaProcessor())
+    with pytest.raises(ValueError, match="cannot serve Attention"):
+        attn(torch.randn(1, 4, 32), torch.randn(1, 3, 32))
+
+
+def test_refuses_ip_adapter_tuple_and_names_the_fix():
+    attn = Attention(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16)
+    attn.set_processor(attnkit.SDPAProcessor())
+    with pytest.raises(UnsupportedModule, match=r"IP-Adapter.*attnkit\.apply"):
+        attn(torch.randn(1, 4, 32), (torch.randn(1, 3, 16), [torch.randn(1, 4, 16)]))
+
+
+def test_refuses_causal_module():
+    attn = Attention(query_dim=32, heads=2, dim_head=16, is_causal=True)
+    attn.set_processor(attnkit.SDPAProcessor())
+    with pytest.raises(UnsupportedModule, match="causal"):
+        attn(torch.randn(1, 4, 32))
+
+
+@pytest.mark.parametrize(
+    "mask,match",
+    [
+        (torch.zeros(2, 1, 9), "has 9 keys .* keys have 7 tokens"),
+        (torch.zeros(3, 1, 7), r"shape \(3, 1, 7\) does not broadcast to \(batch=2, heads=2"),
+        (torch.zeros(2, 4, 7), r"does not broadcast"),
+        (torch.ones(2, 1, 7, dtype=torch.int64), "dtype torch.int64"),
+    ],
+    ids=["wrong-key-length", "wrong-batch", "wrong-query-length", "int-mask"],
+)
+def test_bad_masks_are_refused_clearly(mask, match):
+    attn = Attention(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16)
+    attn.set_processor(attnkit.SDPAProcessor())
+    with pytest.raises(ValueError, match=match):
+        attn(torch.randn(2, 5, 32), torch.randn(2, 7, 16), attention_mask=mask)
+
+
+def test_named_backend_refuses_instead_of_falling_back():
+    """A pinned kernel that cannot take the call raises with its reasons."""
+    attn = Attention(query_dim=32, heads=2, dim_head=16)
+    attn.set_processor(attnkit.SDPAProcessor(kernel="efficient"))
+    with pytest.raises(attnkit.BackendUnavailable, match=r"'sdpa' cannot serve .*device=cpu \(supported: cuda\)"):
+        attn(torch.randn(1, 4, 32))
+
+
+def test_processor_factory_and_errors():
+    assert isinstance(attnkit.processor("vanilla"), attnkit.VanillaProcessor)
+    assert attnkit.processor("sliced", slice_size="max").backend.slice_size == "max"
+    assert attnkit.processor("sdpa", kernel="math").backend.kernel == "math"
+    with pytest.raises(ValueError, match="unknown processor 'fast'.*vanilla, sliced, sdpa"):
+        attnkit.processor("fast")
+    with pytest.raises(TypeError):
+        attnkit.processor("vanilla", slice_size=2)
+
+
+def test_deprecated_scale_kwarg_is_accepted_quietly(caplog):
+    attn = _module(query_dim=32, heads=2, dim_head=16)
+    x = torch.randn(1, 4, 32, dtype=torch.float64)
+    ref = _run(attn, AttnProcessor(), x)
+    attn.set_processor(attnkit.SDPAProcessor())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with caplog.at_level(logging.WARNING):
+            with torch.no_grad():
+                out = attn(x, scale=0.5)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert rel_error(out, ref) < 1e-12
+
+
+def test_one_instance_serves_every_module_of_a_model(seed):
+    """set_attn_processor shares one processor object: it must hold no per-layer state."""
+    from _models import float64_copy, tiny_sd15_unet, unet_inputs
+
+    unet = tiny_sd15_unet()
+    proc = attnkit.SDPAProcessor()
+    unet.set_attn_processor(proc)
+    assert all(p is proc for p in unet.attn_processors.values())
+    kw = unet_inputs(unet, batch=1)
+    with torch.no_grad():
+        a = unet(**kw).sample
+        b = unet(**kw).sample
+    assert torch.equal(a, b)
+    assert float64_copy(unet) is not None
+
+
+def test_apply_keeps_ip_adapter_processors_and_names_modules():
+    from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
+
+    from _models import tiny_sd15_unet
+
+    unet = tiny_sd15_unet()
+    names = list(unet.attn_processors)
+    ip_name = next(n for n in names if "attn2" in n)
+    procs = {n: AttnProcessor2_0() for n in names}
+    procs[ip_name] = IPAdapterAttnProcessor2_0(hidden_size=160, cross_attention_dim=64, num_tokens=(4,))
+    unet.set_attn_processor(procs)
+    report = attnkit.apply(unet, attnkit.SDPAProcessor())
+    assert report[ip_name] == "IPAdapterAttnProcessor2_0"
+    assert sum(v == "attnkit" for v in report.values()) == len(names) - 1
+    assert isinstance(unet.attn_processors[ip_name], IPAdapterAttnProcessor2_0)
+    module = dict(unet.named_modules())[ip_name.rsplit(".processor", 1)[0]]
+    assert module._attnkit_name == ip_name.rsplit(".processor", 1)[0]
+    from attnkit.processor import describe_module
+
+    assert describe_module(module).startswith(module._attnkit_name + " [Attention(heads=")
