@@ -80,6 +80,13 @@ from .processor import AttnkitProcessor, describe_module
 
 logger = logging.getLogger("attnkit")
 
+try:
+    from torch.compiler import is_compiling as _is_compiling
+except ImportError:  # torch < 2.3
+
+    def _is_compiling() -> bool:
+        return importlib.import_module("torch._dynamo").is_compiling()
+
 ENV_VAR = "ATTNKIT_BACKEND"
 CACHE_VERSION = 1
 
@@ -517,7 +524,7 @@ class AutoProcessor(AttnkitProcessor):
 
     # -- the per-call path ----------------------------------------------------------
     def attention(self, attn, q, k, v, attn_bias, scale, upcast):
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return self._compiled_attention(q, k, v, attn_bias, scale, upcast)
         dev = q.device
         key = (
