@@ -78,7 +78,7 @@ def torch_math_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if attn_bias is not None:
         scores = scores + _bias_to_additive(attn_bias, scores.dtype)
-    p = torch._safe_softmax(scores, -1) if hasattr(torch, "_safe_softmax") else scores.softmax(-1)
+    p = torch.ops.aten._safe_softmax.default(scores, -1) if hasattr(torch.ops.aten, "_safe_softmax") else scores.softmax(-1)
     return torch.matmul(p.to(v.dtype), v)
 
 

@@ -296,3 +296,21 @@ def test_apply_keeps_ip_adapter_processors_and_names_modules():
     from attnkit.processor import describe_module
 
     assert describe_module(module).startswith(module._attnkit_name + " [Attention(heads=")
+
+
+@pytest.mark.parametrize("proc_name", ["vanilla", "sliced", "sdpa", "sdpa-math"])
+def test_processors_compile_without_graph_breaks(seed, proc_name):
+    """torch.compile(fullgraph=True) traces the whole processor: no graph break, same result."""
+    import torch._dynamo as dynamo
+
+    attn = Attention(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16).eval()
+    attn.set_processor(PROCESSORS[proc_name]())
+    x, ehs = torch.randn(2, 9, 32), torch.randn(2, 7, 16)
+    mask = torch.zeros(2, 1, 7)
+    mask[0, :, 3:] = -10000.0
+    dynamo.reset()
+    explained = dynamo.explain(attn)(x, ehs, attention_mask=mask)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(attn, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert rel_error(compiled(x, ehs, attention_mask=mask), attn(x, ehs, attention_mask=mask)) < 1e-6

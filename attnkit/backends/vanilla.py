@@ -16,9 +16,13 @@ _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64
 def _softmax(scores: torch.Tensor, masked: bool) -> torch.Tensor:
     # A row whose keys are all masked (-inf) gives 0, not NaN (the FlashAttention and
     # SDPA convention); only a masked call can produce such a row.
-    if masked and hasattr(torch, "_safe_softmax"):
-        return torch._safe_softmax(scores, -1)
+    # The aten op (unlike the torch._safe_softmax binding) is traceable by torch.compile.
+    if masked and _SAFE_SOFTMAX is not None:
+        return _SAFE_SOFTMAX(scores, -1)
     return scores.softmax(dim=-1)
+
+
+_SAFE_SOFTMAX = getattr(getattr(torch.ops.aten, "_safe_softmax", None), "default", None)
 
 
 def bmm_attention(
