@@ -59,3 +59,33 @@ __all__ = [
     "get_backend",
     "mask_kind",
 ]
+
+
+def _fmt_caps(caps: Capabilities) -> list[str]:
+    from .base import _sorted_dtypes, dtype_name
+
+    dims = f"{caps.min_head_dim}–{caps.max_head_dim}" if caps.max_head_dim else f"≥ {caps.min_head_dim}"
+    if caps.head_dim_multiple > 1:
+        dims += f", multiple of {caps.head_dim_multiple}"
+    cap = ".".join(map(str, caps.min_capability)) if caps.min_capability and "cuda" in caps.devices else "–"
+    pkg = caps.package or "–"
+    if caps.package and caps.min_version:
+        pkg += f" ≥ {caps.min_version}"
+    return [
+        ", ".join(sorted(caps.devices)),
+        ", ".join(dtype_name(d) for d in _sorted_dtypes(caps.dtypes)),
+        dims,
+        cap,
+        ", ".join(k for k in MASK_KINDS if k in caps.masks),
+        "yes" if caps.backward else "no",
+        pkg,
+    ]
+
+
+def limits_table() -> str:
+    """The declared limits of every backend as a markdown table (it is in the README)."""
+    header = ["backend", "devices", "dtypes", "head dim", "min CUDA capability", "masks", "backward", "needs"]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in BACKEND_NAMES:
+        rows.append("| " + " | ".join([f"`{name}`"] + _fmt_caps(backend_class(name).capabilities)) + " |")
+    return "\n".join(rows)
