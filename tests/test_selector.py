@@ -148,6 +148,19 @@ def test_last_resort_when_nothing_fused_can_run():
     assert table["sdpa"] == ["refused for the test"]
 
 
+def test_triton_serves_what_the_fused_kernels_before_it_cannot():
+    class _Refuses(SDPABackend):
+        def not_supported_reasons(self, call):
+            return ["refused for the test"]
+
+    only_triton = {"triton": "3.1.0"}
+    label, _ = choose(call(A100, packages=only_triton), backends={"sdpa": _Refuses()})
+    assert label == "triton"
+    # but not on Turing, where its tiles are not built
+    label, table = choose(call(T4, packages=only_triton), backends={"sdpa": _Refuses()})
+    assert label == "sliced" and "compute capability 7.5 < 8.0" in table["triton"]
+
+
 def test_no_backend_at_all_raises_with_every_reason():
     with pytest.raises(BackendUnavailable, match="device=hpu"):
         choose(call(DeviceInfo("hpu"), packages=NONE))
