@@ -508,6 +508,12 @@ class AutoProcessor(AttnkitProcessor):
         self._compiled: dict[tuple, str] = {}  # signature without lengths -> label
         self._warned: set = set()
         self._disk: dict[str, dict] | None = None
+        for label, opts in self.backend_options.items():
+            # bad options are the caller's mistake: say so now, not as a skipped backend
+            backend = _make_backend(label, opts)
+            if isinstance(backend, (TypeError, ValueError)):
+                raise ValueError(f"backend_options[{label!r}]: {backend}") from backend
+            self._slots[label].backend = backend
         _mark_compile_constant()
 
     def __repr__(self) -> str:
@@ -554,8 +560,7 @@ class AutoProcessor(AttnkitProcessor):
     def _backend(self, label: str) -> Backend | Exception:
         slot = self._slots[label]
         if slot.backend is None:
-            options = self.backend_options.get(label)
-            slot.backend = _make_backend(label, options) if options else _default_backend(label)
+            slot.backend = _default_backend(label)
         return slot.backend
 
     def _order(self, device: DeviceInfo) -> tuple[str, tuple[str, ...]]:

@@ -445,6 +445,15 @@ def test_unwritable_cache_warns_once_and_still_runs(seed, tmp_path, caplog):
     assert len([r for r in caplog.records if "cannot write the tuning cache" in r.getMessage()]) == 1
 
 
+def test_backend_options_reach_the_backend(seed):
+    proc = attnkit.auto(order=["sliced"], backend_options={"sliced": {"slice_size": 1}})
+    q, k, v, bias = qkv(mask="bias")
+    assert_close_to_reference(proc.attention(module(), q, k, v, bias, None, False), q, k, v, bias)
+    assert proc._slots["sliced"].backend.slice_size == 1
+    with pytest.raises(ValueError, match=r"backend_options\['sliced'\]: slice_size=0"):
+        attnkit.auto(backend_options={"sliced": {"slice_size": 0}})
+
+
 def test_processor_by_name_and_repr():
     proc = attnkit.processor("auto", tune=False, exclude=["xformers"])
     assert isinstance(proc, AutoProcessor)
