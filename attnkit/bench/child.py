@@ -138,11 +138,16 @@ def task_sweep(spec: dict) -> dict:
 
     from .tables import Context, sweep
 
+    import time
+
     preset, model = _build(spec)
+    budget = spec.get("budget")
+    if spec.get("deadline_epoch") is not None:
+        budget = max(spec["deadline_epoch"] - time.time(), 0.0)
     ctx = Context(
         model=model, preset=preset, processors=spec["processors"], device=model.device,
         device_name=spec.get("device_name", "cpu"), compile=spec.get("compile", False),
-        progress=False, seed=spec.get("seed", 0), budget=spec.get("budget"),
+        progress=False, seed=spec.get("seed", 0), budget=budget,
     )
     out = sweep(ctx, spec.get("dtypes"), spec.get("max_batch"))
     out["mem_cap_bytes"] = spec.get("mem_cap_bytes")

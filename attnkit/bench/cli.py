@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", metavar="DIR", help="write results.json, table.md and plots here")
     ap.add_argument("--mem-cap", type=float, metavar="GIB",
                     help="CPU: address-space cap of the sweep's subprocess beyond its start (default: 75%% of available memory)")
-    ap.add_argument("--budget", type=float, metavar="SECONDS", help="time budget per table; later work is skipped and marked")
+    ap.add_argument("--budget", type=float, metavar="SECONDS",
+                    help="time budget of the whole run (default: the preset's; cpu-small 170 s); each table gets an "
+                         "even share of what is left when it starts, and work past it is skipped and marked")
     ap.add_argument("--seed", type=int, default=0, help="seed of weights, latents and embeddings")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from .models import build_model, dtype_label, load_model
     from .presets import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET, get_preset
     from .processors import resolve_names
+    from .runner import Deadline
     from .tables import Context, it_per_s, ladder, memory_cuda, sweep
 
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps, resolution=args.resolution, batch=args.batch, dtype=args.dtype, repeats=args.repeats,
         warmup_steps=args.warmup_steps, skip_steps=args.skip_steps, ladder_steps=args.ladder_steps,
         sweep_max_batch=args.sweep_max_batch, sweep_dtypes=sweep_dtypes, sweep_steps=args.sweep_steps,
+        budget=args.budget,
     )
     compile_ = preset.compile if args.compile is None else args.compile
     if args.compile is None and device.type != "cuda":
@@ -133,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.no_progress
 
     start = time.perf_counter()
+    run_deadline = Deadline(preset.budget)
     env = environment(device, argv)
     notes: list[str] = []
     if device.type == "cuda":
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{PROG}: model ready in {model_info['build_seconds']:.1f} s ({model.source})", file=sys.stderr)
     device_name = env["device_name"] if device.type == "cuda" else "cpu"
     ctx = Context(model=model, preset=preset, processors=processors, device=device, device_name=device_name,
-                  compile=compile_, progress=progress, seed=args.seed, budget=args.budget,
+                  compile=compile_, progress=progress, seed=args.seed, budget=None,
                   compile_mode=args.compile_mode)
 
     results: dict = {
@@ -172,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             return sweep(ctx)
         out = run_child({**child_base, "task": "sweep", "processors": processors, "compile": compile_,
-                         "mem_cap_bytes": cap, "budget": args.budget, "device_name": device_name})
+                         "mem_cap_bytes": cap, "device_name": device_name,
+                         "deadline_epoch": None if ctx.budget is None else time.time() + ctx.budget}, timeout=1800)
         if "runs" not in out:
             raise RuntimeError(f"sweep subprocess: {out.get('status')}: {out.get('reason')}")
         return out
@@ -184,14 +190,17 @@ def main(argv: list[str] | None = None) -> int:
         from .tqdm_compat import progress_bar
 
         avail = availability(processors, model.unet, device, model.dtype, preset.batch, ctx.tokens)
+        deadline = ctx.deadline()
         cells = {}
         with progress_bar(len(processors), "table 4: memory (one process each)", progress) as bar:
             for name in processors:
                 proc, status, reason = avail[name]
                 if proc is None:
                     cells[name] = {"name": name, "status": status, "reason": reason}
+                elif deadline.expired():
+                    cells[name] = {"name": name, "status": "skipped", "reason": "time budget"}
                 else:
-                    cells[name] = run_child({**child_base, "task": "memory", "processor": name})
+                    cells[name] = run_child({**child_base, "task": "memory", "processor": name}, timeout=1800)
                 bar.update(1)
         return {
             "title": "peak memory per processor",
@@ -202,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     runners = {"1": lambda: it_per_s(ctx), "2": lambda: ladder(ctx), "3": table3, "4": table4}
-    for key in tables:
+    for i, key in enumerate(tables):
+        left = run_deadline.left()
+        ctx.budget = None if left is None else max(left, 0.0) / (len(tables) - i)
         t0 = time.perf_counter()
         try:
             results["tables"][key] = runners[key]()

@@ -80,14 +80,12 @@ def random_init_(module: nn.Module, seed: int = 0) -> nn.Module:
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for name, p in module.named_parameters():
         if p.dim() >= 2:
-            fan_in = p[0].numel()
-            bound = 1.0 / math.sqrt(fan_in)
-            values = torch.empty(p.shape, dtype=torch.float32).uniform_(-bound, bound, generator=gen)
+            bound = 1.0 / math.sqrt(p[0].numel())
+            p.uniform_(-bound, bound, generator=gen)
         elif name.endswith("weight"):  # norm scales
-            values = torch.ones(p.shape)
+            p.fill_(1.0)
         else:  # biases
-            values = torch.empty(p.shape, dtype=torch.float32).uniform_(-0.01, 0.01, generator=gen)
-        p.copy_(values)
+            p.uniform_(-0.01, 0.01, generator=gen)
     return module
 
 

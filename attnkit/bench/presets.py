@@ -66,6 +66,9 @@ class Preset:
     ladder_steps: int | None = None
     # table 4: denoising steps run while memory is measured
     memory_steps: int = 2
+    # seconds for the whole run (None: no limit); each table gets an even share of
+    # what is left when it starts, and work past its share is skipped and marked
+    budget: float | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def with_overrides(self, **changes) -> "Preset":
@@ -122,7 +125,7 @@ _add(Preset(
 _add(Preset(
     name="cpu-small",
     label=(
-        "CPU preset: SD1.5 UNet at full width, 128x128 (16x16 latents), 4 DDIM steps, "
+        "CPU preset: SD1.5 UNet at full width, 128x128 (16x16 latents), 3 DDIM steps, "
         "1 prompt, fp32 - not the published setting, sized to finish in minutes on a CPU"
     ),
     family="sd",
@@ -130,7 +133,7 @@ _add(Preset(
     vae="sd15_vae.json",
     scheduler="sd15_scheduler.json",
     resolution=128,
-    steps=4,
+    steps=3,
     dtype="float32",
     half_dtype="bfloat16",
     repeats=2,
@@ -140,11 +143,13 @@ _add(Preset(
     sweep_steps=1,
     sweep_repeats=1,
     sweep_dtypes=("float32",),
-    ladder_steps=2,
+    ladder_steps=1,
     memory_steps=1,
+    budget=170.0,
     notes=(
         "fp16 convolutions are not fast on CPUs: the ladder's reduced precision is bfloat16",
         "torch.compile is off by default on the CPU (compiling the UNet takes minutes); --compile turns it on",
+        "a time budget of 170 s keeps the run under 3 minutes; work past it is marked 'skipped (time budget)'",
     ),
 ))
 _add(Preset(

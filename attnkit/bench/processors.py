@@ -69,6 +69,10 @@ def precheck(name: str, proc: Any, unet: nn.Module, device: torch.device, dtype:
     """
     if name == "auto":
         return ""
+    if name == "triton" and device.type != "cuda":
+        # Under TRITON_INTERPRET=1 the kernels run on CPU tensors in Triton's interpreter:
+        # a debugging aid thousands of times slower than a kernel, not something to time.
+        return "device=cpu: Triton kernels run on CUDA (its CPU interpreter is for debugging, not timing)"
     backend = getattr(proc, "backend", None)
     if backend is None or not hasattr(backend, "not_supported_reasons"):
         return ""

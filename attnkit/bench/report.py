@@ -51,7 +51,7 @@ def first_reason(reason: str) -> str:
     import re
 
     first = str(reason).split("; ")[0]
-    return re.sub(r"\s*\((pip|conda|install|upgrade|supported)[^)]*\)", "", first).strip() or first
+    return re.sub(r"\s*\((pip|conda|install|upgrade|supported)[^)]*(\)|$)", "", first).strip() or first
 
 
 def cell_text(cell: dict, limit: int = 40) -> str:

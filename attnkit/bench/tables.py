@@ -250,7 +250,7 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
             holders: dict[str, dict] = {}
             batch = 1
             while batch <= max_batch:
-                if deadline.expired():
+                if batch > 1 and deadline.expired():
                     run["stopped"] = f"time budget reached before batch {batch}"
                     break
                 cond = make_conditioning(model, batch, dtype, ctx.seed)

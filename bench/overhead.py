@@ -1,0 +1,250 @@
+"""What attnkit's processor layer costs, against diffusers' own AttnProcessor2_0.
+
+    python bench/overhead.py                  # (a), (b) and (c) on the CPU
+    python bench/overhead.py --parts a --rounds 30
+    python bench/overhead.py --device cuda
+
+(a) per-call overhead: one small Attention module (SD1.5's first self-attention width:
+    320 channels, 8 heads of 40, 256 tokens), attnkit.SDPAProcessor vs diffusers'
+    AttnProcessor2_0. Target: ratio <= 1.05.
+(b) the SD1.5 UNet at full width (320/640/1280/1280, 8 heads) at 32x32 latents, batch 2,
+    fp32: the same two processors. Target: ratio <= 1.01.
+(c) the sliced backend against vanilla at 4096 tokens (SD1.5's 512x512 self-attention,
+    batch 2, 8 heads of 40): peak memory and time.
+
+Both processors run in one process, interleaved (the order alternates every round), after
+a warm-up; each ratio is the median over rounds of (attnkit time / diffusers time) in
+that round, so slow drift of the machine cancels. The inputs are random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+TARGETS = {"a": 1.05, "b": 1.01}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved(fns: dict, rounds: int, calls: int, device: torch.device, warmup: int = 2) -> dict:
+    """Per-call seconds of each fn per round, the order alternating between rounds."""
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    _sync(device)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fns[name]()
+            _sync(device)
+            times[name].append((time.perf_counter() - start) / calls)
+    return times
+
+
+def summary(times: dict, ours: str, theirs: str) -> dict:
+    ratios = [a / b for a, b in zip(times[ours], times[theirs])]
+    return {
+        "seconds_per_call": {n: statistics.median(v) for n, v in times.items()},
+        "min_seconds": {n: min(v) for n, v in times.items()},
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratio_of_minimums": min(times[ours]) / min(times[theirs]),
+        "rounds": len(ratios),
+    }
+
+
+def part_a(device: torch.device, dtype: torch.dtype, rounds: int, calls: int) -> dict:
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+
+    import attnkit
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=320, heads=8, dim_head=40).to(device, dtype).eval()
+    x = torch.randn(2, 256, 320, device=device, dtype=dtype)
+    ours, theirs = attnkit.SDPAProcessor(), AttnProcessor2_0()
+
+    def run(proc):
+        def fn():
+            with torch.inference_mode():
+                proc(attn, x)
+        return fn
+
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(attn, x), theirs(attn, x), rtol=1e-4, atol=1e-4)
+    times = interleaved({"attnkit.SDPAProcessor": run(ours), "diffusers.AttnProcessor2_0": run(theirs)},
+                        rounds, calls, device)
+    out = summary(times, "attnkit.SDPAProcessor", "diffusers.AttnProcessor2_0")
+    out["setting"] = "Attention(query_dim=320, heads=8, dim_head=40), x (2, 256, 320)"
+    return out
+
+
+def part_b(device: torch.device, dtype: torch.dtype, rounds: int) -> dict:
+    from diffusers import UNet2DConditionModel
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    import attnkit
+    from attnkit.bench.models import build_from_config, load_config
+
+    unet = build_from_config(UNet2DConditionModel, load_config("sd15_unet.json"), device, dtype, seed=0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 32, 32, generator=g).to(device, dtype)
+    t = torch.tensor(500, device=device)
+    emb = torch.randn(2, 77, 768, generator=g).to(device, dtype)
+    procs = {"attnkit.SDPAProcessor": attnkit.SDPAProcessor(), "diffusers.AttnProcessor2_0": AttnProcessor2_0()}
+
+    def run(proc):
+        def fn():
+            unet.set_attn_processor(proc)  # a dict walk over 32 modules: microseconds
+            with torch.inference_mode():
+                unet(x, t, encoder_hidden_states=emb, return_dict=False)
+        return fn
+
+    times = interleaved({n: run(p) for n, p in procs.items()}, rounds, 1, device, warmup=1)
+    out = summary(times, "attnkit.SDPAProcessor", "diffusers.AttnProcessor2_0")
+    out["setting"] = f"SD1.5 UNet (320/640/1280/1280, 8 heads), 32x32 latents, batch 2, {dtype}, {device.type}"
+    return out
+
+
+def _attention_4096(device: torch.device, dtype: torch.dtype):
+    from diffusers.models.attention_processor import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=320, heads=8, dim_head=40).to(device, dtype).eval()
+    x = torch.randn(2, 4096, 320, device=device, dtype=dtype)
+    return attn, x
+
+
+def _memory_child(name: str, dtype: torch.dtype) -> dict:
+    """Peak RSS of one call of `name` at 4096 tokens, in this (fresh) process."""
+    import attnkit
+    from attnkit.bench.child import _status_kb, reset_peak_rss
+
+    attn, x = _attention_4096(torch.device("cpu"), dtype)
+    proc = attnkit.processor(name)
+    with torch.inference_mode():
+        proc(attn, x[:, :64])  # imports and first-call set-up outside the measurement
+        before = (_status_kb("VmRSS") or 0) * 1024
+        reset = reset_peak_rss()
+        proc(attn, x)
+    peak = (_status_kb("VmHWM") or 0) * 1024
+    return {"peak_bytes": peak, "baseline_bytes": before, "over_baseline_bytes": peak - before, "reset": reset}
+
+
+def part_c(device: torch.device, dtype: torch.dtype, rounds: int) -> dict:
+    import attnkit
+
+    attn, x = _attention_4096(device, dtype)
+    procs = {"vanilla": attnkit.processor("vanilla"), "sliced": attnkit.processor("sliced")}
+    memory = {}
+    if device.type == "cuda":
+        for name, proc in procs.items():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            with torch.inference_mode():
+                proc(attn, x)
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device)
+            memory[name] = {"peak_bytes": peak, "baseline_bytes": before, "over_baseline_bytes": peak - before}
+    else:
+        for name in procs:
+            res = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--memory-child", name, "--dtype", str(dtype).split(".")[1]],
+                capture_output=True, text=True,
+            )
+            memory[name] = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else {"error": res.stderr[-300:]}
+
+    def run(proc):
+        def fn():
+            with torch.inference_mode():
+                proc(attn, x)
+        return fn
+
+    times = interleaved({n: run(p) for n, p in procs.items()}, rounds, 1, device, warmup=1)
+    out = summary(times, "sliced", "vanilla")
+    out["memory"] = memory
+    if all("over_baseline_bytes" in m for m in memory.values()):
+        out["memory_ratio_over_baseline"] = memory["sliced"]["over_baseline_bytes"] / max(memory["vanilla"]["over_baseline_bytes"], 1)
+    out["setting"] = f"Attention(query_dim=320, heads=8, dim_head=40), x (2, 4096, 320), {dtype}, slice_size=auto"
+    return out
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="abc", help="which parts to run: any of a, b, c (default abc)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    ap.add_argument("--rounds-a", type=int, default=21, help="rounds of part (a)")
+    ap.add_argument("--calls-a", type=int, default=50, help="calls per round in part (a)")
+    ap.add_argument("--rounds-b", type=int, default=5, help="rounds of part (b)")
+    ap.add_argument("--rounds-c", type=int, default=3, help="rounds of part (c)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_child:
+        print(json.dumps(_memory_child(args.memory_child, dtype)))
+        return 0
+    try:
+        from diffusers.utils import logging as dlogging
+
+        dlogging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+    device = torch.device(args.device)
+    print(f"torch {torch.__version__}, {device.type}, {torch.get_num_threads()} threads, {args.dtype}")
+    results = {}
+    if "a" in args.parts:
+        r = results["a"] = part_a(device, dtype, args.rounds_a, args.calls_a)
+        s = r["seconds_per_call"]
+        print(f"(a) one Attention module, per call: attnkit {s['attnkit.SDPAProcessor'] * 1e6:.1f} us, "
+              f"diffusers {s['diffusers.AttnProcessor2_0'] * 1e6:.1f} us; ratio {r['ratio_median']:.3f} "
+              f"(rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f}; of minimums {r['ratio_of_minimums']:.3f}) "
+              f"target <= {TARGETS['a']}: {'ok' if r['ratio_median'] <= TARGETS['a'] else 'MISSED'}")
+    if "b" in args.parts:
+        r = results["b"] = part_b(device, dtype, args.rounds_b)
+        s = r["seconds_per_call"]
+        print(f"(b) SD1.5 UNet 32x32 batch 2: attnkit {s['attnkit.SDPAProcessor']:.3f} s, "
+              f"diffusers {s['diffusers.AttnProcessor2_0']:.3f} s; ratio {r['ratio_median']:.4f} "
+              f"(rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f}; of minimums {r['ratio_of_minimums']:.4f}) "
+              f"target <= {TARGETS['b']}: {'ok' if r['ratio_median'] <= TARGETS['b'] else 'MISSED'}")
+    if "c" in args.parts:
+        r = results["c"] = part_c(device, dtype, args.rounds_c)
+        s, m = r["seconds_per_call"], r["memory"]
+        mem = ", ".join(f"{n} peak {_mib(v['peak_bytes'])} ({_mib(v['over_baseline_bytes'])} over baseline)"
+                        for n, v in m.items() if "peak_bytes" in v)
+        print(f"(c) 4096 tokens: sliced {s['sliced'] * 1e3:.0f} ms vs vanilla {s['vanilla'] * 1e3:.0f} ms "
+              f"(time ratio {r['ratio_median']:.2f}); {mem}"
+              + (f"; memory ratio {r['memory_ratio_over_baseline']:.2f}" if "memory_ratio_over_baseline" in r else ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""The benchmark harness itself, on the CPU with a tiny UNet (seconds).
+
+What `attnkit bench` promises: a row per processor, failures and out-of-memory kept in
+their cells, the published rows keyed by device name, a results.json that round-trips
+with every required field, and plots on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import attnkit
+from attnkit.bench import report, seeds
+from attnkit.bench.models import LoopTiming, build_model, denoise, make_conditioning
+from attnkit.bench.presets import get_preset
+from attnkit.bench.runner import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, measure_interleaved
+from attnkit.bench.tables import Context, it_per_s, sweep
+
+# triton is left out on purpose: under the tests' TRITON_INTERPRET=1 it would be timed in
+# Triton's interpreter; the harness marks it n/a on the CPU (checked separately).
+CPU_NAMES = ["vanilla", "sliced", "sdpa", "xformers", "flash_attn", "auto"]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny kernels: threads only add contention
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(one_thread):
+    preset = get_preset("tiny").with_overrides(repeats=1, steps=2, warmup_steps=1)
+    return preset, build_model(preset, "cpu")
+
+
+def _ctx(tiny, names=CPU_NAMES, **kw):
+    preset, model = tiny
+    return Context(model=model, preset=kw.pop("preset", preset), processors=list(names), device=torch.device("cpu"),
+                   device_name="cpu", progress=False, **kw)
+
+
+def test_tiny_model_runs_finite(tiny):
+    preset, model = tiny
+    cond = make_conditioning(model, 1, torch.float32)
+    assert cond.prompt_embeds.abs().sum() > 0  # never time on zeros
+    timing = denoise(model, cond, 3, preset.resolution, decode=True)
+    assert len(timing.step_seconds) == 3 and timing.decode_seconds is not None
+    assert all(s > 0 for s in timing.step_seconds)
+    t = LoopTiming([1.0, 0.5, 0.5])
+    assert t.it_per_s(0) == pytest.approx(1.5) and t.it_per_s(1) == pytest.approx(2.0)
+
+
+def test_table1_has_a_row_per_processor(tiny):
+    t = it_per_s(_ctx(tiny, CPU_NAMES + ["triton"]))
+    assert list(t["cells"]) == CPU_NAMES + ["triton"]
+    for name in ("vanilla", "sliced", "sdpa", "auto"):
+        cell = t["cells"][name]
+        assert cell["status"] == STATUS_OK, cell
+        assert cell["it_per_s_median"] > 0 and cell["repeats"] == 1
+    assert t["speedup_vs_vanilla"]["vanilla"] == pytest.approx(1.0)
+    for name in ("xformers", "flash_attn", "triton"):
+        assert t["cells"][name]["status"] == "n/a" and t["cells"][name]["reason"]
+    md = report.render_table1(t, {"device_name": "cpu"})
+    header = md.splitlines()[3]
+    for name in CPU_NAMES + ["triton"]:
+        assert name in header
+    assert "n/a (" in md
+
+
+def test_failing_processor_is_reported_in_its_cell(tiny, monkeypatch):
+    import attnkit.bench.processors as procs
+
+    class Broken(attnkit.AttnkitProcessor):
+        def __init__(self):
+            super().__init__("vanilla")
+
+        def attention(self, *args, **kwargs):
+            raise RuntimeError("kernel exploded\nwith a long traceback")
+
+    real = procs.make_processor
+    monkeypatch.setattr(procs, "make_processor", lambda name: (Broken(), "") if name == "sliced" else real(name))
+    t = it_per_s(_ctx(tiny, ["vanilla", "sliced", "sdpa"]))
+    assert t["cells"]["sliced"]["status"] == STATUS_FAILED
+    assert t["cells"]["sliced"]["reason"] == "RuntimeError: kernel exploded"
+    assert t["cells"]["vanilla"]["status"] == t["cells"]["sdpa"]["status"] == STATUS_OK
+    assert "failed: RuntimeError: kernel exploded" in report.render_table1(t, {"device_name": "cpu"})
+
+
+def test_interleaving_rotates_and_excludes_warmup():
+    calls = []
+
+    def make(name):
+        def run(warmup):
+            calls.append((name, warmup))
+            return LoopTiming([0.1, 0.1])
+
+        return Config(name, run)
+
+    cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False)
+    assert calls[:3] == [("a", True), ("b", True), ("c", True)]
+    rounds = [n for n, w in calls[3:]]
+    assert rounds == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(len(c.it_per_s) == 3 for c in cells.values())
+
+
+def _fake_denoise(oom_from: dict[str, int]):
+    """denoise stand-in: out of memory from a batch size on, per processor class."""
+
+    def fake(model, cond, steps, resolution, unet=None, **kw):
+        proc = next(iter((unet or model.unet).attn_processors.values()))
+        name = getattr(getattr(proc, "backend", None), "name", "?")
+        if cond.batch >= oom_from.get(name, 1 << 30):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return LoopTiming([0.01 * cond.batch] * steps)
+
+    return fake
+
+
+def test_out_of_memory_ends_the_sweep_cleanly(tiny, monkeypatch):
+    import attnkit.bench.tables as tables
+
+    monkeypatch.setattr(tables, "denoise", _fake_denoise({"vanilla": 2, "sdpa": 8}))
+    preset = tiny[0].with_overrides(sweep_max_batch=64)
+    out = sweep(_ctx(tiny, ["vanilla", "sdpa", "xformers"], preset=preset))
+    (run,) = out["runs"]
+    assert run["max_batch"] == {"vanilla": 1, "sdpa": 4}
+    assert run["oom_at"] == {"vanilla": 2, "sdpa": 8}
+    assert "out of memory" in run["stopped"]
+    assert [e["batch"] for e in run["batches"]] == [1, 2, 4, 8]
+    assert run["batches"][1]["cells"]["vanilla"]["status"] == STATUS_OOM
+    assert "xformers" in run["not_available"]
+    md = report.render_table3(out, {})
+    assert "out of memory" in md and "OOM at 2" in md
+
+
+def test_cpu_memory_cap_in_a_subprocess_ends_the_sweep(tmp_path):
+    """A real allocation failure under the child's address-space cap, reported, not fatal."""
+    from attnkit.bench.child import preset_to_spec, run_child
+
+    # 48x48 latents: vanilla materialises 2 x batch x 2 heads x 2304^2 fp32 scores (and
+    # their softmax), ~0.1 GB per image; 600 MB over the child's footprint fits batch 2
+    # but not 4, while SDPA's CPU kernel never holds the scores and reaches batch 4.
+    preset = get_preset("tiny").with_overrides(resolution=96, sweep_max_batch=4, warmup_steps=1)
+    out = run_child({
+        "task": "sweep", "preset": preset_to_spec(preset), "processors": ["vanilla", "sdpa"], "threads": 1,
+        "mem_cap_bytes": 600 << 20, "device": "cpu",
+    }, timeout=120)
+    assert "runs" in out, out
+    (run,) = out["runs"]
+    assert run["oom_at"].get("vanilla") in (2, 4), run["oom_at"]
+    assert run["max_batch"]["vanilla"] == run["oom_at"]["vanilla"] // 2
+    assert run["max_batch"]["sdpa"] == 4
+    oom_cell = run["batches"][[e["batch"] for e in run["batches"]].index(run["oom_at"]["vanilla"])]["cells"]["vanilla"]
+    assert oom_cell["status"] == STATUS_OOM and "allocate" in oom_cell["reason"]
+    assert out["address_space_limit_bytes"]
+
+
+def test_published_rows_are_keyed_by_device_name():
+    cases = {
+        "Tesla T4": "NVIDIA Tesla T4",
+        "NVIDIA GeForce RTX 3060": "NVIDIA 3060 RTX",
+        "NVIDIA A10G": "NVIDIA A10G",
+        "NVIDIA RTX A6000": "NVIDIA RTX A6000",
+        "NVIDIA TITAN RTX": "NVIDIA TITAN RTX",
+        "NVIDIA A100-SXM4-40GB": "A100-SXM4-40GB",
+        "NVIDIA A100-SXM4-80GB": "A100-SXM-80GB",
+    }
+    for torch_name, key in cases.items():
+        assert seeds.match_device(torch_name) == key, torch_name
+        assert key in seeds.IT_PER_S_FP16
+    for other in ("NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 3060 Ti", "NVIDIA A100 80GB PCIe", "cpu", None):
+        assert seeds.match_device(other) is None, other
+    assert set(seeds.IT_PER_S_FP16) == set(cases.values())
+    row = seeds.published_row("NVIDIA A10G")
+    assert row["it_per_s"] == {"vanilla": 8.88, "xformers": 15.6}
+    assert "diffusers" in row["source"]
+    assert seeds.LADDER_TITAN_RTX[0] == ("original (fp32)", 9.50, 1.0)
+    assert seeds.LADDER_TITAN_RTX[-1] == ("memory efficient attention", 2.63, 3.61)
+
+
+def test_published_row_is_shown_beside_ours():
+    cells = {n: {"name": n, "status": STATUS_OK, "it_per_s_median": v, "it_per_s_min": v, "it_per_s_max": v,
+                 "loop_it_per_s_median": v, "seconds_median": 1.0, "warmup_seconds": 1.0}
+             for n, v in (("vanilla", 9.0), ("xformers", 16.0))}
+    t = {"cells": cells, "speedup_vs_vanilla": {"vanilla": 1.0, "xformers": 16 / 9},
+         "published": seeds.published_row("NVIDIA A10G"),
+         "setting": {"resolution": 512, "steps": 50, "batch": 1, "dtype": "fp16", "compile": False, "repeats": 3,
+                     "steady_state_skips_first_steps": 5}}
+    md = report.render_table1(t, {"device_name": "NVIDIA A10G"})
+    assert "published: NVIDIA A10G" in md and "8.88" in md and "15.6 (x1.76)" in md
+
+
+def test_cli_json_round_trips_and_plots_are_written(tmp_path, one_thread, capsys):
+    from attnkit.bench.cli import main
+
+    out = tmp_path / "out"
+    rc = main(["--preset", "tiny", "--tables", "1,4", "--processors", "vanilla,xformers",
+               "--repeats", "1", "--steps", "2", "--no-progress", "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    assert "### 1." in stdout and "### 4." in stdout
+    data = json.loads((out / "results.json").read_text())
+    assert report.missing_fields(data) == []
+    env = data["environment"]
+    assert env["device"] == "cpu" and env["versions"]["torch"] and env["date"]
+    assert env["command"].startswith("attnkit bench --preset tiny")
+    assert set(data["tables"]) == {"1", "4"}
+    assert data["tables"]["1"]["cells"]["vanilla"]["status"] == STATUS_OK
+    assert data["tables"]["1"]["cells"]["xformers"]["status"] == "n/a"
+    mem = data["tables"]["4"]["cells"]["vanilla"]  # measured in its own process
+    assert mem["status"] == STATUS_OK and mem["peak_bytes"] >= mem["baseline_bytes"] > 0
+    # table.md is a pure function of results.json
+    assert report.render_markdown(data) == (out / "table.md").read_text()
+    assert json.loads(json.dumps(data)) == data
+    for png in ("it_per_s.png", "memory.png"):
+        blob = (out / png).read_bytes()
+        assert blob[:8] == b"\x89PNG\r\n\x1a\n" and len(blob) > 1000, png
+
+
+def test_ladder_rows_and_plot(tiny, tmp_path):
+    from attnkit.bench.tables import ladder
+
+    t = ladder(_ctx(tiny, ["vanilla", "sdpa", "xformers"]))
+    names = [r["name"] for r in t["rows"]]
+    assert names == ["fp32", "bf16", "bf16 + channels_last", "bf16 + channels_last + torch.compile",
+                     "bf16 + channels_last + sdpa", "bf16 + channels_last + xformers"]
+    assert t["rows"][0]["speedup_vs_fp32"] == pytest.approx(1.0)
+    assert t["rows"][3]["status"] == "skipped" and t["rows"][5]["status"] == "n/a"
+    assert all(r["seconds_median"] > 0 for r in t["rows"] if r["status"] == STATUS_OK)
+    md = report.render_table2(t, {})
+    assert "original (fp32): 9.50 s" in md and "memory efficient attention: 2.63 s" in md
+    results = {"environment": {"device_name": "cpu"}, "tables": {"2": t}}
+    assert [os.path.basename(p) for p in report.write_plots(results, str(tmp_path))] == ["ladder.png"]
+
+
+def test_sweep_plot_is_written(tmp_path):
+    entry = {"batch": 1, "cells": {"vanilla": {"status": "ok", "it_per_s_median": 2.0},
+                                   "sdpa": {"status": "ok", "it_per_s_median": 3.0}},
+             "speedup_vs_vanilla": {"vanilla": 1.0, "sdpa": 1.5}, "speedup_vs_xformers": {}}
+    entry2 = {**entry, "batch": 2}
+    results = {"environment": {"device_name": "cpu"},
+               "tables": {"3": {"runs": [{"dtype": "fp32", "compile": False, "batches": [entry, entry2],
+                                          "max_batch": {"vanilla": 2, "sdpa": 2}, "oom_at": {}}]}}}
+    paths = report.write_plots(results, str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == ["batch_sweep.png"]
+
+
+def test_bad_arguments_exit_2(capsys):
+    from attnkit.bench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--tables", "5"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["--processors", "vanilla,nope"])
+    assert exc.value.code == 2
