@@ -17,7 +17,7 @@ from .processor import (
     apply,
     processor,
 )
-from .selector import auto
+from .selector import AutoProcessor, auto
 from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
 
 __version__ = "0.1.0"
@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionCall",
     "AttnkitProcessor",
+    "AutoProcessor",
     "BackendUnavailable",
     "DeviceInfo",
     "FlashAttnProcessor",
