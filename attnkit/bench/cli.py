@@ -2,7 +2,7 @@
 
     attnkit bench                         # the device's default preset, tables 1-4
     attnkit bench --preset sd15-512 --tables 1 --out results/
-    attnkit bench --processors vanilla,sdpa --steps 20 --dtype fp16 --no-compile
+    attnkit bench --processors vanilla,sdpa --steps 20 --dtype fp16 --compile off
 
 Prints markdown tables on stdout; with --out DIR also writes results.json, table.md and
 PNG plots there. Exit status 0 when the run completed (cells may still say n/a or
@@ -41,8 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--resolution", type=int, help="image side in pixels (latents are /8)")
     ap.add_argument("--batch", type=int, help="prompts per run (tables 1 and 4)")
     ap.add_argument("--dtype", choices=["float32", "fp32", "float16", "fp16", "bfloat16", "bf16"], help="precision of tables 1 and 4")
-    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                    help="torch.compile the UNet (tables 1-3; default: on for CUDA presets, off on CPU)")
+    ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
+                    help="torch.compile the UNet. auto (default): the ladder's compile row and the sweep's compiled "
+                         "runs on CUDA, table 1 eager as the published table; off on the CPU. on: also table 1, "
+                         "and on the CPU. off: nowhere")
     ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
     ap.add_argument("--repeats", type=int, help="timed runs per configuration")
     ap.add_argument("--warmup-steps", type=int, help="steps of the (untimed) warm-up run")
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sweep-max-batch", type=int, help="largest batch of the sweep (table 3)")
     ap.add_argument("--sweep-dtypes", help="precisions of the sweep, e.g. float32,float16")
     ap.add_argument("--sweep-steps", type=int, help="steps per sweep run")
+    ap.add_argument("--sweep-repeats", type=int, help="timed runs per processor and batch in the sweep")
     ap.add_argument("--model", metavar="PATH_OR_ID",
                     help="load real weights from a local directory or the local Hugging Face cache (no download)")
     ap.add_argument("--out", metavar="DIR", help="write results.json, table.md and plots here")
@@ -129,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps, resolution=args.resolution, batch=args.batch, dtype=args.dtype, repeats=args.repeats,
         warmup_steps=args.warmup_steps, skip_steps=args.skip_steps, ladder_steps=args.ladder_steps,
         sweep_max_batch=args.sweep_max_batch, sweep_dtypes=sweep_dtypes, sweep_steps=args.sweep_steps,
-        budget=args.budget,
+        sweep_repeats=args.sweep_repeats, budget=args.budget,
     )
-    compile_ = preset.compile if args.compile is None else args.compile
-    if args.compile is None and device.type != "cuda":
-        compile_ = False
+    if args.compile == "auto":
+        compile_, compile_t1 = preset.compile and device.type == "cuda", False
+    else:
+        compile_ = compile_t1 = args.compile == "on"
     progress = not args.no_progress
 
     start = time.perf_counter()
@@ -146,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.allow_tf32 = True
         notes.append("TF32 matmuls on (torch.backends.cuda.matmul.allow_tf32), as in the PyTorch 2.0 post")
     print(f"{PROG}: {env['device_name']} | preset {preset.name} | processors {','.join(processors)} | "
-          f"tables {','.join(tables)} | compile {'on' if compile_ else 'off'}", file=sys.stderr)
+          f"tables {','.join(tables)} | compile {'on' if compile_ else 'off'}"
+          f"{' (table 1 too)' if compile_t1 else ''}", file=sys.stderr)
 
     build_start = time.perf_counter()
     if args.model:
@@ -161,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{PROG}: model ready in {model_info['build_seconds']:.1f} s ({model.source})", file=sys.stderr)
     device_name = env["device_name"] if device.type == "cuda" else "cpu"
     ctx = Context(model=model, preset=preset, processors=processors, device=device, device_name=device_name,
-                  compile=compile_, progress=progress, seed=args.seed, budget=None,
+                  compile=compile_, compile_table1=compile_t1, progress=progress, seed=args.seed, budget=None,
                   compile_mode=args.compile_mode)
 
     results: dict = {
         "schema": report.SCHEMA, "environment": env, "preset": preset.to_dict(), "model": model_info,
-        "processors": processors, "compile": compile_, "tables": {}, "notes": notes, "elapsed_seconds": 0.0,
+        "processors": processors, "compile": {"tables_2_3": compile_, "table_1": compile_t1}, "tables": {}, "notes": notes, "elapsed_seconds": 0.0,
         "table_seconds": {},
     }
     child_base = {"preset": preset_to_spec(preset), "seed": args.seed, "device": "cpu",
@@ -215,14 +220,20 @@ def main(argv: list[str] | None = None) -> int:
         left = run_deadline.left()
         ctx.budget = None if left is None else max(left, 0.0) / (len(tables) - i)
         t0 = time.perf_counter()
+        interrupted = False
         try:
             results["tables"][key] = runners[key]()
+        except KeyboardInterrupt:  # a time limit's SIGINT: keep what the other tables measured
+            results["tables"][key] = {"error": "interrupted"}
+            interrupted = True
         except Exception as exc:  # noqa: BLE001 - one table's failure must not lose the others
             from .runner import classify_error
 
             status, reason = classify_error(exc)
             results["tables"][key] = {"error": f"{status}: {reason}"}
         results["table_seconds"][key] = time.perf_counter() - t0
+        if interrupted:
+            break
         print(f"{PROG}: table {key} done in {results['table_seconds'][key]:.0f} s", file=sys.stderr)
 
     results["elapsed_seconds"] = time.perf_counter() - start

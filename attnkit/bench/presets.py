@@ -61,6 +61,7 @@ class Preset:
     sweep_max_batch: int = 64
     sweep_steps: int = 5
     sweep_repeats: int = 2
+    sweep_warmup_steps: int = 1
     sweep_dtypes: tuple[str, ...] = ("float32", "float16")
     # table 2: steps of each ladder run (the ladder times whole images: loop + VAE decode)
     ladder_steps: int | None = None

@@ -191,10 +191,15 @@ def render_table3(t: dict, env: dict) -> str:
                 else:
                     row.append(cell_text(c, 24))
             rows.append(row)
-        largest = ["largest batch"] + [
-            (str(run["max_batch"].get(n, "–")) + (f" (OOM at {run['oom_at'][n]})" if n in run.get("oom_at", {}) else ""))
-            for n in names
-        ]
+        def largest_text(n: str) -> str:
+            fit = run["max_batch"].get(n)
+            if n in run.get("oom_at", {}):
+                return f"{fit if fit else 'none'} (OOM at {run['oom_at'][n]})"
+            if fit is None:
+                return "–"
+            return f"≥ {fit} (no OOM)" if fit == s["max_batch"] else str(fit)
+
+        largest = ["largest batch"] + [largest_text(n) for n in names]
         rows.append(largest)
         out += ["", title + (f" — {run['stopped']}" if run.get("stopped") else ""), "",
                 _md_table(["batch"] + names, rows)]
@@ -377,12 +382,63 @@ def write_all(results: dict, out_dir: str) -> list[str]:
     return paths + write_plots(results, out_dir)
 
 
+def merge(parts: list[dict]) -> dict:
+    """One results dict from several runs (e.g. one per table): later tables win.
+
+    The environment, model and preset shown are the first part's; every part's command,
+    preset and timing are kept under "parts".
+    """
+    if not parts:
+        raise ValueError("nothing to merge")
+    merged = json.loads(json.dumps(parts[0]))
+    merged["tables"] = {}
+    merged["parts"] = []
+    merged["notes"] = list(parts[0].get("notes") or [])
+    for part in parts:
+        merged["tables"].update(part.get("tables", {}))
+        merged["parts"].append({
+            "tables": sorted(part.get("tables", {})), "command": part["environment"]["command"],
+            "preset": part.get("preset", {}).get("name"), "elapsed_seconds": part.get("elapsed_seconds"),
+            "compile": part.get("compile"), "date": part["environment"].get("date"),
+        })
+        for note in part.get("notes") or []:
+            if note not in merged["notes"]:
+                merged["notes"].append(note)
+    merged["elapsed_seconds"] = sum(p.get("elapsed_seconds") or 0.0 for p in parts)
+    merged["environment"]["command"] = " && ".join(p["command"] for p in merged["parts"])
+    return merged
+
+
+USAGE = (
+    "usage: python -m attnkit.bench.report RESULTS.json [OUT_DIR]      redraw table.md and plots\n"
+    "       python -m attnkit.bench.report --merge OUT_DIR A.json B.json ...   one record from several runs"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Redraw table.md and the plots from a results.json: report.py RESULTS [OUT_DIR]."""
+    """Redraw table.md and the plots from a results.json, or merge several."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("usage: python -m attnkit.bench.report RESULTS.json [OUT_DIR]", file=sys.stderr)
-        return 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        return 0 if argv else 2
+    if argv[0] == "--merge":
+        if len(argv) < 3:
+            print(USAGE, file=sys.stderr)
+            return 2
+        parts = []
+        for path in argv[2:]:
+            try:
+                with open(path) as f:
+                    parts.append(json.load(f))
+            except (OSError, ValueError) as exc:
+                print(f"skipping {path}: {exc}", file=sys.stderr)
+        if not parts:
+            print("no results to merge", file=sys.stderr)
+            return 1
+        results = merge(parts)
+        write_all(results, argv[1])
+        print(render_markdown(results))
+        return 0
     with open(argv[0]) as f:
         results: dict[str, Any] = json.load(f)
     out_dir = argv[1] if len(argv) > 1 else os.path.dirname(os.path.abspath(argv[0]))

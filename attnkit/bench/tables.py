@@ -44,7 +44,8 @@ class Context:
     processors: list[str]
     device: torch.device
     device_name: str
-    compile: bool = False
+    compile: bool = False  # tables 2 and 3: compiled rows / runs
+    compile_table1: bool = False  # table 1 compiled (the published table is eager)
     progress: bool = True
     seed: int = 0
     budget: float | None = None  # seconds per table
@@ -110,7 +111,7 @@ def it_per_s(ctx: Context) -> dict:
     """it/s of the denoising loop per processor, interleaved, with the seed's row."""
     p, model = ctx.preset, ctx.model
     cond = make_conditioning(model, p.batch, model.dtype, ctx.seed)
-    configs, copies = _processor_configs(ctx, model.unet, model.dtype, cond, p.steps, p.warmup_steps, ctx.compile)
+    configs, copies = _processor_configs(ctx, model.unet, model.dtype, cond, p.steps, p.warmup_steps, ctx.compile_table1)
     cells = measure_interleaved(
         configs, p.repeats, p.skip_steps, desc="table 1: it/s per processor", progress=ctx.progress,
         deadline=ctx.deadline(), device=ctx.device,
@@ -124,7 +125,7 @@ def it_per_s(ctx: Context) -> dict:
         "title": "it/s per attention processor",
         "setting": {
             "resolution": p.resolution, "steps": p.steps, "batch": p.batch, "dtype": dtype_label(model.dtype),
-            "compile": ctx.compile, "repeats": p.repeats, "warmup_steps": p.warmup_steps,
+            "compile": ctx.compile_table1, "repeats": p.repeats, "warmup_steps": p.warmup_steps,
             "steady_state_skips_first_steps": p.skip_steps,
             "scheduler": type(model.scheduler).__name__, "guidance": "classifier-free (UNet batch = 2 x prompts)",
         },
@@ -235,66 +236,71 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
     max_batch = max_batch or p.sweep_max_batch
     deadline = ctx.deadline()
     runs = []
-    for dname in dtypes:
+    plan = [(d, c) for c in ([False, True] if ctx.compile else [False]) for d in dtypes]  # eager runs first
+    for dname, compiled in plan:
         dtype = torch_dtype(dname)
         if ctx.device.type == "cpu" and dtype == torch.float16:
-            runs.append({"dtype": dtype_label(dtype), "compile": False, "batches": [], "max_batch": {}, "oom_at": {},
-                         "stopped": "skipped: fp16 is not fast on CPUs"})
+            if not compiled:
+                runs.append({"dtype": dtype_label(dtype), "compile": False, "batches": [], "max_batch": {},
+                             "oom_at": {}, "stopped": "skipped: fp16 is not fast on CPUs"})
             continue
-        for compiled in ([False, True] if ctx.compile else [False]):
-            unet = model.unet if dtype == model.dtype else model.unet_copy(dtype)
-            run = {"dtype": dtype_label(dtype), "compile": compiled, "batches": [], "max_batch": {}, "oom_at": {},
-                   "failed": {}, "stopped": ""}
-            alive = list(ctx.processors)
-            na: dict[str, str] = {}
-            holders: dict[str, dict] = {}
-            batch = 1
-            while batch <= max_batch:
-                if batch > 1 and deadline.expired():
-                    run["stopped"] = f"time budget reached before batch {batch}"
-                    break
-                cond = make_conditioning(model, batch, dtype, ctx.seed)
-                sub = Context(**{**ctx.__dict__, "processors": [n for n in alive if n not in na]})
-                configs, _ = _processor_configs(sub, unet, dtype, cond, p.sweep_steps, p.warmup_steps, False)
-                if compiled:
-                    configs = [_compiled_config(c, holders, unet, ctx, cond) for c in configs]
-                for c in configs:
-                    if c.status == STATUS_NA:
-                        na[c.name] = c.reason
-                cells = measure_interleaved(
-                    configs, p.sweep_repeats, 0,
-                    desc=f"table 3: sweep {dtype_label(dtype)}{' compiled' if compiled else ''} batch {batch}",
-                    progress=ctx.progress, deadline=deadline, device=ctx.device,
-                )
-                entry = {"batch": batch, "cells": {n: c.to_dict() for n, c in cells.items()}}
-                van = cells.get("vanilla")
-                xf = cells.get("xformers")
-                entry["speedup_vs_vanilla"] = {n: _ratio(c.median(), van.median()) for n, c in cells.items() if c.ok and van is not None and van.ok}
-                entry["speedup_vs_xformers"] = {n: _ratio(c.median(), xf.median()) for n, c in cells.items() if c.ok and xf is not None and xf.ok}
-                run["batches"].append(entry)
-                for n, c in cells.items():
-                    if c.ok:
-                        run["max_batch"][n] = batch
-                    elif c.status == STATUS_OOM:
-                        run["oom_at"][n] = batch
-                        alive.remove(n)
-                        holders.pop(n, None)
-                    elif c.status not in (STATUS_NA,):
-                        run["failed"][n] = c.text()
-                        alive.remove(n)
-                        holders.pop(n, None)
-                free_memory(ctx.device)
-                if not [n for n in alive if n not in na]:
-                    run["stopped"] = f"every processor out of memory or failed by batch {batch}"
-                    break
-                batch *= 2
-            else:
-                run["stopped"] = f"reached the largest batch asked for ({max_batch})"
-            run["not_available"] = na
-            holders.clear()
-            del unet
+        if runs and deadline.expired():
+            runs.append({"dtype": dtype_label(dtype), "compile": compiled, "batches": [], "max_batch": {},
+                         "oom_at": {}, "stopped": "skipped: time budget"})
+            continue
+        unet = model.unet if dtype == model.dtype else model.unet_copy(dtype)
+        run = {"dtype": dtype_label(dtype), "compile": compiled, "batches": [], "max_batch": {}, "oom_at": {},
+               "failed": {}, "stopped": ""}
+        alive = list(ctx.processors)
+        na: dict[str, str] = {}
+        holders: dict[str, dict] = {}
+        batch = 1
+        while batch <= max_batch:
+            if batch > 1 and deadline.expired():
+                run["stopped"] = f"time budget reached before batch {batch}"
+                break
+            cond = make_conditioning(model, batch, dtype, ctx.seed)
+            sub = Context(**{**ctx.__dict__, "processors": [n for n in alive if n not in na]})
+            configs, _ = _processor_configs(sub, unet, dtype, cond, p.sweep_steps, p.sweep_warmup_steps, False)
+            if compiled:
+                configs = [_compiled_config(c, holders, unet, ctx, cond) for c in configs]
+            for c in configs:
+                if c.status == STATUS_NA:
+                    na[c.name] = c.reason
+            cells = measure_interleaved(
+                configs, p.sweep_repeats, 0,
+                desc=f"table 3: sweep {dtype_label(dtype)}{' compiled' if compiled else ''} batch {batch}",
+                progress=ctx.progress, deadline=deadline, device=ctx.device,
+            )
+            entry = {"batch": batch, "cells": {n: c.to_dict() for n, c in cells.items()}}
+            van = cells.get("vanilla")
+            xf = cells.get("xformers")
+            entry["speedup_vs_vanilla"] = {n: _ratio(c.median(), van.median()) for n, c in cells.items() if c.ok and van is not None and van.ok}
+            entry["speedup_vs_xformers"] = {n: _ratio(c.median(), xf.median()) for n, c in cells.items() if c.ok and xf is not None and xf.ok}
+            run["batches"].append(entry)
+            for n, c in cells.items():
+                if c.ok:
+                    run["max_batch"][n] = batch
+                elif c.status == STATUS_OOM:
+                    run["oom_at"][n] = batch
+                    alive.remove(n)
+                    holders.pop(n, None)
+                elif c.status not in (STATUS_NA,):
+                    run["failed"][n] = c.text()
+                    alive.remove(n)
+                    holders.pop(n, None)
             free_memory(ctx.device)
-            runs.append(run)
+            if not [n for n in alive if n not in na]:
+                run["stopped"] = f"every processor out of memory or failed by batch {batch}"
+                break
+            batch *= 2
+        else:
+            run["stopped"] = f"reached the largest batch asked for ({max_batch})"
+        run["not_available"] = na
+        holders.clear()
+        del unet
+        free_memory(ctx.device)
+        runs.append(run)
     return {
         "title": "batch-size sweep: speedup over vanilla and xformers",
         "setting": {"resolution": p.resolution, "steps_per_run": p.sweep_steps, "repeats": p.sweep_repeats,
@@ -321,7 +327,7 @@ def _compiled_config(c: Config, holders: dict, unet, ctx: Context, cond) -> Conf
 
     def run(warmup):
         p = ctx.preset
-        return denoise(ctx.model, cond, p.warmup_steps if warmup else p.sweep_steps, p.resolution,
+        return denoise(ctx.model, cond, p.sweep_warmup_steps if warmup else p.sweep_steps, p.resolution,
                        unet=holder["unet"], seed=ctx.seed)
 
     return Config(name, run, setup=setup, extra=c.extra)
