@@ -290,7 +290,8 @@ def _attn_fwd(
     for start_n in range(0, n_full, BLOCK_N):
         acc0, acc1, m_i, l_i = _fwd_tile(
             acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
-            k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
+            k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN),
+            v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(start_n, tl.int64) * stride_bn,
             stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
@@ -299,7 +300,8 @@ def _attn_fwd(
     if n_full < N:
         acc0, acc1, m_i, l_i = _fwd_tile(
             acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
-            k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
+            k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN),
+            v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(n_full, tl.int64) * stride_bn,
             stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
@@ -486,7 +488,8 @@ def _attn_bwd_dkdv(
     for start_m in range(0, m_full, BLOCK_M):
         dk0, dk1, dv0, dv1 = _dkdv_tile(
             dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
-            q_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_qm, ALIGN), do_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_dom, ALIGN),
+            q_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_qm, ALIGN),
+            do_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_dom, ALIGN),
             b_base + tl.cast(start_m, tl.int64) * stride_bm, lse_base + start_m, delta_base + start_m,
             stride_qm, stride_dom, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, M - start_m, n_left, qk_scale,
@@ -495,7 +498,8 @@ def _attn_bwd_dkdv(
     if m_full < M:
         dk0, dk1, dv0, dv1 = _dkdv_tile(
             dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
-            q_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_qm, ALIGN), do_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_dom, ALIGN),
+            q_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_qm, ALIGN),
+            do_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_dom, ALIGN),
             b_base + tl.cast(m_full, tl.int64) * stride_bm, lse_base + m_full, delta_base + m_full,
             stride_qm, stride_dom, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, M - m_full, n_left, qk_scale,
@@ -633,7 +637,8 @@ def _attn_bwd_dq(
     for start_n in range(0, n_full, BLOCK_N):
         dq0, dq1 = _dq_tile(
             dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
-            k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
+            k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN),
+            v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(start_n, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
@@ -641,7 +646,8 @@ def _attn_bwd_dq(
     if n_full < N:
         dq0, dq1 = _dq_tile(
             dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
-            k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN), v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
+            k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN),
+            v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
             b_base + tl.cast(n_full, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
@@ -707,62 +713,78 @@ class TileConfig:
         return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{r}"
 
 
-# The autotuning candidates, by kernel, input width and padded head dim (the smallest
-# bound that holds it). `python -m attnkit.kernels.inspect` compiles every entry for
-# sm_80 and sm_90 and fails if one spills registers or exceeds shared memory; entries
-# that failed were removed rather than shipped. The first entry of each list is the
-# one used without autotuning (TRITON_INTERPRET, ATTNKIT_TRITON_AUTOTUNE=0).
+# The autotuning candidates, by target, kernel, input width and padded head dim (the
+# smallest bound that holds it). `python -m attnkit.kernels.inspect` compiles every
+# entry for its target (sm_80 for "sm80", sm_90 for "sm90") with the heaviest bias
+# variant and fails if one spills registers or exceeds shared memory; the entries that
+# failed were removed rather than shipped. Hopper gets its own lists: its warp-group
+# MMA reads operands from shared memory, so what spills differs (the reload variant
+# helps on sm_80 and hurts on sm_90). The first entry of each list is the one used
+# without autotuning (ATTNKIT_TRITON_AUTOTUNE=0).
 # For the dK/dV kernel, block_n is the key tile the program keeps and block_m the query
 # tile it streams; for the forward and dQ kernels block_m is kept and block_n streamed.
 _C = TileConfig
-CONFIGS: dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]] = {
-    "fwd": {
-        "16bit": {
-            64: (_C(64, 64, 4, 3), _C(64, 32, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3), _C(128, 64, 4, 2)),
-            128: (_C(64, 32, 4, 3), _C(64, 64, 4, 2), _C(128, 32, 8, 3), _C(128, 64, 8, 2)),
-            192: (_C(64, 32, 4, 2), _C(64, 64, 8, 2), _C(128, 32, 8, 2), _C(64, 32, 8, 3)),
-            256: (_C(64, 32, 8, 2), _C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(128, 32, 8, 2)),
-        },
-        "32bit": {
-            64: (_C(64, 32, 4, 2), _C(32, 32, 4, 2), _C(64, 64, 8, 2)),
-            128: (_C(64, 32, 4, 2), _C(32, 32, 4, 2), _C(64, 32, 8, 2)),
-            192: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
-            256: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
-        },
-    },
-    "dkdv": {
-        "16bit": {
-            64: (_C(32, 64, 4, 3), _C(64, 64, 4, 2), _C(32, 128, 8, 3), _C(64, 128, 8, 2)),
-            128: (_C(32, 64, 8, 2), _C(32, 32, 4, 3), _C(64, 64, 8, 2), _C(32, 64, 4, 2)),
-            192: (_C(32, 64, 8, 2), _C(32, 32, 4, 2), _C(32, 32, 8, 2), _C(16, 64, 8, 2)),
-            256: (_C(32, 32, 8, 2), _C(32, 64, 8, 2), _C(32, 32, 4, 2), _C(16, 64, 8, 2)),
-        },
-        "32bit": {
-            64: (_C(32, 32, 4, 2), _C(32, 64, 8, 2)),
-            128: (_C(32, 32, 4, 2), _C(32, 64, 8, 2)),
-            192: (_C(16, 32, 4, 2), _C(32, 32, 8, 2)),
-            256: (_C(16, 32, 4, 2), _C(32, 32, 8, 2)),
-        },
-    },
-    "dq": {
-        "16bit": {
-            64: (_C(64, 32, 4, 3), _C(64, 64, 4, 2), _C(128, 32, 8, 3), _C(128, 64, 8, 2)),
-            128: (_C(64, 32, 8, 2), _C(64, 32, 4, 3), _C(128, 32, 8, 2), _C(64, 64, 8, 2)),
-            192: (_C(64, 32, 8, 2), _C(32, 32, 4, 2), _C(64, 64, 8, 2), _C(128, 32, 8, 2)),
-            256: (_C(64, 32, 8, 2), _C(32, 32, 4, 2), _C(64, 64, 8, 2), _C(32, 32, 8, 2)),
-        },
-        "32bit": {
-            64: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
+_FP32 = {  # fp32 dots run on FMA units (or tf32 MMA when allowed): small tiles
+    "fwd": {64: (_C(64, 32, 4, 2), _C(32, 32, 4, 2)),
             128: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
-            192: (_C(32, 16, 4, 2), _C(32, 32, 8, 2)),
-            256: (_C(32, 16, 4, 2), _C(32, 32, 8, 2)),
-        },
+            192: (_C(32, 32, 4, 2), _C(32, 16, 4, 2)),
+            256: (_C(32, 16, 4, 2), _C(32, 32, 8, 2))},
+    "dkdv": {64: (_C(32, 32, 4, 2), _C(16, 32, 4, 2)),
+             128: (_C(16, 32, 4, 2), _C(32, 32, 8, 2)),
+             192: (_C(16, 16, 4, 2), _C(16, 32, 8, 2)),
+             256: (_C(16, 16, 4, 2), _C(16, 32, 8, 2))},
+    "dq": {64: (_C(32, 32, 4, 2), _C(32, 16, 4, 2)),
+           128: (_C(32, 16, 4, 2), _C(32, 32, 8, 2)),
+           192: (_C(32, 16, 4, 2), _C(16, 16, 4, 2)),
+           256: (_C(16, 16, 4, 2), _C(32, 16, 8, 2))},
+}
+CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
+    "sm80": {
+        "fwd": {"16bit": {
+            64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(64, 32, 4, 3), _C(128, 32, 8, 3)),
+            128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, True)),
+            192: (_C(128, 32, 8, 2), _C(64, 32, 4, 2), _C(64, 32, 8, 3)),
+            256: (_C(64, 32, 8, 2, True), _C(32, 32, 4, 2, True)),
+        }, "32bit": _FP32["fwd"]},
+        "dkdv": {"16bit": {
+            64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
+            128: (_C(32, 64, 8, 2, True), _C(32, 32, 4, 2, True)),
+            192: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+            256: (_C(16, 32, 8, 2, True), _C(32, 16, 4, 2, True), _C(16, 16, 4, 2, True)),
+        }, "32bit": _FP32["dkdv"]},
+        "dq": {"16bit": {
+            64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
+            128: (_C(64, 32, 8, 2, True), _C(64, 64, 8, 2, True)),
+            192: (_C(64, 32, 8, 2, True), _C(128, 32, 8, 2, True)),
+            256: (_C(32, 32, 8, 2, True), _C(64, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
+        }, "32bit": _FP32["dq"]},
+    },
+    "sm90": {
+        "fwd": {"16bit": {
+            64: (_C(128, 32, 8, 3), _C(64, 32, 4, 3)),
+            128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3)),
+            192: (_C(128, 32, 8, 2), _C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(64, 32, 8, 3)),
+            256: (_C(64, 32, 8, 2),),
+        }, "32bit": _FP32["fwd"]},
+        "dkdv": {"16bit": {
+            64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
+            128: (_C(32, 64, 8, 2),),
+            192: (_C(16, 64, 8, 2),),
+            256: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+        }, "32bit": _FP32["dkdv"]},
+        "dq": {"16bit": {
+            64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
+            128: (_C(64, 32, 8, 2), _C(64, 32, 4, 3), _C(128, 32, 8, 2)),
+            192: (_C(64, 32, 8, 2), _C(128, 32, 8, 2)),
+            256: (_C(32, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
+        }, "32bit": _FP32["dq"]},
     },
 }
 del _C
 
 # Under the interpreter, tiles are small so that tests cross many tile boundaries.
 INTERPRET_CONFIG = TileConfig(32, 32, 4, 1)
+ARCHS = ("sm80", "sm90")
 
 
 def _band(padded: int) -> int:
@@ -776,30 +798,39 @@ def _width(dtype: torch.dtype) -> str:
     return "32bit" if dtype == torch.float32 else "16bit"
 
 
-def configs_for(kernel: str, head_dim: int, dtype: torch.dtype) -> tuple[TileConfig, ...]:
+def arch_of(device: torch.device) -> str:
+    """The CONFIGS target of a device: "sm90" for compute capability 9.0 and newer
+    (newer ones are not checked separately), "sm80" below."""
+    if device.type != "cuda":
+        return "sm80"
+    return "sm90" if torch.cuda.get_device_capability(device)[0] >= 9 else "sm80"
+
+
+def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm90") -> tuple[TileConfig, ...]:
     """The autotuning candidates of one kernel ("fwd", "dkdv", "dq") at this head dim."""
-    return CONFIGS[kernel][_width(dtype)][_band(padded_head_dim(head_dim))]
+    return CONFIGS[arch][kernel][_width(dtype)][_band(padded_head_dim(head_dim))]
 
 
 def _autotune_enabled() -> bool:
     return os.environ.get("ATTNKIT_TRITON_AUTOTUNE", "1") not in ("0", "")
 
 
-# One triton.autotune wrapper per (kernel, width, band), built on first use: each has
-# its own candidates and its own cache of best configs, keyed by head dim and by the
+# One triton.autotune wrapper per (target, kernel, width, band), built on first use: each
+# has its own candidates and its own cache of best configs, keyed by head dim and by the
 # query / key lengths rounded up to powers of two (M_KEY, N_KEY).
-_TUNERS: dict[tuple[str, str, int], object] = {}
+_TUNERS: dict[tuple[str, str, str, int], object] = {}
 _KERNELS = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
 
 
-def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype):
+def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device):
     """(callable kernel, fixed config or None): the autotuner, or the plain kernel."""
     if INTERPRET:
         return _KERNELS[kernel], INTERPRET_CONFIG
-    cands = configs_for(kernel, head_dim, dtype)
+    arch = arch_of(device)
+    cands = configs_for(kernel, head_dim, dtype, arch)
     if not _autotune_enabled():
         return _KERNELS[kernel], cands[0]
-    key = (kernel, _width(dtype), _band(padded_head_dim(head_dim)))
+    key = (arch, kernel, _width(dtype), _band(padded_head_dim(head_dim)))
     tuner = _TUNERS.get(key)
     if tuner is None:
         tuner = triton.autotune(
@@ -814,19 +845,25 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype):
     return tuner, None
 
 
+# Fused multiply-add contraction (s * scale + bias in one rounding), stated rather than
+# left to TRITON_DEFAULT_FP_FUSION, whose default Triton plans to change. The inspector
+# compiles with the same options. Not passed to the interpreter, which has no such option.
+_COMPILE_OPTIONS = {} if INTERPRET else {"enable_fp_fusion": True}
+
+
 def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows_axis_block: str,
             b: int, h: int, args: tuple, constexprs: dict) -> None:
-    fn, cfg = _kernel_for(kernel, head_dim, dtype)
+    fn, cfg = _kernel_for(kernel, head_dim, dtype, args[0].device)
     if cfg is None:
         def grid(meta):
             return (triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)
 
-        fn[grid](*args, **constexprs)
+        fn[grid](*args, **constexprs, **_COMPILE_OPTIONS)
     else:
         block = cfg.block_m if rows_axis_block == "BLOCK_M" else cfg.block_n
         fn[(triton.cdiv(grid_rows, block), h, b)](
             *args, **constexprs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RELOAD=cfg.reload,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_COMPILE_OPTIONS)
 
 
 def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:

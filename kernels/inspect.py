@@ -10,7 +10,8 @@ stack bytes (a non-zero stack is register spilling), shared memory, and the matr
 instructions in the machine code (mma = HMMA, Ampere's; wgmma = HGMMA, Hopper's
 warp-group MMA; fma = no tensor cores). It exits with status 1 if a configuration spills,
 needs more shared memory than its target has, or fails to compile. Configurations that
-fail are removed from flash_attention.CONFIGS rather than shipped.
+fail are removed from flash_attention.CONFIGS rather than shipped. Each target has its
+own lists there (CONFIGS["sm80"], CONFIGS["sm90"]); each is compiled for its target.
 
 The bias variant compiled by default is a full (B, H, M, N) fp32 bias: the most
 registers and, with pipelining, the most shared memory of the three variants.
@@ -30,6 +31,10 @@ from dataclasses import dataclass
 
 # Shared memory per block (opt-in maximum) of each target, bytes.
 SMEM_LIMIT = {80: 166912, 90: 232448}  # A100: 163 KiB, H100: 227 KiB
+# The sm80 lists also serve sm_86 / sm_89 (RTX 30xx / 40xx, A10, L4, L40) with 99 KiB:
+# the autotuner skips candidates that do not fit there, and the first candidate of each
+# list (the one used when autotuning is off) must fit.
+SMEM_LIMIT_SM86 = 101376
 # Registers per thread the hardware allows (255 usable); above it ptxas spills.
 MAX_REGS = 255
 
@@ -48,6 +53,7 @@ class Job:
     config: tuple  # (block_m, block_n, num_warps, num_stages, reload)
     arch: int
     bias: str
+    default: bool = False  # first of its list: used when autotuning is off
 
 
 @dataclass
@@ -69,6 +75,8 @@ class Result:
             out.append(f"spills ({self.stack} B stack)")
         if self.smem > SMEM_LIMIT[self.job.arch]:
             out.append(f"shared memory {self.smem} B > {SMEM_LIMIT[self.job.arch]} B")
+        elif self.job.default and self.job.arch == 80 and self.smem > SMEM_LIMIT_SM86:
+            out.append(f"default config needs {self.smem} B > sm_86's {SMEM_LIMIT_SM86} B")
         if self.job.dtype != "fp32" and self.matrix == "fma":
             out.append("no tensor-core instructions")
         return out
@@ -136,7 +144,7 @@ def compile_job(job: Job) -> Result:
                  if sig[p.name].startswith("*")}
         src = ASTSource(fn, sig, constexprs, attrs)
         kernel = triton.compile(src, target=GPUTarget("cuda", job.arch, 32),
-                                options={"num_warps": warps, "num_stages": stages})
+                                options={"num_warps": warps, "num_stages": stages, **fa._COMPILE_OPTIONS})
         res.smem = int(kernel.metadata.shared)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "k.cubin")
@@ -176,23 +184,29 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, quick: bool, configs=Non
                 if configs:
                     cands = configs
                 else:
-                    shipped = fa.configs_for(kernel, d, tdt[dtype])
-                    if quick:
-                        shipped = shipped[:1]
-                    cands = [(c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)) for c in shipped]
-                for cfg in cands:
-                    for arch in archs:
+                    cands = None
+                for arch in archs:
+                    if cands is None:
+                        shipped = fa.configs_for(kernel, d, tdt[dtype], f"sm{arch}")
+                        if quick:
+                            shipped = shipped[:1]
+                        arch_cands = [(c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload))
+                                      for c in shipped]
+                    else:
+                        arch_cands = cands
+                    for i, cfg in enumerate(arch_cands):
                         for bias in biases:
-                            jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias))
+                            jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias,
+                                            default=cands is None and i == 0))
     return jobs
 
 
 def _row(r: Result) -> str:
     j = r.job
-    cfg = "M{}-N{}-w{}-s{}".format(*j.config[:4]) + ("-r" if j.config[4] else "")
+    cfg = "M{}-N{}-w{}-s{}".format(*j.config[:4]) + ("-r" if j.config[4] else "") + ("*" if j.default else "")
     probs = r.problems
     status = "ok" if not probs else "FAIL: " + "; ".join(probs)
-    return (f"{j.kernel:5} {j.head_dim:4} {j.dtype:5} {j.bias:6} {cfg:16} sm_{j.arch}  "
+    return (f"{j.kernel:5} {j.head_dim:4} {j.dtype:5} {j.bias:6} {cfg:18} sm_{j.arch}  "
             f"{r.regs:4} {max(r.stack, 0):6} {r.smem:7} {r.matrix:6} {r.seconds:6.1f}  {status}")
 
 
@@ -231,9 +245,10 @@ def main(argv=None) -> int:
     configs = [c if len(c) == 5 else (*c, 0) for c in configs]
     jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, args.quick, configs)
 
-    print(f"{len(jobs)} compilations ({args.jobs} at a time); stack > 0 means spilled registers; "
+    print(f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; "
+          f"stack > 0 means spilled registers; "
           f"shared-memory limits: " + ", ".join(f"sm_{a} {SMEM_LIMIT[a]} B" for a in archs))
-    print(f"{'kern':5} {'D':>4} {'dtype':5} {'bias':6} {'config':16} {'arch':5}  "
+    print(f"{'kern':5} {'D':>4} {'dtype':5} {'bias':6} {'config':18} {'arch':5}  "
           f"{'regs':>4} {'stack':>6} {'smem':>7} {'matrix':6} {'secs':>6}  status")
     t0 = time.time()
     failed = 0
