@@ -270,7 +270,7 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
             cells = measure_interleaved(
                 configs, p.sweep_repeats, 0,
                 desc=f"table 3: sweep {dtype_label(dtype)}{' compiled' if compiled else ''} batch {batch}",
-                progress=ctx.progress, deadline=deadline, device=ctx.device,
+                progress=ctx.progress, deadline=deadline if batch > 1 else None, device=ctx.device,
             )
             entry = {"batch": batch, "cells": {n: c.to_dict() for n, c in cells.items()}}
             van = cells.get("vanilla")
@@ -278,9 +278,12 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
             entry["speedup_vs_vanilla"] = {n: _ratio(c.median(), van.median()) for n, c in cells.items() if c.ok and van is not None and van.ok}
             entry["speedup_vs_xformers"] = {n: _ratio(c.median(), xf.median()) for n, c in cells.items() if c.ok and xf is not None and xf.ok}
             run["batches"].append(entry)
+            budget_cut = False
             for n, c in cells.items():
                 if c.ok:
                     run["max_batch"][n] = batch
+                elif c.status == STATUS_SKIPPED:
+                    budget_cut = True
                 elif c.status == STATUS_OOM:
                     run["oom_at"][n] = batch
                     alive.remove(n)
@@ -290,6 +293,9 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
                     alive.remove(n)
                     holders.pop(n, None)
             free_memory(ctx.device)
+            if budget_cut:
+                run["stopped"] = f"time budget reached during batch {batch}"
+                break
             if not [n for n in alive if n not in na]:
                 run["stopped"] = f"every processor out of memory or failed by batch {batch}"
                 break
