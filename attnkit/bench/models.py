@@ -77,8 +77,11 @@ def random_init_(module: nn.Module, seed: int = 0) -> nn.Module:
     small and random, norm scales 1: activations stay in a realistic range through the
     whole UNet (no NaN/inf in fp16) and nothing is zero.
     """
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gens: dict = {}
     for name, p in module.named_parameters():
+        gen = gens.get(p.device)
+        if gen is None:
+            gen = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
         if p.dim() >= 2:
             bound = 1.0 / math.sqrt(p[0].numel())
             p.uniform_(-bound, bound, generator=gen)
@@ -90,10 +93,10 @@ def random_init_(module: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def build_from_config(cls, config: dict, device: torch.device, dtype: torch.dtype, seed: int) -> nn.Module:
-    """cls.from_config on the meta device, then random weights: seconds, not minutes."""
+    """cls.from_config on the meta device, then random weights drawn on `device`: seconds."""
     with torch.device("meta"):
         model = cls.from_config(_clean(config))
-    model = model.to_empty(device="cpu")
+    model = model.to_empty(device=device)
     random_init_(model, seed)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 

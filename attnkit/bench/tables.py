@@ -65,7 +65,34 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _compiled(unet: torch.nn.Module, mode: str | None) -> Any:
-    return torch.compile(unet, mode=mode, fullgraph=False, dynamic=False)
+    """torch.compile as a user would call it (dynamic=None: static first, dynamic batch on a
+    new batch size). Every configuration compiles its own copy of the UNet, so the cache
+    limit is raised: a configuration over the limit would silently run eager."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for limit in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, limit):
+            setattr(cfg, limit, max(getattr(cfg, limit), 256))
+    return torch.compile(unet, mode=mode, fullgraph=False)
+
+
+# A compiled UNet's warm-up runs at least this many steps: the first compiled call can
+# leave guards that fail on the second (state the traced code fills in on first use, such
+# as a backend's per-device cache), and that recompilation belongs in the warm-up.
+COMPILED_WARMUP_STEPS = 3
+
+
+def _forget_compiled(ctx: "Context") -> None:
+    """Drop compiled graphs (and the UNet copies they hold) once a table is done."""
+    if ctx.compile or ctx.compile_table1:
+        try:
+            import torch._dynamo
+
+            torch._dynamo.reset()
+        except Exception:  # noqa: BLE001
+            pass
+    free_memory(ctx.device)
 
 
 def _processor_configs(ctx: Context, unet, dtype, cond, steps, warmup_steps, compile_unets: bool, decode=False, vae=None, label=lambda n: n):
@@ -89,7 +116,8 @@ def _processor_configs(ctx: Context, unet, dtype, cond, steps, warmup_steps, com
                     holder["unet"] = _compiled(copy_, ctx.compile_mode)
 
             def run(warmup, holder=holder):
-                return denoise(ctx.model, cond, warmup_steps if warmup else steps, ctx.preset.resolution,
+                n = max(warmup_steps, COMPILED_WARMUP_STEPS) if warmup else steps
+                return denoise(ctx.model, cond, n, ctx.preset.resolution,
                                unet=holder["unet"], decode=decode and not warmup, vae=vae, seed=ctx.seed)
 
             copies.append(holder)
@@ -117,7 +145,7 @@ def it_per_s(ctx: Context) -> dict:
         deadline=ctx.deadline(), device=ctx.device,
     )
     copies.clear()
-    free_memory(ctx.device)
+    _forget_compiled(ctx)
     base = cells.get("vanilla")
     base_median = base.median() if base is not None and base.ok else None
     speedup = {name: _ratio(c.median(), base_median) for name, c in cells.items() if c.ok}
@@ -171,7 +199,8 @@ def ladder(ctx: Context) -> dict:
                 set_processor(unet, proc)
 
         def run(warmup):
-            return denoise(model, cond, p.warmup_steps if warmup else steps, p.resolution,
+            n = (max(p.warmup_steps, COMPILED_WARMUP_STEPS) if compiled else p.warmup_steps) if warmup else steps
+            return denoise(model, cond, n, p.resolution,
                            unet=holder.get("unet", unet), decode=not warmup, vae=vae, seed=ctx.seed)
 
         keep.append(holder)
@@ -205,7 +234,7 @@ def ladder(ctx: Context) -> dict:
         deadline=ctx.deadline(), device=ctx.device,
     )
     keep.clear()
-    free_memory(ctx.device)
+    _forget_compiled(ctx)
     first = cells["fp32"].median("seconds") if cells["fp32"].ok else None
     out_rows = []
     for r in rows:
@@ -305,7 +334,7 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
         run["not_available"] = na
         holders.clear()
         del unet
-        free_memory(ctx.device)
+        _forget_compiled(ctx)
         runs.append(run)
     return {
         "title": "batch-size sweep: speedup over vanilla and xformers",
@@ -333,8 +362,8 @@ def _compiled_config(c: Config, holders: dict, unet, ctx: Context, cond) -> Conf
 
     def run(warmup):
         p = ctx.preset
-        return denoise(ctx.model, cond, p.sweep_warmup_steps if warmup else p.sweep_steps, p.resolution,
-                       unet=holder["unet"], seed=ctx.seed)
+        n = max(p.sweep_warmup_steps, COMPILED_WARMUP_STEPS) if warmup else p.sweep_steps
+        return denoise(ctx.model, cond, n, p.resolution, unet=holder["unet"], seed=ctx.seed)
 
     return Config(name, run, setup=setup, extra=c.extra)
 
