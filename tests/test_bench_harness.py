@@ -260,3 +260,19 @@ def test_bad_arguments_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--processors", "vanilla,nope"])
     assert exc.value.code == 2
+
+
+def test_model_loads_from_a_local_directory(tiny, tmp_path):
+    """--model: unet/, vae/ and scheduler/ of a pipeline folder, local files only."""
+    from attnkit.bench.models import load_model
+
+    preset, model = tiny
+    model.unet.save_pretrained(tmp_path / "unet")
+    model.vae.save_pretrained(tmp_path / "vae")
+    model.scheduler.save_pretrained(tmp_path / "scheduler")
+    loaded = load_model(str(tmp_path), "cpu", "float32")
+    assert loaded.family == "sd" and str(tmp_path) in loaded.source
+    sd, ld = model.unet.state_dict(), loaded.unet.state_dict()
+    assert all(torch.equal(sd[k], ld[k]) for k in sd)
+    timing = denoise(loaded, make_conditioning(loaded, 1, torch.float32), 2, preset.resolution)
+    assert len(timing.step_seconds) == 2
