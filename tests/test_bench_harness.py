@@ -276,3 +276,26 @@ def test_model_loads_from_a_local_directory(tiny, tmp_path):
     assert all(torch.equal(sd[k], ld[k]) for k in sd)
     timing = denoise(loaded, make_conditioning(loaded, 1, torch.float32), 2, preset.resolution)
     assert len(timing.step_seconds) == 2
+
+
+def test_a_strict_deadline_skips_what_it_does_not_reach():
+    from attnkit.bench.runner import Deadline
+
+    calls = []
+
+    def make(name):
+        def run(warmup):
+            calls.append((name, warmup))
+            return LoopTiming([0.1])
+
+        return Config(name, run)
+
+    cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False, deadline=Deadline(0.0), strict=True)
+    assert calls == [] and all(c.status == "skipped" and c.reason == "time budget" for c in cells.values())
+    calls.clear()
+    cells = measure_interleaved([make("a"), make("b")], repeats=2, progress=False, strict=True)
+    assert calls == [("a", True), ("a", False), ("b", True), ("b", False), ("b", False), ("a", False)]
+    # without strict: nothing is started past the deadline either, but every configuration
+    # warmed up before it gets its first-round sample (test_interleaving_rotates...)
+    cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False, deadline=Deadline(0.0))
+    assert all(c.status == "skipped" for c in cells.values())

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runners = {"1": lambda: it_per_s(ctx), "2": lambda: ladder(ctx), "3": table3, "4": table4}
     # Shares of the budget: what each table costs on the CPU preset, roughly.
-    weights = {"1": 0.35, "2": 0.25, "3": 0.22, "4": 0.18}
+    weights = {"1": 0.32, "2": 0.25, "3": 0.25, "4": 0.18}
     for i, key in enumerate(tables):
         left = run_deadline.left()
         share = weights[key] / sum(weights[k] for k in tables[i:])

@@ -176,12 +176,22 @@ def measure_interleaved(
     progress: bool = True,
     deadline: Deadline | None = None,
     device: torch.device | None = None,
+    strict: bool = False,
 ) -> dict[str, Cell]:
-    """Warm up each configuration, then `repeats` rounds over all of them, rotating the order."""
+    """Warm up each configuration, then `repeats` rounds over all of them, rotating the order.
+
+    With a deadline, no new round starts after it, but the first round always completes
+    (every configuration gets one sample). With ``strict``, the deadline also holds inside
+    the first round: each configuration is warmed up right before its first timed run, and
+    those not reached are marked skipped.
+    """
     configs = list(configs)
     cells = {c.name: Cell(c.name, c.status, c.reason, extra=dict(c.extra)) for c in configs}
     live = [c for c in configs if c.status == STATUS_OK and c.run is not None]
     bar = progress_bar(len(live) * (repeats + 1), desc, progress)
+
+    def expired() -> bool:
+        return deadline is not None and deadline.expired()
 
     def attempt(config: Config, warmup: bool) -> LoopTiming | None:
         cell = cells[config.name]
@@ -198,31 +208,49 @@ def measure_interleaved(
             free_memory(device)  # after the except block: the traceback no longer pins tensors
         return None
 
-    for config in live:
-        if deadline is not None and deadline.expired():
-            cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
-            continue
+    def warm_up(config: Config) -> None:
         bar.set_postfix_str(f"warm-up {config.name}")
         start = time.perf_counter()
         if attempt(config, True) is not None:
             cells[config.name].warmup_seconds = time.perf_counter() - start
         bar.update(1)
 
-    for rep in range(repeats):
+    def timed(config: Config, rep: int) -> None:
+        bar.set_postfix_str(f"round {rep + 1}/{repeats} {config.name}")
+        timing = attempt(config, False)
+        if timing is not None:
+            cell = cells[config.name]
+            cell.it_per_s.append(timing.it_per_s(skip_steps))
+            cell.loop_it_per_s.append(timing.it_per_s(0))
+            cell.seconds.append(timing.image_seconds)
+        bar.update(1)
+
+    def skip(config: Config) -> None:
+        cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
+
+    if strict:
+        for config in live:
+            if expired():
+                skip(config)
+                continue
+            warm_up(config)
+            if cells[config.name].status == STATUS_OK:
+                timed(config, 0)
+        first_round = 1
+    else:
+        for config in live:
+            if expired():
+                skip(config)
+                continue
+            warm_up(config)
+        first_round = 0
+
+    for rep in range(first_round, repeats):
         active = [c for c in live if cells[c.name].status == STATUS_OK]
-        if not active:
-            break
-        if deadline is not None and deadline.expired() and rep > 0:
+        if not active or (rep > 0 and expired()):
             break
         shift = rep % len(active)
         for config in active[shift:] + active[:shift]:
-            bar.set_postfix_str(f"round {rep + 1}/{repeats} {config.name}")
-            timing = attempt(config, False)
-            if timing is not None:
-                cell = cells[config.name]
-                cell.it_per_s.append(timing.it_per_s(skip_steps))
-                cell.loop_it_per_s.append(timing.it_per_s(0))
-                cell.seconds.append(timing.image_seconds)
-            bar.update(1)
+            timed(config, rep)
     bar.close()
     return cells

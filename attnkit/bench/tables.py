@@ -231,7 +231,7 @@ def ladder(ctx: Context) -> dict:
 
     cells = measure_interleaved(
         rows, p.repeats, 0, desc="table 2: latency ladder", progress=ctx.progress,
-        deadline=ctx.deadline(), device=ctx.device,
+        deadline=ctx.deadline(), device=ctx.device, strict=True,
     )
     keep.clear()
     _forget_compiled(ctx)
