@@ -715,16 +715,21 @@ class TileConfig:
 
 # The autotuning candidates, by target, kernel, input width and padded head dim (the
 # smallest bound that holds it). `python -m attnkit.kernels.inspect` compiles every
-# entry for its target (sm_80 for "sm80", sm_90 for "sm90") with the heaviest bias
-# variant and fails if one spills registers or exceeds shared memory; the entries that
-# failed were removed rather than shipped. Hopper gets its own lists: its warp-group
+# entry for its target (sm_80 for "sm80", sm_90 for "sm90"), with no bias, a key-padding
+# bias and a full bias, and fails if one spills registers or exceeds shared memory; the
+# entries that failed were removed rather than shipped. Hopper gets its own lists: its warp-group
 # MMA reads operands from shared memory, so what spills differs (the reload variant
 # helps on sm_80 and hurts on sm_90). The first entry of each list is the one used
 # without autotuning (ATTNKIT_TRITON_AUTOTUNE=0).
 # For the dK/dV kernel, block_n is the key tile the program keeps and block_m the query
 # tile it streams; for the forward and dQ kernels block_m is kept and block_n streamed.
 _C = TileConfig
-_FP32 = {  # fp32 dots run on FMA units (or tf32 MMA when allowed): small tiles
+# fp32 inputs: exact fp32 dots run on FMA units, whose Triton lowering holds whole
+# head-dim rows of both operands in registers. Every configuration below still spills
+# on both targets (`python -m attnkit.kernels.inspect --dtype fp32`): fp32 is exact but
+# slow, and not part of the inspector's default (fp16, bf16) gate. Cutting the head dim
+# into more dots, or 3xTF32, would fix it; tf32 (allow_tf32=True) uses tensor cores.
+_FP32 = {
     "fwd": {64: (_C(64, 32, 4, 2), _C(32, 32, 4, 2)),
             128: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
             192: (_C(32, 32, 4, 2), _C(32, 16, 4, 2)),
@@ -741,9 +746,9 @@ _FP32 = {  # fp32 dots run on FMA units (or tf32 MMA when allowed): small tiles
 CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
     "sm80": {
         "fwd": {"16bit": {
-            64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(64, 32, 4, 3), _C(128, 32, 8, 3)),
+            64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3)),
             128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, True)),
-            192: (_C(128, 32, 8, 2), _C(64, 32, 4, 2), _C(64, 32, 8, 3)),
+            192: (_C(64, 32, 4, 2),),
             256: (_C(64, 32, 8, 2, True), _C(32, 32, 4, 2, True)),
         }, "32bit": _FP32["fwd"]},
         "dkdv": {"16bit": {
@@ -755,7 +760,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         "dq": {"16bit": {
             64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
             128: (_C(64, 32, 8, 2, True), _C(64, 64, 8, 2, True)),
-            192: (_C(64, 32, 8, 2, True), _C(128, 32, 8, 2, True)),
+            192: (_C(64, 32, 8, 2, True),),
             256: (_C(32, 32, 8, 2, True), _C(64, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
         }, "32bit": _FP32["dq"]},
     },
