@@ -149,9 +149,9 @@ PRIORITIES: dict[str, Priority] = {
         ("flash_attn", "sdpa", "xformers", "triton") + LAST_RESORT,
         "Consumer and inference Ampere/Ada (RTX 30xx/40xx, A10, A40, L4, L40): 100 KB of "
         "shared memory per SM instead of A100's 164 KB. FlashAttention-2 and SDPA ship "
-        "tiles tuned for it; xformers' CUTLASS kernel too. attnkit's triton tiles are sized "
-        "for A100/H100-class shared memory and unmeasured here, so it comes last of the "
-        "fused kernels.",
+        "tiles tuned for it; xformers' CUTLASS kernel too. attnkit's triton tiles fit the "
+        "99 KB (the inspector checks the first sm_80 candidate against it) but are "
+        "unmeasured on these GPUs, so it comes last of the fused kernels.",
     ),
     "sm_75-": Priority(
         ("xformers", "sdpa", "triton") + LAST_RESORT,
