@@ -152,7 +152,7 @@ def render_table2(t: dict, env: dict) -> str:
         rows.append([r["name"], *ours, ref])
     return "\n".join([
         "### 2. Latency ladder: seconds per image, cumulative speedup",
-        f"One image, {s['resolution']}x{s['resolution']}, {s['steps']} DDIM steps + VAE decode (no text encoder), "
+        f"One image, {s['resolution']}x{s['resolution']}, {s['steps']} DDIM steps; timed: {s.get('includes', '')}; "
         f"median of {s['repeats']} interleaved runs; the published column is the seed's ladder "
         f"({pub.get('device', '')}, 512x512, 50 DDIM steps, traced UNet where we compile).",
         "",

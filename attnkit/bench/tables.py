@@ -201,7 +201,7 @@ def ladder(ctx: Context) -> dict:
         def run(warmup):
             n = (max(p.warmup_steps, COMPILED_WARMUP_STEPS) if compiled else p.warmup_steps) if warmup else steps
             return denoise(model, cond, n, p.resolution,
-                           unet=holder.get("unet", unet), decode=not warmup, vae=vae, seed=ctx.seed)
+                           unet=holder.get("unet", unet), decode=p.ladder_decode and not warmup, vae=vae, seed=ctx.seed)
 
         keep.append(holder)
         return Config(name, run, setup=setup)
@@ -245,7 +245,9 @@ def ladder(ctx: Context) -> dict:
         "title": "latency ladder (seconds per image)",
         "setting": {
             "resolution": p.resolution, "steps": steps, "batch": 1, "half_dtype": half_name,
-            "repeats": p.repeats, "includes": "denoising loop + VAE decode to uint8 (no text encoder)",
+            "repeats": p.repeats,
+            "includes": ("denoising loop + VAE decode to uint8 (no text encoder)" if p.ladder_decode
+                         else "denoising loop only (no VAE decode, no text encoder)"),
             "attention_before_processor_rows": "vanilla",
         },
         "rows": out_rows,
