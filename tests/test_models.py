@@ -28,11 +28,19 @@ from _models import (
 )
 
 MODELS = {"sd15": tiny_sd15_unet, "sd21": tiny_sd21_unet, "sdxl": tiny_sdxl_unet}
+def _triton():
+    """The Triton kernel through the processor: compiled on CUDA; on the CPU through
+    Triton's interpreter (conftest switches it on), which runs the same kernel code."""
+    pytest.importorskip("triton", reason="triton is not installed (Linux only)")
+    return attnkit.TritonProcessor()
+
+
 PROCESSORS = {
     "vanilla": attnkit.VanillaProcessor,
     "sliced": lambda: attnkit.SlicedProcessor(slice_size="auto"),
     "sdpa": attnkit.SDPAProcessor,
     "auto": attnkit.auto,
+    "triton": _triton,
 }
 
 _cache: dict = {}
@@ -65,7 +73,7 @@ def test_unet_matches_float64_reference(seed, model_name, proc_name):
     assert err <= 2 * baseline + EPSILON[torch.float32], f"{err:.3e} vs stock {baseline:.3e}"
 
 
-@pytest.mark.parametrize("proc_name", ["vanilla", "sliced", "sdpa", "auto"])
+@pytest.mark.parametrize("proc_name", ["vanilla", "sliced", "sdpa", "auto", "triton"])
 def test_unet_with_encoder_attention_mask(seed, proc_name):
     """A boolean encoder_attention_mask: the UNet turns it into a -10000 bias per key."""
     model, ref_model = _model_and_reference("sd15")
@@ -101,7 +109,7 @@ def test_sd21_upcast_in_float16(seed, proc_name):
     assert rel_error(out, ref) <= 2 * baseline + EPSILON[torch.float16]
 
 
-@pytest.mark.parametrize("proc_name", ["vanilla", "sliced", "sdpa"])
+@pytest.mark.parametrize("proc_name", ["vanilla", "sliced", "sdpa", "triton"])
 def test_vae_matches_float64_reference(seed, proc_name):
     """The VAE's single-head attention on (B, C, H, W) with group norm and residual."""
     vae = tiny_vae()
@@ -139,7 +147,7 @@ def grad_reference():
     return kw, grad_out, ref, baseline
 
 
-@pytest.mark.parametrize("proc_name", ["vanilla", "sliced", "sdpa", "auto"])
+@pytest.mark.parametrize("proc_name", ["vanilla", "sliced", "sdpa", "auto", "triton"])
 def test_unet_gradients_match_reference(grad_reference, proc_name):
     """People fine-tune through these processors: parameter and input gradients agree."""
     model, _ = _model_and_reference("sd15")
