@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mem-cap", type=float, metavar="GIB",
                     help="CPU: address-space cap of the sweep's subprocess beyond its start (default: 75%% of available memory)")
     ap.add_argument("--budget", type=float, metavar="SECONDS",
-                    help="time budget of the whole run (default: the preset's; cpu-small 170 s); each table gets an "
-                         "even share of what is left when it starts, and work past it is skipped and marked")
+                    help="time budget of the whole run (default: the preset's; cpu-small 170 s); each table gets a "
+                         "share of what is left when it starts, and work past it is skipped and marked")
     ap.add_argument("--seed", type=int, default=0, help="seed of weights, latents and embeddings")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
