@@ -331,8 +331,11 @@ def write_plots(results: dict, out_dir: str) -> list[str]:
                     if sp:
                         row[1].plot(*zip(*sp), marker="o", label=n)
                 label = f"{run['dtype']}{' + compile' if run['compile'] else ''}"
+                batches = [e["batch"] for e in run["batches"]]
                 for ax, ylabel in zip(row, ("images/s", "speedup over vanilla")):
                     ax.set_xscale("log", base=2)
+                    ax.set_xticks(batches, [str(b) for b in batches])
+                    ax.minorticks_off()
                     ax.set_xlabel("batch size")
                     ax.set_ylabel(ylabel)
                     ax.set_title(label, fontsize=9)
