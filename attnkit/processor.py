@@ -12,13 +12,14 @@ state: only its backend and a cache of "can this backend serve this kind of call
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
 import torch
 from torch import nn
 
-from .backends import AttentionCall, Backend, BackendUnavailable, get_backend, mask_kind
+from .backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo, get_backend, mask_kind
 
 logger = logging.getLogger("attnkit")
 
@@ -141,6 +142,7 @@ class AttnkitProcessor:
             raise ValueError(f"options {sorted(options)} go to the backend's constructor, not with an instance")
         self.backend = backend
         self._reasons: dict[tuple, list[str]] = {}
+        _mark_compile_constant()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r})"
@@ -156,22 +158,34 @@ class AttnkitProcessor:
         scale: float,
         upcast: bool,
     ) -> torch.Tensor:
-        key = (
-            q.device.type, q.device.index, q.dtype, q.shape[-1], q.shape[-2], k.shape[-2],
-            mask_kind(attn_bias), torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        )
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        if _is_compiling():
+            # While torch.compile traces, the check runs once in plain Python and its
+            # answer is a constant of the graph: no cache is read or written inside the
+            # compiled region (that would add guards and force recompiles).
+            problem = _compile_time_problem(
+                self, (q.device.type, q.device.index, q.dtype, int(q.shape[-1]), mask_kind(attn_bias), grad)
+            )
+            if problem:
+                raise BackendUnavailable(problem)
+            return self.backend.forward(q, k, v, attn_bias, scale, upcast)
+        key = (q.device.type, q.device.index, q.dtype, q.shape[-1], q.shape[-2], k.shape[-2], mask_kind(attn_bias), grad)
         reasons = self._reasons.get(key)
         if reasons is None:
             reasons = self.backend.not_supported_reasons(AttentionCall.from_tensors(q, k, v, attn_bias))
             self._reasons[key] = reasons
         if reasons:
-            raise BackendUnavailable(
-                f"attnkit backend {self.backend.name!r} cannot serve {describe_module(attn)}: "
-                + "; ".join(reasons)
-                + ". Choose another processor (attnkit.auto() picks one that can run; "
-                "`attnkit info` lists every backend and its limits)."
-            )
+            raise BackendUnavailable(self._refusal(attn, reasons))
         return self.backend.forward(q, k, v, attn_bias, scale, upcast)
+
+    def _refusal(self, attn: nn.Module | None, reasons: list[str]) -> str:
+        what = describe_module(attn) if attn is not None else "this call"
+        return (
+            f"attnkit backend {self.backend.name!r} cannot serve {what}: "
+            + "; ".join(reasons)
+            + ". Choose another processor (attnkit.auto() picks one that can run; "
+            "`attnkit info` lists every backend and its limits)."
+        )
 
     # -- diffusers' protocol --------------------------------------------------------------
     def __call__(
@@ -256,6 +270,36 @@ class AttnkitProcessor:
         if attn.rescale_output_factor != 1.0:
             out = out / attn.rescale_output_factor
         return out
+
+
+try:
+    from torch.compiler import is_compiling as _is_compiling
+except ImportError:  # torch < 2.3
+
+    def _is_compiling() -> bool:
+        return importlib.import_module("torch._dynamo").is_compiling()
+
+
+def _compile_time_problem(proc: AttnkitProcessor, key: tuple) -> str:
+    """Run by torch.compile while tracing (see _mark_compile_constant): "" when the
+    backend can serve calls of this kind, else the refusal message."""
+    dev_type, dev_index, dtype, head_dim, mask, grad = key
+    device = DeviceInfo.of(torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type))
+    call = AttentionCall(device, dtype, head_dim, mask=mask, requires_grad=grad)
+    reasons = proc.backend.not_supported_reasons(call)
+    return proc._refusal(None, reasons) if reasons else ""
+
+
+def _mark_compile_constant() -> None:
+    # Done when the first processor is made, not at import: it imports torch._dynamo,
+    # which takes about a second (diffusers has imported it by then anyway).
+    if getattr(_compile_time_problem, "_attnkit_marked", False):
+        return
+    mark = getattr(torch.compiler, "assume_constant_result", None)
+    if mark is None:  # torch < 2.2
+        mark = importlib.import_module("torch._dynamo").assume_constant_result
+    mark(_compile_time_problem)  # marks the function itself
+    _compile_time_problem._attnkit_marked = True
 
 
 class VanillaProcessor(AttnkitProcessor):

@@ -314,3 +314,26 @@ def test_processors_compile_without_graph_breaks(seed, proc_name):
     compiled = torch.compile(attn, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
         assert rel_error(compiled(x, ehs, attention_mask=mask), attn(x, ehs, attention_mask=mask)) < 1e-6
+
+
+@pytest.mark.parametrize("proc_name", ["sdpa", "vanilla", "auto"])
+def test_compiled_processor_does_not_recompile(seed, proc_name):
+    """The capability check is a trace-time constant: calls after the first compiled one,
+    and eager calls in between, reuse the graph instead of failing a guard."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    attn = Attention(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16).eval()
+    proc = PROCESSORS[proc_name]()
+    attn.set_processor(proc)
+    dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(attn, fullgraph=True, backend=counter)
+    x, ehs = torch.randn(2, 9, 32), torch.randn(2, 7, 16)
+    with torch.no_grad():
+        compiled(x, ehs)
+        attn(torch.randn(1, 5, 32), torch.randn(1, 3, 16))  # eager call of another shape
+        attn(x, ehs)
+        compiled(x, ehs)
+        compiled(torch.randn(2, 9, 32), torch.randn(2, 7, 16))
+    assert counter.frame_count == 1
