@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup setup-bench test bench bench-kernels inspect info clean
+.PHONY: setup setup-bench test bench bench-kernels bench-gpu inspect info clean
 
 $(VENV)/.setup-test: pyproject.toml constraints.txt scripts/setup-env.sh
 	scripts/setup-env.sh $(VENV) test
@@ -35,3 +35,8 @@ info: $(VENV)/.setup-test
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# Everything for a CUDA machine in one run: tables 1-4 + kernel microbenchmarks.
+OUT ?= bench/out/gpu
+bench-gpu: $(VENV)/.setup-bench
+	PYTHON=$(abspath $(PY)) bench/gpu_suite.sh $(OUT)
