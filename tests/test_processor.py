@@ -337,3 +337,37 @@ def test_compiled_processor_does_not_recompile(seed, proc_name):
         compiled(x, ehs)
         compiled(torch.randn(2, 9, 32), torch.randn(2, 7, 16))
     assert counter.frame_count == 1
+
+
+def test_grouped_query_attention(seed):
+    """kv_heads < heads: each key/value head serves heads // kv_heads query heads."""
+    attn = _module(query_dim=64, heads=4, kv_heads=2, dim_head=16)
+    x = torch.randn(2, 13, 64, dtype=torch.float64)
+    with torch.no_grad():
+        q = attn.to_q(x).view(2, 13, 4, 16).transpose(1, 2)
+        k = attn.to_k(x).view(2, 13, 2, 16).transpose(1, 2).repeat_interleave(2, dim=1)
+        v = attn.to_v(x).view(2, 13, 2, 16).transpose(1, 2).repeat_interleave(2, dim=1)
+        ref = attn.to_out[0](reference_attention(q, k, v, None, attn.scale).transpose(1, 2).reshape(2, 13, 64))
+    for name in ("vanilla", "sdpa"):
+        assert rel_error(_run(attn, PROCESSORS[name](), x), ref) < 1e-12, name
+
+
+def test_fused_qkv_projections(seed):
+    """After unet.fuse_qkv_projections() the fused to_qkv / to_kv weights are used, with
+    the same result as the separate projections."""
+    from _models import tiny_sd15_unet, unet_inputs
+
+    unet = tiny_sd15_unet()
+    kw = unet_inputs(unet, batch=1, text_len=9)
+    unet.set_attn_processor(attnkit.SDPAProcessor())
+    with torch.no_grad():
+        ref = unet(**kw).sample
+        unet.fuse_qkv_projections()
+        unet.set_attn_processor(attnkit.SDPAProcessor())
+        modules = [m for m in unet.modules() if isinstance(m, Attention)]
+        assert all(m.fused_projections for m in modules)
+        # the separate weights must not be what runs: spoil them
+        for m in modules:
+            m.to_k.weight.add_(1.0)
+        out = unet(**kw).sample
+    assert rel_error(out, ref) < 1e-5
