@@ -47,7 +47,9 @@ Everything else the callers of a diffusion model produce:
 * 64-bit offsets: batch, head and tile-start offsets are computed in int64, so tensors
   beyond 2**31 elements index correctly; offsets inside a tile stay 32-bit.
 * fp32 inputs are multiplied in true fp32 (input_precision="ieee") unless the caller
-  allows tf32.
+  allows tf32. Those dots run on FMA units, not tensor cores, with their own smaller
+  tiles (16 query rows, Q / K / V reloaded per tile) so that they do not spill
+  registers either (see _FP32).
 """
 
 from __future__ import annotations
@@ -725,23 +727,39 @@ class TileConfig:
 # tile it streams; for the forward and dQ kernels block_m is kept and block_n streamed.
 _C = TileConfig
 # fp32 inputs: exact fp32 dots run on FMA units, whose Triton lowering holds whole
-# head-dim rows of both operands in registers. Every configuration below still spills
-# on both targets (`python -m attnkit.kernels.inspect --dtype fp32`): fp32 is exact but
-# slow, and not part of the inspector's default (fp16, bf16) gate. Cutting the head dim
-# into more dots, or 3xTF32, would fix it; tf32 (allow_tf32=True) uses tensor cores.
+# head-dim rows of both operands in registers, so fp32 needs 16-row tiles, the reload
+# variant and mostly 8 warps; larger tiles (M32, or M16-N32 on 4 warps at head dim >= 80)
+# spill on both targets. Every entry below compiles with no stack and in shared memory
+# on sm_80 and sm_90 for head dims 40/64/80/128/160/256 and all three bias variants
+# (`python -m attnkit.kernels.inspect --dtype fp32`, part of its default gate). Registers
+# per thread, the most over the three biases, sm_80/sm_90:
+#
+#                     D=40    64      80      128     160     256
+#   fwd  M16-N32-w8  128/134 79/69   -       -       -       188/182
+#   fwd  M16-N16-w4  80/88   80/76   128/128 136/139 142/144 -
+#   fwd  M16-N16-w8  -       -       128/126 80/70   111/134 150/108
+#   dkdv M16-N32-w8  128/111 103/128 -       -       186/180 -
+#   dkdv M16-N16-w8  -       -       139/128 126/122 -       -
+#   dkdv M16-N16-w4  -       -       150/148 168/146 180/182 255/250
+#   dq   M16-N32-w8  128/130 78/86   128/138 128/104 -       176/182
+#   dq   M16-N16-w8  74/78   80/72   128/108 80/82   128/104 128/128
+#   dq   M16-N16-w4  80/84   96/90   -       -       182/149 246/246
+#
+# ("-": not shipped there; some of those spill 8-1800 B on one target.) tf32
+# (allow_tf32=True) uses tensor cores and the 16-bit lists' speed class.
 _FP32 = {
-    "fwd": {64: (_C(64, 32, 4, 2), _C(32, 32, 4, 2)),
-            128: (_C(32, 32, 4, 2), _C(64, 32, 8, 2)),
-            192: (_C(32, 32, 4, 2), _C(32, 16, 4, 2)),
-            256: (_C(32, 16, 4, 2), _C(32, 32, 8, 2))},
-    "dkdv": {64: (_C(32, 32, 4, 2), _C(16, 32, 4, 2)),
-             128: (_C(16, 32, 4, 2), _C(32, 32, 8, 2)),
-             192: (_C(16, 16, 4, 2), _C(16, 32, 8, 2)),
-             256: (_C(16, 16, 4, 2), _C(16, 32, 8, 2))},
-    "dq": {64: (_C(32, 32, 4, 2), _C(32, 16, 4, 2)),
-           128: (_C(32, 16, 4, 2), _C(32, 32, 8, 2)),
-           192: (_C(32, 16, 4, 2), _C(16, 16, 4, 2)),
-           256: (_C(16, 16, 4, 2), _C(32, 16, 8, 2))},
+    "fwd": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+            128: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
+            192: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
+            256: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True))},
+    "dkdv": {64: (_C(16, 32, 8, 2, True),),
+             128: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
+             192: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+             256: (_C(16, 16, 4, 2, True),)},
+    "dq": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
+           128: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
+           192: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
+           256: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True))},
 }
 CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
     "sm80": {

@@ -40,7 +40,7 @@ SMEM_LIMIT_SM86 = 101376
 MAX_REGS = 255
 
 HEAD_DIMS = (40, 64, 80, 128, 160, 256)
-DTYPES = ("fp16", "bf16")
+DTYPES = ("fp16", "bf16", "fp32")
 ARCHS = (80, 90)
 KERNELS = ("fwd", "dkdv", "dq")
 BIASES = ("none", "keypad", "full")
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="repeatable; default all")
     ap.add_argument("--head-dim", action="append", type=int, help="repeatable; default 40 64 80 128 160 256")
     ap.add_argument("--dtype", action="append", choices=("fp16", "bf16", "fp32"),
-                    help="repeatable; default fp16 bf16")
+                    help="repeatable; default fp16 bf16 fp32")
     ap.add_argument("--arch", action="append", type=int, choices=ARCHS, help="repeatable; default 80 90")
     ap.add_argument("--bias", action="append", choices=BIASES,
                     help="repeatable; default none keypad full (full only with --quick)")

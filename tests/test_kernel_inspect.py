@@ -1,12 +1,12 @@
 """`python -m attnkit.kernels.inspect` compiles the shipped kernel configurations for
 sm_80 and sm_90 without a GPU and fails on register spills or shared-memory overflow.
 
-The full table (every autotuning config x head dims 40/64/80/128/160/256 x fp16/bf16 x
-three bias variants x forward/backward x two targets, about 480 compilations) takes
+The full table (every autotuning config x head dims 40/64/80/128/160/256 x fp16/bf16/fp32
+x three bias variants x forward/backward x two targets, about 770 compilations) takes
 tens of minutes on two cores without Triton's cache: run it with `make inspect`. Here
 the quick subset: the first (default) config of each kernel at head dims 40 (two
-head-dim pieces) and 128 with a full bias, fp16 and bf16 for the forward, on both
-targets.
+head-dim pieces) and 128 with a full bias, fp16, bf16 and fp32 for the forward, fp16 and
+fp32 for the backward, on both targets.
 """
 
 from __future__ import annotations
@@ -33,19 +33,22 @@ def _rows(stdout: str) -> list[list[str]]:
 
 
 def test_quick_subset_compiles_without_spills_for_sm80_and_sm90():
-    res = _run("--quick", "--dtype", "fp16", "--dtype", "bf16", "--kernel", "fwd")
-    res_bwd = _run("--quick", "--kernel", "dkdv", "--kernel", "dq")
+    res = _run("--quick", "--dtype", "fp16", "--dtype", "bf16", "--dtype", "fp32", "--kernel", "fwd")
+    res_bwd = _run("--quick", "--dtype", "fp16", "--dtype", "fp32", "--kernel", "dkdv", "--kernel", "dq")
     for r in (res, res_bwd):
         assert r.returncode == 0, r.stdout + r.stderr
     rows = _rows(res.stdout) + _rows(res_bwd.stdout)
-    # fwd: 2 head dims x 2 dtypes x 2 targets; backward: 2 kernels x 2 head dims x 2 targets
-    assert len(rows) == 8 + 8
+    # fwd: 2 head dims x 3 dtypes x 2 targets; backward: 2 kernels x 2 head dims x 2 dtypes
+    # x 2 targets
+    assert len(rows) == 12 + 16
     for row in rows:
         kernel, d, dtype, bias, cfg, arch, regs, stack, smem, matrix = row[:10]
         assert row[-1] == "ok", row
         assert int(stack) == 0 and int(regs) <= 255
-        # Tensor cores: Ampere's mma.sync on sm_80, Hopper's warp-group MMA on sm_90.
-        assert matrix == {"sm_80": "mma", "sm_90": "wgmma"}[arch], row
+        # Tensor cores: Ampere's mma.sync on sm_80, Hopper's warp-group MMA on sm_90;
+        # exact fp32 dots run on FMA units.
+        expected = "fma" if dtype == "fp32" else {"sm_80": "mma", "sm_90": "wgmma"}[arch]
+        assert matrix == expected, row
 
 
 def test_a_failing_configuration_makes_it_exit_nonzero():
