@@ -155,7 +155,12 @@ def test_cpu_memory_cap_in_a_subprocess_ends_the_sweep(tmp_path):
     (run,) = out["runs"]
     assert run["oom_at"].get("vanilla") in (2, 4), run["oom_at"]
     assert run["max_batch"]["vanilla"] == run["oom_at"]["vanilla"] // 2
-    assert run["max_batch"]["sdpa"] == 4
+    # SDPA never holds the scores, so it fits at least what vanilla fits; where the cap
+    # also stops it (the process's footprint varies from machine to machine), that too
+    # is a recorded out-of-memory, not a crash.
+    assert run["max_batch"]["sdpa"] >= run["max_batch"]["vanilla"]
+    if run["max_batch"]["sdpa"] < 4:
+        assert run["oom_at"]["sdpa"] == 2 * run["max_batch"]["sdpa"], run["oom_at"]
     oom_cell = run["batches"][[e["batch"] for e in run["batches"]].index(run["oom_at"]["vanilla"])]["cells"]["vanilla"]
     assert oom_cell["status"] == STATUS_OOM and "allocate" in oom_cell["reason"]
     assert out["address_space_limit_bytes"]
