@@ -142,7 +142,7 @@ class AttnkitProcessor:
             raise ValueError(f"options {sorted(options)} go to the backend's constructor, not with an instance")
         self.backend = backend
         self._reasons: dict[tuple, list[str]] = {}
-        _mark_compile_constant()
+        mark_compile_constant(_compile_time_problem)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r})"
@@ -280,26 +280,30 @@ except ImportError:  # torch < 2.3
         return importlib.import_module("torch._dynamo").is_compiling()
 
 
+def mark_compile_constant(fn):
+    """Have torch.compile run ``fn`` in plain Python while tracing and treat its result
+    as a constant of the graph (its arguments must be constants too). Idempotent.
+
+    Done when a processor is made, not at import: it imports torch._dynamo, which takes
+    about a second (diffusers has imported it by then anyway).
+    """
+    if not getattr(fn, "_attnkit_marked", False):
+        mark = getattr(torch.compiler, "assume_constant_result", None)
+        if mark is None:  # torch < 2.2
+            mark = importlib.import_module("torch._dynamo").assume_constant_result
+        mark(fn)  # marks the function itself
+        fn._attnkit_marked = True
+    return fn
+
+
 def _compile_time_problem(proc: AttnkitProcessor, key: tuple) -> str:
-    """Run by torch.compile while tracing (see _mark_compile_constant): "" when the
+    """Run by torch.compile while tracing (marked by mark_compile_constant): "" when the
     backend can serve calls of this kind, else the refusal message."""
     dev_type, dev_index, dtype, head_dim, mask, grad = key
     device = DeviceInfo.of(torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type))
     call = AttentionCall(device, dtype, head_dim, mask=mask, requires_grad=grad)
     reasons = proc.backend.not_supported_reasons(call)
     return proc._refusal(None, reasons) if reasons else ""
-
-
-def _mark_compile_constant() -> None:
-    # Done when the first processor is made, not at import: it imports torch._dynamo,
-    # which takes about a second (diffusers has imported it by then anyway).
-    if getattr(_compile_time_problem, "_attnkit_marked", False):
-        return
-    mark = getattr(torch.compiler, "assume_constant_result", None)
-    if mark is None:  # torch < 2.2
-        mark = importlib.import_module("torch._dynamo").assume_constant_result
-    mark(_compile_time_problem)  # marks the function itself
-    _compile_time_problem._attnkit_marked = True
 
 
 class VanillaProcessor(AttnkitProcessor):

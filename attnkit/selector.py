@@ -58,7 +58,6 @@ key lengths may be symbolic there. Only the chosen backend's computation is trac
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import math
@@ -76,16 +75,9 @@ import torch
 
 from .backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo, get_backend, mask_kind
 from .backends.base import dtype_name, package_version
-from .processor import AttnkitProcessor, describe_module
+from .processor import AttnkitProcessor, _is_compiling, describe_module, mark_compile_constant
 
 logger = logging.getLogger("attnkit")
-
-try:
-    from torch.compiler import is_compiling as _is_compiling
-except ImportError:  # torch < 2.3
-
-    def _is_compiling() -> bool:
-        return importlib.import_module("torch._dynamo").is_compiling()
 
 ENV_VAR = "ATTNKIT_BACKEND"
 CACHE_VERSION = 1
@@ -514,7 +506,7 @@ class AutoProcessor(AttnkitProcessor):
             if isinstance(backend, (TypeError, ValueError)):
                 raise ValueError(f"backend_options[{label!r}]: {backend}") from backend
             self._slots[label].backend = backend
-        _mark_compile_constant()
+        mark_compile_constant(_compiled_choice)
 
     def __repr__(self) -> str:
         opts = []
@@ -773,18 +765,6 @@ def _compiled_choice(proc: AutoProcessor, key: tuple) -> str:
     """Run by torch.compile while tracing, in plain Python: the label of the backend for
     a signature. The result is a constant of the graph; no selection code is traced."""
     return proc._choose_for_compile(key)
-
-
-def _mark_compile_constant() -> None:
-    # Done when a processor is made rather than at import: it imports torch._dynamo,
-    # which costs seconds, and diffusers has imported it by then anyway.
-    if getattr(_compiled_choice, "_attnkit_marked", False):
-        return
-    mark = getattr(torch.compiler, "assume_constant_result", None)
-    if mark is None:  # torch < 2.2
-        mark = importlib.import_module("torch._dynamo").assume_constant_result
-    mark(_compiled_choice)
-    _compiled_choice._attnkit_marked = True
 
 
 def _device_info(kind: str, index: int | None) -> DeviceInfo:
