@@ -277,6 +277,15 @@ def write_json(results: dict, path: str) -> None:
 
 
 # -- plots --------------------------------------------------------------------------------
+def _save(plt, fig, out_dir: str, name: str) -> str:
+    """Lay out, write and close one figure; returns its path."""
+    fig.tight_layout()
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(results: dict, out_dir: str) -> list[str]:
     """PNG plots of the tables present; the paths written."""
     try:
@@ -310,11 +319,7 @@ def write_plots(results: dict, out_dir: str) -> list[str]:
         s = t1["setting"]
         ax.set_title(f"{env['device_name'][:60]}\n{s['resolution']}px, {s['dtype']}, batch {s['batch']}", fontsize=9)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(out_dir, "it_per_s.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, out_dir, "it_per_s.png"))
     t3 = results["tables"].get("3")
     if t3 and t3.get("runs"):
         runs = [r for r in t3["runs"] if r.get("batches")]
@@ -342,11 +347,7 @@ def write_plots(results: dict, out_dir: str) -> list[str]:
                     ax.grid(alpha=0.3)
                 row[0].legend(fontsize=7)
             fig.suptitle(env["device_name"][:80], fontsize=9)
-            fig.tight_layout()
-            path = os.path.join(out_dir, "batch_sweep.png")
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            written.append(path)
+            written.append(_save(plt, fig, out_dir, "batch_sweep.png"))
     t2 = results["tables"].get("2")
     if t2 and t2.get("rows"):
         rows = [r for r in t2["rows"] if r.get("seconds_median")]
@@ -355,11 +356,7 @@ def write_plots(results: dict, out_dir: str) -> list[str]:
             ax.barh([r["name"] for r in rows][::-1], [r["seconds_median"] for r in rows][::-1], color="tab:green")
             ax.set_xlabel("seconds per image")
             ax.set_title(env["device_name"][:80], fontsize=9)
-            fig.tight_layout()
-            path = os.path.join(out_dir, "ladder.png")
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            written.append(path)
+            written.append(_save(plt, fig, out_dir, "ladder.png"))
     t4 = results["tables"].get("4")
     if t4 and t4.get("cells"):
         items = [(n, c.get("peak_bytes")) for n, c in t4["cells"].items() if c.get("peak_bytes")]
@@ -368,11 +365,7 @@ def write_plots(results: dict, out_dir: str) -> list[str]:
             ax.bar([n for n, _ in items], [b / (1 << 30) for _, b in items], color="tab:purple")
             ax.set_ylabel("peak memory (GiB)")
             ax.set_title(f"{env['device_name'][:60]}: {t4['method'][:60]}", fontsize=8)
-            fig.tight_layout()
-            path = os.path.join(out_dir, "memory.png")
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            written.append(path)
+            written.append(_save(plt, fig, out_dir, "memory.png"))
     return written
 
 
