@@ -915,6 +915,10 @@ def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tu
     if attn_bias is None:
         return q, (0, 0, 0, 0), dict(HAS_BIAS=False, BIAS_PER_KEY=False, BIAS_ALIGN=1, BIAS_CONTIG=False)
     bias = attn_bias.expand(shape4)
+    if max(bias.stride()[2:]) * (_MAX_TILE_ROWS - 1) >= 2**31:
+        # A tile's rows or columns would span 2**31 elements (see _addressable): compact
+        # the bias in its own, unexpanded shape.
+        bias = attn_bias.contiguous().expand(shape4)
     sb = tuple(bias.stride())
     return bias, sb, dict(HAS_BIAS=True, BIAS_PER_KEY=sb[2] == 0, BIAS_ALIGN=_align(*sb[:3]),
                           BIAS_CONTIG=sb[3] == 1)
@@ -939,8 +943,23 @@ def _new(shape, device) -> torch.Tensor:
     return out.fill_(float("nan")) if POISON_OUTPUTS else out
 
 
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+# Offsets inside a tile (row index times row stride) are 32-bit, everything above them
+# 64-bit. The most rows a tile of any shipped configuration has (the delta pass uses 64):
+_MAX_TILE_ROWS = (max(INTERPRET_CONFIG.block_m, INTERPRET_CONFIG.block_n, 16) if INTERPRET else
+                  max(max(c.block_m, c.block_n, 64) for arch in CONFIGS.values() for kern in arch.values()
+                      for width in kern.values() for cands in width.values() for c in cands))
+
+
+def _addressable(x: torch.Tensor) -> bool:
+    """Whether the kernels can read or write x in place: last dim contiguous, and a
+    tile's rows span fewer than 2**31 elements. The second holds for every layout a
+    diffusion model makes (row stride D or H * D); a view with a row stride of 2**24 or
+    more is copied to a compact layout rather than indexed wrongly."""
+    return x.stride(-1) == 1 and x.stride(-2) * (_MAX_TILE_ROWS - 1) < 2**31
+
+
+def _kernel_layout(x: torch.Tensor) -> torch.Tensor:
+    return x if _addressable(x) else x.contiguous()
 
 
 def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool):
@@ -951,8 +970,8 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool):
     lse = _new((B, H, M), q.device)
     if M == 0 or B == 0 or H == 0:
         return out, lse
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    o = out if out.stride(-1) == 1 else _new_like(out, memory_format=torch.contiguous_format)
+    q, k, v = (_kernel_layout(t) for t in (q, k, v))
+    o = out if _addressable(out) else _new_like(out, memory_format=torch.contiguous_format)
     bias, sb, bias_constexprs = _bias_args(attn_bias, q, (B, H, M, N))
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
@@ -989,8 +1008,8 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: b
         dk.zero_()
         dv.zero_()
         return dq, dk, dv
-    q, k, v, out, do = (_last_dim_contiguous(t) for t in (q, k, v, out, do))
-    dq_, dk_, dv_ = (t if t.stride(-1) == 1 else _new_like(t, memory_format=torch.contiguous_format)
+    q, k, v, out, do = (_kernel_layout(t) for t in (q, k, v, out, do))
+    dq_, dk_, dv_ = (t if _addressable(t) else _new_like(t, memory_format=torch.contiguous_format)
                      for t in (dq, dk, dv))
     if do.dtype != q.dtype:
         do = do.to(q.dtype)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -431,6 +433,37 @@ def test_backend_tf32_option_reaches_the_kernel(monkeypatch):
     assert seen["fwd"] == "ieee"  # fp32 is exact fp32 unless asked
     get_backend("triton", allow_tf32=True).forward(q, q, q)
     assert seen["fwd"] == "tf32"
+
+
+# -- 64-bit offsets ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="interpreter-only: the CUDA test below covers a GPU")
+def test_offsets_beyond_2_to_the_31_in_the_interpreter():
+    """Forward and backward on views whose batch, head and tile-start offsets pass 2**31
+    elements (tests/_large_offsets.py says how, without 2**31 elements of work). Run in
+    a process of its own: a 32-bit offset there wraps and can crash the process."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    script = os.path.join(os.path.dirname(__file__), "_large_offsets.py")
+    res = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, f"exit status {res.returncode} (-11 / 139: a segfault)\n{res.stdout}{res.stderr}"
+    assert "ok: forward and backward" in res.stdout
+
+
+def test_views_a_tile_cannot_address_are_compacted(seed):
+    """A row stride so large that one tile's rows span 2**31 elements would overflow the
+    kernels' 32-bit in-tile offsets: such a view is copied to a compact layout first
+    (and nothing else is)."""
+    rows = fa._MAX_TILE_ROWS
+    q, k, v = make_qkv(1, 2, 5, 6, 16, torch.float32)
+    assert fa._addressable(q)
+    row_stride = 2**31 // (rows - 1) + 1
+    huge = torch.empty(4 * row_stride + 32).as_strided(q.shape, (16, 16, row_stride, 1))  # lazily allocated
+    huge.copy_(q)
+    assert not fa._addressable(huge)
+    assert fa._kernel_layout(huge).is_contiguous()
+    assert fa._kernel_layout(q) is q
+    assert_close_to_reference(flash_attention(huge, k, v), q, k, v)
 
 
 # -- on a GPU ----------------------------------------------------------------------------
