@@ -29,8 +29,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def seed():
-    """A fresh seed each run (random data, never zeros), printed so a failure reproduces."""
-    s = int.from_bytes(os.urandom(4), "little")
+    """A fresh seed each run (random data, never zeros), printed so that a failure
+    reproduces: ATTNKIT_TEST_SEED=<seed> pytest ... runs with that one instead."""
+    s = int(os.environ.get("ATTNKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     torch.manual_seed(s)
     print(f"seed={s}")
     return s
