@@ -13,6 +13,11 @@ The algorithm (Dao, "FlashAttention-2", 2023):
   (streaming Q, dO), and one pass per query tile computes dQ (streaming K, V). Each
   output element is written by exactly one program: no atomics, so the backward is
   deterministic too.
+* the gradient of attn_bias, when it requires one, is dS = P * (dP - delta) summed over
+  the dims the bias broadcasts over. A bias without a query dim (key padding) is summed
+  over the queries inside the dK/dV pass, into (B, H, N); any other bias gets dS whole,
+  (B, H, M, N) in fp32, written by the dQ pass, then summed on the host. These variants
+  (`dkdv_dbias`, `dq_dbias`) hold more registers and have their own tile candidates.
 
 Head dims. Triton tiles are powers of two, and tensor-core dots need a reduction length
 of at least 16. Padding the head dim to the next power of two wastes a lot at the head
@@ -176,7 +181,7 @@ def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
               offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
               HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
               HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
-              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
+             ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr):
     """One K/V tile of the online softmax: update (acc, m, l) for the program's queries.
 
@@ -225,7 +230,7 @@ def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
 
 @triton.jit
 def _attn_fwd(
-    Q, K, V, Bias, Out, Lse,
+    Q, K, V, Bias, Out, Lse, OutLo,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -238,8 +243,13 @@ def _attn_fwd(
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
+    STORE_LO: tl.constexpr,
 ):
-    """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head."""
+    """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head.
+
+    STORE_LO (16-bit outputs that a backward will need): also write what rounding the
+    output to its dtype lost, OutLo = (O - O.to(dtype)).to(dtype), with Out's strides,
+    so that the backward's delta = rowsum(dO * O) sees O to about 16 more bits."""
     tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
     tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
                      "D1 must be 0 or a power of two in [16, D0]")
@@ -315,22 +325,38 @@ def _attn_fwd(
     inv_l = 1.0 / tl.where(dead, 1.0, l_i)
     lse = tl.where(dead, float("-inf"), m_i + tl.math.log2(tl.where(dead, 1.0, l_i)))
     tl.store(Lse + (b * H + h) * M + row0 + offs_m, lse, mask=offs_m < m_left)
-    _store_tile(o_base, (acc0 * inv_l[:, None]).to(Out.dtype.element_ty), offs_m, offs_d0,
-                stride_om, m_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
+    o0 = acc0 * inv_l[:, None]
+    o0_hi = o0.to(Out.dtype.element_ty)
+    _store_tile(o_base, o0_hi, offs_m, offs_d0, stride_om, m_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
+    lo_base = OutLo + tl.multiple_of(b * stride_ob + h * stride_oh + row0 * stride_om, ALIGN)
+    if STORE_LO:
+        _store_tile(lo_base, (o0 - o0_hi.to(tl.float32)).to(Out.dtype.element_ty), offs_m, offs_d0,
+                    stride_om, m_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
     if D1 > 0:
-        _store_tile(o_base, (acc1 * inv_l[:, None]).to(Out.dtype.element_ty), offs_m, offs_d1,
-                    stride_om, m_left, HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
+        o1 = acc1 * inv_l[:, None]
+        o1_hi = o1.to(Out.dtype.element_ty)
+        _store_tile(o_base, o1_hi, offs_m, offs_d1, stride_om, m_left, HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
+        if STORE_LO:
+            _store_tile(lo_base, (o1 - o1_hi.to(tl.float32)).to(Out.dtype.element_ty), offs_m, offs_d1,
+                        stride_om, m_left, HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
 
 
 @triton.jit
 def _attn_bwd_delta(
-    Out, DO, Delta,
+    Out, OutLo, DO, Delta,
     stride_ob, stride_oh, stride_om,
     stride_db, stride_dh, stride_dm,
     H, M,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
+    HAS_LO: tl.constexpr,
 ):
-    """delta = rowsum(dO * O) in fp32, the softmax-gradient term of every query row."""
+    """delta = rowsum(dO * O) in fp32, the softmax-gradient term of every query row.
+
+    HAS_LO: O is Out + OutLo (same strides), the forward's output before and after its
+    rounding to 16 bits. delta is subtracted from dP in dS = P * (dP - delta), where the
+    two nearly cancel whenever few keys carry the weight: a delta from the rounded O
+    alone costs the gradients (of the bias most of all) up to ten times plain torch's
+    error in bf16."""
     tl.static_assert(BLOCK_D >= HEAD_DIM, "BLOCK_D must cover the head dim")
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -343,22 +369,29 @@ def _attn_bwd_delta(
                    stride_om, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM, ALIGN)
     do = _load_tile(DO + b * stride_db + h * stride_dh + row0 * stride_dm, offs_m, offs_d,
                     stride_dm, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM, ALIGN)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    o = o.to(tl.float32)
+    if HAS_LO:
+        o += _load_tile(OutLo + b * stride_ob + h * stride_oh + row0 * stride_om, offs_m, offs_d,
+                        stride_om, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM, ALIGN).to(tl.float32)
+    delta = tl.sum(o * do.to(tl.float32), 1)
     tl.store(Delta + (b * H + h) * M + row0 + offs_m, delta, mask=offs_m < m_left)
 
 
 @triton.jit
-def _dkdv_tile(dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
+def _dkdv_tile(dk0, dk1, dv0, dv1, db, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
                q_base, do_base, b_base, lse_base, delta_base,
                stride_qm, stride_dom, stride_bm, stride_bn,
                offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
                HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
                HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr,
-              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr):
+               ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
+               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
+               BIAS_GRAD: tl.constexpr):
     """One Q/dO tile of the dK/dV pass, computed transposed (keys x queries).
 
-    RELOAD: load the program's K and V tiles here (see _fwd_tile)."""
+    RELOAD: load the program's K and V tiles here (see _fwd_tile). BIAS_GRAD: add dS
+    summed over this tile's queries to db (the gradient of a bias that does not depend
+    on the query)."""
     if RELOAD:
         k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
         v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
@@ -405,17 +438,21 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, st
         do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM, ALIGN)
         dv1 = _dot(pT.to(do1.dtype), do1, dv1, PRECISION, EMULATE_BF16)
         dpT = _dot(v1, tl.trans(do1), dpT, PRECISION, EMULATE_BF16)
-    # dS = P * (dP - delta), in natural units; the scale is applied once at the end.
-    dsT = (pT * (dpT - delta[None, :])).to(q0.dtype)
+    # dS = P * (dP - delta): the gradient of the logits (natural units), which is also
+    # the gradient of an additive bias; the scale of dK is applied once at the end.
+    dsT = pT * (dpT - delta[None, :])
+    if BIAS_GRAD:
+        db += tl.sum(dsT, 1)
+    dsT = dsT.to(q0.dtype)
     dk0 = _dot(dsT, q0, dk0, PRECISION, EMULATE_BF16)
     if D1 > 0:
         dk1 = _dot(dsT, q1, dk1, PRECISION, EMULATE_BF16)
-    return dk0, dk1, dv0, dv1
+    return dk0, dk1, dv0, dv1, db
 
 
 @triton.jit
 def _attn_bwd_dkdv(
-    Q, K, V, Bias, DO, Lse, Delta, DK, DV,
+    Q, K, V, Bias, DO, Lse, Delta, DK, DV, DBias,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -423,6 +460,7 @@ def _attn_bwd_dkdv(
     stride_dob, stride_doh, stride_dom,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
+    stride_dbb, stride_dbh,
     H, M, N, qk_scale, sm_scale,
     M_KEY, N_KEY,
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
@@ -430,8 +468,13 @@ def _attn_bwd_dkdv(
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming every query."""
+    """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming every query.
+
+    BIAS_GRAD: also write dS summed over all queries, DBias[b, h, n] (contiguous in
+    n): the gradient of a bias that does not depend on the query, such as key padding.
+    (The dQ kernel writes the gradient of any other bias.)"""
     tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
     tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
                      "D1 must be 0 or a power of two in [16, D0]")
@@ -477,6 +520,10 @@ def _attn_bwd_dkdv(
         else:
             k1 = k0
             v1 = v0
+    if BIAS_GRAD:
+        db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    else:
+        db = tl.zeros([1], dtype=tl.float32)  # placeholder, never read
     dk0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
     dv0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
     if D1 > 0:
@@ -488,26 +535,28 @@ def _attn_bwd_dkdv(
 
     m_full = (M // BLOCK_M) * BLOCK_M
     for start_m in range(0, m_full, BLOCK_M):
-        dk0, dk1, dv0, dv1 = _dkdv_tile(
-            dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
+        dk0, dk1, dv0, dv1, db = _dkdv_tile(
+            dk0, dk1, dv0, dv1, db, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
             q_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_qm, ALIGN),
             do_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_dom, ALIGN),
             b_base + tl.cast(start_m, tl.int64) * stride_bm, lse_base + start_m, delta_base + start_m,
             stride_qm, stride_dom, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, M - start_m, n_left, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD)
+            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD)
     if m_full < M:
-        dk0, dk1, dv0, dv1 = _dkdv_tile(
-            dk0, dk1, dv0, dv1, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
+        dk0, dk1, dv0, dv1, db = _dkdv_tile(
+            dk0, dk1, dv0, dv1, db, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
             q_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_qm, ALIGN),
             do_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_dom, ALIGN),
             b_base + tl.cast(m_full, tl.int64) * stride_bm, lse_base + m_full, delta_base + m_full,
             stride_qm, stride_dom, stride_bm, stride_bn,
             offs_m, offs_n, offs_d0, offs_d1, M - m_full, n_left, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD)
+            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD)
 
+    if BIAS_GRAD:
+        tl.store(DBias + b * stride_dbb + h * stride_dbh + col0 + offs_n, db, mask=offs_n < n_left)
     dk_base = DK + tl.multiple_of(b * stride_dkb + h * stride_dkh + col0 * stride_dkn, ALIGN)
     dv_base = DV + tl.multiple_of(b * stride_dvb + h * stride_dvh + col0 * stride_dvn, ALIGN)
     _store_tile(dk_base, (dk0 * sm_scale).to(DK.dtype.element_ty), offs_n, offs_d0, stride_dkn, n_left,
@@ -523,13 +572,15 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _dq_tile(dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
-             k_base, v_base, b_base, stride_kn, stride_vn, stride_bm, stride_bn,
+             k_base, v_base, b_base, db_base, stride_kn, stride_vn, stride_bm, stride_bn, stride_dbm,
              offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
              HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
              HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
-              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-             PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr):
-    """One K/V tile of the dQ pass. RELOAD: load the Q and dO tiles here (see _fwd_tile)."""
+             ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
+             PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
+             BIAS_GRAD: tl.constexpr):
+    """One K/V tile of the dQ pass. RELOAD: load the Q and dO tiles here (see _fwd_tile).
+    BIAS_GRAD: store the dS tile (fp32) at db_base, the gradient of the bias."""
     if RELOAD:
         q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
         do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
@@ -556,7 +607,14 @@ def _dq_tile(dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom,
     if MASK_N:
         s = tl.where(offs_n[None, :] < n_left, s, float("-inf"))
     p = tl.math.exp2(s - lse[:, None])
-    ds = (p * (dp - delta[:, None])).to(k0.dtype)
+    ds = p * (dp - delta[:, None])
+    if BIAS_GRAD:
+        db_ptrs = db_base + offs_m[:, None] * stride_dbm + offs_n[None, :]
+        if MASK_N:
+            tl.store(db_ptrs, ds, mask=(offs_m[:, None] < m_left) & (offs_n[None, :] < n_left))
+        else:
+            tl.store(db_ptrs, ds, mask=offs_m[:, None] < m_left)
+    ds = ds.to(k0.dtype)
     dq0 = _dot(ds, k0, dq0, PRECISION, EMULATE_BF16)
     if D1 > 0:
         dq1 = _dot(ds, k1, dq1, PRECISION, EMULATE_BF16)
@@ -565,13 +623,14 @@ def _dq_tile(dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom,
 
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, Bias, DO, Lse, Delta, DQ,
+    Q, K, V, Bias, DO, Lse, Delta, DQ, DBias,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_bb, stride_bh, stride_bm, stride_bn,
     stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
+    stride_dbb, stride_dbh, stride_dbm,
     H, M, N, qk_scale, sm_scale,
     M_KEY, N_KEY,
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
@@ -579,8 +638,12 @@ def _attn_bwd_dq(
     HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
 ):
-    """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming every key."""
+    """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming every key.
+
+    BIAS_GRAD: also write dS itself, DBias[b, h, m, n] (fp32, contiguous in n), the
+    gradient of a bias that depends on the query; each element has one writer."""
     tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
     tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
                      "D1 must be 0 or a power of two in [16, D0]")
@@ -599,6 +662,7 @@ def _attn_bwd_dq(
     k_base = K + tl.multiple_of(b * stride_kb + h * stride_kh, ALIGN)
     v_base = V + tl.multiple_of(b * stride_vb + h * stride_vh, ALIGN)
     b_base = Bias + tl.multiple_of(b * stride_bb + h * stride_bh + row0 * stride_bm, BIAS_ALIGN)
+    db_base = DBias + b * stride_dbb + h * stride_dbh + row0 * stride_dbm
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -641,19 +705,21 @@ def _attn_bwd_dq(
             dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
             k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN),
             v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
-            b_base + tl.cast(start_n, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
+            b_base + tl.cast(start_n, tl.int64) * stride_bn, db_base + tl.cast(start_n, tl.int64),
+            stride_kn, stride_vn, stride_bm, stride_bn, stride_dbm,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD)
+            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD)
     if n_full < N:
         dq0, dq1 = _dq_tile(
             dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
             k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN),
             v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
-            b_base + tl.cast(n_full, tl.int64) * stride_bn, stride_kn, stride_vn, stride_bm, stride_bn,
+            b_base + tl.cast(n_full, tl.int64) * stride_bn, db_base + tl.cast(n_full, tl.int64),
+            stride_kn, stride_vn, stride_bm, stride_bn, stride_dbm,
             offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
             HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD)
+            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD)
 
     dq_base = DQ + tl.multiple_of(b * stride_dqb + h * stride_dqh + row0 * stride_dqm, ALIGN)
     _store_tile(dq_base, (dq0 * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d0, stride_dqm, m_left,
@@ -803,6 +869,49 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         }, "32bit": _FP32["dq"]},
     },
 }
+# With the bias gradient (BIAS_GRAD): dK/dV also sums dS over the queries (BLOCK_N more
+# fp32 registers), dQ also stores dS tiles (their addresses and masks stay live). Built
+# from the lists above, less what spilled that way, plus smaller tiles where nothing
+# was left; checked the same way (the inspector's dkdv_dbias and dq_dbias kernels).
+# fwd_lo: the forward that also stores its rounding residual (STORE_LO, 16-bit only; a
+# store after the loop); the same candidates.
+for _arch in ("sm80", "sm90"):
+    CONFIGS[_arch]["fwd_lo"] = CONFIGS[_arch]["fwd"]
+CONFIGS["sm80"]["dkdv_dbias"] = {
+    "16bit": {64: (_C(32, 64, 4, 3),),
+              **{d: CONFIGS["sm80"]["dkdv"]["16bit"][d] for d in (128, 192, 256)}},
+    "32bit": {64: (_C(16, 16, 4, 2, True),),
+              128: (_C(16, 16, 8, 2, True),),
+              192: (_C(16, 32, 8, 2, True),),
+              256: (_C(16, 16, 4, 2, True),)},
+}
+CONFIGS["sm80"]["dq_dbias"] = {
+    "16bit": {64: CONFIGS["sm80"]["dq"]["16bit"][64],
+              128: (_C(32, 32, 8, 2, True), _C(32, 32, 4, 2, True)),
+              192: (_C(32, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
+              256: (_C(16, 32, 4, 2, True),)},
+    "32bit": {64: (_C(16, 16, 4, 2, True), _C(16, 32, 8, 2, True)),
+              128: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True)),
+              192: (_C(16, 16, 8, 2, True),),
+              256: (_C(16, 16, 8, 2, True),)},
+}
+CONFIGS["sm90"]["dkdv_dbias"] = {
+    "16bit": CONFIGS["sm90"]["dkdv"]["16bit"],
+    "32bit": {64: (_C(16, 32, 8, 2, True),),
+              128: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
+              192: (_C(16, 32, 8, 2, True),),
+              256: (_C(16, 16, 4, 2, True),)},
+}
+CONFIGS["sm90"]["dq_dbias"] = {
+    "16bit": {64: (_C(64, 32, 8, 3),),
+              128: (_C(64, 32, 8, 2),),
+              192: (_C(64, 32, 8, 2),),
+              256: (_C(16, 32, 4, 2, True),)},
+    "32bit": {64: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
+              128: (_C(16, 16, 8, 2, True),),
+              192: (_C(16, 16, 8, 2, True),),
+              256: (_C(16, 16, 8, 2, True),)},
+}
 del _C
 
 # Under the interpreter, tiles are small so that tests cross many tile boundaries.
@@ -842,7 +951,10 @@ def _autotune_enabled() -> bool:
 # has its own candidates and its own cache of best configs, keyed by head dim and by the
 # query / key lengths rounded up to powers of two (M_KEY, N_KEY).
 _TUNERS: dict[tuple[str, str, str, int], object] = {}
-_KERNELS = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
+# The *_dbias entries are the same kernels when they also write the bias gradient
+# (BIAS_GRAD): more live registers, so their own candidates.
+_KERNELS = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq,
+            "fwd_lo": _attn_fwd, "dkdv_dbias": _attn_bwd_dkdv, "dq_dbias": _attn_bwd_dq}
 
 
 def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device):
@@ -962,21 +1074,27 @@ def _kernel_layout(x: torch.Tensor) -> torch.Tensor:
     return x if _addressable(x) else x.contiguous()
 
 
-def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool):
-    """Launch the forward. Returns (out like q, LSE (B, H, M) fp32 in base 2)."""
+def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: bool = False):
+    """Launch the forward. Returns (out like q, LSE (B, H, M) fp32 in base 2, out_lo):
+    out_lo, only if store_lo and the dtype is 16-bit (else None), is what rounding out
+    lost, with out's strides (see _attn_fwd)."""
     B, H, M, D = q.shape
     N = k.shape[2]
+    store_lo = store_lo and q.dtype != torch.float32
     out = _new_like(q)  # keeps q's layout, so a (B, M, H, D) view stays one
+    out_lo = _new_like(out) if store_lo else None
     lse = _new((B, H, M), q.device)
     if M == 0 or B == 0 or H == 0:
-        return out, lse
+        return out, lse, out_lo
     q, k, v = (_kernel_layout(t) for t in (q, k, v))
     o = out if _addressable(out) else _new_like(out, memory_format=torch.contiguous_format)
+    lo = out_lo if (out_lo is None or o is out) else _new_like(o)
     bias, sb, bias_constexprs = _bias_args(attn_bias, q, (B, H, M, N))
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
     align = _align(*(st for t in (q, k, v, o) for st in t.stride()[:3]))
-    args = (q, k, v, bias, o, lse,
+    assert lo is None or lo.stride() == o.stride()
+    args = (q, k, v, bias, o, lse, o if lo is None else lo,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
@@ -986,29 +1104,57 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool):
     constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs,
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
-    _launch("fwd", D, q.dtype, M, "BLOCK_M", B, H, args, constexprs)
+    _launch("fwd_lo" if store_lo else "fwd", D, q.dtype, M, "BLOCK_M", B, H, args,
+            dict(constexprs, STORE_LO=store_lo))
     if o is not out:
         out.copy_(o)
-    return out, lse
+        if store_lo:
+            out_lo.copy_(lo)
+    return out, lse, out_lo
 
 
-def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: bool, dlse=None):
-    """Launch the three backward kernels. Returns (dq, dk, dv), each like its input.
+def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: bool, dlse=None,
+                   bias_grad: bool = False, out_lo=None):
+    """Launch the three backward kernels. Returns (dq, dk, dv, dbias): dq, dk, dv like
+    their inputs; dbias shaped and typed like attn_bias if bias_grad, else None.
 
     dlse: the gradient of the base-2 LSE output, or None. Since d lse2 / d s = p * log2(e),
-    it folds into delta: dS = P * (dP - (delta - dlse * log2(e))).
+    it folds into delta: dS = P * (dP - (delta - dlse * log2(e))). out_lo: the forward's
+    rounding residual of out (same shape and strides), or None.
+
+    The bias gradient is dS, summed over the dims the bias broadcasts over. A bias that
+    does not depend on the query (key padding, (B|1, H|1, 1, N)) is summed over the
+    queries inside the dK/dV pass, into a (B, H, N) buffer; any other bias needs the
+    whole dS, (B, H, M, N) in fp32, as every framework's attention does. A bias that
+    does not depend on the key (size 1 or no dim at N) only shifts whole softmax rows:
+    the output does not depend on it, and the LSE by exactly that shift, so its
+    gradient is dlse (or zero) without computing dS.
     """
     B, H, M, D = q.shape
     N = k.shape[2]
     dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
-    if B == 0 or H == 0:
-        return dq, dk, dv
-    if M == 0:
-        dq.zero_()
-        dk.zero_()
-        dv.zero_()
-        return dq, dk, dv
+    bias_grad = bias_grad and attn_bias is not None
+    if bias_grad and (attn_bias.dim() == 0 or attn_bias.shape[-1] == 1):
+        dq, dk, dv, _ = _backward_impl(do, q, k, v, attn_bias, out, lse, scale, allow_tf32, dlse,
+                                       out_lo=out_lo)
+        if dlse is None:
+            return dq, dk, dv, torch.zeros_like(attn_bias, memory_format=torch.contiguous_format)
+        # d lse2 / d bias = log2(e) for a bias added to a whole row.
+        row = (dlse.to(torch.float32) * LOG2E).unsqueeze(-1)  # (B, H, M, 1)
+        return dq, dk, dv, row.sum_to_size(attn_bias.shape).to(attn_bias.dtype).contiguous()
+    # Which kernel writes the bias gradient: dQ the whole dS (B, H, M, N), or dK/dV dS
+    # summed over the queries (B, H, N).
+    per_query = bias_grad and attn_bias.dim() >= 2 and attn_bias.shape[-2] != 1
+    per_key = bias_grad and not per_query
+    if bias_grad:
+        dbias_t = _new((B, H, M, N) if per_query else (B, H, N), q.device)
+    if B == 0 or H == 0 or M == 0:
+        for t in (dq, dk, dv) + ((dbias_t,) if bias_grad else ()):
+            t.zero_()
+        return dq, dk, dv, _reduce_bias_grad(dbias_t, attn_bias) if bias_grad else None
     q, k, v, out, do = (_kernel_layout(t) for t in (q, k, v, out, do))
+    if out_lo is not None and out_lo.stride() != out.stride():
+        out, out_lo = out.contiguous(), out_lo.contiguous()
     dq_, dk_, dv_ = (t if _addressable(t) else _new_like(t, memory_format=torch.contiguous_format)
                      for t in (dq, dk, dv))
     if do.dtype != q.dtype:
@@ -1018,11 +1164,11 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: b
     block_d = max(16, _next_pow2(D))
     block = 16 if INTERPRET else 64
     _attn_bwd_delta[(triton.cdiv(M, block), H, B)](
-        out, do, delta,
+        out, out if out_lo is None else out_lo, do, delta,
         out.stride(0), out.stride(1), out.stride(2),
         do.stride(0), do.stride(1), do.stride(2),
         H, M, HEAD_DIM=D, BLOCK_M=block, BLOCK_D=block_d,
-        ALIGN=_align(*out.stride()[:3], *do.stride()[:3]))
+        ALIGN=_align(*out.stride()[:3], *do.stride()[:3]), HAS_LO=out_lo is not None)
     if dlse is not None:
         delta -= dlse.to(torch.float32) * LOG2E
 
@@ -1039,19 +1185,33 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: b
               *sb,
               do.stride(0), do.stride(1), do.stride(2))
     qk_scale = float(scale) * LOG2E
-    _launch("dkdv", D, q.dtype, N, "BLOCK_N", B, H,
-            (q, k, v, bias, do, lse, delta, dk_, dv_, *common,
+    # A kernel that does not write the bias gradient gets a placeholder pointer.
+    db = dbias_t if bias_grad else lse
+    _launch("dkdv_dbias" if per_key else "dkdv", D, q.dtype, N, "BLOCK_N", B, H,
+            (q, k, v, bias, do, lse, delta, dk_, dv_, db, *common,
              dk_.stride(0), dk_.stride(1), dk_.stride(2),
              dv_.stride(0), dv_.stride(1), dv_.stride(2),
-             H, M, N, qk_scale, float(scale), m_key, n_key), constexprs)
-    _launch("dq", D, q.dtype, M, "BLOCK_M", B, H,
-            (q, k, v, bias, do, lse, delta, dq_, *common,
+             *((db.stride(0), db.stride(1)) if per_key else (0, 0)),
+             H, M, N, qk_scale, float(scale), m_key, n_key),
+            dict(constexprs, BIAS_GRAD=per_key))
+    _launch("dq_dbias" if per_query else "dq", D, q.dtype, M, "BLOCK_M", B, H,
+            (q, k, v, bias, do, lse, delta, dq_, db, *common,
              dq_.stride(0), dq_.stride(1), dq_.stride(2),
-             H, M, N, qk_scale, float(scale), m_key, n_key), constexprs)
+             *((db.stride(0), db.stride(1), db.stride(2)) if per_query else (0, 0, 0)),
+             H, M, N, qk_scale, float(scale), m_key, n_key),
+            dict(constexprs, BIAS_GRAD=per_query))
     for final, tmp in ((dq, dq_), (dk, dk_), (dv, dv_)):
         if final is not tmp:
             final.copy_(tmp)
-    return dq, dk, dv
+    return dq, dk, dv, _reduce_bias_grad(dbias_t, attn_bias) if bias_grad else None
+
+
+def _reduce_bias_grad(ds: torch.Tensor, attn_bias: torch.Tensor) -> torch.Tensor:
+    """dS, (B, H, M, N) or summed over the queries (B, H, N), -> attn_bias's own shape and
+    dtype: summed over the dims where the bias has size 1 or none (sum_to_size)."""
+    if ds.dim() == 3:
+        ds = ds.unsqueeze(2)
+    return ds.sum_to_size(attn_bias.shape).to(attn_bias.dtype).contiguous()
 
 
 # =====================================================================================
@@ -1063,45 +1223,56 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: b
 @torch.library.custom_op("attnkit::flash_attention_forward", mutates_args=())
 def _flash_forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: Optional[torch.Tensor],
-    scale: float, allow_tf32: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward_impl(q, k, v, attn_bias, scale, allow_tf32)
+    scale: float, allow_tf32: bool, store_lo: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse2, out_lo); out_lo is an empty placeholder unless store_lo (16-bit only)."""
+    out, lse, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo)
+    return out, lse, (q.new_empty(0) if out_lo is None else out_lo)
 
 
 @_flash_forward_op.register_fake
-def _(q, k, v, attn_bias, scale, allow_tf32):
+def _(q, k, v, attn_bias, scale, allow_tf32, store_lo):
     B, H, M, _ = q.shape
-    return torch.empty_like(q), q.new_empty((B, H, M), dtype=torch.float32)
+    out_lo = torch.empty_like(q) if store_lo and q.dtype != torch.float32 else q.new_empty(0)
+    return torch.empty_like(q), q.new_empty((B, H, M), dtype=torch.float32), out_lo
 
 
 @torch.library.custom_op("attnkit::flash_attention_backward", mutates_args=())
 def _flash_backward_op(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    attn_bias: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
-    dlse: Optional[torch.Tensor], scale: float, allow_tf32: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_impl(do, q, k, v, attn_bias, out, lse, scale, allow_tf32, dlse)
+    attn_bias: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, out_lo: torch.Tensor,
+    dlse: Optional[torch.Tensor], scale: float, allow_tf32: bool, bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dbias); dbias is an empty placeholder unless bias_grad. out_lo: the
+    forward's placeholder or residual."""
+    dq, dk, dv, dbias = _backward_impl(do, q, k, v, attn_bias, out, lse, scale, allow_tf32, dlse, bias_grad,
+                                       out_lo if out_lo.numel() else None)
+    return dq, dk, dv, (q.new_empty(0) if dbias is None else dbias)
 
 
 @_flash_backward_op.register_fake
-def _(do, q, k, v, attn_bias, out, lse, dlse, scale, allow_tf32):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(do, q, k, v, attn_bias, out, lse, out_lo, dlse, scale, allow_tf32, bias_grad):
+    dbias = (torch.empty(attn_bias.shape, dtype=attn_bias.dtype, device=attn_bias.device)
+             if bias_grad and attn_bias is not None else q.new_empty(0))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_bias, scale, allow_tf32 = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, attn_bias, out, lse)
+    q, k, v, attn_bias, scale, allow_tf32, store_lo = inputs
+    out, lse, out_lo = output
+    ctx.save_for_backward(q, k, v, attn_bias, out, lse, out_lo)
     ctx.scale = scale
     ctx.allow_tf32 = allow_tf32
 
 
-def _backward(ctx, dout, dlse):
-    q, k, v, attn_bias, out, lse = ctx.saved_tensors
+def _backward(ctx, dout, dlse, _dout_lo):
+    q, k, v, attn_bias, out, lse, out_lo = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = _flash_backward_op(dout, q, k, v, attn_bias, out, lse, dlse, ctx.scale, ctx.allow_tf32)
-    return dq, dk, dv, None, None, None
+    bias_grad = attn_bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dbias = _flash_backward_op(dout, q, k, v, attn_bias, out, lse, out_lo, dlse, ctx.scale,
+                                           ctx.allow_tf32, bias_grad)
+    return dq, dk, dv, (dbias if bias_grad else None), None, None, None
 
 
 _flash_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -1181,11 +1352,14 @@ def _prepare(q, k, v, attn_bias, scale):
         elif not attn_bias.is_floating_point():
             raise ValueError(f"attn_bias.dtype={attn_bias.dtype}: expected an additive float bias or a bool mask")
         elif attn_bias.dtype not in (torch.float32, q.dtype):
-            attn_bias = attn_bias.to(torch.float32)
-        elif attn_bias.requires_grad and torch.is_grad_enabled():
-            raise ValueError("attn_bias.requires_grad=True: the gradient of attn_bias is not implemented; "
-                             "pass attn_bias.detach()")
+            attn_bias = attn_bias.to(torch.float32)  # differentiable: a gradient flows back
     return attn_bias, scale
+
+
+def _needs_grad(*tensors) -> bool:
+    """Whether autograd will call the backward: then a 16-bit forward also keeps its
+    rounding residual (one more output-sized tensor, see _attn_fwd)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def flash_attention_with_lse(
@@ -1199,7 +1373,7 @@ def flash_attention_with_lse(
     exactly through it (ring / context-parallel attention).
     """
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, lse2 = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32))
+    out, lse2, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias))
     return out, lse2 * LN2
 
 
@@ -1212,12 +1386,13 @@ def flash_attention(
     q: (B, H, M, D), k and v: (B, H, N, D), fp16 / bf16 / fp32, 8 <= D <= 256; any
     strides with a contiguous last dim. attn_bias: None, an additive float tensor, or a
     bool mask (True = attend), broadcastable to (B, H, M, N); it is read through its
-    strides, never expanded in memory. scale defaults to D ** -0.5. allow_tf32 lets fp32
-    inputs use tf32 tensor cores (otherwise fp32 is exact fp32). Returns q's dtype and
-    layout. A query row whose keys are all masked outputs zeros.
+    strides, never expanded in memory; a float bias that requires grad gets its gradient
+    (see the module docstring for its memory). scale defaults to D ** -0.5. allow_tf32
+    lets fp32 inputs use tf32 tensor cores (otherwise fp32 is exact fp32). Returns q's
+    dtype and layout. A query row whose keys are all masked outputs zeros.
     """
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32))
+    out, _, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias))
     return out
 
 

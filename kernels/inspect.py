@@ -13,9 +13,13 @@ needs more shared memory than its target has, or fails to compile. Configuration
 fail are removed from flash_attention.CONFIGS rather than shipped. Each target has its
 own lists there (CONFIGS["sm80"], CONFIGS["sm90"]); each is compiled for its target.
 
-Each configuration is compiled for the three bias variants the kernels specialise on:
-none, key padding (one row per tile) and a full (B, H, M, N) fp32 bias; none is reliably
-the heaviest. --quick compiles the full bias only.
+Each configuration is compiled for the bias variants the kernels specialise on: none,
+key padding (one row per tile) and a full (B, H, M, N) fp32 bias; none is reliably the
+heaviest. The kernels dkdv_dbias and dq_dbias are dkdv and dq when they also write the
+gradient of the bias (the first sums dS over the queries in registers, the second
+stores dS tiles), with their own candidates; they run only with a bias. fwd_lo is the
+forward that also stores its rounding residual for the backward (16-bit only). --quick
+compiles the full bias only.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ MAX_REGS = 255
 HEAD_DIMS = (40, 64, 80, 128, 160, 256)
 DTYPES = ("fp16", "bf16", "fp32")
 ARCHS = (80, 90)
-KERNELS = ("fwd", "dkdv", "dq")
+KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias")
+DBIAS_KERNELS = ("dkdv_dbias", "dq_dbias")  # with a bias only
 BIASES = ("none", "keypad", "full")
 
 
@@ -127,8 +132,9 @@ def compile_job(job: Job) -> Result:
     res = Result(job)
     t0 = time.time()
     try:
-        fn = {"fwd": fa._attn_fwd, "dkdv": fa._attn_bwd_dkdv, "dq": fa._attn_bwd_dq}[job.kernel]
-        pointer_types = {"Bias": "*fp32", "Lse": "*fp32", "Delta": "*fp32"}
+        fn = fa._KERNELS[job.kernel]
+        pointer_types = {"Bias": "*fp32", "Lse": "*fp32", "Delta": "*fp32", "DBias": "*fp32"}
+        # OutLo, like Out, has the inputs' dtype (from _PTR below).
         sig = _signature(fn, job.dtype, pointer_types)
         d0, d1 = fa.split_head_dim(job.head_dim)
         bm, bn, warps, stages, reload = job.config
@@ -139,6 +145,10 @@ def compile_job(job: Job) -> Result:
             ALIGN=fa._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True,
             PRECISION="tf32" if job.dtype != "fp32" else "ieee", EMULATE_BF16=False,
         )
+        if job.kernel.startswith("fwd"):
+            constexprs["STORE_LO"] = job.kernel == "fwd_lo"
+        else:
+            constexprs["BIAS_GRAD"] = job.kernel in DBIAS_KERNELS
         # Pointers are 16-byte aligned (torch allocations are); Triton's runtime
         # specialises them the same way.
         attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
@@ -182,6 +192,8 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, quick: bool, configs=Non
     for kernel in kernels:
         for d in head_dims:
             for dtype in dtypes:
+                if kernel == "fwd_lo" and dtype == "fp32":
+                    continue  # fp32 outputs are not rounded: no residual
                 if configs:
                     cands = configs
                 else:
@@ -197,6 +209,8 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, quick: bool, configs=Non
                         arch_cands = cands
                     for i, cfg in enumerate(arch_cands):
                         for bias in biases:
+                            if bias == "none" and kernel in DBIAS_KERNELS:
+                                continue
                             jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias,
                                             default=cands is None and i == 0))
     return jobs
@@ -207,7 +221,7 @@ def _row(r: Result) -> str:
     cfg = "M{}-N{}-w{}-s{}".format(*j.config[:4]) + ("-r" if j.config[4] else "") + ("*" if j.default else "")
     probs = r.problems
     status = "ok" if not probs else "FAIL: " + "; ".join(probs)
-    return (f"{j.kernel:5} {j.head_dim:4} {j.dtype:5} {j.bias:6} {cfg:18} sm_{j.arch}  "
+    return (f"{j.kernel:10} {j.head_dim:4} {j.dtype:5} {j.bias:6} {cfg:18} sm_{j.arch}  "
             f"{r.regs:4} {max(r.stack, 0):6} {r.smem:7} {r.matrix:6} {r.seconds:6.1f}  {status}")
 
 
@@ -250,7 +264,7 @@ def main(argv=None) -> int:
     print(f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; "
           f"stack > 0 means spilled registers; "
           f"shared-memory limits: " + ", ".join(f"sm_{a} {SMEM_LIMIT[a]} B" for a in archs))
-    print(f"{'kern':5} {'D':>4} {'dtype':5} {'bias':6} {'config':18} {'arch':5}  "
+    print(f"{'kern':10} {'D':>4} {'dtype':5} {'bias':6} {'config':18} {'arch':5}  "
           f"{'regs':>4} {'stack':>6} {'smem':>7} {'matrix':6} {'secs':>6}  status")
     t0 = time.time()
     failed = 0

@@ -2,11 +2,12 @@
 sm_80 and sm_90 without a GPU and fails on register spills or shared-memory overflow.
 
 The full table (every autotuning config x head dims 40/64/80/128/160/256 x fp16/bf16/fp32
-x three bias variants x forward/backward x two targets, about 770 compilations) takes
-tens of minutes on two cores without Triton's cache: run it with `make inspect`. Here
-the quick subset: the first (default) config of each kernel at head dims 40 (two
-head-dim pieces) and 128 with a full bias, fp16, bf16 and fp32 for the forward, fp16 and
-fp32 for the backward, on both targets.
+x three bias variants x six kernels (forward, dK/dV, dQ, and the variants that keep the
+forward's rounding residual or write the bias gradient) x two targets, about 1030
+compilations) takes about 20 minutes on two cores without Triton's cache: run it with
+`make inspect`. Here the quick subset: the first (default) config of each kernel at head
+dims 40 (two head-dim pieces) and 128 with a full bias, fp16, bf16 and fp32 for the
+forward, fp16 and fp32 for the backward, on both targets.
 """
 
 from __future__ import annotations
@@ -29,18 +30,22 @@ def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 def _rows(stdout: str) -> list[list[str]]:
-    return [line.split() for line in stdout.splitlines() if line.split()[:1] in (["fwd"], ["dkdv"], ["dq"])]
+    kernels = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias")
+    return [line.split() for line in stdout.splitlines() if line.split()[:1] and line.split()[0] in kernels]
 
 
 def test_quick_subset_compiles_without_spills_for_sm80_and_sm90():
-    res = _run("--quick", "--dtype", "fp16", "--dtype", "bf16", "--dtype", "fp32", "--kernel", "fwd")
-    res_bwd = _run("--quick", "--dtype", "fp16", "--dtype", "fp32", "--kernel", "dkdv", "--kernel", "dq")
+    res = _run("--quick", "--dtype", "fp16", "--dtype", "bf16", "--dtype", "fp32", "--kernel", "fwd",
+               "--kernel", "fwd_lo")
+    res_bwd = _run("--quick", "--dtype", "fp16", "--dtype", "fp32", "--kernel", "dkdv", "--kernel", "dq",
+                   "--kernel", "dkdv_dbias", "--kernel", "dq_dbias")
     for r in (res, res_bwd):
         assert r.returncode == 0, r.stdout + r.stderr
     rows = _rows(res.stdout) + _rows(res_bwd.stdout)
-    # fwd: 2 head dims x 3 dtypes x 2 targets; backward: 2 kernels x 2 head dims x 2 dtypes
-    # x 2 targets
-    assert len(rows) == 12 + 16
+    # fwd: 2 head dims x 3 dtypes x 2 targets, and the forward that keeps its rounding
+    # residual (16-bit only) 2 x 2 x 2; backward: 4 kernels (dK/dV and dQ, without and
+    # with the bias gradient) x 2 head dims x 2 dtypes x 2 targets
+    assert len(rows) == 12 + 8 + 32
     for row in rows:
         kernel, d, dtype, bias, cfg, arch, regs, stack, smem, matrix = row[:10]
         assert row[-1] == "ok", row
