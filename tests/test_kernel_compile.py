@@ -97,3 +97,28 @@ def test_dynamic_shapes_trace_through_the_fake_implementation(seed):
         out = fn(q, k, v)
         assert_close_to_reference(out / 2.0, q, k, v)
     assert counter.frame_count == 1
+
+
+def test_fullgraph_backward_with_a_learned_bias_and_16_bit_residual(seed):
+    """A 16-bit forward under autograd returns its rounding residual and a learned bias
+    gets a gradient: both through the compiled graph, equal to eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+
+    def attend(q, k, v, bias):
+        return flash_attention(q, k, v, bias)
+
+    counter = CompileCounterWithBackend(BACKEND)
+    fn = torch.compile(attend, backend=counter, fullgraph=True)
+    q, k, v = (torch.randn(2, 2, n, 40, device=DEVICE, dtype=torch.float16, requires_grad=True)
+               for n in (19, 33, 33))
+    bias = torch.randn(1, 2, 19, 33, device=DEVICE, requires_grad=True)  # per head, learned
+    do = torch.randn(2, 2, 19, 40, device=DEVICE, dtype=torch.float16)
+    out = fn(q, k, v, bias)
+    assert counter.frame_count == 1
+    got = torch.autograd.grad(out, (q, k, v, bias), do)
+    want = torch.autograd.grad(attend(q, k, v, bias), (q, k, v, bias), do)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert rel_error(g, w) < 1e-6
