@@ -825,7 +825,8 @@ _FP32 = {
     "dq": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
            128: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
            192: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
-           256: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True))},
+           # M16-N32 first would need 102400 B of shared memory: more than sm_86 has.
+           256: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True))},
 }
 CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
     "sm80": {
