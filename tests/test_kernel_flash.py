@@ -174,16 +174,23 @@ GRAD_CASES = [
 ]
 
 
+def reference_grads(inputs, do, bias=None):
+    """Gradients of (q, k, v[, bias]) = inputs: the float64 reference, and plain torch
+    math in the inputs' dtype (the baseline of the tolerance rule). bias, if given, is a
+    constant (no gradient)."""
+    ref_in = [t.detach().double().requires_grad_() for t in inputs]
+    ref = torch.autograd.grad(reference_attention(*ref_in, bias), ref_in, do.double())
+    base_in = [t.detach().clone().requires_grad_() for t in inputs]
+    base = torch.autograd.grad(torch_math_attention(*base_in, bias), base_in, do)
+    return ref, base
+
+
 def grads_and_tolerances(case, B=2, H=2):
     q, k, v, bias = build(case, requires_grad=True, B=B, H=H)
     out = flash_attention(q, k, v, bias)
     do = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), do)
-
-    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref = torch.autograd.grad(reference_attention(*ref_in, bias), ref_in, do.double())
-    base_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base = torch.autograd.grad(torch_math_attention(*base_in, bias), base_in, do)
+    ref, base = reference_grads((q, k, v), do, bias)
     # The rule of attnkit.testing applied to gradients: at most twice the error of plain
     # torch math in the same dtype, plus a few units of rounding.
     eps = EPSILON[q.dtype]
@@ -246,10 +253,7 @@ def test_bias_gradient_matches_reference(case, seed):
     got = torch.autograd.grad(out, (q, k, v, bias), do)
     assert got[3].shape == bias.shape and got[3].dtype == bias.dtype
 
-    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
-    ref = torch.autograd.grad(reference_attention(*ref_in), ref_in, do.double())
-    base_in = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
-    base = torch.autograd.grad(torch_math_attention(*base_in), base_in, do)
+    ref, base = reference_grads((q, k, v, bias), do)
     for name, g, r, b in zip(("dq", "dk", "dv", "dbias"), got, ref, base):
         # Masked keys (-inf) have zero gradient in both.
         err, tol = rel_error(g, r), 2.0 * rel_error(b, r) + EPSILON[q.dtype]
@@ -272,10 +276,7 @@ def test_bias_gradient_with_few_keys_per_row_beats_plain_torch(dtype, seed):
     out = flash_attention(q, k, v, bias)
     do = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v, bias), do)
-    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
-    ref = torch.autograd.grad(reference_attention(*ref_in), ref_in, do.double())
-    base_in = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
-    base = torch.autograd.grad(torch_math_attention(*base_in), base_in, do)
+    ref, base = reference_grads((q, k, v, bias), do)
     for name, g, r, b in zip(("dq", "dk", "dv", "dbias"), got, ref, base):
         err, torch_err = rel_error(g, r), rel_error(b, r)
         limit = torch_err if name == "dbias" else 2.0 * torch_err + EPSILON[dt]
