@@ -129,6 +129,31 @@ def _load_tile(base, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexp
 
 
 @triton.jit
+def _check_tiles(HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Compile-time checks of the tile shapes every attention kernel assumes."""
+    tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
+    tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
+                     "D1 must be 0 or a power of two in [16, D0]")
+    tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
+    tl.static_assert(BLOCK_M >= 16 and (BLOCK_M & (BLOCK_M - 1)) == 0, "BLOCK_M: power of two >= 16")
+    tl.static_assert(BLOCK_N >= 16 and (BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N: power of two >= 16")
+
+
+@triton.jit
+def _load_pieces(base, offs_r, offs_d0, offs_d1, stride_r, rows_left, HEAD_DIM: tl.constexpr,
+                 D0: tl.constexpr, D1: tl.constexpr, MASK_R: tl.constexpr, ALIGN: tl.constexpr):
+    """Both head-dim pieces of a tile (_load_tile each); the second is the first again
+    when there is one piece (a placeholder, never read)."""
+    x0 = _load_tile(base, offs_r, offs_d0, stride_r, rows_left, HEAD_DIM, MASK_R, D0 > HEAD_DIM, ALIGN)
+    if D1 > 0:
+        x1 = _load_tile(base, offs_r, offs_d1, stride_r, rows_left, HEAD_DIM, MASK_R, D0 + D1 > HEAD_DIM, ALIGN)
+    else:
+        x1 = x0
+    return x0, x1
+
+
+@triton.jit
 def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr, MASK_C: tl.constexpr,
                 ALIGN: tl.constexpr):
     """Store x to base[r, c], rows below rows_left (and columns below COL_LIMIT)."""
@@ -189,10 +214,7 @@ def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
     registers across the loop: fewer registers at large head dims (see CONFIGS).
     """
     if RELOAD:
-        q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        if D1 > 0:
-            q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                            ALIGN)
+        q0, q1 = _load_pieces(q_base, offs_m, offs_d0, offs_d1, stride_qm, m_left, HEAD_DIM, D0, D1, True, ALIGN)
     # s = q @ k^T over the head-dim pieces, in base-2 units: qk_scale = scale * log2(e).
     k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
     s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
@@ -250,12 +272,7 @@ def _attn_fwd(
     STORE_LO (16-bit outputs that a backward will need): also write what rounding the
     output to its dtype lost, OutLo = (O - O.to(dtype)).to(dtype), with Out's strides,
     so that the backward's delta = rowsum(dO * O) sees O to about 16 more bits."""
-    tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
-    tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
-                     "D1 must be 0 or a power of two in [16, D0]")
-    tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
-    tl.static_assert(BLOCK_M >= 16 and (BLOCK_M & (BLOCK_M - 1)) == 0, "BLOCK_M: power of two >= 16")
-    tl.static_assert(BLOCK_N >= 16 and (BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N: power of two >= 16")
+    _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
 
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -283,12 +300,7 @@ def _attn_fwd(
         q0 = tl.zeros([1, 1], dtype=tl.float32)
         q1 = q0
     else:
-        q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        if D1 > 0:
-            q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                            ALIGN)
-        else:
-            q1 = q0
+        q0, q1 = _load_pieces(q_base, offs_m, offs_d0, offs_d1, stride_qm, m_left, HEAD_DIM, D0, D1, True, ALIGN)
     acc0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
     if D1 > 0:
         acc1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
@@ -475,12 +487,7 @@ def _attn_bwd_dkdv(
     BIAS_GRAD: also write dS summed over all queries, DBias[b, h, n] (contiguous in
     n): the gradient of a bias that does not depend on the query, such as key padding.
     (The dQ kernel writes the gradient of any other bias.)"""
-    tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
-    tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
-                     "D1 must be 0 or a power of two in [16, D0]")
-    tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
-    tl.static_assert(BLOCK_M >= 16 and (BLOCK_M & (BLOCK_M - 1)) == 0, "BLOCK_M: power of two >= 16")
-    tl.static_assert(BLOCK_N >= 16 and (BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N: power of two >= 16")
+    _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
 
     pid_n = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -644,12 +651,7 @@ def _attn_bwd_dq(
 
     BIAS_GRAD: also write dS itself, DBias[b, h, m, n] (fp32, contiguous in n), the
     gradient of a bias that depends on the query; each element has one writer."""
-    tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
-    tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
-                     "D1 must be 0 or a power of two in [16, D0]")
-    tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
-    tl.static_assert(BLOCK_M >= 16 and (BLOCK_M & (BLOCK_M - 1)) == 0, "BLOCK_M: power of two >= 16")
-    tl.static_assert(BLOCK_N >= 16 and (BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N: power of two >= 16")
+    _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
 
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
