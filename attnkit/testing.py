@@ -67,12 +67,17 @@ def torch_math_attention(
     v: torch.Tensor,
     attn_bias: torch.Tensor | None = None,
     scale: float | None = None,
+    upcast: bool = False,
 ) -> torch.Tensor:
     """Plain torch math in the inputs' own dtype: the baseline for the tolerance rule.
 
     Scores and softmax in the inputs' dtype, then cast back: what an unfused
-    implementation in that precision gets, without any upcasting.
+    implementation in that precision gets, without any upcasting. With upcast=True
+    (what ``attn.upcast_attention`` asks for) everything runs in fp32 and only the
+    output is rounded to the inputs' dtype.
     """
+    if upcast and q.dtype != torch.float64:
+        return torch_math_attention(q.float(), k.float(), v.float(), attn_bias, scale).to(q.dtype)
     d = q.shape[-1]
     scale = d**-0.5 if scale is None else float(scale)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
@@ -100,14 +105,16 @@ def tolerance(
     scale: float | None = None,
     ref: torch.Tensor | None = None,
     factor: float = 2.0,
+    upcast: bool = False,
 ) -> float:
     """The allowed relative error for a backend on these inputs.
 
-    factor * (error of plain torch math in the inputs' dtype against float64) + EPSILON.
+    factor * (error of plain torch math in the inputs' dtype against float64) + EPSILON;
+    with upcast=True the baseline is torch math in fp32 rounded to the inputs' dtype.
     """
     if ref is None:
         ref = reference_attention(q, k, v, attn_bias, scale)
-    base = rel_error(torch_math_attention(q, k, v, attn_bias, scale), ref)
+    base = rel_error(torch_math_attention(q, k, v, attn_bias, scale, upcast=upcast), ref)
     if not math.isfinite(base):
         # torch math itself overflowed (fp16 scores beyond 65504): hold the backend
         # to the dtype's rounding instead.
@@ -123,10 +130,11 @@ def assert_close_to_reference(
     attn_bias: torch.Tensor | None = None,
     scale: float | None = None,
     factor: float = 2.0,
+    upcast: bool = False,
 ) -> None:
     """Fail unless out is within the tolerance rule of the float64 reference. NaN fails."""
     ref = reference_attention(q, k, v, attn_bias, scale)
     assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     err = rel_error(out, ref)
-    tol = tolerance(q, k, v, attn_bias, scale, ref=ref, factor=factor)
+    tol = tolerance(q, k, v, attn_bias, scale, ref=ref, factor=factor, upcast=upcast)
     assert err <= tol, f"relative error {err:.3e} > tolerance {tol:.3e} ({q.dtype})"

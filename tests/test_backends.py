@@ -138,10 +138,10 @@ def test_custom_scale_and_upcast(seed, name, opts, bid, dtype):
     kb = (torch.randn(1, 2, 16, 64) * 40).to(dtype)
     vb = torch.randn(1, 2, 16, 64).to(dtype)
     out = backend.forward(qb, kb, vb, None, 1.0, upcast=True)
-    ref = reference_attention(qb, kb, vb, None, 1.0)
     assert torch.isfinite(out).all(), "upcast=True still produced inf/NaN"
-    limit = 1e-5 if dtype == torch.float32 else 2e-2
-    assert rel_error(out, ref) < limit
+    # Scores this large leave fp32 itself an error of up to ~2e-4 on some draws (near-tied
+    # maxima): the baseline is torch math in fp32, rounded to the dtype.
+    assert_close_to_reference(out, qb, kb, vb, None, 1.0, upcast=True)
 
 
 @pytest.mark.parametrize("name,opts,bid", CPU_BACKENDS, ids=[c[2] for c in CPU_BACKENDS])
