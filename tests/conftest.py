@@ -27,11 +27,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture
-def seed():
+# ATTNKIT_TEST_REPEAT=n runs every seeded test n times, each with a fresh seed: a hunt
+# for draws that a tolerance does not cover, without rerunning the whole session.
+REPEAT = int(os.environ.get("ATTNKIT_TEST_REPEAT") or 1)
+
+
+def _seed():
     """A fresh seed each run (random data, never zeros), printed so that a failure
     reproduces: ATTNKIT_TEST_SEED=<seed> pytest ... runs with that one instead."""
     s = int(os.environ.get("ATTNKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     torch.manual_seed(s)
     print(f"seed={s}")
     return s
+
+
+if REPEAT > 1:
+    seed = pytest.fixture(params=range(REPEAT), ids=lambda i: f"draw{i}", name="seed")(
+        lambda request: _seed()
+    )
+else:
+    seed = pytest.fixture(name="seed")(_seed)
