@@ -41,6 +41,12 @@ def _seed():
     return s
 
 
+@pytest.fixture(scope="module")
+def module_seed():
+    """The seed fixture for module-scoped fixtures that draw data once for many tests."""
+    return _seed()
+
+
 if REPEAT > 1:
     seed = pytest.fixture(params=range(REPEAT), ids=lambda i: f"draw{i}", name="seed")(
         lambda request: _seed()
