@@ -17,6 +17,12 @@ import pytest  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # The interpreter truncates fp32 to bf16; GPUs round to nearest (see the module).
+    from _interpreter_rounding import install  # noqa: E402
+
+    install()
+
 
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:

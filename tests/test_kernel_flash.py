@@ -15,6 +15,11 @@ roundings; they do not prove the bf16 tensor-core instruction, which only the co
 emits (EMULATE_BF16 is a constexpr, False in every compiled kernel: the branch does not
 exist there). That the compiled bf16 kernels use tensor cores (mma on sm_80, wgmma on
 sm_90) is checked by `python -m attnkit.kernels.inspect` (tests/test_kernel_inspect.py).
+
+The interpreter also truncates fp32 to bf16 where a GPU rounds to nearest; conftest
+installs tests/_interpreter_rounding.py so that those roundings (the output, P, dS, the
+gradients) are the GPU's. With truncation every bf16 gradient measured 1.1-2.4x plain
+torch's error; rounded as on a GPU, 0.4-0.9x.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from attnkit.testing import (
 )
 
 triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 from attnkit.kernels import (  # noqa: E402
     attention_flops,
@@ -266,7 +272,8 @@ def test_bias_gradient_with_few_keys_per_row_beats_plain_torch(dtype, seed):
     near-equal terms, and a delta from the output rounded to 16 bits (what FlashAttention
     does) makes the bias gradient 1.4-2x less accurate than plain torch in bf16. The
     forward keeps its rounding residual for the backward, which brings the bias gradient
-    to about half of torch's error (measured 0.44-0.72x over seeds); held to at most 1x."""
+    to about half of torch's error in bf16 (measured 0.45-0.54x over 12 seeds, with the
+    interpreter rounding to nearest as a GPU does); held to at most 1x."""
     B, H, M, N, D = 1, 2, 64, 16, 64
     dt = DTYPES[dtype]
     q, k, v = make_qkv(B, H, M, N, D, dt, requires_grad=True)
@@ -305,10 +312,10 @@ def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
     q, k, v = make_qkv(1, 2, 20, 30, 40, torch.bfloat16)
     out, _, lo = fa._forward_impl(q, k, v, None, 40**-0.5, False, store_lo=True)
     assert lo.stride() == out.stride() and lo.dtype == out.dtype
-    # At most one unit in the last place of out (half a unit on a GPU, which rounds to
-    # nearest; Triton's interpreter truncates to bf16).
+    # At most half a unit in the last place of out: the output is rounded to nearest
+    # (on a GPU, and here through tests/_interpreter_rounding.py).
     eps = torch.finfo(torch.bfloat16).eps
-    assert (lo.float().abs() <= eps * out.float().abs() + 1e-30).all()
+    assert (lo.float().abs() <= 0.5 * eps * out.float().abs() + 1e-30).all()
     assert torch.count_nonzero(lo) > lo.numel() // 2
     ref = reference_attention(q, k, v)
     assert rel_error(out.double() + lo.double(), ref) < rel_error(out, ref)
@@ -436,7 +443,6 @@ def test_fully_masked_rows_give_zeros(dtype, seed):
 def test_interpreter_bf16_dot_still_needs_emulation():
     """Why EMULATE_BF16 exists (see the module docstring). If a Triton release fixes
     the interpreter, this skips: the emulation can then go."""
-    import triton.language as tl
 
     @triton.jit
     def dot16(a_ptr, b_ptr, c_ptr, EMULATE: tl.constexpr):
@@ -454,6 +460,65 @@ def test_interpreter_bf16_dot_still_needs_emulation():
     dot16[(1,)](a, b, c, EMULATE=False)
     if rel_error(c, exact) < 1e-2:
         pytest.skip("this Triton's interpreter multiplies bf16 correctly: EMULATE_BF16 can go")
+
+
+def _bf16_probe():
+    """fp32 values that exercise every branch of a conversion to bf16: random values,
+    ties (low half exactly 0x8000, even and odd), overflow past bf16's largest finite
+    value, infinities, NaN, subnormals and signed zeros."""
+    ties = torch.tensor([0x3F808000, 0x3F818000, 0xBF808000, 0xBF818000], dtype=torch.int64)
+    special = torch.tensor([3.4e38, -3.4e38, float("inf"), float("-inf"), float("nan"), 1e-40, -1e-40, 0.0, -0.0])
+    return torch.cat([torch.randn(4096) * 10.0 ** torch.randint(-6, 7, (4096,)),
+                      ties.to(torch.int32).view(torch.float32), special])
+
+
+@triton.jit
+def _to_bf16_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    tl.store(y_ptr + r, tl.load(x_ptr + r, mask=r < n).to(tl.bfloat16), mask=r < n)
+
+
+def _to_bf16_in_a_kernel(x):
+    y = torch.empty(x.shape, dtype=torch.bfloat16)
+    _to_bf16_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    return y
+
+
+def _same_bf16(a, b):
+    nan = torch.isnan(a.float())
+    return torch.equal(nan, torch.isnan(b.float())) and torch.equal(a[~nan].view(torch.int16),
+                                                                     b[~nan].view(torch.int16))
+
+
+@pytest.mark.skipif(not fa.INTERPRET, reason="about Triton's interpreter")
+def test_interpreter_converts_fp32_to_bf16_as_a_gpu_does(seed):
+    """tests/_interpreter_rounding.py is in effect: a kernel's fp32 -> bf16 conversion in
+    the interpreter gives torch's bits (round to nearest, ties to even, which is what
+    cvt.rn.bf16.f32 does on a GPU), so the bf16 tests measure the kernel's own error."""
+    from _interpreter_rounding import fp32_to_bf16_bits
+
+    x = _bf16_probe()
+    want = x.to(torch.bfloat16)
+    assert _same_bf16(torch.from_numpy(fp32_to_bf16_bits(x.numpy()).view("int16")).view(torch.bfloat16), want)
+    assert _same_bf16(_to_bf16_in_a_kernel(x), want)
+
+
+@pytest.mark.skipif(not fa.INTERPRET, reason="about Triton's interpreter")
+def test_interpreter_still_truncates_to_bf16(monkeypatch, seed):
+    """Why tests/_interpreter_rounding.py exists. If a Triton release rounds correctly,
+    this skips: the patch can then go."""
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter._convert_float, "original", None)
+    if original is None:
+        pytest.skip("tests/_interpreter_rounding.py found nothing to patch in this Triton")
+    monkeypatch.setattr(interpreter, "_convert_float", original)
+    x = torch.randn(1024)
+    y = _to_bf16_in_a_kernel(x)
+    if _same_bf16(y, x.to(torch.bfloat16)):
+        pytest.skip("this Triton's interpreter rounds fp32 to bf16 to nearest: the patch can go")
+    truncated = (x.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
+    assert _same_bf16(y, truncated)
 
 
 def test_bf16_emulation_is_interpreter_only():
