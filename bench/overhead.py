@@ -190,6 +190,17 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
+def _against_diffusers(part: str, what: str, r: dict, unit: float, time_fmt: str, unit_name: str,
+                       ratio_fmt: str) -> str:
+    """One summary line of part (a) or (b): both timings, the ratio and its target."""
+    s, target = r["seconds_per_call"], TARGETS[part]
+    return (f"({part}) {what} attnkit {s['attnkit.SDPAProcessor'] * unit:.{time_fmt}}{unit_name}, "
+            f"diffusers {s['diffusers.AttnProcessor2_0'] * unit:.{time_fmt}}{unit_name}; "
+            f"ratio {r['ratio_median']:.{ratio_fmt}} "
+            f"(rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f}; of minimums {r['ratio_of_minimums']:.{ratio_fmt}}) "
+            f"target <= {target}: {'ok' if r['ratio_median'] <= target else 'MISSED'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", default="abc", help="which parts to run: any of a, b, c (default abc)")
@@ -220,18 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     if "a" in args.parts:
         r = results["a"] = part_a(device, dtype, args.rounds_a, args.calls_a)
-        s = r["seconds_per_call"]
-        print(f"(a) one Attention module, per call: attnkit {s['attnkit.SDPAProcessor'] * 1e6:.1f} us, "
-              f"diffusers {s['diffusers.AttnProcessor2_0'] * 1e6:.1f} us; ratio {r['ratio_median']:.3f} "
-              f"(rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f}; of minimums {r['ratio_of_minimums']:.3f}) "
-              f"target <= {TARGETS['a']}: {'ok' if r['ratio_median'] <= TARGETS['a'] else 'MISSED'}")
+        print(_against_diffusers("a", "one Attention module, per call:", r, 1e6, "1f", " us", "3f"))
     if "b" in args.parts:
         r = results["b"] = part_b(device, dtype, args.rounds_b)
-        s = r["seconds_per_call"]
-        print(f"(b) SD1.5 UNet 32x32 batch 2: attnkit {s['attnkit.SDPAProcessor']:.3f} s, "
-              f"diffusers {s['diffusers.AttnProcessor2_0']:.3f} s; ratio {r['ratio_median']:.4f} "
-              f"(rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f}; of minimums {r['ratio_of_minimums']:.4f}) "
-              f"target <= {TARGETS['b']}: {'ok' if r['ratio_median'] <= TARGETS['b'] else 'MISSED'}")
+        print(_against_diffusers("b", "SD1.5 UNet 32x32 batch 2:", r, 1.0, "3f", " s", "4f"))
     if "c" in args.parts:
         r = results["c"] = part_c(device, dtype, args.rounds_c)
         s, m = r["seconds_per_call"], r["memory"]
