@@ -29,6 +29,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -612,6 +613,27 @@ def test_cpu_without_interpreter_is_refused(monkeypatch):
 def test_empty_query_batch():
     q, k, v = _t(1, 2, 0, 16), _t(1, 2, 3, 16), _t(1, 2, 3, 16)
     assert flash_attention(q, k, v).shape == (1, 2, 0, 16)
+
+
+# -- packaging ---------------------------------------------------------------------------
+
+
+def test_installed_as_attnkit_kernels_and_nothing_named_kernels(tmp_path):
+    """The repository folder kernels/ is importable as attnkit.kernels from anywhere, and
+    the install adds no top-level `kernels` (Hugging Face's hub-kernel loader owns that
+    name). Run outside the checkout, so the current directory cannot supply either."""
+    repo = Path(__file__).resolve().parents[1]
+    code = ("import importlib.util, attnkit.kernels as ak\n"
+            "print(ak.flash_attention.__module__, ak.__file__)\n"
+            "spec = importlib.util.find_spec('kernels')\n"
+            "print(spec.origin if spec else None)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    lines = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    module, path = lines[0].split()
+    assert module.startswith("attnkit.kernels") and Path(path).resolve().parent == repo / "kernels"
+    other = lines[1]
+    assert other == "None" or repo not in Path(other).resolve().parents, other
 
 
 # -- the backend -------------------------------------------------------------------------
