@@ -17,7 +17,7 @@ import attnkit
 from attnkit.bench import report, seeds
 from attnkit.bench.models import LoopTiming, build_model, denoise, make_conditioning
 from attnkit.bench.presets import get_preset
-from attnkit.bench.runner import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, measure_interleaved
+from attnkit.bench.runner import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, classify_error, measure_interleaved
 from attnkit.bench.tables import Context, it_per_s, sweep
 
 # triton is left out on purpose: under the tests' TRITON_INTERPRET=1 it would be timed in
@@ -139,6 +139,22 @@ def test_out_of_memory_ends_the_sweep_cleanly(tiny, monkeypatch):
     assert "out of memory" in md and "OOM at 2" in md
 
 
+@pytest.mark.parametrize("exc, status", [
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                  "you tried to allocate 84934656 bytes. Error code 12 (Cannot allocate memory)"), STATUS_OOM),
+    (RuntimeError("std::bad_alloc"), STATUS_OOM),
+    (MemoryError(), STATUS_OOM),
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), STATUS_OOM),
+    (RuntimeError("could not create a primitive"), STATUS_FAILED),
+    (RuntimeError("Expected all tensors to be on the same device"), STATUS_FAILED),
+    (ValueError("batch size out of memory range"), STATUS_FAILED),
+], ids=["cpu-allocator", "bad-alloc", "memory-error", "gpu-allocator", "onednn", "device", "not-a-runtime-error"])
+def test_out_of_memory_is_told_from_other_failures(exc, status):
+    got, reason = classify_error(exc)
+    assert got == status, (exc, got)
+    assert reason.startswith(type(exc).__name__)
+
+
 def test_cpu_memory_cap_in_a_subprocess_ends_the_sweep(tmp_path):
     """A real allocation failure under the child's address-space cap, reported, not fatal."""
     from attnkit.bench.child import preset_to_spec, run_child
@@ -153,16 +169,22 @@ def test_cpu_memory_cap_in_a_subprocess_ends_the_sweep(tmp_path):
     }, timeout=120)
     assert "runs" in out, out
     (run,) = out["runs"]
-    assert run["oom_at"].get("vanilla") in (2, 4), run["oom_at"]
-    assert run["max_batch"]["vanilla"] == run["oom_at"]["vanilla"] // 2
-    # SDPA never holds the scores, so it fits at least what vanilla fits; where the cap
-    # also stops it (the process's footprint varies from machine to machine), that too
-    # is a recorded out-of-memory, not a crash.
-    assert run["max_batch"]["sdpa"] >= run["max_batch"]["vanilla"]
+    cells = {(e["batch"], n): c for e in run["batches"] for n, c in e["cells"].items()}
+    summary = {k: run[k] for k in ("max_batch", "oom_at", "failed", "stopped")}
+    summary["not ok"] = {f"{n}@{b}": f"{c['status']}: {c.get('reason')}" for (b, n), c in cells.items() if c["status"] != "ok"}
+    assert run["oom_at"].get("vanilla") in (2, 4), summary
+    assert run["max_batch"]["vanilla"] == run["oom_at"]["vanilla"] // 2, summary
+    oom_cell = cells[run["oom_at"]["vanilla"], "vanilla"]
+    assert oom_cell["status"] == STATUS_OOM and "allocate" in oom_cell["reason"], summary
+    # SDPA never holds the scores, so it fits at least what vanilla fits. Where the cap also
+    # stops it (the child's footprint varies from machine to machine), the batch it stopped
+    # at is recorded with its reason, and the sweep ends cleanly: reported, not fatal.
+    assert run["max_batch"].get("sdpa", 0) >= run["max_batch"]["vanilla"], summary
     if run["max_batch"]["sdpa"] < 4:
-        assert run["oom_at"]["sdpa"] == 2 * run["max_batch"]["sdpa"], run["oom_at"]
-    oom_cell = run["batches"][[e["batch"] for e in run["batches"]].index(run["oom_at"]["vanilla"])]["cells"]["vanilla"]
-    assert oom_cell["status"] == STATUS_OOM and "allocate" in oom_cell["reason"]
+        cell = cells.get((2 * run["max_batch"]["sdpa"], "sdpa"), {})
+        assert cell.get("status") in (STATUS_OOM, STATUS_FAILED) and cell.get("reason"), summary
+        assert "sdpa" in (run["oom_at"] if cell["status"] == STATUS_OOM else run["failed"]), summary
+        assert run["stopped"].startswith("every processor out of memory or failed"), summary
     assert out["address_space_limit_bytes"]
 
 

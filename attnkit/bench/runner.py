@@ -34,15 +34,20 @@ def short(text: str, limit: int = 90) -> str:
 
 
 def is_oom(exc: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError, MemoryError, or an allocator's out-of-memory RuntimeError."""
+    """torch.cuda.OutOfMemoryError, MemoryError, or an allocator's out-of-memory RuntimeError.
+
+    The RuntimeErrors: CUDA's and oneDNN's "out of memory", torch's CPU allocator ("can't
+    allocate memory ... Error code 12 (Cannot allocate memory)") and a C++ ``new`` that
+    failed inside an operator, which torch passes on as "std::bad_alloc".
+    """
     oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
     if oom_type is not None and isinstance(exc, oom_type):
         return True
     if isinstance(exc, MemoryError):
         return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and (
-        "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
+    return isinstance(exc, RuntimeError) and any(
+        sign in text for sign in ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc")
     )
 
 
