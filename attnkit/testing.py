@@ -138,3 +138,91 @@ def assert_close_to_reference(
     err = rel_error(out, ref)
     tol = tolerance(q, k, v, attn_bias, scale, ref=ref, factor=factor, upcast=upcast)
     assert err <= tol, f"relative error {err:.3e} > tolerance {tol:.3e} ({q.dtype})"
+
+
+# -- random inputs, shared by the tests and the benchmarks ----------------------------------
+BIAS_KINDS = ("none", "key_padding", "key_padding_bool", "fewkeys", "perhead", "headq", "full", "2d", "bool")
+
+
+def make_qkv(
+    batch: int,
+    heads: int,
+    q_len: int,
+    kv_len: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    layout: str = "bhnd",
+    device: torch.device | str = "cpu",
+    requires_grad: bool = False,
+    generator: torch.Generator | None = None,
+    v_dim: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random q (B, H, M, D), k (B, H, N, D), v (B, H, N, Dv), drawn in float32 (standard
+    normal, never zeros) and rounded to ``dtype``.
+
+    layout "bhnd": contiguous (B, H, N, D). "bnhd": (B, N, H, D) storage viewed as
+    (B, H, N, D), the strided views a diffusers processor produces.
+    """
+    if layout not in ("bhnd", "bnhd"):
+        raise ValueError(f"layout={layout!r}: 'bhnd' (contiguous) or 'bnhd' (diffusers' strided views)")
+
+    def one(n: int, d: int) -> torch.Tensor:
+        if layout == "bnhd":
+            x = torch.randn(batch, n, heads, d, generator=generator).transpose(1, 2)
+        else:
+            x = torch.randn(batch, heads, n, d, generator=generator)
+        return x.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+
+    return one(q_len, head_dim), one(kv_len, head_dim), one(kv_len, v_dim or head_dim)
+
+
+def make_bias(
+    kind: str,
+    batch: int,
+    heads: int,
+    q_len: int,
+    kv_len: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor | None:
+    """A random attention bias of one broadcast kind (see BIAS_KINDS):
+
+    none -> None; key_padding: (B, 1, 1, N) additive, 0 on kept keys and -inf on the
+    padded tail of each batch item, a different length each (at least one key kept);
+    key_padding_bool: the same as a boolean mask (True = attend); fewkeys: key padding
+    keeping 1 to 3 keys; perhead: (B, H, 1, N); headq: (1, H, M, N); full: (B, H, M, N);
+    2d: (M, N); bool: (B, 1, M, N) boolean, about 70% True, key 0 always kept.
+    Random biases are standard normal.
+    """
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    def lengths(most: int) -> list[int]:
+        return [int(torch.randint(1, most + 1, (), generator=generator)) for _ in range(batch)]
+
+    if kind == "none":
+        return None
+    if kind in ("key_padding", "key_padding_bool", "fewkeys"):
+        keep = torch.zeros(batch, 1, 1, kv_len, dtype=torch.bool)
+        for b, n in enumerate(lengths(kv_len if kind != "fewkeys" else min(3, kv_len))):
+            keep[b, ..., :n] = True
+        keep = keep.to(device)
+        if kind == "key_padding_bool":
+            return keep
+        return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+    if kind == "perhead":
+        return randn(batch, heads, 1, kv_len)
+    if kind == "headq":
+        return randn(1, heads, q_len, kv_len)
+    if kind == "full":
+        return randn(batch, heads, q_len, kv_len)
+    if kind == "2d":
+        return randn(q_len, kv_len)
+    if kind == "bool":
+        mask = torch.rand(batch, 1, q_len, kv_len, generator=generator) < 0.7
+        mask[..., 0] = True
+        return mask.to(device)
+    raise ValueError(f"bias kind {kind!r}: choose one of {', '.join(BIAS_KINDS)}")

@@ -243,4 +243,13 @@ def _sorted_dtypes(dtypes) -> list[torch.dtype]:
 
 
 class BackendUnavailable(ValueError):
-    """A named backend cannot serve a call. The message lists every reason."""
+    """A named backend cannot serve a call. The message lists every reason.
+
+    ``reasons`` holds the same reasons as data: {backend label: [reason, ...]} for
+    every backend that was considered (one entry for a named backend), so callers (the
+    benchmark, ``attnkit info``) never parse the message.
+    """
+
+    def __init__(self, message: str, reasons: Mapping[str, list[str]] | None = None):
+        super().__init__(message)
+        self.reasons: dict[str, list[str]] = {k: list(v) for k, v in (reasons or {}).items()}
