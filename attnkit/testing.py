@@ -226,3 +226,49 @@ def make_bias(
         mask[..., 0] = True
         return mask.to(device)
     raise ValueError(f"bias kind {kind!r}: choose one of {', '.join(BIAS_KINDS)}")
+
+
+def reference_grads(
+    inputs: tuple[torch.Tensor, ...],
+    grad_out: torch.Tensor,
+    attn_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Gradients of (q, k, v) = inputs for the output gradient ``grad_out``: the float64
+    reference, and plain torch math in the inputs' dtype (the baseline of the tolerance
+    rule). ``attn_bias`` is a constant here (no gradient)."""
+    ref_in = [t.detach().double().requires_grad_() for t in inputs]
+    bias64 = attn_bias if attn_bias is None or attn_bias.dtype == torch.bool else attn_bias.double()
+    ref = torch.autograd.grad(reference_attention(*ref_in, bias64, scale), ref_in, grad_out.double())
+    base_in = [t.detach().clone().requires_grad_() for t in inputs]
+    base = torch.autograd.grad(torch_math_attention(*base_in, attn_bias, scale), base_in, grad_out.to(inputs[0].dtype))
+    return ref, base
+
+
+def assert_grads_close_to_reference(
+    fn,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    factor: float = 2.0,
+    floor: float = 0.0,
+) -> None:
+    """Fail unless the gradients of ``fn(q, k, v, attn_bias, scale)`` in q, k and v are
+    within the tolerance rule of the float64 reference's, for a random output gradient:
+    at most ``factor`` times plain torch's error in the same dtype, plus EPSILON, or
+    ``floor`` if larger (for inputs where the float64 reference is itself only that
+    accurate: a bias of 1e9 leaves q.k about 1e9 * 2.2e-16 of absolute precision)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, attn_bias, scale)
+    grad_out = torch.randn(out.shape, dtype=torch.float32).to(out.dtype)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    ref, base = reference_grads(tuple(leaves), grad_out, attn_bias, scale)
+    for name, g, r, b in zip("qkv", got, ref, base):
+        err, tol = rel_error(g, r), factor * rel_error(b, r) + EPSILON.get(q.dtype, 1e-3)
+        if not math.isfinite(tol):
+            tol = EPSILON.get(q.dtype, 1e-3)
+        tol = max(tol, floor)
+        assert g.shape == r.shape, f"d{name}: shape {tuple(g.shape)} != {tuple(r.shape)}"
+        assert err <= tol, f"d{name}: relative error {err:.3e} > tolerance {tol:.3e} ({q.dtype})"

@@ -40,7 +40,8 @@ def test_flash_attn_declared_reasons():
     assert fa.not_supported_reasons(described(A100)) == []
     assert fa.not_supported_reasons(described(A100, torch.bfloat16, 256, grad=True)) == []
     reasons = fa.not_supported_reasons(described(T4, torch.float32, 512, "key_padding", packages={}))
-    assert reasons[0].startswith("flash_attn is not installed (pip install flash-attn")
+    assert reasons[0] == "flash_attn is not installed"
+    assert "--no-build-isolation" in fa.install_hint(described(T4, packages={}))
     assert "compute capability 7.5 < 8.0" in reasons
     assert "dtype=torch.float32 (supported: float16, bfloat16)" in reasons
     assert "head_dim=512 > 256" in reasons
@@ -54,8 +55,9 @@ def test_flash_attn_3_declared_reasons():
     assert fa3.not_supported_reasons(described(H100, packages={"flashattn-hopper": "3.0.0b1"})) == []
     assert "compute capability 8.0 < 9.0" in fa3.not_supported_reasons(described(A100))
     assert any("Hopper (9.0) only" in r for r in fa3.not_supported_reasons(described(B200)))
-    assert any(r.startswith("flash_attn_3 (FlashAttention-3) is not installed")
-               for r in fa3.not_supported_reasons(described(H100, packages={})))
+    assert "flash_attn_3 (FlashAttention-3) is not installed" in fa3.not_supported_reasons(
+        described(H100, packages={}))
+    assert "hopper/" in fa3.install_hint(described(H100, packages={}))
     with pytest.raises(ValueError, match="version=4"):
         FlashAttnBackend(version=4)
     assert get_backend("flash_attn", deterministic=True).capabilities.deterministic
@@ -67,13 +69,14 @@ def test_xformers_declared_reasons():
         assert xf.not_supported_reasons(described(T4, torch.float32, 160, mask, grad=True)) == []
     reasons = xf.not_supported_reasons(described(DeviceInfo("cpu"), torch.float64, packages={}))
     assert reasons == [
-        "xformers is not installed (pip install 'attnkit[xformers]')",
+        "xformers is not installed",
         "device=cpu (supported: cuda)",
         "dtype=torch.float64 (supported: float16, bfloat16, float32)",
     ]
     assert "compute capability 3.7 < 5.0" in xf.not_supported_reasons(described(DeviceInfo("cuda", (3, 7))))
-    assert "xformers 0.0.20 < 0.0.23 (upgrade it)" in xf.not_supported_reasons(
-        described(A100, packages={"xformers": "0.0.20"}))
+    old = described(A100, packages={"xformers": "0.0.20"})
+    assert "xformers 0.0.20 < 0.0.23" in xf.not_supported_reasons(old)
+    assert "attnkit[xformers]" in xf.install_hint(old)
 
 
 def test_xformers_pinned_ops_declare_their_own_limits():

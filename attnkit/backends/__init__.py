@@ -15,7 +15,9 @@ from .base import (
     BackendUnavailable,
     Capabilities,
     DeviceInfo,
+    Signature,
     mask_kind,
+    signature,
 )
 
 # name -> "module:Class"
@@ -55,13 +57,19 @@ __all__ = [
     "BackendUnavailable",
     "Capabilities",
     "DeviceInfo",
+    "Signature",
     "backend_class",
+    "capability_columns",
     "get_backend",
+    "limits_table",
     "mask_kind",
+    "signature",
 ]
 
 
-def _fmt_caps(caps: Capabilities) -> list[str]:
+def capability_columns(caps: Capabilities) -> dict[str, str]:
+    """A backend's declared limits, one readable value per column: the README's limits
+    table and ``attnkit info`` both show these."""
     from .base import _sorted_dtypes, dtype_name
 
     dims = f"{caps.min_head_dim}–{caps.max_head_dim}" if caps.max_head_dim else f"≥ {caps.min_head_dim}"
@@ -71,21 +79,29 @@ def _fmt_caps(caps: Capabilities) -> list[str]:
     pkg = caps.package or "–"
     if caps.package and caps.min_version:
         pkg += f" ≥ {caps.min_version}"
-    return [
-        ", ".join(sorted(caps.devices)),
-        ", ".join(dtype_name(d) for d in _sorted_dtypes(caps.dtypes)),
-        dims,
-        cap,
-        ", ".join(k for k in MASK_KINDS if k in caps.masks),
-        "yes" if caps.backward else "no",
-        pkg,
-    ]
+    yes = {True: "yes", False: "no"}
+    return {
+        "devices": ", ".join(sorted(caps.devices)),
+        "dtypes": ", ".join(dtype_name(d) for d in _sorted_dtypes(caps.dtypes)),
+        "head dim": dims,
+        "min CUDA capability": cap,
+        "masks": ", ".join(k for k in MASK_KINDS if k in caps.masks),
+        "backward": yes[caps.backward],
+        "causal": yes[caps.causal],
+        "dropout": yes[caps.dropout],
+        "lse": yes[caps.lse],
+        "deterministic": yes[caps.deterministic],
+        "needs": pkg,
+    }
 
 
 def limits_table() -> str:
     """The declared limits of every backend as a markdown table (it is in the README)."""
-    header = ["backend", "devices", "dtypes", "head dim", "min CUDA capability", "masks", "backward", "needs"]
-    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for name in BACKEND_NAMES:
-        rows.append("| " + " | ".join([f"`{name}`"] + _fmt_caps(backend_class(name).capabilities)) + " |")
+        cols = capability_columns(backend_class(name).capabilities)
+        if not rows:
+            header = ["backend"] + list(cols)
+            rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        rows.append("| " + " | ".join([f"`{name}`"] + list(cols.values())) + " |")
     return "\n".join(rows)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, NamedTuple
 
 import torch
 
@@ -94,42 +94,123 @@ def _device_info(kind: str, index: int | None) -> DeviceInfo:
     return info
 
 
+class Signature(NamedTuple):
+    """What decides whether a backend can serve a call, as one hashable key.
+
+    Built once per call on the hot path (:func:`signature`) and used as the cache key of
+    every per-call decision: a named processor's "can this backend serve it", auto()'s
+    choice, the tuning cache. Under ``torch.compile`` the lengths and batch may be
+    symbolic: they are None there (``for_compile``), meaning "any".
+    """
+
+    device_type: str
+    device_index: int | None
+    dtype: torch.dtype
+    head_dim: int
+    q_len: int | None
+    kv_len: int | None
+    batch: int | None
+    heads: int | None
+    mask: str
+    grad: bool
+    causal: bool = False
+    dropout: bool = False
+    lse: bool = False
+    deterministic: bool = False
+
+    def for_compile(self) -> "Signature":
+        """The signature without the dims torch.compile may make symbolic (see
+        :func:`compile_key`)."""
+        return self._replace(q_len=None, kv_len=None, batch=None, heads=None)
+
+
+def _key(q, k, v, attn_bias, causal: bool, dropout: bool, lse: bool, compiling: bool) -> tuple:
+    """The fields of a Signature, in order, as a plain tuple."""
+    dev = q.device
+    b, h, m, d = q.shape
+    n = k.shape[-2]
+    if compiling:  # symbolic under torch.compile: "any"
+        b = h = m = n = None
+    return (
+        dev.type, dev.index, q.dtype, d, m, n, b, h,
+        "none" if attn_bias is None else mask_kind(attn_bias),
+        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        causal, dropout, lse, torch.are_deterministic_algorithms_enabled(),
+    )
+
+
+def signature(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    causal: bool = False,
+    dropout: bool = False,
+    lse: bool = False,
+) -> Signature:
+    """The :class:`Signature` of attention on q (B, H, M, D), k/v (B, H, N, D)."""
+    return Signature(*_key(q, k, v, attn_bias, causal, dropout, lse, False))
+
+
+def compile_key(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    causal: bool = False,
+    dropout: bool = False,
+    lse: bool = False,
+) -> tuple:
+    """:func:`signature` for torch.compile's trace, as a plain tuple of constants (what a
+    trace-time constant function may take; ``Signature(*key)`` rebuilds it). The batch,
+    heads and lengths may be symbolic there: they are None ("any")."""
+    return _key(q, k, v, attn_bias, causal, dropout, lse, True)
+
+
 @dataclass(frozen=True)
 class AttentionCall:
     """What a backend needs to know to say whether it can serve a call.
 
-    It is built from real tensors by :meth:`from_tensors`, or written by hand to ask
-    "what would run on an H100 in fp16 at head dim 40?" without one.
+    It is built from a :class:`Signature` of real tensors (:meth:`from_tensors`,
+    :meth:`from_signature`), or written by hand to ask "what would run on an H100 in fp16
+    at head dim 40?" without one. None lengths (under torch.compile) mean "any".
     """
 
     device: DeviceInfo
     dtype: torch.dtype
     head_dim: int
-    q_len: int = 1
-    kv_len: int = 1
-    batch: int = 1
-    heads: int = 1
+    q_len: int | None = 1
+    kv_len: int | None = 1
+    batch: int | None = 1
+    heads: int | None = 1
     mask: str = "none"
     requires_grad: bool = False
+    causal: bool = False  # top-left aligned, as torch SDPA's is_causal
+    dropout: bool = False  # dropout on the attention weights (training)
+    lse: bool = False  # the caller also needs the row log-sum-exp
+    deterministic: bool = False  # torch.use_deterministic_algorithms(True) is on
     # distribution name -> version (None: not installed). None means "look it up".
     packages: Mapping[str, str | None] | None = field(default=None, compare=False, hash=False)
 
     @staticmethod
-    def from_tensors(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None
-    ) -> "AttentionCall":
-        b, h, m, d = q.shape
+    def from_signature(sig: Signature, packages: Mapping[str, str | None] | None = None) -> "AttentionCall":
+        device = _device_info(sig.device_type, sig.device_index)
         return AttentionCall(
-            device=DeviceInfo.of(q.device),
-            dtype=q.dtype,
-            head_dim=d,
-            q_len=m,
-            kv_len=k.shape[-2],
-            batch=b,
-            heads=h,
-            mask=mask_kind(attn_bias),
-            requires_grad=torch.is_grad_enabled()
-            and (q.requires_grad or k.requires_grad or v.requires_grad),
+            device, sig.dtype, sig.head_dim, sig.q_len, sig.kv_len, sig.batch, sig.heads, sig.mask,
+            sig.grad, sig.causal, sig.dropout, sig.lse, sig.deterministic, packages,
+        )
+
+    @staticmethod
+    def from_tensors(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None, **flags: bool
+    ) -> "AttentionCall":
+        return AttentionCall.from_signature(signature(q, k, v, attn_bias, **flags))
+
+    def signature(self) -> Signature:
+        return Signature(
+            self.device.type, None, self.dtype, self.head_dim, self.q_len, self.kv_len, self.batch,
+            self.heads, self.mask, self.requires_grad, self.causal, self.dropout, self.lse,
+            self.deterministic,
         )
 
     def package(self, name: str) -> str | None:
@@ -150,13 +231,26 @@ class Capabilities:
     min_capability: tuple[int, int] | None = None  # CUDA only
     masks: frozenset[str] = frozenset(MASK_KINDS)
     backward: bool = True
+    # What forward() implements beyond softmax(q k^T * scale + bias) v; off unless a
+    # backend declares it, so that a call needing it is refused, never half-served.
+    causal: bool = False  # is_causal (top-left aligned)
+    dropout: bool = False  # dropout on the attention weights
+    lse: bool = False  # can return the row log-sum-exp
+    # Same inputs, same bits, forward and backward. With torch.use_deterministic_algorithms
+    # on, a backend that is not is refused.
     deterministic: bool = True
     package: str | None = None  # distribution that must be installed
     min_version: str | None = None
+    install_hint: str | None = None  # how to install `package`, shown beside the reason
 
 
 class Backend:
-    """Base class of the attention backends: capabilities as data, reasons as strings."""
+    """Base class of the attention backends: capabilities as data, reasons as strings.
+
+    A reason states the limit and the value ("head_dim=320 > 256"); how to install a
+    missing package is not in the reason but in ``capabilities.install_hint``, so that
+    reasons stay short and callers never parse them.
+    """
 
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
@@ -169,24 +263,12 @@ class Backend:
         if caps.package is not None:
             version = call.package(caps.package)
             if version is None:
-                reasons.append(
-                    f"{caps.package} is not installed (pip install 'attnkit[{self.name}]')"
-                )
+                reasons.append(f"{caps.package} is not installed")
             elif caps.min_version and _version_tuple(version) < _version_tuple(caps.min_version):
-                reasons.append(f"{caps.package} {version} < {caps.min_version} (upgrade it)")
-        if call.device.type not in caps.devices:
-            reasons.append(
-                f"device={call.device.type} (supported: {', '.join(sorted(caps.devices))})"
-            )
-        elif (
-            call.device.type == "cuda"
-            and caps.min_capability is not None
-            and call.device.capability is not None
-            and tuple(call.device.capability) < caps.min_capability
-        ):
-            have = ".".join(map(str, call.device.capability))
-            need = ".".join(map(str, caps.min_capability))
-            reasons.append(f"compute capability {have} < {need}")
+                reasons.append(f"{caps.package} {version} < {caps.min_version}")
+        device_reason = self.device_reason(call)
+        if device_reason:
+            reasons.append(device_reason)
         if call.dtype not in caps.dtypes:
             supported = ", ".join(dtype_name(d) for d in _sorted_dtypes(caps.dtypes))
             reasons.append(f"dtype={call.dtype} (supported: {supported})")
@@ -203,12 +285,43 @@ class Backend:
             )
         if call.requires_grad and not caps.backward:
             reasons.append("backward is not supported (inputs require grad)")
+        if call.causal and not caps.causal:
+            reasons.append("is_causal=True is not supported")
+        if call.dropout and not caps.dropout:
+            reasons.append("dropout on the attention weights is not supported")
+        if call.lse and not caps.lse:
+            reasons.append("cannot return the log-sum-exp")
+        if call.deterministic and not caps.deterministic:
+            reasons.append("not deterministic (torch.use_deterministic_algorithms(True) is on)")
         reasons.extend(self.extra_reasons(call))
         return reasons
+
+    def device_reason(self, call: AttentionCall) -> str | None:
+        """Why this backend cannot run on the call's device, or None if it can."""
+        caps = self.capabilities
+        if call.device.type not in caps.devices:
+            return f"device={call.device.type} (supported: {', '.join(sorted(caps.devices))})"
+        cap = call.device.capability
+        if call.device.type == "cuda" and caps.min_capability is not None and cap is not None:
+            if tuple(cap) < caps.min_capability:
+                have = ".".join(map(str, cap))
+                need = ".".join(map(str, caps.min_capability))
+                return f"compute capability {have} < {need}"
+        return None
 
     def extra_reasons(self, call: AttentionCall) -> list[str]:
         """Backend-specific reasons beyond the declared capabilities."""
         return []
+
+    def install_hint(self, call: AttentionCall) -> str | None:
+        """How to install what this backend needs, if that is what is missing."""
+        caps = self.capabilities
+        if caps.package is None or caps.install_hint is None:
+            return None
+        version = call.package(caps.package)
+        if version is None or (caps.min_version and _version_tuple(version) < _version_tuple(caps.min_version)):
+            return caps.install_hint
+        return None
 
     # -- the computation ---------------------------------------------------------
     def forward(
@@ -233,6 +346,55 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def narrow_bias(attn_bias: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An additive bias in ``dtype`` for a kernel that wants it there, and the rows the
+    cast would get wrong.
+
+    A plain cast turns finite values beyond ``dtype``'s range into -inf: a mask made with
+    ``torch.finfo(torch.float32).min`` would fully mask a row in float16 (zeros) that
+    float32 averages over V. Here values beyond the range saturate to its finite ends
+    (-inf stays -inf), so bfloat16, whose range is float32's, computes what float32 does.
+    float16 cannot (its scores keep q.k where float32's huge bias wipes them out), so for
+    a float16 target the rows whose every key is masked by such a value are returned as
+    ``dead`` (broadcastable to (B, H, M, 1)): :func:`fix_dead_rows` gives them mean(V),
+    float32's answer. ``dead`` is None when the cast is exact by construction.
+    """
+    if attn_bias.dtype == dtype or not attn_bias.is_floating_point():
+        return attn_bias, None
+    have, want = torch.finfo(attn_bias.dtype), torch.finfo(dtype)
+    if have.max <= want.max:  # fits: fp16 -> fp32, bf16 -> fp32, fp32 -> fp64
+        return attn_bias.to(dtype), None
+    low = attn_bias < want.min
+    saturated = torch.where(torch.isneginf(attn_bias), attn_bias, attn_bias.clamp(want.min, want.max))
+    dead = None
+    if want.max < 1e38:  # float16: a saturated bias no longer dominates q.k
+        dead = (low & torch.isfinite(attn_bias)).any(-1, keepdim=True) & low.all(-1, keepdim=True)
+    return saturated.to(dtype), dead
+
+
+def fix_dead_rows(out: torch.Tensor, v: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
+    """``out`` (B, H, M, Dv) with the rows ``dead`` (see :func:`narrow_bias`) replaced by
+    the mean of v over the keys."""
+    if dead is None:
+        return out
+    return torch.where(dead, v.mean(dim=-2, keepdim=True).to(out.dtype), out)
+
+
+def bnhd_padded(x: torch.Tensor, width: int) -> torch.Tensor:
+    """A (B, H, N, D) view as (B, N, H, width): free when the storage is already
+    (B, N, H, D) with width == D; zero-padded (one copy) when width > D. For kernels that
+    take (B, N, H, D) and need the head dim rounded up (flash-attn, xformers)."""
+    x = x.transpose(1, 2)
+    d = x.shape[-1]
+    if d == width:
+        return x if x.stride(-1) == 1 else x.contiguous()
+    return torch.nn.functional.pad(x, (0, width - d))
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
 
 
 def _sorted_dtypes(dtypes) -> list[torch.dtype]:

@@ -25,11 +25,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, bnhd_padded, round_up
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
+
+_INSTALL_HINT = {
+    2: "pip install flash-attn --no-build-isolation builds it against your torch and CUDA; "
+    "or install a prebuilt wheel from the flash-attention releases that matches torch, "
+    "CUDA and Python",
+    3: "build it from flash-attention's hopper/ folder with python setup.py install",
+}
 
 _FA2_CAPS = Capabilities(
     devices=frozenset({"cuda"}),
@@ -41,6 +47,7 @@ _FA2_CAPS = Capabilities(
     deterministic=False,
     package="flash_attn",
     min_version="2.0",
+    install_hint=_INSTALL_HINT[2],
 )
 
 # FlashAttention-3's distribution has been published as "flash_attn_3" and, earlier,
@@ -58,13 +65,6 @@ _FA3_CAPS = Capabilities(
 )
 FA3_DISTRIBUTIONS = ("flash_attn_3", "flashattn-hopper")
 
-_INSTALL_HINT = {
-    2: "pip install flash-attn --no-build-isolation builds it against your torch and CUDA; "
-    "or install a prebuilt wheel from the flash-attention releases that matches torch, "
-    "CUDA and Python",
-    3: "build it from flash-attention's hopper/ folder with python setup.py install",
-}
-
 
 def _import_func(version: int):
     try:
@@ -80,13 +80,6 @@ def _import_func(version: int):
             "(`attnkit info` lists them)"
         ) from e
     return flash_attn_func
-
-
-def _pad_last(x: torch.Tensor, to: int) -> torch.Tensor:
-    d = x.shape[-1]
-    if d == to:
-        return x if x.stride(-1) == 1 else x.contiguous()
-    return F.pad(x, (0, to - d))
 
 
 class FlashAttnBackend(Backend):
@@ -113,23 +106,20 @@ class FlashAttnBackend(Backend):
             args.append("deterministic=True")
         return f"FlashAttnBackend({', '.join(args)})"
 
-    def not_supported_reasons(self, call):
-        reasons = super().not_supported_reasons(call)
-        # The base message suggests the pip extra, which cannot build flash-attn on its
-        # own: say how it is really installed.
-        return [
-            f"flash_attn is not installed ({_INSTALL_HINT[2]})"
-            if r.startswith("flash_attn is not installed")
-            else r
-            for r in reasons
-        ]
+    def _fa3_missing(self, call) -> bool:
+        return self.version == 3 and all(call.package(name) is None for name in FA3_DISTRIBUTIONS)
+
+    def install_hint(self, call):
+        if self._fa3_missing(call):
+            return _INSTALL_HINT[3]
+        return super().install_hint(call)
 
     def extra_reasons(self, call):
         if self.version != 3:
             return []
         reasons = []
-        if all(call.package(name) is None for name in FA3_DISTRIBUTIONS):
-            reasons.append(f"flash_attn_3 (FlashAttention-3) is not installed ({_INSTALL_HINT[3]})")
+        if self._fa3_missing(call):
+            reasons.append("flash_attn_3 (FlashAttention-3) is not installed")
         cap = call.device.capability
         if call.device.type == "cuda" and cap is not None and tuple(cap) >= (10, 0):
             have = ".".join(map(str, cap))
@@ -151,10 +141,8 @@ class FlashAttnBackend(Backend):
             self._func = _import_func(self.version)
         d, dv = q.shape[-1], v.shape[-1]
         scale = d**-0.5 if scale is None else float(scale)
-        width = -(-max(d, dv) // 8) * 8
-        qt = _pad_last(q.transpose(1, 2), width)
-        kt = _pad_last(k.transpose(1, 2), width)
-        vt = _pad_last(v.transpose(1, 2), width)
+        width = round_up(max(d, dv), 8)
+        qt, kt, vt = bnhd_padded(q, width), bnhd_padded(k, width), bnhd_padded(v, width)
         kwargs = {"softmax_scale": scale, "causal": False}
         if self.deterministic:
             kwargs["deterministic"] = True

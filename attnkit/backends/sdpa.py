@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, fix_dead_rows, narrow_bias
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -103,13 +103,25 @@ class SDPABackend(Backend):
         # there. The math kernel (CPU, or pinned) would hold fp16 scores: run it in fp32.
         if upcast and out_dtype in _HALF and (q.device.type != "cuda" or self.kernel == "math"):
             q, k, v = q.float(), k.float(), v.float()
-        if attn_bias is not None and attn_bias.dtype != q.dtype:
-            attn_bias = attn_bias.to(q.dtype)
-        if self.kernel is None:
+        dead = None
+        kernel = self.kernel
+        if attn_bias is not None:
+            attn_bias, dead = narrow_bias(attn_bias, q.dtype)
+            if kernel is None and q.device.type == "cpu" and _needs_grad(q, k, v):
+                # torch's CPU flash backward stores the log-sum-exp in the inputs' dtype: a
+                # row whose keys are all masked by a large finite value (finfo.min, -1e9 in
+                # fp32) loses log(N) in it and gets gradients N times too large. The math
+                # kernel's backward is exact.
+                kernel = "math"
+        if kernel is None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale)
         else:
             from torch.nn.attention import sdpa_kernel
 
-            with sdpa_kernel(_sdpa_backend_enum(self.kernel)):
+            with sdpa_kernel(_sdpa_backend_enum(kernel)):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale)
-        return out.to(out_dtype)
+        return fix_dead_rows(out, v, dead).to(out_dtype)
+
+
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Backend, Capabilities
-from .vanilla import _FLOATS, bmm_attention, flatten_bias, flatten_heads
+from .base import Backend, Capabilities, fix_dead_rows
+from .vanilla import _FLOATS, bmm_attention, flatten_bias, flatten_heads, prepare_bias
 
 
 def resolve_slice_size(slice_size: int | str, heads: int, rows: int) -> int:
@@ -18,7 +18,7 @@ def resolve_slice_size(slice_size: int | str, heads: int, rows: int) -> int:
         return max(1, heads // 2)
     if slice_size == "max":
         return 1
-    return min(int(slice_size), rows)
+    return max(1, min(int(slice_size), rows))  # at least 1: an empty batch has 0 rows
 
 
 class SlicedBackend(Backend):
@@ -50,6 +50,7 @@ class SlicedBackend(Backend):
         b, h, m, d = q.shape
         scale = d**-0.5 if scale is None else scale
         q3, k3, v3 = flatten_heads(q), flatten_heads(k), flatten_heads(v)
+        attn_bias, dead = prepare_bias(attn_bias, q.dtype, upcast)
         bias = flatten_bias(attn_bias, b, h)
         rows = b * h
         step = resolve_slice_size(self.slice_size, h, rows)
@@ -63,4 +64,4 @@ class SlicedBackend(Backend):
             out[start:end] = bmm_attention(
                 q3[start:end], k3[start:end], v3[start:end], sl_bias, scale, upcast
             )
-        return out.view(b, h, m, v.shape[-1])
+        return fix_dead_rows(out.view(b, h, m, v.shape[-1]), v, dead)

@@ -64,6 +64,7 @@ class TritonBackend(Backend):
         deterministic=True,
         package="triton",
         min_version="3.0",
+        install_hint="pip install 'attnkit[triton]' (Linux; triton ships with CUDA builds of torch)",
     )
 
     def __init__(self, allow_tf32: bool = False):
@@ -74,14 +75,16 @@ class TritonBackend(Backend):
         return "TritonBackend(allow_tf32=True)" if self.allow_tf32 else "TritonBackend()"
 
     def not_supported_reasons(self, call: AttentionCall) -> list[str]:
-        if call.device.type == "cpu":
-            if _interpreting():
-                # The interpreter executes the CUDA kernels on CPU tensors: judge the
-                # call as a CUDA call of unknown capability.
-                return super().not_supported_reasons(replace(call, device=DeviceInfo("cuda")))
-            reasons = super().not_supported_reasons(call)
-            return [CPU_REASON if r.startswith("device=") else r for r in reasons]
+        if call.device.type == "cpu" and _interpreting():
+            # The interpreter executes the CUDA kernels on CPU tensors: judge the call as
+            # a CUDA call of unknown capability.
+            call = replace(call, device=DeviceInfo("cuda"))
         return super().not_supported_reasons(call)
+
+    def device_reason(self, call: AttentionCall) -> str | None:
+        if call.device.type == "cpu":
+            return CPU_REASON
+        return super().device_reason(call)
 
     def extra_reasons(self, call: AttentionCall) -> list[str]:
         reasons = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Backend, Capabilities
+from .base import Backend, Capabilities, fix_dead_rows, narrow_bias
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
@@ -49,13 +49,21 @@ def bmm_attention(
         )
         scores = torch.baddbmm(base, q, k.transpose(-1, -2), beta=0, alpha=scale)
     else:
-        scores = torch.baddbmm(
-            attn_bias.to(q.dtype), q, k.transpose(-1, -2), beta=1, alpha=scale
-        )
+        scores = torch.baddbmm(attn_bias, q, k.transpose(-1, -2), beta=1, alpha=scale)
     if upcast:
         scores = scores.float()
     probs = _softmax(scores, attn_bias is not None).to(v.dtype)
     return torch.bmm(probs, v).to(out_dtype)
+
+
+def prepare_bias(attn_bias, dtype: torch.dtype, upcast: bool):
+    """The bias in the dtype the scores are computed in (float32 when upcast widens half
+    inputs), and the rows the cast cannot keep (see narrow_bias)."""
+    if attn_bias is None:
+        return None, None
+    if upcast and dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
+    return narrow_bias(attn_bias, dtype)
 
 
 def flatten_heads(x: torch.Tensor) -> torch.Tensor:
@@ -89,8 +97,9 @@ class VanillaBackend(Backend):
     def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False):
         b, h, m, d = q.shape
         scale = d**-0.5 if scale is None else scale
+        attn_bias, dead = prepare_bias(attn_bias, q.dtype, upcast)
         out = bmm_attention(
             flatten_heads(q), flatten_heads(k), flatten_heads(v), flatten_bias(attn_bias, b, h),
             scale, upcast,
         )
-        return out.view(b, h, m, v.shape[-1])
+        return fix_dead_rows(out.view(b, h, m, v.shape[-1]), v, dead)

@@ -30,12 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from .base import MASK_KINDS, Backend, Capabilities
+from .base import MASK_KINDS, Backend, Capabilities, bnhd_padded, fix_dead_rows, narrow_bias, round_up
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _ALL_MASKS = frozenset(MASK_KINDS)
+_INSTALL = "pip install 'attnkit[xformers]' (the xformers build must match your torch)"
 
 # memory_efficient_attention with xformers' own dispatch: its broadest operator is the
 # CUTLASS one (fp16/bf16/fp32, head dim up to 65536, any tensor bias, sm_50 and newer).
@@ -49,6 +49,7 @@ _DEFAULT_CAPS = Capabilities(
     deterministic=False,
     package="xformers",
     min_version="0.0.23",
+    install_hint=_INSTALL,
 )
 
 # Pinned operators (xformers.ops.fmha.{cutlass,flash,flash3}): their declared limits.
@@ -65,6 +66,7 @@ _OP_CAPS = {
         deterministic=False,
         package="xformers",
         min_version="0.0.23",
+        install_hint=_INSTALL,
     ),
     # FlashAttention-3 (Hopper) as bundled by xformers.
     "flash3": Capabilities(
@@ -77,6 +79,7 @@ _OP_CAPS = {
         deterministic=False,
         package="xformers",
         min_version="0.0.28",
+        install_hint=_INSTALL,
     ),
 }
 
@@ -109,21 +112,15 @@ def _resolve_op(op: Any):
     return (flash3.FwOp, flash3.BwOp)
 
 
-def _pad_last(x: torch.Tensor, to: int) -> torch.Tensor:
-    d = x.shape[-1]
-    if d == to:
-        return x if x.stride(-1) == 1 else x.contiguous()
-    return F.pad(x, (0, to - d))
-
-
 def aligned_bias(
     attn_bias: torch.Tensor, b: int, h: int, m: int, n: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    """``attn_bias`` as xformers takes it: shape (B, H, M, N), q's dtype, rows 16-byte aligned.
+    """``attn_bias`` as xformers takes it: shape (B, H, M, N), q's dtype (already cast by
+    the caller), rows 16-byte aligned.
 
     Broadcast dims stay stride 0 (xformers accepts them). Storage is copied only when
-    its dtype differs or its rows are not aligned, and then into a buffer padded to a
-    multiple of 8 keys, sliced back to N.
+    its rows are not aligned, and then into a buffer padded to a multiple of 8 keys,
+    sliced back to N.
     """
     bias = attn_bias.to(dtype)
     while bias.dim() < 4:
@@ -170,17 +167,17 @@ class XFormersBackend(Backend):
         b, h, m, d = q.shape
         n, dv = k.shape[-2], v.shape[-1]
         scale = d**-0.5 if scale is None else float(scale)
-        width = -(-max(d, dv) // 8) * 8
-        qt = _pad_last(q.transpose(1, 2), width)
-        kt = _pad_last(k.transpose(1, 2), width)
-        vt = _pad_last(v.transpose(1, 2), width)
-        bias = None if attn_bias is None else aligned_bias(attn_bias, b, h, m, n, q.dtype)
+        width = round_up(max(d, dv), 8)
+        qt, kt, vt = bnhd_padded(q, width), bnhd_padded(k, width), bnhd_padded(v, width)
+        bias = dead = None
+        if attn_bias is not None:
+            narrowed, dead = narrow_bias(attn_bias, q.dtype)
+            bias = aligned_bias(narrowed, b, h, m, n, q.dtype)
         out = xops.memory_efficient_attention(
             qt, kt, vt, attn_bias=bias, p=0.0, scale=scale, op=self._resolved
         )
         out = out[..., :dv].transpose(1, 2)  # (B, H, M, Dv) view
         if attn_bias is not None:
             # rows whose keys are all masked: zeros (the kernels may write NaN there).
-            dead = torch.isneginf(attn_bias).all(dim=-1, keepdim=True)
-            out = out.masked_fill(dead, 0.0)
-        return out.to(q.dtype)
+            out = out.masked_fill(torch.isneginf(attn_bias).all(dim=-1, keepdim=True), 0.0)
+        return fix_dead_rows(out, v, dead).to(q.dtype)
