@@ -5,7 +5,6 @@
 
 from .backends import AttentionCall, BackendUnavailable, DeviceInfo, get_backend
 from .processor import (
-    PROCESSOR_NAMES,
     AttnkitProcessor,
     FlashAttnProcessor,
     SDPAProcessor,
@@ -14,10 +13,9 @@ from .processor import (
     UnsupportedModule,
     VanillaProcessor,
     XFormersProcessor,
-    apply,
-    processor,
 )
-from .selector import AutoProcessor, auto
+from .chooser import AutoProcessor, auto
+from .apply import PROCESSOR_NAMES, apply, processor
 from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
 
 __version__ = "0.1.0"

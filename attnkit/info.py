@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from dataclasses import replace
@@ -21,16 +22,10 @@ from typing import Any
 
 import torch
 
-from .backends import AttentionCall, DeviceInfo
-from .backends.base import MASK_KINDS, Capabilities, _sorted_dtypes, dtype_name, package_version
-from .selector import (
-    CANDIDATES,
-    _default_backend,
-    _reasons,
-    choose,
-    installed_packages,
-    priority_for,
-)
+from .chooser import ENV_VAR, AutoChooser
+from .backends import AttentionCall, Capabilities, DeviceInfo, capability_columns
+from .backends.base import dtype_name, package_version
+from .policy import CANDIDATES, install_hint_of, installed_packages, reasons_of
 
 VERSIONED = ("torch", "diffusers", "triton", "xformers", "flash_attn", "flash_attn_3")
 
@@ -69,26 +64,16 @@ def _primary_device() -> torch.device:
 
 
 def describe_capabilities(caps: Capabilities) -> str:
-    """A backend's declared limits in one line (the README table says the same)."""
-    parts = [
-        "devices: " + ", ".join(sorted(caps.devices)),
-        "dtypes: " + ", ".join(dtype_name(d) for d in _sorted_dtypes(caps.dtypes)),
-    ]
-    if caps.max_head_dim:
-        head = f"head_dim {caps.min_head_dim}..{caps.max_head_dim}"
-    else:
-        head = "any head_dim" if caps.min_head_dim <= 1 else f"head_dim >= {caps.min_head_dim}"
-    if caps.head_dim_multiple > 1:
-        head += f", multiple of {caps.head_dim_multiple}"
-    parts.append(head)
-    if caps.min_capability:
-        parts.append("compute capability >= " + ".".join(map(str, caps.min_capability)))
-    parts.append("masks: " + ", ".join(k for k in MASK_KINDS if k in caps.masks))
-    parts.append("backward: " + ("yes" if caps.backward else "no"))
-    parts.append("deterministic: " + ("yes" if caps.deterministic else "no"))
-    if caps.package:
-        parts.append("needs " + caps.package + (f" >= {caps.min_version}" if caps.min_version else ""))
-    return "; ".join(parts)
+    """A backend's declared limits in one line (the README's limits table, as text)."""
+    return "; ".join(f"{k}: {v}" for k, v in capability_columns(caps).items())
+
+
+def _why(order_name: str) -> str:
+    from .policy import PRIORITIES
+
+    if order_name in PRIORITIES:
+        return PRIORITIES[order_name].why
+    return f"{order_name} (set in the environment): auto() runs this backend only"
 
 
 def collect() -> dict[str, Any]:
@@ -111,21 +96,32 @@ def collect() -> dict[str, Any]:
     # Backends, judged for a typical call on the primary device: fp16 on GPUs, fp32 on CPU.
     dtype = torch.float32 if device.type == "cpu" else torch.float16
     probe = AttentionCall(dev_info, dtype, head_dim=64, q_len=1024, kv_len=1024, packages=packages)
+    try:
+        chooser = AutoChooser()  # as auto() is now: ATTNKIT_BACKEND included
+        forced_error = None
+    except ValueError as e:  # ATTNKIT_BACKEND names no backend: say so, describe the rest
+        forced_error = str(e)
+        saved = os.environ.pop(ENV_VAR)
+        try:
+            chooser = AutoChooser()
+        finally:
+            os.environ[ENV_VAR] = saved
     backends = []
     for label in CANDIDATES:
-        backend = _default_backend(label)
-        reasons = _reasons(backend, probe)
+        backend = chooser.backend(label)
+        reasons = reasons_of(backend, probe)
         caps = getattr(backend, "capabilities", None)
         backends.append(
             {
                 "name": label,
                 "available": not reasons,
                 "reasons": reasons,
+                "install": install_hint_of(backend, probe),
                 "limits": describe_capabilities(caps) if isinstance(caps, Capabilities) else None,
             }
         )
 
-    hw, priority = priority_for(dev_info)
+    hw, order = chooser.order_for(probe)
     choices = []
     for head_dim, tokens in SD15_SHAPES:
         for dt in (torch.float16, torch.float32):
@@ -136,12 +132,9 @@ def collect() -> dict[str, Any]:
                         dev_info, dt, head_dim, q_len=tokens, kv_len=kv_len, batch=2, heads=8,
                         mask=mask, packages=packages,
                     )
-                    try:
-                        label, table = choose(call)
-                        skipped = {k: v for k, v in table.items() if v and list(table).index(k) < list(table).index(label)}
-                    except Exception as e:  # no backend at all: say why
-                        label, skipped = None, {"error": [str(e)]}
-                    row[kind] = {"backend": label, "skipped": skipped}
+                    label, table, _ = chooser.walk(call)
+                    before = list(table)[: list(table).index(label)] if label else list(table)
+                    row[kind] = {"backend": label, "skipped": {k: table[k] for k in before}}
                 choices.append(row)
     return {
         "versions": versions,
@@ -150,8 +143,10 @@ def collect() -> dict[str, Any]:
         "probe": f"{dtype_name(dtype)}, head_dim=64, 1024 tokens, no mask",
         "backends": backends,
         "hardware_class": hw,
-        "priority": list(priority.order),
-        "priority_why": priority.why,
+        "priority": list(order),
+        "priority_why": _why(hw),
+        "forced": chooser.forced,
+        "forced_error": forced_error,
         "sd15": choices,
     }
 
@@ -174,12 +169,17 @@ def report(data: dict[str, Any] | None = None) -> str:
     for b in data["backends"]:
         state = "available" if b["available"] else "unavailable: " + "; ".join(b["reasons"])
         lines.append(f"  {b['name']:<{width}}  {state}")
+        if b.get("install"):
+            lines.append(f"  {'':<{width}}  install: {b['install']}")
         if b["limits"]:
             lines.append(f"  {'':<{width}}  limits: {b['limits']}")
+    if data.get("forced_error"):
+        lines += ["", f"attention: {data['forced_error']}; auto() raises until it is fixed"]
     lines += [
         "",
-        f"auto() on {data['primary_device']}: hardware class {data['hardware_class']}, "
-        f"order {' > '.join(data['priority'])}",
+        f"auto() on {data['primary_device']}: "
+        + (f"forced by {data['hardware_class']}" if data.get("forced") else f"hardware class {data['hardware_class']}")
+        + f", order {' > '.join(data['priority'])}",
         f"  why: {data['priority_why']}",
         "",
         "auto() for Stable Diffusion 1.5 shapes (batch 2, 8 heads; cross-attention to "

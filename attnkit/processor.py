@@ -12,14 +12,16 @@ state: only its backend and a cache of "can this backend serve this kind of call
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Any
+import os
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from .backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo, get_backend, mask_kind
+from ._compile import is_compiling, mark_compile_constant
+from .backends import AttentionCall, Backend, BackendUnavailable, Signature, get_backend, signature
+from .backends.base import compile_key
 
 logger = logging.getLogger("attnkit")
 
@@ -28,8 +30,10 @@ class UnsupportedModule(ValueError):
     """An Attention module whose computation attnkit's processors cannot reproduce."""
 
 
-def describe_module(attn: nn.Module) -> str:
+def describe_module(attn: nn.Module | None) -> str:
     """A short label for error messages and logs: the module's name when known."""
+    if attn is None:
+        return "this call"
     name = getattr(attn, "_attnkit_name", None)
     heads = getattr(attn, "heads", "?")
     inner = getattr(getattr(attn, "to_q", None), "out_features", None)
@@ -121,71 +125,108 @@ def prepare_bias(
     return bias
 
 
-class AttnkitProcessor:
-    """The diffusers attention processor, for any attnkit backend.
+class Chooser(Protocol):
+    """What a processor asks for the attention itself: it chooses a backend (one fixed
+    backend, or auto()'s walk) and runs it on (B, H, N, D) tensors. ``who`` is the
+    module, for logs and errors."""
 
-    ``AttnkitProcessor("sdpa")`` or ``AttnkitProcessor(SDPABackend(kernel="flash"))``.
-    A named backend never silently hands a call to another one: a call it cannot serve
-    raises :class:`BackendUnavailable` with every reason.
-    """
+    def attention(self, who: nn.Module | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  attn_bias: torch.Tensor | None, scale: float | None, upcast: bool) -> torch.Tensor: ...
 
-    backend_name: str | None = None
 
-    def __init__(self, backend: Backend | str | None = None, **options: Any):
-        if backend is None:
-            backend = self.backend_name
-        if backend is None:
-            raise ValueError("AttnkitProcessor needs a backend (a name or a Backend instance)")
-        if isinstance(backend, str):
-            backend = get_backend(backend, **options)
-        elif options:
-            raise ValueError(f"options {sorted(options)} go to the backend's constructor, not with an instance")
+class FixedChooser:
+    """One named backend. A call it cannot serve raises :class:`BackendUnavailable` with
+    every reason; it never silently hands the call to another backend."""
+
+    def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self._reasons: dict[tuple, list[str]] = {}
-        mark_compile_constant(_compile_time_problem)
+        self._reasons: dict[Signature, list[str]] = {}
+        mark_compile_constant(_fixed_problem)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.backend!r})"
-
-    # -- the attention itself: subclasses (auto) override this --------------------------
-    def attention(
-        self,
-        attn: nn.Module,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        attn_bias: torch.Tensor | None,
-        scale: float,
-        upcast: bool,
-    ) -> torch.Tensor:
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        if _is_compiling():
-            # While torch.compile traces, the check runs once in plain Python and its
-            # answer is a constant of the graph: no cache is read or written inside the
-            # compiled region (that would add guards and force recompiles).
-            problem = _compile_time_problem(
-                self, (q.device.type, q.device.index, q.dtype, int(q.shape[-1]), mask_kind(attn_bias), grad)
-            )
+    def attention(self, who, q, k, v, attn_bias, scale, upcast):
+        if is_compiling():
+            problem = _fixed_problem(self, compile_key(q, k, v, attn_bias))
             if problem:
-                raise BackendUnavailable(problem)
+                raise BackendUnavailable(problem, reasons={self.backend.name: [problem]})
             return self.backend.forward(q, k, v, attn_bias, scale, upcast)
-        key = (q.device.type, q.device.index, q.dtype, q.shape[-1], q.shape[-2], k.shape[-2], mask_kind(attn_bias), grad)
-        reasons = self._reasons.get(key)
+        sig = signature(q, k, v, attn_bias)
+        reasons = self._reasons.get(sig)
         if reasons is None:
-            reasons = self.backend.not_supported_reasons(AttentionCall.from_tensors(q, k, v, attn_bias))
-            self._reasons[key] = reasons
+            reasons = self._reasons[sig] = self.backend.not_supported_reasons(AttentionCall.from_signature(sig))
         if reasons:
-            raise BackendUnavailable(self._refusal(attn, reasons))
+            raise BackendUnavailable(self.refusal(who, reasons), reasons={self.backend.name: reasons})
         return self.backend.forward(q, k, v, attn_bias, scale, upcast)
 
-    def _refusal(self, attn: nn.Module | None, reasons: list[str]) -> str:
-        what = describe_module(attn) if attn is not None else "this call"
+    def refusal(self, who: nn.Module | None, reasons: list[str]) -> str:
+        what = describe_module(who) if who is not None else "this call"
         return (
             f"attnkit backend {self.backend.name!r} cannot serve {what}: "
             + "; ".join(reasons)
             + ". Choose another processor (attnkit.auto() picks one that can run; "
             "`attnkit info` lists every backend and its limits)."
         )
+
+    def describe(self) -> str:
+        return repr(self.backend)
+
+
+def _fixed_problem(chooser: FixedChooser, key: tuple) -> str:
+    """Run by torch.compile while tracing (a trace-time constant): "" when the backend
+    can serve calls of this signature (a compile_key), else the refusal message."""
+    reasons = chooser.backend.not_supported_reasons(AttentionCall.from_signature(Signature(*key)))
+    return chooser.refusal(None, reasons) if reasons else ""
+
+
+# ATTNKIT_CHECK_FINITE=1: stop at the first attention whose inputs or output hold NaN or
+# inf, naming the module (a debugging aid for black images; it synchronises every call).
+CHECK_FINITE_VAR = "ATTNKIT_CHECK_FINITE"
+
+
+def _check_finite(who: nn.Module | None, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        bad = ~torch.isfinite(t)
+        if name == "attn_bias":
+            bad = torch.isnan(t)  # -inf is how a mask says "ignore"
+        count = int(bad.sum())
+        if count:
+            raise FloatingPointError(
+                f"{CHECK_FINITE_VAR}: {name} of {describe_module(who)} holds {count} non-finite "
+                f"value(s) ({t.dtype}, shape {tuple(t.shape)}). In fp16 this is usually an overflow "
+                "above 65504 before attention: run the model in bfloat16 or float32, or set "
+                "upcast_attention on the module; unset the variable to skip this check."
+            )
+
+
+class AttnkitProcessor:
+    """The diffusers attention processor, for any attnkit backend.
+
+    ``AttnkitProcessor("sdpa")``, ``AttnkitProcessor(SDPABackend(kernel="flash"))``, or
+    ``AttnkitProcessor(chooser)`` with a :class:`Chooser` (auto() is one). The processor
+    does diffusers' protocol (projections, norms, masks, residual); the chooser decides
+    which backend computes the attention.
+    """
+
+    backend_name: str | None = None
+
+    def __init__(self, backend: Backend | str | Chooser | None = None, **options: Any):
+        if backend is None:
+            backend = self.backend_name
+        if backend is None:
+            raise ValueError("AttnkitProcessor needs a backend (a name, a Backend or a chooser)")
+        if isinstance(backend, str):
+            backend = get_backend(backend, **options)
+        elif options:
+            raise ValueError(f"options {sorted(options)} go to the backend's constructor, not with an instance")
+        self.chooser: Chooser = FixedChooser(backend) if isinstance(backend, Backend) else backend
+        self.check_finite = os.environ.get(CHECK_FINITE_VAR, "") not in ("", "0")
+
+    @property
+    def backend(self) -> Backend | None:
+        """The backend of a named processor (None for auto())."""
+        return getattr(self.chooser, "backend", None) if isinstance(self.chooser, FixedChooser) else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.chooser.describe()})"
 
     # -- diffusers' protocol --------------------------------------------------------------
     def __call__(
@@ -258,7 +299,11 @@ class AttnkitProcessor:
 
         bias = prepare_bias(attention_mask, batch, heads, q_len, kv_len, q.dtype, attn)
         upcast = bool(attn.upcast_attention or attn.upcast_softmax)
-        out = self.attention(attn, q, k, v, bias, attn.scale, upcast)
+        if self.check_finite:
+            _check_finite(attn, q=q, k=k, v=v, **({} if bias is None else {"attn_bias": bias}))
+        out = self.chooser.attention(attn, q, k, v, bias, attn.scale, upcast)
+        if self.check_finite:
+            _check_finite(attn, output=out)
 
         out = out.transpose(1, 2).reshape(batch, q_len, heads * out.shape[-1]).to(query.dtype)
         out = attn.to_out[0](out)
@@ -270,40 +315,6 @@ class AttnkitProcessor:
         if attn.rescale_output_factor != 1.0:
             out = out / attn.rescale_output_factor
         return out
-
-
-try:
-    from torch.compiler import is_compiling as _is_compiling
-except ImportError:  # torch < 2.3
-
-    def _is_compiling() -> bool:
-        return importlib.import_module("torch._dynamo").is_compiling()
-
-
-def mark_compile_constant(fn):
-    """Have torch.compile run ``fn`` in plain Python while tracing and treat its result
-    as a constant of the graph (its arguments must be constants too). Idempotent.
-
-    Done when a processor is made, not at import: it imports torch._dynamo, which takes
-    about a second (diffusers has imported it by then anyway).
-    """
-    if not getattr(fn, "_attnkit_marked", False):
-        mark = getattr(torch.compiler, "assume_constant_result", None)
-        if mark is None:  # torch < 2.2
-            mark = importlib.import_module("torch._dynamo").assume_constant_result
-        mark(fn)  # marks the function itself
-        fn._attnkit_marked = True
-    return fn
-
-
-def _compile_time_problem(proc: AttnkitProcessor, key: tuple) -> str:
-    """Run by torch.compile while tracing (marked by mark_compile_constant): "" when the
-    backend can serve calls of this kind, else the refusal message."""
-    dev_type, dev_index, dtype, head_dim, mask, grad = key
-    device = DeviceInfo.of(torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type))
-    call = AttentionCall(device, dtype, head_dim, mask=mask, requires_grad=grad)
-    reasons = proc.backend.not_supported_reasons(call)
-    return proc._refusal(None, reasons) if reasons else ""
 
 
 class VanillaProcessor(AttnkitProcessor):
@@ -366,7 +377,7 @@ class TritonProcessor(AttnkitProcessor):
         super().__init__("triton", **options)
 
 
-_PROCESSORS = {
+PROCESSORS = {
     "vanilla": VanillaProcessor,
     "sliced": SlicedProcessor,
     "sdpa": SDPAProcessor,
@@ -374,54 +385,3 @@ _PROCESSORS = {
     "flash_attn": FlashAttnProcessor,
     "triton": TritonProcessor,
 }
-
-PROCESSOR_NAMES = tuple(_PROCESSORS) + ("auto",)
-
-
-def processor(name: str, **options: Any) -> AttnkitProcessor:
-    """A processor by name: vanilla, sliced, sdpa, xformers, flash_attn, triton or auto."""
-    if name == "auto":
-        from .selector import auto
-
-        return auto(**options)
-    try:
-        cls = _PROCESSORS[name]
-    except KeyError:
-        raise ValueError(f"unknown processor {name!r}; choose one of {', '.join(PROCESSOR_NAMES)}") from None
-    return cls(**options)
-
-
-def _keeps_own_processor(proc: Any) -> bool:
-    """Processors with weights or extra inputs (IP-Adapter, custom diffusion) stay."""
-    name = type(proc).__name__
-    return isinstance(proc, nn.Module) or "IPAdapter" in name or "AddedKV" in name or "Joint" in name
-
-
-def apply(model: nn.Module, proc: AttnkitProcessor) -> dict[str, str]:
-    """Set ``proc`` on every attention module of ``model`` that it can serve.
-
-    Unlike ``model.set_attn_processor(proc)``, processors that carry weights or extra
-    inputs (IP-Adapter, custom diffusion, added-KV and joint attention) are kept, and
-    each module is given its name so logs and errors say which layer they mean.
-    Returns {module name: "attnkit" | name of the processor kept}.
-    """
-    from diffusers.models.attention_processor import Attention
-
-    for name, module in model.named_modules():
-        if isinstance(module, Attention):
-            module._attnkit_name = name
-    current = model.attn_processors
-    new: dict[str, Any] = {}
-    report: dict[str, str] = {}
-    for key, old in current.items():
-        if _keeps_own_processor(old):
-            new[key] = old
-            report[key] = type(old).__name__
-        else:
-            new[key] = proc
-            report[key] = "attnkit"
-    kept = [k for k, v in report.items() if v != "attnkit"]
-    if kept:
-        logger.info("attnkit.apply kept %d processors of their own: %s", len(kept), ", ".join(kept))
-    model.set_attn_processor(new)
-    return report

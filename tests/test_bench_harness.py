@@ -76,12 +76,15 @@ def test_table1_has_a_row_per_processor(tiny):
 def test_failing_processor_is_reported_in_its_cell(tiny, monkeypatch):
     import attnkit.bench.processors as procs
 
+    from attnkit.backends.vanilla import VanillaBackend
+
+    class Exploding(VanillaBackend):
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("kernel exploded\nwith a long traceback")
+
     class Broken(attnkit.AttnkitProcessor):
         def __init__(self):
-            super().__init__("vanilla")
-
-        def attention(self, *args, **kwargs):
-            raise RuntimeError("kernel exploded\nwith a long traceback")
+            super().__init__(Exploding())
 
     real = procs.make_processor
     monkeypatch.setattr(procs, "make_processor", lambda name: (Broken(), "") if name == "sliced" else real(name))

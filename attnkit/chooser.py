@@ -1,0 +1,460 @@
+"""auto(): one processor that picks, per call, the first backend that can serve it.
+
+    unet.set_attn_processor(attnkit.auto())
+
+How a backend is chosen
+-----------------------
+Each call is reduced to its :class:`~attnkit.backends.Signature` (device, dtype, head
+dim, lengths, batch, heads, mask kind, grad, ...). The first call of a signature walks
+the device's priority list (:mod:`attnkit.policy`) and takes the first backend with no
+reason against it; the decision is cached, so later calls of the signature cost one
+tuple and one dict lookup more than the backend itself. Each decision is logged once at
+INFO on the "attnkit" logger, naming the first module that needed it and why the
+backends before the chosen one were skipped; ``processor.explain()`` returns every
+decision as a table.
+
+Overrides
+---------
+* ``ATTNKIT_BACKEND=name`` in the environment (read when auto() is called) forces one
+  backend: auto() then behaves as that named processor and raises
+  :class:`BackendUnavailable` with its reasons for a call it cannot serve.
+* ``auto(order=[...])`` replaces the per-hardware lists with your own order;
+  ``auto(exclude=[...])`` never picks the named backends;
+  ``auto(backend_options={"sliced": {"slice_size": 2}})`` passes constructor options;
+  ``auto(backends={"sdpa": my_backend})`` supplies instances.
+
+Failures at run time
+--------------------
+If the chosen backend raises (out of memory, a kernel that does not build, a package
+broken at import), auto() logs a warning once, remembers the failure for that signature
+and runs the next candidate: the result is still correct. (Inside a torch.compile'd
+graph, errors are raised as they are: a graph cannot re-run a different backend.)
+
+Tuning
+------
+``auto(tune=True)``: on the first call of a signature, every candidate that can serve
+it is timed on the real inputs and the fastest is kept, in a JSON file shared by every
+process (:mod:`attnkit.tuning`). With a single candidate nothing is timed or written.
+
+torch.compile
+-------------
+Under ``torch.compile`` the decision is made while tracing, in plain Python, by the same
+walk, for the signature without its lengths (they may be symbolic there). Only the
+chosen backend's computation is traced, so ``fullgraph=True`` works and the selection
+costs nothing at run time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from . import policy, tuning
+from ._compile import is_compiling, mark_compile_constant
+from ._text import describe_exception
+from .backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
+from .backends.base import compile_key
+from .policy import CANDIDATES, LAST_RESORT, LOCK, describe_call, installed_packages
+from .processor import AttnkitProcessor, describe_module
+
+logger = logging.getLogger("attnkit")
+
+ENV_VAR = "ATTNKIT_BACKEND"
+
+
+@dataclass
+class Decision:
+    """One row of ``explain()``: what auto() chose for a call signature, and why."""
+
+    call: AttentionCall
+    backend: str
+    table: dict[str, list[str]]
+    order: str  # the hardware class, "order=a>b" or "ATTNKIT_BACKEND=x"
+    module: str
+    how: str  # "priority", "tuned", "tune cache", "forced", "fallback", "compile"
+    ms: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class _Slot:
+    """A fixed holder for one candidate's instance, filled on first use. The compiled
+    path reads instances through these, so the structure it guards on never changes."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: Backend | Exception | None = None) -> None:
+        self.backend = backend
+
+
+class AutoChooser:
+    """The decision behind :func:`auto`: per signature, the first backend of the walk."""
+
+    def __init__(
+        self,
+        *,
+        tune: bool = False,
+        cache_path: str | os.PathLike | None = None,
+        order: Sequence[str] | None = None,
+        exclude: Iterable[str] = (),
+        backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+        backends: Mapping[str, Backend] | None = None,
+        tune_iters: int = 7,
+    ) -> None:
+        self.tune = bool(tune)
+        self.cache_path = Path(cache_path) if cache_path is not None else tuning.default_cache_path()
+        self.order = None if order is None else policy.validate_labels(order, "order")
+        self.exclude = frozenset(policy.validate_labels(exclude, "exclude"))
+        backend_options = dict(backend_options or {})
+        policy.validate_labels(backend_options, "backend_options")
+        backends = dict(backends or {})
+        policy.validate_labels(backends, "backends")
+        if not isinstance(tune_iters, int) or isinstance(tune_iters, bool) or tune_iters < 1:
+            raise ValueError(f"tune_iters={tune_iters!r}: use a positive int")
+        self.tune_iters = tune_iters
+        forced = os.environ.get(ENV_VAR, "").strip()
+        if forced in ("", "auto"):
+            forced = None
+        elif forced not in CANDIDATES:
+            raise ValueError(
+                f"{ENV_VAR}={forced!r} is not a backend; set it to one of "
+                f"{', '.join(CANDIDATES)} (or unset it to let auto() choose)"
+            )
+        self.forced: str | None = forced
+        self._slots = {label: _Slot() for label in CANDIDATES}
+        for label, opts in backend_options.items():
+            # bad options are the caller's mistake: say so now, not as a skipped backend
+            backend = policy.make_backend(label, opts)
+            if isinstance(backend, (TypeError, ValueError)):
+                raise ValueError(f"backend_options[{label!r}]: {backend}") from backend
+            self._slots[label].backend = backend
+        for label, backend in backends.items():
+            if not isinstance(backend, Backend):
+                raise TypeError(f"backends[{label!r}] is a {type(backend).__name__}, not an attnkit Backend")
+            self._slots[label].backend = backend
+        self._decisions: dict[Signature, Backend] = {}  # the hot path
+        self._records: dict[Signature, Decision] = {}  # explain()
+        self._compiled: dict[Signature, str] = {}  # signature without lengths -> label
+        self._warned: set = set()
+        self._disk: dict[str, dict] | None = None
+        mark_compile_constant(_compiled_choice)
+
+    # -- the per-call path ----------------------------------------------------------
+    def attention(self, who, q, k, v, attn_bias, scale, upcast):
+        if is_compiling():
+            label = _compiled_choice(self, compile_key(q, k, v, attn_bias))
+            return self._slots[label].backend.forward(q, k, v, attn_bias, scale, upcast)
+        sig = signature(q, k, v, attn_bias)
+        backend = self._decisions.get(sig)
+        if backend is None:
+            backend = self._decide(sig, who, q, k, v, attn_bias, scale, upcast)
+        try:
+            return backend.forward(q, k, v, attn_bias, scale, upcast)
+        except Exception as exc:
+            return self._fall_back(sig, exc, who, q, k, v, attn_bias, scale, upcast)
+
+    # -- deciding -------------------------------------------------------------------
+    def backend(self, label: str) -> Backend | Exception:
+        """The instance auto() uses for ``label`` (made on first use)."""
+        slot = self._slots[label]
+        if slot.backend is None:
+            slot.backend = policy.default_backend(label)
+        return slot.backend
+
+    def order_for(self, call: AttentionCall) -> tuple[str, tuple[str, ...]]:
+        """(what the order is called, the order) for a call."""
+        if self.forced is not None:
+            return f"{ENV_VAR}={self.forced}", (self.forced,)
+        if self.order is not None:
+            return "order=" + ">".join(self.order), self.order
+        cls, priority = policy.priority_for(call.device)
+        return cls, priority.order
+
+    def walk(self, call: AttentionCall, failed: Mapping[str, str] | None = None):
+        """(label or None, table, order name): :func:`attnkit.policy.walk` with this
+        chooser's order, exclusions (not when forced) and instances."""
+        name, order = self.order_for(call)
+        exclude = () if self.forced is not None else self.exclude
+        label, table = policy.walk(call, order, self.backend, exclude, failed)
+        return label, table, name
+
+    def _unavailable(self, call: AttentionCall, table, module: str) -> BackendUnavailable:
+        if self.forced is not None:
+            return BackendUnavailable(
+                f"{ENV_VAR}={self.forced} forces attnkit backend {self.forced!r}, which cannot "
+                f"serve {module} ({describe_call(call)}): {'; '.join(table[self.forced])}. "
+                f"Unset {ENV_VAR} to let auto() choose (`attnkit info` lists every backend).",
+                reasons=table,
+            )
+        return policy.no_backend_error(f"attnkit.auto() found no backend for {module} ({describe_call(call)})", table)
+
+    def _decide(self, sig, who, q, k, v, attn_bias, scale, upcast) -> Backend:
+        with LOCK:
+            backend = self._decisions.get(sig)
+            if backend is not None:
+                return backend
+            call = AttentionCall.from_signature(sig, installed_packages())
+            label, table, order = self.walk(call)
+            module = describe_module(who)
+            if label is None:
+                raise self._unavailable(call, table, module)
+            how, ms = ("forced" if self.forced else "priority"), {}
+            if self.tune and self.forced is None:
+                label, how, ms = self._tuned(call, table, q, k, v, attn_bias, scale, upcast)
+            record = Decision(call, label, table, order, module, how, ms)
+            self._records[sig] = record
+            backend = self._decisions[sig] = self.backend(label)
+            logger.info("%s", log_line(record))
+            return backend
+
+    # -- tuning ---------------------------------------------------------------------
+    def _tuned(self, call, table, q, k, v, attn_bias, scale, upcast):
+        ok = [label for label, reasons in table.items() if not reasons]
+        candidates = ok
+        if self.order is None:
+            # the last resorts are timed only when nothing else can run
+            candidates = [x for x in ok if x not in LAST_RESORT] or ok[:1]
+        if len(candidates) == 1:
+            self._note_once(
+                ("single", candidates[0]),
+                "attnkit.auto(tune=True): only %s can serve calls like %s here; nothing to time",
+                candidates[0], describe_call(call),
+            )
+            return candidates[0], "priority", {}
+        key = tuning.cache_key(call)
+        cached = self._load_disk().get(key)
+        if cached is not None and cached["backend"] in candidates:
+            return cached["backend"], "tune cache", dict(cached.get("ms", {}))
+        ms: dict[str, float] = {}
+        for label in candidates:
+            try:
+                ms[label] = tuning.time_backend(
+                    self.backend(label), q, k, v, attn_bias, scale, upcast, iters=self.tune_iters
+                )
+            except Exception as exc:
+                logger.warning("attnkit.auto(tune=True): %s failed while timing %s (%s); skipped",
+                               label, describe_call(call), describe_exception(exc))
+        if not ms:
+            return candidates[0], "priority", {}
+        best = min(ms, key=ms.get)
+        entry = {"backend": best, "ms": {k2: round(v2, 6) for k2, v2 in ms.items()}}
+        self._disk[key] = entry
+        self._save(key, entry)
+        return best, "tuned", ms
+
+    def _load_disk(self) -> dict[str, dict]:
+        if self._disk is None:
+            self._disk = {}
+            try:
+                self._disk, others = tuning.read_cache(self.cache_path, CANDIDATES)
+                if others:
+                    logger.info("attnkit.auto(tune=True): %s holds %d entries this attnkit does not use "
+                                "(kept)", self.cache_path, others)
+            except FileNotFoundError:
+                logger.info("attnkit.auto(tune=True): no tuning cache at %s yet; timings will be saved there",
+                            self.cache_path)
+            except tuning.CacheError as exc:
+                self._warn_once(("read", str(self.cache_path)),
+                                "attnkit.auto(tune=True): cannot use the tuning cache %s: %s", self.cache_path, exc)
+            except Exception as exc:  # a cache problem never fails a model call
+                self._warn_once(("read", str(self.cache_path)),
+                                "attnkit.auto(tune=True): cannot read the tuning cache %s (%s)",
+                                self.cache_path, describe_exception(exc))
+        return self._disk
+
+    def _save(self, key: str, entry: dict) -> None:
+        try:
+            for note in tuning.update_cache(self.cache_path, {key: entry}, CANDIDATES):
+                logger.warning("attnkit.auto(tune=True): %s", note)
+        except tuning.CacheNotWritten as exc:
+            self._warn_once(("write", str(self.cache_path)),
+                            "attnkit.auto(tune=True): %s; tuned choices are not saved", exc)
+        except Exception as exc:  # a cache problem never fails a model call
+            self._warn_once(("write", str(self.cache_path)),
+                            "attnkit.auto(tune=True): cannot write the tuning cache %s (%s); tuned "
+                            "choices are not saved", self.cache_path, describe_exception(exc))
+
+    def _warn_once(self, what, msg, *args) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning(msg, *args)
+
+    def _note_once(self, what, msg, *args) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.info(msg, *args)
+
+    # -- failures at run time -------------------------------------------------------
+    def _fall_back(self, sig, exc, who, q, k, v, attn_bias, scale, upcast):
+        if self.forced is not None:
+            raise exc
+        first = exc
+        with LOCK:
+            record = self._records[sig]
+        while True:
+            failed_label = record.backend
+            failed = {**record.failed, failed_label: describe_exception(exc)}
+            label, table, _ = self.walk(record.call, failed)
+            if label is None:
+                raise first
+            self._warn_once(
+                ("failed", sig, failed_label),
+                "attnkit.auto(): %s failed on %s (%s) in %s; falling back to %s for this signature",
+                failed_label, describe_call(record.call), describe_exception(exc), describe_module(who), label,
+            )
+            backend = self.backend(label)
+            record = replace(record, backend=label, table=table, how="fallback", failed=failed)
+            with LOCK:
+                self._records[sig] = record
+                self._decisions[sig] = backend
+            try:
+                return backend.forward(q, k, v, attn_bias, scale, upcast)
+            except Exception as e:
+                exc = e
+
+    # -- under torch.compile ------------------------------------------------------------
+    def choose_for_compile(self, sig: Signature) -> str:
+        """The label for a signature without lengths: what eager calls of it chose (after
+        tuning or a failure), else the walk's first choice."""
+        with LOCK:
+            label = self._compiled.get(sig)
+            if label is not None:
+                return label
+            call = AttentionCall.from_signature(sig, installed_packages())
+            first, table, order = self.walk(call)
+            if first is None:
+                raise self._unavailable(call, table, "a compiled attention module")
+            seen = Counter(r.backend for s, r in self._records.items() if s.for_compile() == sig)
+            label = first
+            if seen:
+                common = seen.most_common(1)[0][0]
+                if not table.get(common, ["not in the order"]):
+                    label = common
+            self.backend(label)
+            self._compiled[sig] = label
+            logger.info("%s", log_line(Decision(call, label, table, order, "torch.compile graph", "compile")))
+            return label
+
+    # -- explaining -----------------------------------------------------------------
+    @property
+    def decisions(self) -> list[Decision]:
+        """Every decision so far, in the order they were made."""
+        return list(self._records.values())
+
+    def explain(self, call: AttentionCall | None = None) -> str:
+        """The decision table: per call signature, the chosen backend and, for every
+        candidate in priority order, why it can or cannot run (and timings if tuned).
+
+        With ``call``, the table for that one (possibly hypothetical) call instead.
+        """
+        if call is not None:
+            if call.packages is None:
+                call = replace(call, packages=installed_packages())
+            label, table, order = self.walk(call)
+            return format_decision(Decision(call, label or "(none)", table, order, "-", "priority"))
+        lines = [f"{self.describe()}: {len(self._records)} call signature(s)"]
+        if not self._records and not self._compiled:
+            lines.append("  no attention call yet: run the model once, or pass an AttentionCall")
+        for record in self._records.values():
+            lines.append(format_decision(record))
+        for sig, label in self._compiled.items():
+            call = AttentionCall.from_signature(sig)
+            lines.append(f"[compiled] {describe_call(call)} -> {label}")
+        return "\n".join(lines)
+
+    def describe(self) -> str:
+        opts = []
+        if self.tune:
+            opts.append(f"tune=True, cache_path={str(self.cache_path)!r}")
+        if self.order is not None:
+            opts.append(f"order={list(self.order)!r}")
+        if self.exclude:
+            opts.append(f"exclude={sorted(self.exclude)!r}")
+        if self.forced:
+            opts.append(f"forced by {ENV_VAR}={self.forced!r}")
+        return f"AutoProcessor({', '.join(opts)})"
+
+
+def _compiled_choice(chooser: AutoChooser, key: tuple) -> str:
+    """Run by torch.compile while tracing, in plain Python: the label of the backend for
+    a signature (a compile_key). The result is a constant of the graph; no selection
+    code is traced."""
+    return chooser.choose_for_compile(Signature(*key))
+
+
+def log_line(record: Decision) -> str:
+    """The INFO line of a decision: what was chosen for which call, and why the
+    candidates before it were skipped."""
+    skipped = []
+    for label, reasons in record.table.items():
+        if label == record.backend:
+            break
+        skipped.append(f"{label}: {', '.join(reasons)}")
+    timing = ""
+    if record.ms:
+        timing = " [" + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(record.ms.items(), key=lambda kv: kv[1])) + "]"
+    why = f" ({'; '.join(skipped)})" if skipped else ""
+    return (
+        f"attnkit.auto: {record.module}: {record.backend} for {describe_call(record.call)}"
+        f"{why}{timing} [{record.how}, {record.order}]"
+    )
+
+
+def format_decision(record: Decision) -> str:
+    """A decision as an indented table: one row per candidate with its state."""
+    head = (
+        f"{describe_call(record.call)} -> {record.backend}  "
+        f"[{record.how}; order: {record.order}; first seen: {record.module}]"
+    )
+    width = max((len(x) for x in record.table), default=0)
+    rows = [head]
+    for label, reasons in record.table.items():
+        if label == record.backend:
+            state = "chosen"
+        elif not reasons:
+            state = "can run"
+        else:
+            state = "; ".join(reasons)
+        if label in record.ms:
+            state += f"  ({record.ms[label]:.3f} ms)"
+        rows.append(f"    {label:<{width}}  {state}")
+    return "\n".join(rows)
+
+
+class AutoProcessor(AttnkitProcessor):
+    """The diffusers attention processor that picks a backend per call (see the module
+    doc). Options as :func:`auto`."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(AutoChooser(**options))
+
+    def __repr__(self) -> str:
+        return self.chooser.describe()
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return self.chooser.decisions
+
+    def explain(self, call: AttentionCall | None = None) -> str:
+        return self.chooser.explain(call)
+
+
+def auto(**options: Any) -> AutoProcessor:
+    """A processor for ``set_attn_processor`` / ``attnkit.apply`` that picks, per call,
+    the first backend of the device's priority list that can serve it.
+
+    Options: ``tune=True`` (time candidates on first sight, keep the fastest, persist
+    to ``cache_path``), ``order=[...]``, ``exclude=[...]``, ``backend_options={...}``,
+    ``backends={label: Backend}``, ``tune_iters``. ``ATTNKIT_BACKEND=name`` forces one
+    backend. ``processor.explain()`` shows every decision and why.
+    """
+    return AutoProcessor(**options)
+
+
+__all__ = ["AutoChooser", "AutoProcessor", "Decision", "ENV_VAR", "auto", "format_decision", "log_line"]

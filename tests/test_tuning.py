@@ -1,0 +1,272 @@
+"""auto(tune=True) and its cache file: timing, persistence, and never destroying a file
+attnkit did not write (each case below failed before the cache was made careful)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers.models.attention_processor import Attention
+
+import attnkit
+from attnkit import tuning
+from attnkit.backends import AttentionCall
+from attnkit.policy import CANDIDATES
+from attnkit.testing import assert_close_to_reference, make_bias, make_qkv
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
+
+
+def qkv(m=24, mask=False):
+    q, k, v = make_qkv(2, 2, m, 24, 16, layout="bnhd")
+    return q, k, v, make_bias("key_padding" if mask else "none", 2, 2, m, 24)
+
+
+def module():
+    return Attention(query_dim=32, heads=2, dim_head=16)
+
+
+def run(proc, m=24, mask=False):
+    q, k, v, bias = qkv(m, mask)
+    out = proc.chooser.attention(module(), q, k, v, bias, None, False)
+    assert_close_to_reference(out, q, k, v, bias)
+    return q, k, v, bias
+
+
+def tuned(path, **kw):
+    return attnkit.auto(tune=True, cache_path=path, order=["sdpa", "vanilla"], tune_iters=1, **kw)
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_default_cache_path_honours_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tuning.default_cache_path() == tmp_path / "attnkit" / "autotune.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert tuning.default_cache_path() == Path(os.path.expanduser("~")) / ".cache" / "attnkit" / "autotune.json"
+
+
+def test_tune_times_candidates_and_round_trips(seed, tmp_path, monkeypatch):
+    path = tmp_path / "tune.json"
+    proc = tuned(path)
+    run(proc, mask=True)
+    record = proc.decisions[0]
+    assert record.how == "tuned" and set(record.ms) == {"sdpa", "vanilla"}
+    assert record.backend == min(record.ms, key=record.ms.get)
+    entries, others = tuning.read_cache(path, CANDIDATES)
+    assert others == 0 and len(entries) == 1
+    (key, entry), = entries.items()
+    assert "mask=key_padding" in key and entry["backend"] == record.backend
+
+    # a new process (processor) reads it back and does not time again
+    monkeypatch.setattr(tuning, "time_backend", _no_timing)
+    again = tuned(path)
+    run(again, mask=True)
+    assert again.decisions[0].how == "tune cache" and again.decisions[0].backend == record.backend
+
+
+def _no_timing(*args, **kwargs):
+    raise AssertionError("timed again although the cache has this signature")
+
+
+def test_one_candidate_times_and_writes_nothing(seed, tmp_path, monkeypatch, caplog):
+    """On the CPU only sdpa is a tuning candidate: nothing to time, no file, no promise."""
+    path = tmp_path / "tune.json"
+    monkeypatch.setattr(tuning, "time_backend", _no_timing)
+    proc = attnkit.auto(tune=True, cache_path=path)
+    with caplog.at_level(logging.INFO, logger="attnkit"):
+        run(proc)
+        run(proc, m=9)
+    assert not path.exists()
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("will be" in m or "saved" in m for m in messages), messages
+    assert sum("nothing to time" in m for m in messages) == 1
+    assert proc.decisions[0].how == "priority"
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", "[1, 2, 3]", '{"entries": {}}', '{"version": 1, "entries": []}', "\udcff",
+     "[" * 100_000 + "]" * 100_000],
+    ids=["not-json", "list", "no-version", "entries-list", "not-utf8", "deeply-nested"],
+)
+def test_a_file_that_is_not_a_cache_is_moved_aside(seed, tmp_path, caplog, content):
+    path = tmp_path / "tune.json"
+    original = content.encode("utf-8", "surrogateescape")
+    path.write_bytes(original)
+    proc = tuned(path)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        for m in (8, 9, 10):
+            run(proc, m=m)
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 2, warnings  # cannot use it (once); moved aside (once)
+    assert "cannot use the tuning cache" in warnings[0]
+    assert "moved to" in warnings[1] and "tune.json.bad" in warnings[1]
+    assert (tmp_path / "tune.json.bad").read_bytes() == original  # kept, byte for byte
+    entries, others = tuning.read_cache(path, CANDIDATES)  # rewritten, valid
+    assert len(entries) == 3 and others == 0
+
+
+def test_an_earlier_bad_file_is_not_overwritten(seed, tmp_path):
+    path = tmp_path / "tune.json"
+    (tmp_path / "tune.json.bad").write_text("the first one")
+    path.write_text("the second one")
+    run(tuned(path))
+    assert (tmp_path / "tune.json.bad").read_text() == "the first one"
+    assert (tmp_path / "tune.json.bad.1").read_text() == "the second one"
+
+
+def test_entries_this_version_cannot_use_are_kept(seed, tmp_path, caplog):
+    path = tmp_path / "tune.json"
+    q, k, v, _ = qkv()
+    key = tuning.cache_key(AttentionCall.from_tensors(q, k, v))
+    foreign = {
+        "newer": {"backend": "flash_attn4", "ms": {"flash_attn4": 0.1}},  # a newer attnkit's backend
+        "odd": {"backend": "sdpa", "ms": {"sdpa": "fast"}},
+    }
+    path.write_text(json.dumps({"version": 1, "entries": {**foreign, key: {"backend": "xformers", "ms": {}}}}))
+    entries, others = tuning.read_cache(path, CANDIDATES)
+    assert list(entries) == [key] and others == 2
+    proc = tuned(path)
+    with caplog.at_level(logging.INFO, logger="attnkit"):
+        run(proc)
+    # xformers cannot run on this CPU: re-tuned, and the unusable entries are still there
+    assert proc.decisions[0].backend in ("sdpa", "vanilla") and proc.decisions[0].how == "tuned"
+    raw = tuning.read_raw(path)
+    assert raw["newer"] == foreign["newer"] and raw["odd"] == foreign["odd"]
+    assert raw[key]["backend"] in ("sdpa", "vanilla")
+
+
+def test_a_newer_format_is_left_alone(seed, tmp_path, caplog):
+    path = tmp_path / "tune.json"
+    text = json.dumps({"version": 2, "entries": {"x": "whatever version 2 holds"}})
+    path.write_text(text)
+    proc = tuned(path)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        run(proc)
+        run(proc, m=9)
+    assert path.read_text() == text and not (tmp_path / "tune.json.bad").exists()
+    warnings = warnings_of(caplog)
+    assert any("version 2" in w and "left as it is" in w for w in warnings), warnings
+
+
+def test_writes_go_through_a_symlink(seed, tmp_path):
+    real = tmp_path / "shared" / "autotune.json"
+    real.parent.mkdir()
+    real.write_text(json.dumps({"version": 1, "entries": {}}))
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    run(tuned(link))
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert len(tuning.read_cache(real, CANDIDATES)[0]) == 1
+
+
+def test_the_mode_is_kept(seed, tmp_path):
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"version": 1, "entries": {}}))
+    path.chmod(0o644)
+    run(tuned(path))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert len(tuning.read_cache(path, CANDIDATES)[0]) == 1
+
+
+def test_a_read_only_file_is_left_alone_with_one_warning(seed, tmp_path, caplog):
+    """No write bit is a statement, even to root (whom os.access would let write)."""
+    _read_only_case(tmp_path, caplog)
+
+
+def _read_only_case(tmp_path, caplog):
+    path = tmp_path / "tune.json"
+    text = json.dumps({"version": 1, "entries": {}})
+    path.write_text(text)
+    path.chmod(0o444)
+    proc = tuned(path)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        run(proc)
+        run(proc, m=9)
+    assert path.read_text() == text and stat.S_IMODE(path.stat().st_mode) == 0o444
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 1 and "read-only" in warnings[0], warnings
+
+
+def test_unwritable_folder_warns_once_and_still_runs(seed, tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = tuned(blocker / "tune.json")
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        run(proc)
+        run(proc, m=9)
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 1 and "cannot write the tuning cache" in warnings[0]
+
+
+def _writer(path, worker, count):
+    for i in range(count):
+        tuning.update_cache(path, {f"w{worker}-{i}": {"backend": "sdpa", "ms": {"sdpa": float(i)}}}, CANDIDATES)
+
+
+def test_concurrent_writers_do_not_corrupt_the_cache(tmp_path):
+    path = tmp_path / "sub" / "tune.json"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(str(path), w, 15)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    entries, others = tuning.read_cache(path, CANDIDATES)
+    assert others == 0
+    assert set(entries) == {f"w{w}-{i}" for w in range(4) for i in range(15)}
+    assert not [p for p in path.parent.iterdir() if p.suffix == ".tmp"]
+
+
+_KILLED_WRITER = r"""
+import os, sys, time, tempfile
+from pathlib import Path
+from attnkit import tuning
+path = Path(sys.argv[1])
+fd, tmp = tempfile.mkstemp(prefix=tuning._tmp_prefix(path), suffix=".tmp", dir=path.parent)
+os.write(fd, b'{"version": 1, "entries": {"half": ')
+print(tmp, flush=True)
+time.sleep(60)
+"""
+
+
+def test_temporary_files_of_a_killed_writer_are_removed(tmp_path):
+    path = tmp_path / "tune.json"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        tmp = Path(child.stdout.readline().strip())
+        assert tmp.exists()
+        # while its writer lives, the file is someone's work in progress: kept
+        tuning.update_cache(path, {"a": {"backend": "sdpa", "ms": {}}}, CANDIDATES)
+        assert tmp.exists()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    tuning.update_cache(path, {"b": {"backend": "sdpa", "ms": {}}}, CANDIDATES)
+    assert not tmp.exists()
+    assert set(tuning.read_cache(path, CANDIDATES)[0]) == {"a", "b"}
+
+
+def test_the_lock_works_on_every_os():
+    """filelock, not fcntl: the lock is not POSIX-only."""
+    import inspect
+
+    assert "fcntl" not in inspect.getsource(tuning)
+    from filelock import FileLock  # noqa: F401  (a declared dependency)
