@@ -39,25 +39,41 @@ def pytest_collection_modifyitems(config, items):
 # for draws that a tolerance does not cover, without rerunning the whole session.
 REPEAT = int(os.environ.get("ATTNKIT_TEST_REPEAT") or 1)
 
+# One seed per session, fresh each run (random data, never zeros) unless
+# ATTNKIT_TEST_SEED gives it; each test draws from a seed derived from it and the test's
+# id, so that rerunning with the session seed reproduces every test's data, alone or in
+# any order. The session seed is in the report header; a failing test prints both.
+SESSION_SEED = int(os.environ.get("ATTNKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
 
-def _seed():
-    """A fresh seed each run (random data, never zeros), printed so that a failure
-    reproduces: ATTNKIT_TEST_SEED=<seed> pytest ... runs with that one instead."""
-    s = int(os.environ.get("ATTNKIT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
-    torch.manual_seed(s)
-    print(f"seed={s}")
-    return s
+
+def pytest_report_header(config):
+    return (f"attnkit test seed: {SESSION_SEED} (ATTNKIT_TEST_SEED={SESSION_SEED} reruns these draws)"
+            + (f"; {REPEAT} draws per seeded test" if REPEAT > 1 else ""))
+
+
+def pytest_terminal_summary(terminalreporter):
+    # at the end too: `make test` runs with -q, which hides the header
+    terminalreporter.write_line(pytest_report_header(None))
+
+
+def _seed(request, draw: int = 0):
+    import zlib
+
+    test_seed = zlib.crc32(f"{SESSION_SEED}:{request.node.nodeid}:{draw}".encode()) & 0x7FFFFFFF
+    torch.manual_seed(test_seed)
+    print(f"seed={SESSION_SEED} (ATTNKIT_TEST_SEED={SESSION_SEED} reruns it; this test drew with {test_seed})")
+    return test_seed
 
 
 @pytest.fixture(scope="module")
-def module_seed():
+def module_seed(request):
     """The seed fixture for module-scoped fixtures that draw data once for many tests."""
-    return _seed()
+    return _seed(request)
 
 
 if REPEAT > 1:
     seed = pytest.fixture(params=range(REPEAT), ids=lambda i: f"draw{i}", name="seed")(
-        lambda request: _seed()
+        lambda request: _seed(request, request.param)
     )
 else:
     seed = pytest.fixture(name="seed")(_seed)
