@@ -566,3 +566,460 @@ _add(
         ),
     ),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# LTX-2 (audio + video)
+# ---------------------------------------------------------------------------------------------
+
+_LTX2 = dict(
+    in_channels=4,
+    out_channels=4,
+    patch_size=1,
+    patch_size_t=1,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    cross_attention_dim=32,
+    audio_in_channels=4,
+    audio_out_channels=4,
+    audio_num_attention_heads=2,
+    audio_attention_head_dim=8,
+    audio_cross_attention_dim=16,
+    num_layers=2,
+    caption_channels=24,
+    rope_double_precision=False,
+)
+# LTX-2.3 layout: split RoPE, per-head output gates, prompt cross-attention modulation, no caption
+# projection (the text arrives at the model width), the STG-capable processor.
+_LTX23 = dict(
+    _LTX2,
+    rope_type="split",
+    gated_attn=True,
+    audio_gated_attn=True,
+    cross_attn_mod=True,
+    audio_cross_attn_mod=True,
+    use_prompt_embeddings=False,
+    perturbed_attn=True,
+)
+
+
+def _ltx2_inputs(text_lengths=None, audio_text_lengths=None, ltx23=False, frames=2, hw=(4, 4), audio_frames=5, text_len=6):
+    def inputs(model, gen):
+        device, dtype = _pd(model)
+        cfg = model.config
+        batch = len(text_lengths) if text_lengths else 2
+        text_dim = cfg.num_attention_heads * cfg.attention_head_dim if ltx23 else cfg.caption_channels
+        audio_text_dim = cfg.audio_num_attention_heads * cfg.audio_attention_head_dim if ltx23 else cfg.caption_channels
+        n_video = frames * hw[0] * hw[1]
+        kw = dict(
+            hidden_states=_r(gen, model, batch, n_video, cfg.in_channels),
+            audio_hidden_states=_r(gen, model, batch, audio_frames, cfg.audio_in_channels),
+            encoder_hidden_states=_r(gen, model, batch, text_len, text_dim),
+            audio_encoder_hidden_states=_r(gen, model, batch, text_len, audio_text_dim),
+            timestep=_steps(gen, model, batch),
+            num_frames=frames,
+            height=hw[0],
+            width=hw[1],
+            audio_num_frames=audio_frames,
+            fps=25.0,
+        )
+        if text_lengths:
+            kw["encoder_attention_mask"] = _keep(text_lengths, text_len, device, dtype=dtype)
+            kw["audio_encoder_attention_mask"] = _keep(audio_text_lengths, text_len, device, dtype=dtype)
+        if ltx23:
+            kw["sigma"] = _t(gen, model, batch)
+            kw["audio_sigma"] = _t(gen, model, batch)
+            kw["use_cross_timestep"] = True
+            # IC-LoRA style multiplicative self-attention weights in [0, 1] (made additive by the model)
+            kw["video_self_attention_mask"] = torch.rand(batch, n_video, n_video, generator=gen).to(device, dtype)
+            # spatio-temporal guidance on block 1: item 0 attends, item 1 is perturbed (value pass-through)
+            kw["spatio_temporal_guidance_blocks"] = [1]
+            kw["perturbation_mask"] = torch.tensor([1.0, 0.0], device=device, dtype=dtype)
+        return kw
+
+    return inputs
+
+
+def _ltx2_outputs(out):
+    return (out.sample, out.audio_sample)
+
+
+_LTX2_NOTE = (
+    "LTX2Attention + LTX2AudioVideoAttnProcessor -> dispatch_attention_fn: video and audio self-attention "
+    "(interleaved RoPE cos/sin on q and k), video->text and audio->text cross-attention, audio<->video "
+    "cross-attention with separate query and key rotaries (query_rotary_emb, key_rotary_emb); qk RMSNorm "
+    "across heads."
+)
+_add(
+    ZooCase("LTX2VideoTransformer3DModel", _LTX2, _ltx2_inputs(), outputs=_ltx2_outputs, note=_LTX2_NOTE),
+    ZooCase(
+        "LTX2VideoTransformer3DModel",
+        _LTX2,
+        _ltx2_inputs([6, 2], [3, 6]),
+        outputs=_ltx2_outputs,
+        variant="masked",
+        note=_LTX2_NOTE
+        + " Text masks made additive (-10000) and expanded by prepare_attention_mask to (B, heads, 1, L) float.",
+    ),
+    ZooCase(
+        "LTX2VideoTransformer3DModel",
+        _LTX23,
+        _ltx2_inputs([6, 4], [5, 6], ltx23=True),
+        outputs=_ltx2_outputs,
+        variant="ltx23",
+        note=(
+            "LTX-2.3 layout: LTX2Attention + LTX2PerturbedAttnProcessor -> dispatch_attention_fn; split RoPE, "
+            "per-head sigmoid output gates, text masks, an additive (B, heads, N, N) float video self-attention "
+            "mask, and STG on block 1 (item 1's self-attention output replaced by its values)."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# LTX-Video
+# ---------------------------------------------------------------------------------------------
+
+_LTX = dict(
+    in_channels=4,
+    out_channels=4,
+    patch_size=1,
+    patch_size_t=1,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    cross_attention_dim=32,
+    num_layers=2,
+    caption_channels=24,
+)
+
+
+def _ltx_inputs(text_lengths, frames=2, hw=(4, 4), text_len=6):
+    def inputs(model, gen):
+        device, dtype = _pd(model)
+        batch = len(text_lengths)
+        return dict(
+            hidden_states=_r(gen, model, batch, frames * hw[0] * hw[1], model.config.in_channels),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.caption_channels),
+            timestep=_steps(gen, model, batch),
+            encoder_attention_mask=_keep(text_lengths, text_len, device, dtype=torch.long),
+            num_frames=frames,
+            height=hw[0],
+            width=hw[1],
+            rope_interpolation_scale=(20 / 25, 32, 32),
+        )
+
+    return inputs
+
+
+_LTX_NOTE = (
+    "LTXAttention + LTXVideoAttnProcessor -> dispatch_attention_fn: video self-attention with 3-D RoPE "
+    "(cos, sin over the full inner dim, applied before the head split) and qk RMSNorm across heads; "
+    "video->text cross-attention with the text mask made additive (-10000) and expanded to (B, heads, 1, L)."
+)
+_add(
+    ZooCase("LTXVideoTransformer3DModel", _LTX, _ltx_inputs([6, 6]), note=_LTX_NOTE + " Mask all ones."),
+    ZooCase("LTXVideoTransformer3DModel", _LTX, _ltx_inputs([6, 3]), variant="masked", note=_LTX_NOTE),
+    ZooCase(
+        "LTXVideoTransformer3DModel",
+        _LTX,
+        _ltx_inputs([4, 0]),
+        variant="fullpad",
+        note=_LTX_NOTE + " Item 2 has every text token masked: the additive mask makes it a uniform average.",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Latte
+# ---------------------------------------------------------------------------------------------
+
+_LATTE = dict(
+    sample_size=8,
+    num_layers=2,
+    patch_size=2,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    caption_channels=24,
+    in_channels=4,
+    cross_attention_dim=32,
+    out_channels=8,
+    attention_bias=True,
+    activation_fn="gelu-approximate",
+    num_embeds_ada_norm=1000,
+    norm_type="ada_norm_single",
+    norm_elementwise_affine=False,
+    norm_eps=1e-6,
+    video_length=3,
+)
+
+
+def _latte_inputs(model, gen):
+    return dict(
+        hidden_states=_r(gen, model, 2, 4, 3, 8, 8),
+        encoder_hidden_states=_r(gen, model, 2, 5, model.config.caption_channels),
+        timestep=_steps(gen, model, 2),
+        enable_temporal_attentions=True,
+    )
+
+
+_add(
+    ZooCase(
+        "LatteTransformer3DModel",
+        _LATTE,
+        _latte_inputs,
+        note=(
+            "diffusers Attention + AttnProcessor2_0 in BasicTransformerBlock (ada_norm_single): spatial "
+            "self-attention and text cross-attention per frame, then temporal self-attention per patch; "
+            "no mask (the pipeline passes none). No set_attn_processor on the model."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# LongCat audio DiT
+# ---------------------------------------------------------------------------------------------
+
+_LONGCAT_AUDIO = dict(
+    dit_dim=32,
+    dit_depth=2,
+    dit_heads=2,
+    dit_text_dim=24,
+    latent_dim=8,
+    ff_mult=2.0,
+)
+
+
+def _longcat_audio_inputs(text_lengths, audio_lengths=None, text_len=6, audio_len=10):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        batch = len(text_lengths)
+        kw = dict(
+            hidden_states=_r(gen, model, batch, audio_len, model.config.latent_dim),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.dit_text_dim),
+            encoder_attention_mask=_keep(text_lengths, text_len, device),
+            timestep=_t(gen, model, batch),
+            latent_cond=_r(gen, model, batch, audio_len, model.config.latent_dim),
+        )
+        if audio_lengths is not None:
+            kw["attention_mask"] = _keep(audio_lengths, audio_len, device)
+        return kw
+
+    return inputs
+
+
+_LONGCAT_AUDIO_NOTE = (
+    "AudioDiTAttention (AttentionModuleMixin, no _default_processor_cls) + AudioDiTSelfAttnProcessor / "
+    "AudioDiTCrossAttnProcessor -> dispatch_attention_fn: audio self-attention with 1-D RoPE, cross-attention "
+    "with RoPE on q (audio positions) and on k (text positions); qk RMSNorm over the inner dim. No "
+    "set_attn_processor on the model."
+)
+_add(
+    ZooCase(
+        "LongCatAudioDiTTransformer",
+        _LONGCAT_AUDIO,
+        _longcat_audio_inputs([6]),
+        note=_LONGCAT_AUDIO_NOTE + " Text mask (required) all ones, no audio mask.",
+    ),
+    ZooCase(
+        "LongCatAudioDiTTransformer",
+        _LONGCAT_AUDIO,
+        _longcat_audio_inputs([6, 3], [10, 7]),
+        variant="masked",
+        note=_LONGCAT_AUDIO_NOTE
+        + " 2-D bool masks (B, L): text keys in cross-attention, audio keys in self-attention; outputs of "
+        "padded audio tokens are zeroed after attention.",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flux-like single-sequence image transformers: LongCat-Image, Ovis-Image
+# ---------------------------------------------------------------------------------------------
+
+
+def _flux_ids(text_len, grid, image_start=None, device="cpu"):
+    """(txt_ids, img_ids), each (N, 3) float: text positions on axes 1 and 2, image grid after them."""
+    gh, gw = grid
+    txt = torch.zeros(text_len, 3)
+    txt[:, 1] = torch.arange(text_len)
+    txt[:, 2] = torch.arange(text_len)
+    s = text_len if image_start is None else image_start
+    img = torch.zeros(gh, gw, 3)
+    img[..., 1] = torch.arange(gh)[:, None] + s
+    img[..., 2] = torch.arange(gw)[None, :] + s
+    return txt.to(device), img.reshape(-1, 3).to(device)
+
+
+def _flux_like_inputs(text_dim_key, batch=2, text_len=5, grid=(2, 3), guidance=False, ids_image_start=None):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        cfg = model.config
+        txt_ids, img_ids = _flux_ids(text_len, grid, ids_image_start, device)
+        kw = dict(
+            hidden_states=_r(gen, model, batch, grid[0] * grid[1], cfg.in_channels),
+            encoder_hidden_states=_r(gen, model, batch, text_len, cfg[text_dim_key]),
+            timestep=_t(gen, model, batch),
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+        )
+        if guidance:
+            kw["guidance"] = _t(gen, model, batch, 1.0, 5.0)
+        return kw
+
+    return inputs
+
+
+_add(
+    ZooCase(
+        "LongCatImageTransformer2DModel",
+        dict(
+            patch_size=1,
+            in_channels=8,
+            num_layers=1,
+            num_single_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=24,
+            pooled_projection_dim=24,
+            axes_dims_rope=[4, 6, 6],
+        ),
+        _flux_like_inputs("joint_attention_dim"),
+        note=(
+            "LongCatImageAttention + LongCatImageAttnProcessor -> dispatch_attention_fn on the joint "
+            "[text, image] sequence (double blocks: added k/v projections and norm_added_q/k; single blocks: "
+            "one projection), qk RMSNorm, 3-axis Flux RoPE (cos, sin); no mask."
+        ),
+    ),
+    ZooCase(
+        "OvisImageTransformer2DModel",
+        dict(
+            patch_size=1,
+            in_channels=8,
+            out_channels=8,
+            num_layers=1,
+            num_single_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=24,
+            axes_dims_rope=(4, 6, 6),
+        ),
+        _flux_like_inputs("joint_attention_dim"),
+        note=(
+            "OvisImageAttention + OvisImageAttnProcessor -> dispatch_attention_fn on the joint [text, image] "
+            "sequence (Flux layout: double and single blocks), qk RMSNorm, 3-axis RoPE (cos, sin); no mask. "
+            "No set_attn_processor on the model."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lumina 2, Lumina-Next
+# ---------------------------------------------------------------------------------------------
+
+_LUMINA2 = dict(
+    sample_size=8,
+    patch_size=2,
+    in_channels=4,
+    hidden_size=32,
+    num_layers=2,
+    num_refiner_layers=1,
+    num_attention_heads=2,
+    num_kv_heads=1,
+    multiple_of=16,
+    axes_dim_rope=(4, 6, 6),
+    axes_lens=(64, 32, 32),
+    cap_feat_dim=24,
+)
+
+
+def _lumina2_inputs(text_lengths, text_len=6, hw=8):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        batch = len(text_lengths)
+        return dict(
+            hidden_states=_r(gen, model, batch, 4, hw, hw),
+            timestep=_t(gen, model, batch),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.cap_feat_dim),
+            encoder_attention_mask=_keep(text_lengths, text_len, device),
+        )
+
+    return inputs
+
+
+_LUMINA2_NOTE = (
+    "diffusers Attention + Lumina2AttnProcessor2_0 (not dispatch: F.scaled_dot_product_attention in the "
+    "processor) with image_rotary_emb as complex freqs_cis (apply_rotary_emb use_real=False), GQA by "
+    "repeating k/v heads, qk RMSNorm; context refiner (text mask as bool (B, 1, 1, L)), noise refiner (no "
+    "mask), joint layers over the repacked [text, image] sequence. No set_attn_processor on the model."
+)
+_add(
+    ZooCase("Lumina2Transformer2DModel", _LUMINA2, _lumina2_inputs([6, 6]), note=_LUMINA2_NOTE + " Mask all ones."),
+    ZooCase(
+        "Lumina2Transformer2DModel",
+        _LUMINA2,
+        _lumina2_inputs([6, 3]),
+        variant="masked",
+        note=_LUMINA2_NOTE + " Different lengths: the joint layers get a bool key mask of the repacked lengths.",
+    ),
+)
+
+
+_LUMINA_NEXT = dict(
+    sample_size=8,
+    patch_size=2,
+    in_channels=4,
+    hidden_size=48,
+    num_layers=2,
+    num_attention_heads=3,
+    num_kv_heads=1,
+    multiple_of=16,
+    ffn_dim_multiplier=None,
+    norm_eps=1e-5,
+    learn_sigma=False,
+    qk_norm=True,
+    cross_attention_dim=24,
+    scaling_factor=1.0,
+)
+
+
+def _lumina_next_inputs(text_lengths, text_len=6, hw=8):
+    def inputs(model, gen):
+        device, dtype = _pd(model)
+        batch = len(text_lengths)
+        head_dim = model.config.hidden_size // model.config.num_attention_heads
+        tokens = hw // model.config.patch_size
+        # the pipeline passes complex freqs_cis (H, W, head_dim / 2); here of random angles
+        angles = torch.rand(tokens, tokens, head_dim // 2, generator=gen) * (2 * torch.pi)
+        return dict(
+            hidden_states=_r(gen, model, batch, 4, hw, hw),
+            timestep=_t(gen, model, batch),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.cross_attention_dim),
+            # the tokenizer's int64 mask, as the pipeline passes it
+            encoder_mask=_keep(text_lengths, text_len, device, dtype=torch.long),
+            image_rotary_emb=torch.polar(torch.ones_like(angles), angles).to(device),
+            cross_attention_kwargs={},
+        )
+
+    return inputs
+
+
+_LUMINA_NEXT_NOTE = (
+    "diffusers Attention + LuminaAttnProcessor2_0 (not dispatch: F.scaled_dot_product_attention in the "
+    "processor, returns (B, N, H, D) before the shared output projection): self-attention with complex "
+    "query_rotary_emb and key_rotary_emb (image_rotary_emb input) and scale=attn.scale; cross-attention to "
+    "text with RoPE on q only and scale=None; GQA by repeating k/v; LayerNorm across heads on q/k; masks are "
+    "expanded bool (B, heads, N, L) (self: the model's int32 all-ones patch mask; cross: the text mask). No "
+    "set_attn_processor on the model."
+)
+_add(
+    ZooCase("LuminaNextDiT2DModel", _LUMINA_NEXT, _lumina_next_inputs([6, 6]), note=_LUMINA_NEXT_NOTE),
+    ZooCase(
+        "LuminaNextDiT2DModel",
+        _LUMINA_NEXT,
+        _lumina_next_inputs([6, 2]),
+        variant="masked",
+        note=_LUMINA_NEXT_NOTE,
+    ),
+)
