@@ -6,6 +6,9 @@ its source. Configs are tiny (hidden sizes of a few dozen, one or two blocks, he
 but keep each model's attention layout: joint text+image sequences, rotary embeddings,
 qk-norm, GQA, cross-attention, masks. Inputs are random; rotary embeddings that are forward
 inputs are random angles; masks have a different valid length per batch item.
+
+``ZooCase.extra["attention_classes"]`` names the module classes of a case that compute attention
+without being a diffusers ``Attention`` or ``AttentionModuleMixin`` (Mochi's ``MochiAttention``...).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from _zoo_common import ZooCase, model_param, randn, random_angles_rotary
+from _zoo_common import ZooCase, default_outputs, model_param, random_init_, randn, random_angles_rotary
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -29,6 +32,55 @@ class _SeededNoiseCase(ZooCase):
         gen = inputs["generator"]
         fresh = torch.Generator(gen.device).manual_seed(gen.initial_seed())
         return super().run(model, {**inputs, "generator": fresh})
+
+
+@dataclass(frozen=True)
+class _HostedCase(ZooCase):
+    """A model whose own forward computes nothing (AnimateDiff's MotionAdapter): ``inputs`` builds a
+    host model whose matching submodules *are* the adapter's (shared, not copied), and the run is
+    the host's forward. Attention modules of the adapter are the ones that run, so processors set
+    on the adapter take effect; the host's own modules stay stock."""
+
+    def run(self, model, inputs):
+        kwargs = dict(inputs)
+        host = kwargs.pop("host")
+        return (self.outputs or default_outputs)(host(**kwargs))
+
+
+class _Fresh:
+    """A constructor argument that is itself a model (a Multi* wrapper's nets): built anew at each
+    build, so that two models built from one case never share a submodule."""
+
+    def __init__(self, class_name: str, **config):
+        self.class_name = class_name
+        self.config = config
+
+    def make(self):
+        import diffusers
+
+        return getattr(diffusers, self.class_name)(**self.config)
+
+    def __repr__(self) -> str:
+        return f"{self.class_name}(...)"
+
+
+@dataclass(frozen=True)
+class _WrapperCase(ZooCase):
+    """A case whose config holds ``_Fresh`` models (in lists): they are constructed at build time."""
+
+    def build(self, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
+        torch.manual_seed(seed)
+
+        def make(v):
+            if isinstance(v, _Fresh):
+                return v.make()
+            if isinstance(v, (list, tuple)):
+                return type(v)(make(x) for x in v)
+            return v
+
+        model = self.model_class()(**{k: make(v) for k, v in self.config.items()})
+        random_init_(model, seed)
+        return model.to(device=device, dtype=dtype).eval()
 
 
 def _add(*cases: ZooCase) -> None:
@@ -1021,5 +1073,424 @@ _add(
         _lumina_next_inputs([6, 2]),
         variant="masked",
         note=_LUMINA_NEXT_NOTE,
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# MMAudio VAE (mel autoencoder)
+# ---------------------------------------------------------------------------------------------
+
+_add(
+    ZooCase(
+        "MMAudioVAE",
+        dict(
+            mel_bins=16,
+            latent_channels=8,
+            hidden_channels=16,
+            channel_multipliers=(1, 2),
+            layers_per_block=1,
+            sample_rate=8000,
+            n_fft=64,
+            hop_length=16,
+        ),
+        # a waveform in [-1, 1]: 24 mel frames
+        lambda model, gen: dict(sample=(0.3 * _r(gen, model, 2, 16 * 24)).clamp(-1, 1)),
+        note=(
+            "MMAudioAttnBlock1D + MMAudioAttnProcessor -> dispatch_attention_fn with backend=NATIVE hard-coded: "
+            "one head over the full channel width (head_dim 32 here, in the thousands at full size), q/k/v "
+            "L2-normalised, no mask; one block mid-encoder, one mid-decoder."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# MiniMax-H3 (packed text + audio + video)
+# ---------------------------------------------------------------------------------------------
+
+_MINIMAX_H3 = dict(
+    # inner dim (32) differs from hidden size (24) and RoPE covers only 12 of 16 head dims, as released
+    num_attention_heads=2,
+    attention_head_dim=16,
+    hidden_size=24,
+    num_layers=2,
+    num_refiner_layers=1,
+    ffn_dim=32,
+    in_channels=4,
+    audio_in_channels=6,
+    patch_size=(1, 2, 2),
+    text_dim=8,
+    freq_dim=8,
+    time_embed_hidden_dim=24,
+    time_embed_dim=16,
+    rope_freq_dim=2,
+)
+
+
+def _minimax_h3_inputs(model, gen, batch=2, n_text=4, n_audio=5, n_video=8):
+    device, dtype = _pd(model)
+    cfg = model.config
+    seq = n_text + n_audio + n_video
+    text_idx = torch.arange(n_text)
+    audio_idx = torch.arange(n_text, n_text + n_audio)
+    video_idx = torch.arange(n_text + n_audio, seq)
+    tags = torch.empty(seq, dtype=torch.long)
+    tags[text_idx], tags[audio_idx], tags[video_idx] = 1, 2, 0
+    t_idx = torch.zeros(seq, dtype=torch.long)
+    t_idx[audio_idx] = 1
+    pos = torch.zeros(seq, 3)
+    pos[:, 0] = torch.arange(seq)
+    pos[video_idx, 1] = (torch.arange(n_video) % 4).float()
+    pos[video_idx, 2] = (torch.arange(n_video) % 2).float()
+    patch = cfg.in_channels * cfg.patch_size[0] * cfg.patch_size[1] * cfg.patch_size[2]
+    return dict(
+        hidden_states=_r(gen, model, batch, n_video, patch),
+        audio_hidden_states=_r(gen, model, batch, n_audio, cfg.audio_in_channels),
+        encoder_hidden_states=_r(gen, model, batch, n_text, cfg.text_dim),
+        timestep=_t(gen, model, 2),
+        timestep_indices=t_idx.to(device),
+        token_tags=tags.to(device),
+        position_ids=pos.to(device),
+        video_indices=video_idx.to(device),
+        audio_indices=audio_idx.to(device),
+        text_indices=text_idx.to(device),
+    )
+
+
+_add(
+    ZooCase(
+        "MiniMaxH3Transformer3DModel",
+        _MINIMAX_H3,
+        _minimax_h3_inputs,
+        outputs=lambda out: (out.sample, out.audio_sample),
+        note=(
+            "MiniMaxH3Attention + MiniMaxH3AttnProcessor -> dispatch_attention_fn, no mask: text token refiner "
+            "(no RoPE), then full self-attention over one packed [text, audio, video] sequence with partial 3-axis "
+            "RoPE (cos, sin cover 12 of 16 head dims) and q/k RMSNorm."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# MiniMax Music 3
+# ---------------------------------------------------------------------------------------------
+
+_add(
+    ZooCase(
+        "MiniMaxMusic3RVQDepthDecoder",
+        dict(
+            hidden_size=32,
+            num_layers=2,
+            num_attention_heads=2,
+            intermediate_size=48,
+            audio_vocab_size=16,
+            num_codebooks=4,
+            max_position_embeddings=8,
+        ),
+        lambda model, gen: dict(inputs_embeds=_r(gen, model, 2, 7, model.config.hidden_size)),
+        note=(
+            "MiniMaxMusic3DepthAttention + MiniMaxMusic3DepthAttnProcessor -> dispatch_attention_fn with "
+            "is_causal=True (no mask, no RoPE: learned positions): a small causal language model over the "
+            "codebook steps."
+        ),
+    ),
+    ZooCase(
+        "MiniMaxMusic3Transformer1DModel",
+        dict(
+            in_channels=8,
+            condition_dim=12,
+            num_layers=2,
+            num_attention_heads=2,
+            attention_head_dim=16,
+            ff_inner_dim=48,
+            rotary_dim=8,
+            fourier_embedding_dim=16,
+        ),
+        lambda model, gen: dict(
+            hidden_states=_r(gen, model, 2, 8, 10),
+            timestep=_t(gen, model, 2),
+            encoder_hidden_states=_r(gen, model, 2, 10, 12),
+        ),
+        note=(
+            "MiniMaxMusic3Attention + MiniMaxMusic3AttnProcessor -> dispatch_attention_fn, no mask: self-attention "
+            "over [time token, latent frames] with partial rotate-half RoPE (cos, sin on the first rotary_dim head "
+            "dims). No set_attn_processor on the model."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mochi
+# ---------------------------------------------------------------------------------------------
+
+_MOCHI = dict(
+    patch_size=2,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=2,
+    pooled_projection_dim=16,
+    in_channels=4,
+    out_channels=None,
+    qk_norm="rms_norm",
+    text_embed_dim=24,
+    time_embed_dim=8,
+    activation_fn="swiglu",
+    max_sequence_length=8,
+)
+
+
+def _mochi_inputs(text_lengths, frames=2, hw=8, text_len=8):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        batch = len(text_lengths)
+        return dict(
+            hidden_states=_r(gen, model, batch, 4, frames, hw, hw),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.text_embed_dim),
+            timestep=_steps(gen, model, batch),
+            encoder_attention_mask=_keep(text_lengths, text_len, device),
+        )
+
+    return inputs
+
+
+_MOCHI_NOTE = (
+    "MochiAttention + MochiAttnProcessor2_0 (not dispatch: F.scaled_dot_product_attention, one call per batch "
+    "item over [video, valid text tokens] gathered with the text mask, then zero-padded back); video q/k with "
+    "learned-frequency 3-D RoPE (cos, sin, interleaved pairs), added text projections with their own RMSNorm; "
+    "the last block is context_pre_only. Text pooling: MochiAttentionPool, one mean-token query, "
+    "F.scaled_dot_product_attention with a bool (B, 1, 1, 1 + L) mask. No set_attn_processor on the model."
+)
+# Neither is a diffusers Attention nor an AttentionModuleMixin.
+_MOCHI_EXTRA = {"attention_classes": ("MochiAttention", "MochiAttentionPool")}
+_add(
+    ZooCase(
+        "MochiTransformer3DModel",
+        _MOCHI,
+        _mochi_inputs([8, 8]),
+        note=_MOCHI_NOTE + " Mask all ones.",
+        extra=_MOCHI_EXTRA,
+    ),
+    ZooCase(
+        "MochiTransformer3DModel", _MOCHI, _mochi_inputs([8, 3]), variant="masked", note=_MOCHI_NOTE, extra=_MOCHI_EXTRA
+    ),
+    ZooCase(
+        "MochiTransformer3DModel",
+        _MOCHI,
+        _mochi_inputs([5, 0]),
+        variant="fullpad",
+        note=_MOCHI_NOTE + " Item 2 keeps no text token: its video attends to itself only.",
+        extra=_MOCHI_EXTRA,
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Motif-Video
+# ---------------------------------------------------------------------------------------------
+
+_MOTIF = dict(
+    in_channels=9,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=1,
+    num_single_layers=2,
+    num_decoder_layers=1,
+    mlp_ratio=2.0,
+    patch_size=1,
+    patch_size_t=1,
+    qk_norm="rms_norm",
+    norm_type="layer_norm",
+    text_embed_dim=24,
+    image_embed_dim=8,
+    rope_theta=256.0,
+    rope_axes_dim=(4, 6, 6),
+    enable_text_cross_attention_dual=True,
+    enable_text_cross_attention_single=True,
+)
+
+
+def _motif_inputs(text_lengths=None, batch=2, frames=2, hw=(3, 4), text_len=6, image_tokens=3):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        cfg = model.config
+        kw = dict(
+            hidden_states=_r(gen, model, batch, cfg.in_channels, frames, *hw),
+            encoder_hidden_states=_r(gen, model, batch, text_len, cfg.text_embed_dim),
+            timestep=_steps(gen, model, batch),
+            image_embeds=_r(gen, model, batch, image_tokens, cfg.image_embed_dim),
+        )
+        if text_lengths is not None:
+            kw["encoder_attention_mask"] = _keep(text_lengths, text_len, device, dtype=torch.long)
+        return kw
+
+    return inputs
+
+
+_MOTIF_NOTE = (
+    "MotifVideoAttention + MotifVideoAttnProcessor2_0 -> dispatch_attention_fn on [video, image-embeds + text] "
+    "(double blocks: added projections; single blocks: concatenated), 3-axis RoPE (cos, sin) on video tokens "
+    "only, qk RMSNorm; MotifVideoCrossAttention + MotifVideoCrossAttnProcessor2_0 -> dispatch_attention_fn: "
+    "video->text cross-attention (image embeds sliced off) with RoPE on q only; the last single block is a "
+    "decoder layer."
+)
+_add(
+    ZooCase("MotifVideoTransformer3DModel", _MOTIF, _motif_inputs(), note=_MOTIF_NOTE + " No mask."),
+    ZooCase(
+        "MotifVideoTransformer3DModel",
+        _MOTIF,
+        _motif_inputs([6, 2]),
+        variant="masked",
+        note=_MOTIF_NOTE + " Bool key mask (B, 1, 1, N + L) for the joint attention, its text part for the cross.",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# AnimateDiff: UNetMotionModel and the MotionAdapter it loads
+# ---------------------------------------------------------------------------------------------
+
+_UNET_MOTION = dict(
+    block_out_channels=(16, 32),
+    norm_num_groups=8,
+    down_block_types=("CrossAttnDownBlockMotion", "DownBlockMotion"),
+    up_block_types=("UpBlockMotion", "CrossAttnUpBlockMotion"),
+    cross_attention_dim=24,
+    num_attention_heads=2,
+    out_channels=4,
+    in_channels=4,
+    layers_per_block=1,
+    sample_size=8,
+    motion_num_attention_heads=2,
+    motion_max_seq_length=8,
+)
+
+
+def _video_unet_inputs(frames=3, hw=8, text_len=5, batch=2, text_dim=24):
+    def inputs(model, gen):
+        return dict(
+            sample=_r(gen, model, batch, 4, frames, hw, hw),
+            timestep=_steps(gen, model, 1)[0],
+            encoder_hidden_states=_r(gen, model, batch * frames, text_len, text_dim),
+        )
+
+    return inputs
+
+
+def _unet_motion_inputs(model, gen, batch=2, frames=3):
+    # the AnimateDiff pipeline repeats the prompt per frame: (batch * frames, L, D)
+    return dict(
+        sample=_r(gen, model, batch, 4, frames, 8, 8),
+        timestep=_steps(gen, model, 1)[0],
+        encoder_hidden_states=_r(gen, model, batch * frames, 5, 24),
+    )
+
+
+_MOTION_NOTE = (
+    "diffusers Attention + AttnProcessor2_0: spatial self- and text cross-attention per frame "
+    "(Transformer2DModel), temporal self-attention per pixel in the motion modules "
+    "(AnimateDiffTransformer3D / TransformerTemporalModel, sinusoidal positions); no mask."
+)
+_add(ZooCase("UNetMotionModel", _UNET_MOTION, _unet_motion_inputs, note=_MOTION_NOTE))
+
+_MOTION_ADAPTER = dict(
+    block_out_channels=(16, 32),
+    motion_layers_per_block=1,
+    motion_num_attention_heads=2,
+    motion_norm_num_groups=8,
+    motion_max_seq_length=8,
+    use_motion_mid_block=True,
+)
+
+
+def _motion_adapter_inputs(model, gen):
+    from diffusers import UNet2DConditionModel, UNetMotionModel
+
+    device, dtype = _pd(model)
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+    torch.manual_seed(seed)
+    unet2d = UNet2DConditionModel(
+        block_out_channels=(16, 32),
+        norm_num_groups=8,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=24,
+        attention_head_dim=2,
+        layers_per_block=1,
+        sample_size=8,
+    )
+    random_init_(unet2d, seed)
+    host = UNetMotionModel.from_unet2d(unet2d, motion_adapter=model)
+    # share, not copy, the adapter's motion modules (from_unet2d copies their weights)
+    for host_block, block in zip(host.down_blocks, model.down_blocks):
+        host_block.motion_modules = block.motion_modules
+    for host_block, block in zip(host.up_blocks, model.up_blocks):
+        host_block.motion_modules = block.motion_modules
+    host.mid_block.motion_modules = model.mid_block.motion_modules
+    host = host.to(device=device, dtype=dtype).eval()
+    return dict(host=host, **_unet_motion_inputs(model, gen))
+
+
+_add(
+    _HostedCase(
+        "MotionAdapter",
+        _MOTION_ADAPTER,
+        _motion_adapter_inputs,
+        note=(
+            "MotionAdapter's forward is a no-op: its motion modules (AnimateDiffTransformer3D, diffusers "
+            "Attention + AttnProcessor2_0, temporal self-attention with sinusoidal positions) run inside a "
+            "UNetMotionModel built from a tiny UNet2DConditionModel by the inputs (the `host` input), sharing "
+            "the adapter's modules."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# MultiControlNetModel (two tiny SD ControlNets)
+# ---------------------------------------------------------------------------------------------
+
+_SD_CONTROLNET = dict(
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+    cross_attention_dim=24,
+    attention_head_dim=2,
+    norm_num_groups=8,
+    conditioning_embedding_out_channels=(8, 16),
+)
+
+
+def _multi_controlnet_inputs(model, gen, batch=2, text_len=5):
+    device, _ = _pd(model)
+    return dict(
+        sample=_r(gen, model, batch, 4, 8, 8),
+        timestep=_steps(gen, model, 1)[0],
+        encoder_hidden_states=_r(gen, model, batch, text_len, 24),
+        controlnet_cond=[_r(gen, model, batch, 3, 16, 16) for _ in model.nets],
+        conditioning_scale=[0.7, 1.2][: len(model.nets)],
+        # as the pipelines call it (return_dict=True unpacks the nets' output dicts by key)
+        return_dict=False,
+    )
+
+
+def _down_and_mid(out):
+    down, mid = out[0], out[1]
+    return (*down, mid)
+
+
+_add(
+    _WrapperCase(
+        "MultiControlNetModel",
+        dict(controlnets=[_Fresh("ControlNetModel", **_SD_CONTROLNET), _Fresh("ControlNetModel", **_SD_CONTROLNET)]),
+        _multi_controlnet_inputs,
+        outputs=_down_and_mid,
+        note=(
+            "Two ControlNetModel: diffusers Attention + AttnProcessor2_0 (self- and text cross-attention in "
+            "Transformer2DModel blocks, mid-block attention); no mask. No set_attn_processor on the wrapper."
+        ),
     ),
 )
