@@ -1494,3 +1494,297 @@ _add(
         ),
     ),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# NucleusMoE-Image
+# ---------------------------------------------------------------------------------------------
+
+_NUCLEUS = dict(
+    patch_size=2,
+    in_channels=16,
+    num_layers=2,
+    attention_head_dim=16,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    joint_attention_dim=24,
+    axes_dims_rope=(4, 6, 6),
+    moe_enabled=False,  # the MoE feed-forward does not touch attention
+)
+
+
+def _nucleus_inputs(text_lengths=None, batch=2, grid=(2, 3), text_len=6):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        gh, gw = grid
+        kw = dict(
+            hidden_states=_r(gen, model, batch, gh * gw, model.config.in_channels),
+            img_shapes=[(1, gh, gw)] * batch,
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.joint_attention_dim),
+            timestep=_t(gen, model, batch),
+        )
+        if text_lengths is not None:
+            kw["encoder_hidden_states_mask"] = _keep(text_lengths, text_len, device, dtype=torch.long)
+        return kw
+
+    return inputs
+
+
+_NUCLEUS_NOTE = (
+    "diffusers Attention + NucleusMoEAttnProcessor2_0 -> dispatch_attention_fn: image queries over "
+    "[image, text] keys (text via added k/v projections only; q and k lengths differ), GQA by repeating k/v "
+    "heads in the processor, complex RoPE (freqs_cis) on image q/k and on text k, qk RMSNorm."
+)
+_add(
+    ZooCase("NucleusMoEImageTransformer2DModel", _NUCLEUS, _nucleus_inputs(), note=_NUCLEUS_NOTE + " No mask."),
+    ZooCase(
+        "NucleusMoEImageTransformer2DModel",
+        _NUCLEUS,
+        _nucleus_inputs([6, 2]),
+        variant="masked",
+        note=_NUCLEUS_NOTE + " 2-D bool key mask (B, N_img + L) through attention_kwargs.",
+    ),
+    ZooCase(
+        "NucleusMoEImageTransformer2DModel",
+        _NUCLEUS,
+        _nucleus_inputs([4, 0]),
+        variant="fullpad",
+        note=_NUCLEUS_NOTE + " Item 2 has every text key masked (its image keys stay).",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# OmniGen
+# ---------------------------------------------------------------------------------------------
+
+_OMNIGEN = dict(
+    in_channels=4,
+    patch_size=2,
+    hidden_size=32,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=48,
+    num_layers=2,
+    pad_token_id=0,
+    vocab_size=64,
+    rope_scaling={"long_factor": [1.0 + 0.1 * i for i in range(8)], "short_factor": [1.0 + 0.05 * i for i in range(8)]},
+    pos_embed_max_size=16,
+    time_step_dim=16,
+)
+
+
+def _omnigen_inputs(text_lengths, text_len=9, hw=6, image_at=(1, 5)):
+    """OmniGen's multimodal layout, built as its processor does: left-padded condition tokens with
+    causal attention (an input image's tokens inside item 0 attend bidirectionally to each other),
+    the time token, then the output image tokens, which attend to everything."""
+
+    def inputs(model, gen):
+        device, dtype = _pd(model)
+        batch = len(text_lengths)
+        n_img = (hw // model.config.patch_size) ** 2
+        seq = text_len + 1 + n_img
+        masks, positions, sizes = [], [], {}
+        for b, n in enumerate(text_lengths):
+            pad = text_len - n
+            m = torch.zeros(seq, seq)
+            m[pad:, pad:] = torch.tril(torch.ones(seq - pad, seq - pad))
+            m[text_len + 1 :, pad:] = 1  # output image tokens: all non-padding keys
+            m[:pad, :] = 1  # padding queries attend everywhere (their output is discarded)
+            if b == 0:
+                s, e = image_at[0] + pad, image_at[1] + pad
+                m[s:e, s:e] = 1
+                sizes[b] = [[s, e]]
+            masks.append(m)
+            positions.append([0] * pad + list(range(n + 1 + n_img)))
+        ids = torch.randint(1, model.config.vocab_size, (batch, text_len), generator=gen)
+        for b, n in enumerate(text_lengths):
+            ids[b, : text_len - n] = model.config.pad_token_id
+        return dict(
+            hidden_states=_r(gen, model, batch, model.config.in_channels, hw, hw),
+            timestep=_t(gen, model, batch),
+            input_ids=ids.to(device),
+            input_img_latents=[_r(gen, model, 1, model.config.in_channels, 4, 4)],
+            input_image_sizes=sizes,
+            attention_mask=torch.stack(masks).to(device, dtype),
+            position_ids=torch.tensor(positions, device=device),
+        )
+
+    return inputs
+
+
+_OMNIGEN_NOTE = (
+    "diffusers Attention + OmniGenAttnProcessor2_0 (not dispatch: F.scaled_dot_product_attention in the "
+    "processor) with image_rotary_emb (cos, sin of Phi-3 su-scaled RoPE) and GQA through SDPA's head "
+    "broadcast of (B, H_kv, L, D) k/v; the multiplicative (B, L, L) mask (causal text, bidirectional images) is "
+    "made additive with finfo.min: (B, 1, L, L) float. No set_attn_processor on the model."
+)
+_add(
+    ZooCase("OmniGenTransformer2DModel", _OMNIGEN, _omnigen_inputs([9, 9]), note=_OMNIGEN_NOTE),
+    ZooCase(
+        "OmniGenTransformer2DModel",
+        _OMNIGEN,
+        _omnigen_inputs([9, 5]),
+        variant="masked",
+        note=_OMNIGEN_NOTE + " Item 2 is left-padded.",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# PRX
+# ---------------------------------------------------------------------------------------------
+
+_PRX = dict(
+    in_channels=4,
+    patch_size=2,
+    context_in_dim=24,
+    hidden_size=32,
+    mlp_ratio=2.0,
+    num_heads=2,
+    depth=2,
+    axes_dim=[8, 8],
+)
+
+
+def _prx_inputs(text_lengths=None, batch=2, hw=(6, 8), text_len=6):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        kw = dict(
+            hidden_states=_r(gen, model, batch, model.config.in_channels, *hw),
+            timestep=_t(gen, model, batch),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.context_in_dim),
+        )
+        if text_lengths is not None:
+            kw["attention_mask"] = _keep(text_lengths, text_len, device)
+        return kw
+
+    return inputs
+
+
+_PRX_NOTE = (
+    "PRXAttention + PRXAttnProcessor2_0 -> dispatch_attention_fn: image queries over [text, image] keys (text "
+    "k/v projections only, norm_added_k), 2-axis RoPE as rotation matrices on image q/k, qk RMSNorm."
+)
+_add(
+    ZooCase("PRXTransformer2DModel", _PRX, _prx_inputs(), note=_PRX_NOTE + " No mask."),
+    ZooCase(
+        "PRXTransformer2DModel",
+        _PRX,
+        _prx_inputs([6, 2]),
+        variant="masked",
+        note=_PRX_NOTE + " Bool key mask (B, 1, 1, L_txt + N_img).",
+    ),
+    ZooCase(
+        "PRXTransformer2DModel",
+        _PRX,
+        _prx_inputs([3, 0]),
+        variant="fullpad",
+        note=_PRX_NOTE + " Item 2 has every text key masked (its image keys stay).",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# PixArt, Prior (Kandinsky 2 / unCLIP)
+# ---------------------------------------------------------------------------------------------
+
+_PIXART = dict(
+    num_attention_heads=3,  # the size embeddings need a width divisible by 3
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=8,
+    num_layers=2,
+    cross_attention_dim=48,
+    sample_size=8,
+    patch_size=2,
+    caption_channels=24,
+    use_additional_conditions=True,  # PixArt-alpha 1024: resolution and aspect-ratio embeddings
+)
+
+
+def _pixart_inputs(text_lengths, text_len=6, hw=8):
+    def inputs(model, gen):
+        device, dtype = _pd(model)
+        batch = len(text_lengths)
+        return dict(
+            hidden_states=_r(gen, model, batch, 4, hw, hw),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.caption_channels),
+            timestep=_steps(gen, model, batch),
+            added_cond_kwargs={
+                "resolution": torch.tensor([[64.0, 64.0]] * batch, device=device, dtype=dtype),
+                "aspect_ratio": torch.tensor([[1.0]] * batch, device=device, dtype=dtype),
+            },
+            # the T5 tokenizer's int64 mask, as the pipeline passes it
+            encoder_attention_mask=_keep(text_lengths, text_len, device, dtype=torch.long),
+        )
+
+    return inputs
+
+
+_PIXART_NOTE = (
+    "diffusers Attention + AttnProcessor2_0 in BasicTransformerBlock (ada_norm_single): image self-attention "
+    "and text cross-attention; the text mask is made additive (-10000) (B, 1, L) and expanded by "
+    "prepare_attention_mask to (B, heads, 1, L) float."
+)
+_add(
+    ZooCase("PixArtTransformer2DModel", _PIXART, _pixart_inputs([6, 6]), note=_PIXART_NOTE + " Mask all ones."),
+    ZooCase("PixArtTransformer2DModel", _PIXART, _pixart_inputs([6, 2]), variant="masked", note=_PIXART_NOTE),
+    ZooCase(
+        "PixArtTransformer2DModel",
+        _PIXART,
+        _pixart_inputs([4, 0]),
+        variant="fullpad",
+        note=_PIXART_NOTE + " Item 2 has every text token masked: the additive mask makes it a uniform average.",
+    ),
+)
+
+
+_PRIOR = dict(
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=2,
+    embedding_dim=24,
+    num_embeddings=6,
+    additional_embeddings=4,
+)
+
+
+def _prior_inputs(text_lengths, text_len=6):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        batch = len(text_lengths)
+        d = model.config.embedding_dim
+        return dict(
+            hidden_states=_r(gen, model, batch, d),
+            timestep=_steps(gen, model, 1)[0],
+            proj_embedding=_r(gen, model, batch, d),
+            encoder_hidden_states=_r(gen, model, batch, text_len, d),
+            attention_mask=_keep(text_lengths, text_len, device),
+        )
+
+    return inputs
+
+
+_PRIOR_NOTE = (
+    "diffusers Attention + AttnProcessor2_0 in BasicTransformerBlock: self-attention over [text, projected "
+    "embedding, time, image embedding, prd token] with an additive causal + text-padding mask (-10000) of "
+    "shape (B * heads, L, L) float (only applied when a text mask is given)."
+)
+_add(
+    ZooCase(
+        "PriorTransformer",
+        _PRIOR,
+        _prior_inputs([6, 6]),
+        outputs=lambda out: (out.predicted_image_embedding,),
+        note=_PRIOR_NOTE + " Mask all ones (causal only).",
+    ),
+    ZooCase(
+        "PriorTransformer",
+        _PRIOR,
+        _prior_inputs([6, 2]),
+        outputs=lambda out: (out.predicted_image_embedding,),
+        variant="masked",
+        note=_PRIOR_NOTE,
+    ),
+)
