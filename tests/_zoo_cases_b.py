@@ -2338,3 +2338,142 @@ _add(
         note=_SANA_NOTE,
     ),
 )
+
+
+_SANA_VIDEO = dict(
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=2,
+    num_cross_attention_heads=2,
+    cross_attention_head_dim=16,
+    cross_attention_dim=32,
+    caption_channels=24,
+    sample_size=8,
+    patch_size=(1, 2, 2),
+    rope_max_seq_len=32,
+)
+
+
+def _sana_video_inputs(text_lengths, frames=2, hw=(4, 6), text_len=6):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        batch = len(text_lengths)
+        return dict(
+            hidden_states=_r(gen, model, batch, model.config.in_channels, frames, *hw),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.caption_channels),
+            timestep=_steps(gen, model, batch),
+            encoder_attention_mask=_keep(text_lengths, text_len, device, dtype=torch.long),
+        )
+
+    return inputs
+
+
+_SANA_VIDEO_NOTE = (
+    "diffusers Attention: self-attention with SanaLinearAttnProcessor3_0 (ReLU linear attention with 3-D RoPE on "
+    "the numerator's q/k only, not softmax; float32 matmuls), text cross-attention with SanaAttnProcessor2_0 -> "
+    "dispatch_attention_fn (text mask additive (-10000), expanded to (B, heads, 1, L) float); q/k RMSNorm "
+    "across heads."
+)
+_add(
+    ZooCase("SanaVideoTransformer3DModel", _SANA_VIDEO, _sana_video_inputs([6, 6]), note=_SANA_VIDEO_NOTE),
+    ZooCase(
+        "SanaVideoTransformer3DModel",
+        _SANA_VIDEO,
+        _sana_video_inputs([6, 2]),
+        variant="masked",
+        note=_SANA_VIDEO_NOTE,
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# SANA-WM (world model, camera control)
+# ---------------------------------------------------------------------------------------------
+
+_SANA_WM = dict(
+    in_channels=4,
+    num_layers=2,  # with softmax_every_n=2: block 0 is a GDN block, block 1 a softmax block
+    hidden_size=32,
+    num_attention_heads=2,
+    patch_size=(1, 1, 1),
+    softmax_every_n=2,
+    linear_head_dim=16,
+    t_kernel_size=3,
+    conv_kernel_size=4,
+    caption_channels=12,
+    mlp_ratio=2.0,
+    chunk_plucker_channels=8,
+    chunk_plucker_post_attn_blocks=2,
+)
+
+
+def _camera_conditions(batch, frames, hw, device):
+    """(B, F, 20): a flat 4x4 camera-to-world matrix (a small random rotation about y and a forward
+    translation) then pinhole intrinsics [fx, fy, cx, cy] centred on the latent grid."""
+    h, w = hw
+    angle = torch.linspace(0, 0.2, frames)
+    c2w = torch.eye(4).repeat(batch, frames, 1, 1)
+    c2w[..., 0, 0], c2w[..., 0, 2] = angle.cos(), angle.sin()
+    c2w[..., 2, 0], c2w[..., 2, 2] = -angle.sin(), angle.cos()
+    c2w[..., 2, 3] = torch.arange(frames, dtype=torch.float32) * 0.1
+    intrinsics = torch.tensor([float(w), float(h), w / 2, h / 2]).expand(batch, frames, 4)
+    return torch.cat([c2w.flatten(start_dim=-2), intrinsics], dim=-1).to(device)
+
+
+def _sana_wm_inputs(text_lengths, frames=4, hw=(6, 8), text_len=6, valid_frames=None):
+    def inputs(model, gen):
+        device, dtype = _pd(model)
+        batch = len(text_lengths)
+        cfg = model.config
+        kw = dict(
+            hidden_states=_r(gen, model, batch, cfg.in_channels, frames, *hw),
+            timestep=torch.randint(0, 1000, (batch, 1, frames), generator=gen).to(device, dtype),
+            encoder_hidden_states=_r(gen, model, batch, 1, text_len, cfg.caption_channels),
+            encoder_attention_mask=_keep(text_lengths, text_len, device, dtype=torch.long),
+            camera_conditions=_camera_conditions(batch, frames, hw, device).to(dtype),
+            chunk_plucker=_r(gen, model, batch, cfg.chunk_plucker_channels, frames, *hw),
+        )
+        if valid_frames is not None:
+            kw["frame_valid_mask"] = _keep(valid_frames, frames, device)
+        return kw
+
+    return inputs
+
+
+_SANA_WM_NOTE = (
+    "Not diffusers attention processors except the text cross-attention: MultiHeadCrossAttention "
+    "(AttentionModuleMixin) + SanaWMCrossAttnProcessor -> dispatch_attention_fn with a bool text key mask "
+    "(B, 1, 1, L). Self-attention of GDN blocks: SanaWMBidirectionalGDNAttention (bidirectional gated-delta-rule "
+    "linear attention, RoPE on the numerator only) and SanaWMBidirectionalGDNCamAttention (the same in UCPE camera "
+    "ray space) -- not softmax; of softmax blocks: SanaWMSoftmaxAttention (F.scaled_dot_product_attention with RoPE, "
+    "q/k/v cast to bfloat16 even in a float32 model) and SanaWMSoftmaxCamAttention (UCPE ray transforms, bfloat16, "
+    "head dim zero-padded to 128 so the default scale is 1/sqrt(128), additive -1e9 key bias on padded frames)."
+)
+# None of the four self-attention classes is a diffusers Attention or an AttentionModuleMixin.
+_SANA_WM_EXTRA = {
+    "attention_classes": (
+        "SanaWMBidirectionalGDNAttention",
+        "SanaWMBidirectionalGDNCamAttention",
+        "SanaWMSoftmaxAttention",
+        "SanaWMSoftmaxCamAttention",
+    )
+}
+_add(
+    ZooCase(
+        "SanaWMTransformer3DModel",
+        _SANA_WM,
+        _sana_wm_inputs([6]),
+        note=_SANA_WM_NOTE,
+        extra=_SANA_WM_EXTRA,
+    ),
+    ZooCase(
+        "SanaWMTransformer3DModel",
+        _SANA_WM,
+        _sana_wm_inputs([6, 3], valid_frames=[4, 3]),
+        variant="masked",
+        note=_SANA_WM_NOTE + " Item 2: text padding and a padded last frame (frame_valid_mask).",
+        extra=_SANA_WM_EXTRA,
+    ),
+)
