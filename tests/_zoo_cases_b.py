@@ -7,8 +7,11 @@ but keep each model's attention layout: joint text+image sequences, rotary embed
 qk-norm, GQA, cross-attention, masks. Inputs are random; rotary embeddings that are forward
 inputs are random angles; masks have a different valid length per batch item.
 
-``ZooCase.extra["attention_classes"]`` names the module classes of a case that compute attention
-without being a diffusers ``Attention`` or ``AttentionModuleMixin`` (Mochi's ``MochiAttention``...).
+Two ``ZooCase.extra`` keys, read by the zoo tests:
+- ``"attention_classes"``: names of the module classes of a case that compute attention without
+  being a diffusers ``Attention`` or ``AttentionModuleMixin`` (Mochi's ``MochiAttention``...);
+- ``"uncalled_attention"``: ``(name fragments, reason)`` for attention modules a model builds but
+  its forward never calls (the SANA-WM refiner's audio modules).
 """
 
 from __future__ import annotations
@@ -2475,5 +2478,81 @@ _add(
         variant="masked",
         note=_SANA_WM_NOTE + " Item 2: text padding and a padded last frame (frame_valid_mask).",
         extra=_SANA_WM_EXTRA,
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# SANA-WM stage-2 refiner (LTX-2 based, video only)
+# ---------------------------------------------------------------------------------------------
+
+_SANA_WM_REFINER = dict(
+    in_channels=4,
+    out_channels=4,
+    patch_size=1,
+    patch_size_t=1,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    cross_attention_dim=32,
+    audio_in_channels=4,
+    audio_out_channels=4,
+    audio_num_attention_heads=2,
+    audio_attention_head_dim=8,
+    audio_cross_attention_dim=16,
+    num_layers=2,
+    qk_norm="rms_norm_across_heads",
+    caption_channels=24,
+    rope_double_precision=False,
+)
+
+
+def _sana_wm_refiner_inputs(text_lengths, frames=2, hw=(4, 4), text_len=6):
+    def inputs(model, gen):
+        device, dtype = _pd(model)
+        batch = len(text_lengths)
+        n = frames * hw[0] * hw[1]
+        inner = model.config.num_attention_heads * model.config.attention_head_dim
+        # the caller supplies the video RoPE: random angles in the interleaved layout, (B, N, inner)
+        cos, sin = random_angles_rotary(gen, n, inner, dtype=dtype, device=device)
+        return dict(
+            hidden_states=_r(gen, model, batch, n, model.config.in_channels),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.caption_channels),
+            timestep=(torch.rand(batch, n, generator=gen) * 1000).to(device, dtype),
+            video_rotary_emb=(cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)),
+            encoder_attention_mask=_keep(text_lengths, text_len, device, dtype=dtype),
+        )
+
+    return inputs
+
+
+_SANA_WM_REFINER_NOTE = (
+    "SanaWMLTX2Attention: video self-attention with SanaWMLTX2RefinerAttnProcessor -> dispatch_attention_fn (no mask; "
+    "interleaved RoPE from the video_rotary_emb input; the KV-cache sink/history paths are not exercised), video->text "
+    "cross-attention with SanaWMLTX2AudioVideoAttnProcessor -> dispatch_attention_fn (text mask additive, "
+    "(B, heads, 1, L) float); qk RMSNorm across heads. The audio attention modules are built (checkpoint layout) "
+    "but the video-only forward never calls them."
+)
+# Built but never called by this model's forward.
+_SANA_WM_REFINER_EXTRA = {
+    "uncalled_attention": (
+        ("audio_attn1", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn"),
+        "the refiner's forward is video-only; the LTX-2 audio submodules exist so checkpoints load",
+    )
+}
+_add(
+    ZooCase(
+        "SanaWMLTX2RefinerTransformer3DModel",
+        _SANA_WM_REFINER,
+        _sana_wm_refiner_inputs([6, 6]),
+        note=_SANA_WM_REFINER_NOTE,
+        extra=_SANA_WM_REFINER_EXTRA,
+    ),
+    ZooCase(
+        "SanaWMLTX2RefinerTransformer3DModel",
+        _SANA_WM_REFINER,
+        _sana_wm_refiner_inputs([6, 2]),
+        variant="masked",
+        note=_SANA_WM_REFINER_NOTE,
+        extra=_SANA_WM_REFINER_EXTRA,
     ),
 )
