@@ -2556,3 +2556,158 @@ _add(
         extra=_SANA_WM_REFINER_EXTRA,
     ),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# SkyReels-V2
+# ---------------------------------------------------------------------------------------------
+
+_SKYREELS = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=24,
+    freq_dim=16,
+    ffn_dim=48,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+# image-to-video: CLIP image tokens through added k/v projections
+_SKYREELS_I2V = dict(_SKYREELS, image_dim=12, added_kv_proj_dim=32, in_channels=8)
+# diffusion forcing: block-causal self-attention over frames, one timestep per frame
+_SKYREELS_DF = dict(_SKYREELS, num_frame_per_block=2, inject_sample_info=True)
+
+# the I2V processors split the context at a hard-coded 512 text tokens
+_WAN_TEXT_LEN_I2V = 512
+
+
+def _wan_like_inputs(batch=2, frames=4, hw=(4, 6), text_len=6, image_tokens=0, diffusion_forcing=False, fps=False):
+    def inputs(model, gen):
+        cfg = model.config
+        kw = dict(
+            hidden_states=_r(gen, model, batch, cfg.in_channels, frames, *hw),
+            timestep=_steps(gen, model, batch),
+            encoder_hidden_states=_r(gen, model, batch, text_len, cfg.text_dim),
+        )
+        if image_tokens:
+            kw["encoder_hidden_states_image"] = _r(gen, model, batch, image_tokens, cfg.image_dim)
+        if diffusion_forcing:
+            kw["timestep"] = torch.randint(1, 1000, (batch, frames), generator=gen).to(kw["hidden_states"])
+            kw["enable_diffusion_forcing"] = True
+        if fps:
+            # the pipeline's fps index: 0 for 16 fps, 1 otherwise (one value for the whole batch)
+            kw["fps"] = [0] * batch
+        return kw
+
+    return inputs
+
+
+_SKYREELS_NOTE = (
+    "SkyReelsV2Attention + SkyReelsV2AttnProcessor -> dispatch_attention_fn: video self-attention with 3-D RoPE "
+    "(cos, sin, interleaved pairs), text cross-attention; qk RMSNorm across heads."
+)
+_add(
+    ZooCase("SkyReelsV2Transformer3DModel", _SKYREELS, _wan_like_inputs(), note=_SKYREELS_NOTE + " No mask."),
+    ZooCase(
+        "SkyReelsV2Transformer3DModel",
+        _SKYREELS_I2V,
+        _wan_like_inputs(text_len=_WAN_TEXT_LEN_I2V, image_tokens=5),
+        variant="i2v",
+        note=_SKYREELS_NOTE
+        + " I2V: a second dispatch_attention_fn call per cross-attention over the image tokens (add_k/v_proj, "
+        "norm_added_k), summed with the text attention; the context is split at 512 text tokens.",
+    ),
+    ZooCase(
+        "SkyReelsV2Transformer3DModel",
+        _SKYREELS_DF,
+        # batch 1, as the pipeline runs it: the fps term broadcasts wrongly for batch > 1
+        _wan_like_inputs(batch=1, diffusion_forcing=True, fps=True),
+        variant="df",
+        note=_SKYREELS_NOTE
+        + " Diffusion forcing: a block-causal bool self-attention mask (1, 1, N, N) over 2-frame blocks, "
+        "per-frame timesteps, fps conditioning.",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wan 2.1 / 2.2, Wan-VACE
+# ---------------------------------------------------------------------------------------------
+
+_WAN = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=24,
+    freq_dim=16,
+    ffn_dim=48,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+# Wan 2.1 I2V: CLIP image tokens with added k/v projections
+_WAN_I2V = dict(_WAN, in_channels=8, image_dim=12, added_kv_proj_dim=32)
+
+
+def _wan_ti2v_inputs(model, gen, batch=2, frames=4, hw=(4, 6), text_len=6):
+    """Wan 2.2 TI2V: one timestep per patch token (the first frame's tokens at 0, as the pipeline does)."""
+    kw = _wan_like_inputs(batch=batch, frames=frames, hw=hw, text_len=text_len)(model, gen)
+    tokens_per_frame = (hw[0] // 2) * (hw[1] // 2)
+    t = torch.randint(1, 1000, (batch, 1), generator=gen).float().expand(batch, frames * tokens_per_frame).clone()
+    t[:, :tokens_per_frame] = 0
+    kw["timestep"] = t.to(kw["hidden_states"])
+    return kw
+
+
+_WAN_NOTE = (
+    "WanAttention + WanAttnProcessor -> dispatch_attention_fn: video self-attention with 3-D RoPE (cos, sin, "
+    "interleaved pairs), text cross-attention; qk RMSNorm across heads; no mask."
+)
+_WAN_I2V_NOTE = (
+    " I2V: the cross-attention makes a second dispatch_attention_fn call over the image tokens (add_k/v_proj, "
+    "norm_added_k) and sums it with the text attention; the context is split at a hard-coded 512 text tokens."
+)
+_add(
+    ZooCase("WanTransformer3DModel", _WAN, _wan_like_inputs(), note=_WAN_NOTE),
+    ZooCase(
+        "WanTransformer3DModel",
+        _WAN_I2V,
+        _wan_like_inputs(text_len=_WAN_TEXT_LEN_I2V, image_tokens=5),
+        variant="i2v",
+        note=_WAN_NOTE + _WAN_I2V_NOTE,
+    ),
+    ZooCase(
+        "WanTransformer3DModel",
+        _WAN,
+        _wan_ti2v_inputs,
+        variant="ti2v",
+        note=_WAN_NOTE + " Wan 2.2 TI2V: per-token timesteps (B, N).",
+    ),
+)
+
+_WAN_VACE = dict(_WAN, num_layers=2, vace_layers=[0, 1], vace_in_channels=6)
+
+
+def _wan_vace_inputs(model, gen, batch=2, frames=4, hw=(4, 6)):
+    kw = _wan_like_inputs(batch=batch, frames=frames, hw=hw)(model, gen)
+    kw["control_hidden_states"] = _r(gen, model, batch, model.config.vace_in_channels, frames, *hw)
+    kw["control_hidden_states_scale"] = torch.tensor([0.8, 1.2], device=kw["hidden_states"].device)
+    return kw
+
+
+_add(
+    ZooCase(
+        "WanVACETransformer3DModel",
+        _WAN_VACE,
+        _wan_vace_inputs,
+        note="WanAttention + WanAttnProcessor -> dispatch_attention_fn in the main and the VACE control blocks: "
+        "video self-attention with 3-D RoPE, text cross-attention, qk RMSNorm across heads; no mask.",
+    ),
+)
