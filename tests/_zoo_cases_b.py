@@ -68,6 +68,24 @@ class _EncodeDecodeCase(ZooCase):
         return (enc.mean, enc.log_scale, dec.coordinates)
 
 
+@dataclass(frozen=True)
+class _ReferenceThenGenerateCase(ZooCase):
+    """Wan-Animate-2's passes, as its pipeline runs them: the reference pass writes every layer's K/V
+    into a fresh cache (``kv_cache_mode="extract"``); then, when ``inputs`` has ``"generation"``, the
+    generation pass attends to it (``"cached"``). ``inputs`` holds each pass's keyword arguments under
+    ``"reference"`` and ``"generation"``; outputs: the reference pass's samples, then the generation
+    pass's."""
+
+    def run(self, model, inputs):
+        from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+
+        cache = WanAnimate2KVCache(len(model.blocks))
+        out = model(**inputs["reference"], kv_cache=cache, kv_cache_mode="extract", return_dict=False)[0]
+        if "generation" in inputs:
+            out = out + model(**inputs["generation"], kv_cache=cache, kv_cache_mode="cached", return_dict=False)[0]
+        return tuple(out)
+
+
 class _Fresh:
     """A constructor argument that is itself a model (a Multi* wrapper's nets): built anew at each
     build, so that two models built from one case never share a submodule."""
@@ -2709,5 +2727,141 @@ _add(
         _wan_vace_inputs,
         note="WanAttention + WanAttnProcessor -> dispatch_attention_fn in the main and the VACE control blocks: "
         "video self-attention with 3-D RoPE, text cross-attention, qk RMSNorm across heads; no mask.",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wan-Animate
+# ---------------------------------------------------------------------------------------------
+
+_WAN_ANIMATE = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=12,  # 2 * latent + 4
+    latent_channels=4,
+    out_channels=4,
+    text_dim=24,
+    freq_dim=16,
+    ffn_dim=48,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    image_dim=16,
+    added_kv_proj_dim=32,  # the released checkpoint's layout (= inner dim)
+    rope_max_seq_len=32,
+    motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+    motion_encoder_size=16,
+    motion_style_dim=8,
+    motion_dim=4,
+    motion_encoder_dim=16,
+    face_encoder_hidden_dim=16,
+    face_encoder_num_heads=2,
+    inject_face_latents_blocks=2,
+)
+
+
+def _wan_animate_inputs(model, gen, batch=1, frames=5, hw=(8, 8), face_frames=13, image_tokens=5):
+    """frames latent frames (the reference frame first); the face encoder turns face_frames pixel frames
+    into frames - 1 motion frames, plus a leading zero one."""
+    cfg = model.config
+    return dict(
+        hidden_states=_r(gen, model, batch, cfg.in_channels, frames, *hw),
+        timestep=_steps(gen, model, batch),
+        encoder_hidden_states=_r(gen, model, batch, _WAN_TEXT_LEN_I2V, cfg.text_dim),
+        encoder_hidden_states_image=_r(gen, model, batch, image_tokens, cfg.image_dim),
+        pose_hidden_states=_r(gen, model, batch, cfg.latent_channels, frames - 1, *hw),
+        face_pixel_values=_r(gen, model, batch, 3, face_frames, cfg.motion_encoder_size, cfg.motion_encoder_size),
+    )
+
+
+_add(
+    ZooCase(
+        "WanAnimateTransformer3DModel",
+        _WAN_ANIMATE,
+        _wan_animate_inputs,
+        note=(
+            "WanAttention + WanAttnProcessor -> dispatch_attention_fn (video self-attention with 3-D RoPE; text "
+            "cross-attention plus a second call over the CLIP-image tokens (added k/v), the context split at 512 "
+            "text tokens), and "
+            "WanAnimateFaceBlockCrossAttention + WanAnimateFaceBlockAttnProcessor -> dispatch_attention_fn: per-frame "
+            "cross-attention of each frame's video tokens to that frame's face-motion tokens (batch and frames "
+            "folded: (B * T, S / T) queries over (B * T, N) keys); qk RMSNorm; no mask."
+        ),
+    ),
+)
+
+
+# Wan-Animate-2: a 5-frame 32x32 segment -> 4x4 latents, 2 reference latent frames, 3 generation ones.
+_WAN_ANIMATE2 = dict(
+    patch_size=(1, 2, 2),
+    text_len=16,
+    in_dim=4 + 8,  # latents + conditioning latents (with their i2v mask channels)
+    dim=32,
+    ffn_dim=48,
+    freq_dim=16,
+    text_dim=24,
+    out_dim=4,
+    num_heads=2,
+    num_layers=2,
+    cross_attn_norm=True,
+    use_img_emb=True,
+)
+_WAN_ANIMATE2_CLIP_DIM = 1280  # the image projection hard-codes CLIP's width
+
+
+def _wan_animate2_inputs(model, gen, ref_frames=2, hw=(4, 4), text_len=8, clip_len=4, generation_pass=False):
+    device, _ = _pd(model)
+    cfg = model.config
+    patches = (hw[0] // 2) * (hw[1] // 2)
+    latent, cond = cfg.out_dim, cfg.in_dim - cfg.out_dim
+
+    def one_pass(frames):
+        return dict(
+            hidden_states=[_r(gen, model, latent, frames, *hw)],
+            encoder_hidden_states=[_r(gen, model, text_len, cfg.text_dim)],
+            condition_latents=[_r(gen, model, cond, frames, *hw)],
+            encoder_hidden_states_image=_r(gen, model, 1, clip_len, _WAN_ANIMATE2_CLIP_DIM),
+            seq_len=frames * patches,
+        )
+
+    grid = torch.tensor([[ref_frames, hw[0] // 2, hw[1] // 2]], dtype=torch.long)
+    reference = dict(one_pass(ref_frames), timestep=torch.tensor([1.0], device=device), offset_grid_sizes=grid)
+    if not generation_pass:
+        return dict(reference=reference)
+    generation = dict(
+        one_pass(ref_frames + 1),
+        timestep=_steps(gen, model, 1),
+        reference_grid_sizes=grid,
+        origin_len=5,
+        origin_area=[8 * hw[0], 8 * hw[1]],
+    )
+    return dict(reference=reference, generation=generation)
+
+
+_WAN_ANIMATE2_NOTE = (
+    "WanAnimate2Attention: self-attention with WanAnimate2AttnProcessor; the reference pass runs it dense through "
+    "dispatch_attention_fn (module backend, no mask) and caches K/V; the generation pass packs [generation | cached "
+    "reference] into 128-aligned buffers and calls dispatch_attention_fn with backend=FLEX hard-coded and a flex "
+    "BlockMask (each frame sees all generation tokens plus the same-frame reference tokens). RoPE via rope_apply "
+    "(float64). Cross-attention: WanAnimate2CrossAttnProcessor -> dispatch_attention_fn, text plus a second call over "
+    "the CLIP image tokens (added k/v). qk RMSNorm."
+)
+_add(
+    _ReferenceThenGenerateCase(
+        "WanAnimate2Transformer3DModel",
+        _WAN_ANIMATE2,
+        _wan_animate2_inputs,
+        note="The reference pass only. " + _WAN_ANIMATE2_NOTE,
+    ),
+    _ReferenceThenGenerateCase(
+        "WanAnimate2Transformer3DModel",
+        _WAN_ANIMATE2,
+        lambda model, gen: _wan_animate2_inputs(model, gen, generation_pass=True),
+        variant="generate",
+        note="Reference pass, then the generation pass (flex BlockMask, eager flex here). " + _WAN_ANIMATE2_NOTE,
+        # the generation pass builds its BlockMask with create_block_mask(_compile=True): torch.compile on the CPU
+        extra={"slow": "create_block_mask(_compile=True) compiles with torch.compile: ~20 s on a CPU"},
     ),
 )
