@@ -86,6 +86,23 @@ class _ReferenceThenGenerateCase(ZooCase):
         return tuple(out)
 
 
+@dataclass(frozen=True)
+class _SharedWithTransformerCase(ZooCase):
+    """A ControlNet that borrows modules of its transformer (Z-Image's ``from_transformer``: the
+    embedders, refiners and pad tokens are the transformer's own): the build makes a transformer from
+    ``extra["transformer"]`` and shares them, as the pipeline does. The shared modules are then part
+    of the ControlNet (submodules), so its attention modules include the borrowed refiners'."""
+
+    def build(self, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
+        import diffusers
+
+        torch.manual_seed(seed)
+        transformer = getattr(diffusers, self.extra["transformer"][0])(**self.extra["transformer"][1])
+        model = self.model_class().from_transformer(self.model_class()(**self.config), transformer)
+        random_init_(model, seed)
+        return model.to(device=device, dtype=dtype).eval()
+
+
 class _Fresh:
     """A constructor argument that is itself a model (a Multi* wrapper's nets): built anew at each
     build, so that two models built from one case never share a submodule."""
@@ -2863,5 +2880,118 @@ _add(
         note="Reference pass, then the generation pass (flex BlockMask, eager flex here). " + _WAN_ANIMATE2_NOTE,
         # the generation pass builds its BlockMask with create_block_mask(_compile=True): torch.compile on the CPU
         extra={"slow": "create_block_mask(_compile=True) compiles with torch.compile: ~20 s on a CPU"},
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Z-Image and its ControlNet
+# ---------------------------------------------------------------------------------------------
+
+_ZIMAGE = dict(
+    all_patch_size=(2,),
+    all_f_patch_size=(1,),
+    in_channels=4,
+    dim=32,
+    n_layers=2,
+    n_refiner_layers=1,
+    n_heads=2,
+    n_kv_heads=2,
+    qk_norm=True,
+    cap_feat_dim=24,
+    rope_theta=256.0,
+    t_scale=1000.0,
+    axes_dims=[4, 6, 6],
+    axes_lens=[128, 32, 32],
+)
+
+
+def _zimage_inputs(cap_lengths, hw=(8, 8), controlnet=False):
+    """Lists of per-item tensors, as the model takes them; captions of different lengths (each padded to a
+    multiple of 32 with a learned pad token inside the model) make the batch need a key mask."""
+
+    def inputs(model, gen):
+        cfg = model.config
+        c = getattr(cfg, "in_channels", None) or 4
+        cap_dim = getattr(cfg, "cap_feat_dim", None) or 24
+        kw = dict(
+            x=[_r(gen, model, c, 1, *hw) for _ in cap_lengths],
+            t=_t(gen, model, len(cap_lengths)),
+            cap_feats=[_r(gen, model, n, cap_dim) for n in cap_lengths],
+        )
+        if controlnet:
+            kw["control_context"] = [_r(gen, model, cfg.control_in_dim, 1, *hw) for _ in cap_lengths]
+            kw["conditioning_scale"] = 0.9
+        else:
+            kw["return_dict"] = False
+        return kw
+
+    return inputs
+
+
+def _zimage_outputs(out):
+    """return_dict=False: a 1-tuple holding the list of per-item samples."""
+    return tuple(out[0])
+
+
+_ZIMAGE_NOTE = (
+    "diffusers Attention + ZSingleStreamAttnProcessor -> dispatch_attention_fn: noise refiner (image tokens), "
+    "context refiner (caption tokens) and main layers over the unified [image, caption] sequence; complex RoPE "
+    "(freqs_cis keyword, view_as_complex), qk RMSNorm. No set_attn_processor on the model."
+)
+_ZIMAGE_MASK_NOTE = (
+    " Captions of different padded lengths: a bool key mask (B, 1, 1, L) from the per-item lengths (pad-to-32 "
+    "tokens inside an item are attended)."
+)
+_add(
+    ZooCase(
+        "ZImageTransformer2DModel",
+        _ZIMAGE,
+        _zimage_inputs([7, 20]),
+        outputs=_zimage_outputs,
+        note=_ZIMAGE_NOTE + " Both captions pad to 32 tokens: no mask.",
+    ),
+    ZooCase(
+        "ZImageTransformer2DModel",
+        _ZIMAGE,
+        _zimage_inputs([7, 40]),
+        outputs=_zimage_outputs,
+        variant="masked",
+        note=_ZIMAGE_NOTE + _ZIMAGE_MASK_NOTE,
+    ),
+)
+
+_ZIMAGE_CONTROLNET = dict(
+    control_layers_places=[0, 1],
+    control_refiner_layers_places=[0],
+    control_in_dim=4,
+    add_control_noise_refiner="control_noise_refiner",
+    all_patch_size=(2,),
+    all_f_patch_size=(1,),
+    dim=32,
+    n_refiner_layers=1,
+    n_heads=2,
+    n_kv_heads=2,
+    qk_norm=True,
+)
+
+
+def _control_samples(out):
+    """A dict {layer index: control sample}."""
+    return tuple(out[k] for k in sorted(out))
+
+
+_add(
+    _SharedWithTransformerCase(
+        "ZImageControlNetModel",
+        _ZIMAGE_CONTROLNET,
+        _zimage_inputs([7, 40], controlnet=True),
+        outputs=_control_samples,
+        note=_ZIMAGE_NOTE.replace("No set_attn_processor on the model.", "")
+        + " Control blocks and a control noise refiner (ZImageControlTransformerBlock), plus the transformer's "
+        "noise and context refiners shared through from_transformer."
+        + _ZIMAGE_MASK_NOTE
+        + " No set_attn_processor on the model.",
+        extra={"transformer": ("ZImageTransformer2DModel", _ZIMAGE)},
     ),
 )
