@@ -2995,3 +2995,136 @@ _add(
         extra={"transformer": ("ZImageTransformer2DModel", _ZIMAGE)},
     ),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# Stable Audio Open DiT
+# ---------------------------------------------------------------------------------------------
+
+_STABLE_AUDIO = dict(
+    sample_size=8,
+    in_channels=4,
+    num_layers=2,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    num_key_value_attention_heads=1,
+    out_channels=4,
+    cross_attention_dim=24,
+    time_proj_dim=16,
+    global_states_input_dim=12,
+    cross_attention_input_dim=20,
+)
+
+
+def _half_split_rotary(gen, tokens, dim, dtype, device):
+    """(cos, sin) of random angles, each (tokens, dim), in the rotate-half layout (the angles of the
+    first half repeated in the second), as get_1d_rotary_pos_embed(repeat_interleave_real=False) builds."""
+    angles = torch.rand(tokens, dim // 2, generator=gen) * (2 * math.pi)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+
+
+def _stable_audio_inputs(lengths=None, text_lengths=None, batch=2, length=10, text_len=6):
+    def inputs(model, gen):
+        device, dtype = _pd(model)
+        cfg = model.config
+        kw = dict(
+            hidden_states=_r(gen, model, batch, cfg.in_channels, length),
+            timestep=_steps(gen, model, 1),
+            encoder_hidden_states=_r(gen, model, batch, text_len, cfg.cross_attention_input_dim),
+            global_hidden_states=_r(gen, model, batch, 1, cfg.global_states_input_dim),
+            # partial RoPE over half the head dim, for [global token, latents], random angles
+            rotary_embedding=_half_split_rotary(gen, length + 1, cfg.attention_head_dim // 2, dtype, device),
+        )
+        if lengths is not None:
+            kw["attention_mask"] = _keep(lengths, length, device)
+            kw["encoder_attention_mask"] = _keep(text_lengths, text_len, device)
+        return kw
+
+    return inputs
+
+
+_STABLE_AUDIO_NOTE = (
+    "diffusers Attention + StableAudioAttnProcessor2_0 (not dispatch: F.scaled_dot_product_attention): self-attention "
+    "with partial RoPE (rotary_embedding input, (cos, sin) over half the head dim, rotate-half layout) and GQA by "
+    "repeating k/v heads; cross-attention to text (RoPE on q only)."
+)
+_add(
+    ZooCase(
+        "StableAudioDiTModel",
+        _STABLE_AUDIO,
+        _stable_audio_inputs(),
+        note=_STABLE_AUDIO_NOTE + " No mask (the pipeline zeroes padded text embeddings instead).",
+    ),
+    ZooCase(
+        "StableAudioDiTModel",
+        _STABLE_AUDIO,
+        _stable_audio_inputs([10, 7], [6, 3]),
+        variant="masked",
+        note=_STABLE_AUDIO_NOTE
+        + " Bool key masks given: self (B, N) with the global token prepended, cross (B, L); prepare_attention_mask "
+        "expands them to (B, heads, 1, L) bool.",
+    ),
+)
+
+
+_STABLE_AUDIO3 = dict(
+    io_channels=8,
+    patch_size=1,
+    embed_dim=32,
+    depth=2,
+    num_heads=2,
+    cond_token_dim=16,
+    global_cond_dim=12,
+    local_add_cond_dim=5,
+    timestep_features_dim=16,
+    ff_mult=2,
+    num_memory_tokens=3,
+    use_differential_attention=True,  # as the released SA3 Medium
+)
+
+
+def _stable_audio3_inputs(text_lengths=None, batch=2, length=12, text_len=5):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        cfg = model.config
+        kw = dict(
+            hidden_states=_r(gen, model, batch, cfg.io_channels, length),
+            timestep=_t(gen, model, batch),
+            encoder_hidden_states=_r(gen, model, batch, text_len, cfg.cond_token_dim),
+            global_hidden_states=_r(gen, model, batch, cfg.global_cond_dim),
+        )
+        if text_lengths is not None:
+            kw["encoder_attention_mask"] = _keep(text_lengths, text_len, device)
+        return kw
+
+    return inputs
+
+
+_STABLE_AUDIO3_NOTE = (
+    "StableAudio3SelfAttention + StableAudio3SelfAttnProcessor and StableAudio3CrossAttention + "
+    "StableAudio3CrossAttnProcessor -> dispatch_attention_fn. Differential attention: each module returns "
+    "attn(q1, k1, v) - attn(q2, k2, v), two dispatch calls sharing v; self-attention over [memory tokens, latents] "
+    "with partial rotate-half RoPE, qk RMSNorm; cross-attention to text, no RoPE."
+)
+_add(
+    ZooCase("StableAudio3DiTModel", _STABLE_AUDIO3, _stable_audio3_inputs(), note=_STABLE_AUDIO3_NOTE + " No mask."),
+    ZooCase(
+        "StableAudio3DiTModel",
+        _STABLE_AUDIO3,
+        _stable_audio3_inputs([5, 2]),
+        variant="masked",
+        note=_STABLE_AUDIO3_NOTE
+        + " With a text mask the model swaps padded text for a learned padding embedding and drops the mask: "
+        "the attention calls still get none (the cross processor accepts a context_mask the model never passes).",
+    ),
+    ZooCase(
+        "StableAudio3DiTModel",
+        dict(_STABLE_AUDIO3, use_differential_attention=False),
+        _stable_audio3_inputs(),
+        variant="plain",
+        note=_STABLE_AUDIO3_NOTE.replace("Differential attention: each", "Configured without differential "
+                                         "attention (one call per module); the released model's")
+        + " No mask.",
+    ),
+)
