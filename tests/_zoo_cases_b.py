@@ -3128,3 +3128,309 @@ _add(
         + " No mask.",
     ),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# Stable Cascade (Würstchen v3) UNets: the prior (stage C) and the decoder (stage B)
+# ---------------------------------------------------------------------------------------------
+
+_CASCADE_PRIOR = dict(
+    in_channels=4,
+    out_channels=4,
+    timestep_ratio_embedding_dim=16,
+    conditioning_dim=32,
+    block_out_channels=(32, 32),
+    num_attention_heads=(2, 2),
+    down_num_layers_per_block=(1, 1),
+    up_num_layers_per_block=(1, 1),
+    clip_text_in_channels=24,
+    clip_text_pooled_in_channels=24,
+    clip_image_in_channels=12,
+    clip_seq=2,
+    dropout=(0.1, 0.1),  # as released; inactive in eval mode
+    switch_level=[False],
+)
+_CASCADE_DECODER = dict(
+    in_channels=4,
+    out_channels=4,
+    timestep_ratio_embedding_dim=16,
+    conditioning_dim=32,
+    block_out_channels=(16, 32),
+    num_attention_heads=(0, 2),
+    down_num_layers_per_block=(1, 1),
+    up_num_layers_per_block=(1, 1),
+    block_types_per_layer=(
+        ("SDCascadeResBlock", "SDCascadeTimestepBlock"),
+        ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock"),
+    ),
+    clip_text_pooled_in_channels=24,
+    clip_seq=2,
+    effnet_in_channels=6,
+    pixel_mapper_in_channels=3,
+    self_attn=True,
+    dropout=(0, 0),
+    switch_level=None,
+)
+
+
+def _cascade_inputs(decoder=False, batch=2, hw=8, text_len=5):
+    def inputs(model, gen):
+        cfg = model.config
+        kw = dict(
+            sample=_r(gen, model, batch, cfg.in_channels, hw, hw),
+            timestep_ratio=_t(gen, model, batch),
+            clip_text_pooled=_r(gen, model, batch, 1, cfg.clip_text_pooled_in_channels),
+        )
+        if decoder:
+            kw["effnet"] = _r(gen, model, batch, cfg.effnet_in_channels, hw // 2, hw // 2)
+            kw["pixels"] = _r(gen, model, batch, 3, 8, 8)
+        else:
+            kw["clip_text"] = _r(gen, model, batch, text_len, cfg.clip_text_in_channels)
+            kw["clip_img"] = _r(gen, model, batch, 1, cfg.clip_image_in_channels)
+        return kw
+
+    return inputs
+
+
+_CASCADE_NOTE = (
+    "diffusers Attention + AttnProcessor2_0 in SDCascadeAttnBlock: attention of the image tokens over [image "
+    "tokens, mapped conditioning tokens] (self_attn=True concatenates them as keys); no mask. No set_attn_processor "
+    "on the model."
+)
+_add(
+    ZooCase("StableCascadeUNet", _CASCADE_PRIOR, _cascade_inputs(), note="Prior (stage C). " + _CASCADE_NOTE),
+    ZooCase(
+        "StableCascadeUNet",
+        _CASCADE_DECODER,
+        _cascade_inputs(decoder=True),
+        variant="decoder",
+        note="Decoder (stage B): attention in the second level only, conditioned on the pooled text. " + _CASCADE_NOTE,
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# SparseCtrl (AnimateDiff sparse ControlNet)
+# ---------------------------------------------------------------------------------------------
+
+_SPARSECTRL = dict(
+    in_channels=4,
+    conditioning_channels=4,
+    down_block_types=("CrossAttnDownBlockMotion", "DownBlockMotion"),
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    norm_num_groups=8,
+    cross_attention_dim=24,
+    attention_head_dim=2,
+    conditioning_embedding_out_channels=(8, 16),
+    motion_max_seq_length=8,
+    motion_num_attention_heads=2,
+    concat_conditioning_mask=True,
+    use_simplified_condition_embedding=True,
+)
+
+
+def _sparsectrl_inputs(model, gen, batch=2, frames=3, hw=8, text_len=5):
+    device, dtype = _pd(model)
+    # frames 0 and 2 carry a condition, frame 1 does not (the "sparse" in SparseCtrl)
+    mask = torch.zeros(batch, 1, frames, hw, hw)
+    mask[:, :, ::2] = 1
+    cond = _r(gen, model, batch, model.config.conditioning_channels, frames, hw, hw) * mask.to(device, dtype)
+    return dict(
+        sample=_r(gen, model, batch, model.config.in_channels, frames, hw, hw),
+        timestep=_steps(gen, model, 1)[0],
+        # the AnimateDiff pipeline repeats the prompt per frame
+        encoder_hidden_states=_r(gen, model, batch * frames, text_len, 24),
+        controlnet_cond=cond,
+        conditioning_mask=mask.to(device, dtype),
+        conditioning_scale=0.9,
+        return_dict=False,
+    )
+
+
+_add(
+    ZooCase(
+        "SparseControlNetModel",
+        _SPARSECTRL,
+        _sparsectrl_inputs,
+        outputs=_down_and_mid,
+        note=(
+            "diffusers Attention + AttnProcessor2_0: spatial self- and text cross-attention per frame "
+            "(Transformer2DModel) and temporal self-attention in the motion modules; no mask."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# T5FilmDecoder (spectrogram diffusion)
+# ---------------------------------------------------------------------------------------------
+
+_T5FILM = dict(
+    input_dims=8,
+    targets_length=12,
+    d_model=32,
+    num_layers=2,
+    num_heads=2,
+    d_kv=16,
+    d_ff=48,
+    dropout_rate=0.1,  # as released; inactive in eval mode
+)
+
+
+def _t5film_inputs(note_lengths, ctx_len=7, batch=2):
+    """Two encodings (notes, continuous context) with their masks, as the spectrogram-diffusion pipeline
+    builds them."""
+
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        cfg = model.config
+        return dict(
+            encodings_and_masks=[
+                (_r(gen, model, batch, 6, cfg.d_model), _keep(note_lengths, 6, device)),
+                (_r(gen, model, batch, ctx_len, cfg.d_model), _keep([ctx_len] * batch, ctx_len, device)),
+            ],
+            decoder_input_tokens=_r(gen, model, batch, cfg.targets_length, cfg.input_dims),
+            decoder_noise_time=_t(gen, model, batch),
+        )
+
+    return inputs
+
+
+_T5FILM_NOTE = (
+    "diffusers Attention with scale_qk=False, hence the classic AttnProcessor (not dispatch: baddbmm + softmax, "
+    "scale 1.0 instead of 1/sqrt(d)): decoder self-attention (no mask) and cross-attention to the concatenated "
+    "encodings with an additive (B, N, L) float mask (0 / -1e10) made from the encodings' masks."
+)
+_add(
+    ZooCase("T5FilmDecoder", _T5FILM, _t5film_inputs([6, 6]), note=_T5FILM_NOTE),
+    ZooCase("T5FilmDecoder", _T5FILM, _t5film_inputs([6, 2]), variant="masked", note=_T5FILM_NOTE),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transformer2DModel (continuous, patched DiT-style, vectorized VQ-Diffusion), TransformerTemporalModel
+# ---------------------------------------------------------------------------------------------
+
+_T2D_CONTINUOUS = dict(
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=32,
+    num_layers=2,
+    norm_num_groups=8,
+    cross_attention_dim=24,
+    use_linear_projection=True,
+)
+_T2D_PATCHED = dict(  # DiT: class-conditioned ada_norm_zero, no cross-attention
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=8,
+    num_layers=2,
+    sample_size=8,
+    patch_size=2,
+    num_embeds_ada_norm=10,
+    norm_type="ada_norm_zero",
+    norm_elementwise_affine=False,
+    activation_fn="gelu-approximate",
+)
+_T2D_VECTORIZED = dict(  # VQ-Diffusion: discrete latent pixels, ada_norm over timesteps, text cross-attention
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=2,
+    sample_size=4,
+    num_vector_embeds=17,
+    cross_attention_dim=24,
+    num_embeds_ada_norm=100,
+    norm_type="ada_norm",
+    activation_fn="geglu-approximate",
+    attention_bias=True,
+)
+
+
+def _t2d_continuous_inputs(text_lengths, hw=6, text_len=5):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        batch = len(text_lengths)
+        return dict(
+            hidden_states=_r(gen, model, batch, model.config.in_channels, hw, hw),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.cross_attention_dim),
+            encoder_attention_mask=_keep(text_lengths, text_len, device, dtype=torch.long),
+        )
+
+    return inputs
+
+
+def _t2d_patched_inputs(model, gen, batch=2, hw=8):
+    device, _ = _pd(model)
+    return dict(
+        hidden_states=_r(gen, model, batch, model.config.in_channels, hw, hw),
+        timestep=torch.randint(1, 1000, (batch,), generator=gen).to(device),
+        class_labels=torch.randint(0, model.config.num_embeds_ada_norm, (batch,), generator=gen).to(device),
+    )
+
+
+def _t2d_vectorized_inputs(model, gen, batch=2, text_len=5):
+    device, _ = _pd(model)
+    cfg = model.config
+    return dict(
+        hidden_states=torch.randint(0, cfg.num_vector_embeds, (batch, cfg.sample_size**2), generator=gen).to(device),
+        encoder_hidden_states=_r(gen, model, batch, text_len, cfg.cross_attention_dim),
+        # one scalar timestep, as the VQ-Diffusion pipeline passes it (ada_norm chunks a 1-D embedding)
+        timestep=torch.randint(1, cfg.num_embeds_ada_norm, (), generator=gen).to(device),
+    )
+
+
+_T2D_NOTE = "diffusers Attention + AttnProcessor2_0 in BasicTransformerBlock; no set_attn_processor on the model."
+_add(
+    ZooCase(
+        "Transformer2DModel",
+        _T2D_CONTINUOUS,
+        _t2d_continuous_inputs([5, 5]),
+        note="Continuous input (the SD UNet block): image self-attention and text cross-attention. " + _T2D_NOTE,
+    ),
+    ZooCase(
+        "Transformer2DModel",
+        _T2D_CONTINUOUS,
+        _t2d_continuous_inputs([5, 2]),
+        variant="masked",
+        note="Continuous input; the text mask made additive (-10000), expanded to (B, heads, 1, L) float. " + _T2D_NOTE,
+    ),
+    ZooCase(
+        "Transformer2DModel",
+        _T2D_PATCHED,
+        _t2d_patched_inputs,
+        variant="patched",
+        note="Patched input (DiT): class-conditioned ada_norm_zero, self-attention only. " + _T2D_NOTE,
+    ),
+    ZooCase(
+        "Transformer2DModel",
+        _T2D_VECTORIZED,
+        _t2d_vectorized_inputs,
+        variant="vectorized",
+        note="Vectorized input (VQ-Diffusion): latent pixel classes, self- and text cross-attention; the output is "
+        "log-probabilities over the classes. " + _T2D_NOTE,
+    ),
+)
+
+_TEMPORAL = dict(num_attention_heads=2, attention_head_dim=16, in_channels=32, num_layers=1, norm_num_groups=8)
+
+
+def _temporal_inputs(model, gen, batch=2, frames=3, hw=4):
+    return dict(
+        hidden_states=_r(gen, model, batch * frames, model.config.in_channels, hw, hw),
+        num_frames=frames,
+    )
+
+
+_add(
+    ZooCase(
+        "TransformerTemporalModel",
+        _TEMPORAL,
+        _temporal_inputs,
+        note=(
+            "diffusers Attention + AttnProcessor2_0 in BasicTransformerBlock: two self-attentions (attn1, attn2 "
+            "without a context) over the frames of each pixel; no mask. No set_attn_processor on the model."
+        ),
+    ),
+)
