@@ -3434,3 +3434,258 @@ _add(
         ),
     ),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# UNet1DModel (Dance Diffusion blocks)
+# ---------------------------------------------------------------------------------------------
+
+_UNET1D = dict(
+    block_out_channels=(32, 32, 64),
+    extra_in_channels=64,  # the Fourier time features concatenated to the input (2 x 32)
+    sample_size=64,
+    sample_rate=16_000,
+    in_channels=2,
+    out_channels=2,
+    flip_sin_to_cos=True,
+    use_timestep_embedding=False,
+    time_embedding_type="fourier",
+    mid_block_type="UNetMidBlock1D",
+    down_block_types=("DownBlock1DNoSkip", "DownBlock1D", "AttnDownBlock1D"),
+    up_block_types=("AttnUpBlock1D", "UpBlock1D", "UpBlock1DNoSkip"),
+)
+_add(
+    ZooCase(
+        "UNet1DModel",
+        _UNET1D,
+        lambda model, gen: dict(sample=_r(gen, model, 2, 2, 64), timestep=_t(gen, model, 2, 0.1, 0.9)),
+        note=(
+            "SelfAttention1d (neither a diffusers Attention nor an AttentionModuleMixin): hand-written "
+            "matmul + softmax with q and k each scaled by d**-0.25, heads of 32 channels, no mask, in the "
+            "attention down/up and mid blocks. The ResNet-only block types (the RL value function) have no "
+            "attention. No set_attn_processor on the model."
+        ),
+        extra={"attention_classes": ("SelfAttention1d",)},
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# UNet2DModel, UNet2DConditionModel
+# ---------------------------------------------------------------------------------------------
+
+_UNET2D = dict(
+    sample_size=8,
+    in_channels=3,
+    out_channels=3,
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+    up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=8,
+    norm_num_groups=8,
+)
+_add(
+    ZooCase(
+        "UNet2DModel",
+        _UNET2D,
+        lambda model, gen: dict(sample=_r(gen, model, 2, 3, 8, 8), timestep=_steps(gen, model, 2)),
+        note=(
+            "diffusers Attention + AttnProcessor2_0 in the attention down/up and mid blocks: spatial self-attention "
+            "with group norm and residual inside the module (4-D input), heads of 8; no mask. No set_attn_processor "
+            "on the model."
+        ),
+    ),
+)
+
+_UNET2D_COND = dict(
+    sample_size=8,
+    in_channels=4,
+    out_channels=4,
+    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    attention_head_dim=2,  # SD's naming: the number of heads
+    norm_num_groups=8,
+    cross_attention_dim=24,
+)
+# SDXL: text_time added conditioning, linear projections, two transformer layers
+_UNET2D_SDXL = dict(
+    _UNET2D_COND,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+    transformer_layers_per_block=(1, 2),
+    use_linear_projection=True,
+    addition_embed_type="text_time",
+    addition_time_embed_dim=8,
+    projection_class_embeddings_input_dim=16 + 6 * 8,
+)
+# unCLIP / Kandinsky 2.x layout: the simple cross-attention mid block, added k/v projections of the text
+_UNET2D_SIMPLE = dict(
+    _UNET2D_COND,
+    down_block_types=("ResnetDownsampleBlock2D", "SimpleCrossAttnDownBlock2D"),
+    up_block_types=("SimpleCrossAttnUpBlock2D", "ResnetUpsampleBlock2D"),
+    mid_block_type="UNetMidBlock2DSimpleCrossAttn",
+    attention_head_dim=8,
+    only_cross_attention=False,
+    resnet_time_scale_shift="scale_shift",
+)
+
+
+def _unet2d_cond_inputs(text_lengths=None, batch=2, text_len=5, sdxl=False):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        kw = dict(
+            sample=_r(gen, model, batch, 4, 8, 8),
+            timestep=_steps(gen, model, batch),
+            encoder_hidden_states=_r(gen, model, batch, text_len, model.config.cross_attention_dim),
+        )
+        if text_lengths is not None:
+            kw["encoder_attention_mask"] = _keep(text_lengths, text_len, device, dtype=torch.long)
+        if sdxl:
+            kw["added_cond_kwargs"] = {"text_embeds": _r(gen, model, batch, 16), "time_ids": _r(gen, model, batch, 6)}
+        return kw
+
+    return inputs
+
+
+_UNET2D_COND_NOTE = (
+    "diffusers Attention + AttnProcessor2_0 (not dispatch: F.scaled_dot_product_attention): self-attention and "
+    "text cross-attention in Transformer2DModel blocks, mid-block attention."
+)
+_add(
+    ZooCase("UNet2DConditionModel", _UNET2D_COND, _unet2d_cond_inputs(), note=_UNET2D_COND_NOTE + " No mask."),
+    ZooCase(
+        "UNet2DConditionModel",
+        _UNET2D_COND,
+        _unet2d_cond_inputs([5, 2]),
+        variant="masked",
+        note=_UNET2D_COND_NOTE + " encoder_attention_mask made additive (-10000), (B, heads, 1, L) float.",
+    ),
+    ZooCase(
+        "UNet2DConditionModel",
+        _UNET2D_SDXL,
+        _unet2d_cond_inputs(sdxl=True),
+        variant="sdxl",
+        note=_UNET2D_COND_NOTE + " SDXL layout: text_time conditioning, linear projections, 2 transformer layers.",
+    ),
+    ZooCase(
+        "UNet2DConditionModel",
+        _UNET2D_SIMPLE,
+        _unet2d_cond_inputs([5, 3]),
+        variant="simple",
+        note=(
+            "unCLIP / Kandinsky layout: diffusers Attention + AttnAddedKVProcessor2_0 (F.scaled_dot_product_attention "
+            "over [text via add_k/v_proj, image] keys, group norm, residual inside the module), with the text mask "
+            "additive and padded by zeros for the image keys."
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# UNet3DConditionModel, UNetSpatioTemporalConditionModel, UNetControlNetXSModel
+# ---------------------------------------------------------------------------------------------
+
+_UNET3D = dict(
+    sample_size=8,
+    in_channels=4,
+    out_channels=4,
+    down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+    up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"),
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    norm_num_groups=8,
+    cross_attention_dim=24,
+    attention_head_dim=2,  # SD's naming: the number of heads
+)
+_add(
+    ZooCase(
+        "UNet3DConditionModel",
+        _UNET3D,
+        lambda model, gen: dict(
+            sample=_r(gen, model, 2, 4, 3, 8, 8),
+            timestep=_steps(gen, model, 1)[0],
+            encoder_hidden_states=_r(gen, model, 2, 5, 24),
+        ),
+        note=(
+            "diffusers Attention + AttnProcessor2_0: spatial self- and text cross-attention per frame, temporal "
+            "self-attention over frames (TransformerTemporalModel, with the first one ahead of the down blocks), "
+            "no mask."
+        ),
+    ),
+)
+
+_SVD = dict(
+    sample_size=8,
+    in_channels=8,
+    out_channels=4,
+    block_out_channels=(32, 64),
+    down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+    up_block_types=("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"),
+    cross_attention_dim=24,
+    num_attention_heads=(2, 4),
+    layers_per_block=1,
+    addition_time_embed_dim=8,
+    projection_class_embeddings_input_dim=3 * 8,
+    num_frames=3,
+)
+
+
+def _svd_inputs(model, gen, batch=2, frames=3, hw=8):
+    device, dtype = _pd(model)
+    return dict(
+        sample=_r(gen, model, batch, frames, model.config.in_channels, hw, hw),
+        timestep=_steps(gen, model, 1)[0],
+        # the CLIP image embedding: one token
+        encoder_hidden_states=_r(gen, model, batch, 1, model.config.cross_attention_dim),
+        # fps, motion bucket id, noise augmentation strength
+        added_time_ids=torch.tensor([[6.0, 127.0, 0.02]] * batch, device=device, dtype=dtype),
+    )
+
+
+_add(
+    ZooCase(
+        "UNetSpatioTemporalConditionModel",
+        _SVD,
+        _svd_inputs,
+        note=(
+            "diffusers Attention + AttnProcessor2_0 in TransformerSpatioTemporalModel: spatial self- and "
+            "cross-attention per frame (to one image token), temporal self- and cross-attention over frames; no mask."
+        ),
+    ),
+)
+
+_CONTROLNET_XS = dict(
+    sample_size=8,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+    block_out_channels=(16, 32),
+    cross_attention_dim=24,
+    transformer_layers_per_block=1,
+    num_attention_heads=2,
+    norm_num_groups=8,
+    upcast_attention=False,
+    ctrl_block_out_channels=[8, 16],
+    ctrl_num_attention_heads=1,
+    ctrl_max_norm_num_groups=4,
+    ctrl_conditioning_embedding_out_channels=(4, 4),
+)
+_add(
+    ZooCase(
+        "UNetControlNetXSModel",
+        _CONTROLNET_XS,
+        lambda model, gen: dict(
+            sample=_r(gen, model, 2, 4, 8, 8),
+            timestep=_steps(gen, model, 1)[0],
+            encoder_hidden_states=_r(gen, model, 2, 5, 24),
+            controlnet_cond=_r(gen, model, 2, 3, 16, 16),
+            conditioning_scale=0.9,
+        ),
+        note=(
+            "diffusers Attention + AttnProcessor2_0: self- and text cross-attention in the base UNet's and the "
+            "control branch's Transformer2DModel blocks (interleaved, block by block); no mask."
+        ),
+    ),
+)
