@@ -3689,3 +3689,118 @@ _add(
         ),
     ),
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# UVit2DModel (aMUSEd), VQModel
+# ---------------------------------------------------------------------------------------------
+
+_UVIT = dict(
+    hidden_size=32,
+    use_bias=False,
+    hidden_dropout=0.0,
+    cond_embed_dim=16,
+    micro_cond_encode_dim=4,
+    micro_cond_embed_dim=20,  # 5 micro conditions x 4
+    encoder_hidden_size=24,
+    vocab_size=40,
+    codebook_size=32,
+    in_channels=16,
+    block_out_channels=32,
+    num_res_blocks=1,
+    downsample=True,
+    upsample=True,
+    block_num_heads=2,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    attention_dropout=0.0,
+    intermediate_size=48,
+    layer_norm_eps=1e-06,
+    ln_elementwise_affine=True,
+    sample_size=8,
+)
+
+
+def _uvit_inputs(model, gen, batch=2, hw=8, text_len=5):
+    device, dtype = _pd(model)
+    cfg = model.config
+    return dict(
+        input_ids=torch.randint(0, cfg.vocab_size, (batch, hw, hw), generator=gen).to(device),
+        encoder_hidden_states=_r(gen, model, batch, text_len, cfg.encoder_hidden_size),
+        pooled_text_emb=_r(gen, model, batch, cfg.cond_embed_dim),
+        # original width, height, crop top, crop left, aesthetic score
+        micro_conds=torch.tensor([[512.0, 512.0, 0.0, 0.0, 6.0]] * batch, device=device, dtype=dtype),
+    )
+
+
+_add(
+    ZooCase(
+        "UVit2DModel",
+        _UVIT,
+        _uvit_inputs,
+        note=(
+            "diffusers Attention + AttnProcessor2_0: self- and text cross-attention in the BasicTransformerBlock "
+            "layers, and in the SkipFFTransformerBlock of the down/up UVit blocks; no mask."
+        ),
+    ),
+)
+
+_VQ = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D", "AttnDownEncoderBlock2D"),
+    up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"),
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    latent_channels=4,
+    norm_num_groups=8,
+    num_vq_embeddings=16,
+    vq_embed_dim=4,
+)
+# Kandinsky's MoVQ: spatial normalisation in the decoder, conditioned on the quantized latents
+_VQ_MOVQ = dict(_VQ, norm_type="spatial", block_out_channels=(32, 64))  # SpatialNorm uses 32 groups
+_VQ_NOTE = (
+    "diffusers Attention + AttnProcessor2_0: single-head spatial self-attention (group norm, residual inside the "
+    "module, 4-D input) in the encoder's and decoder's attention and mid blocks; no mask. No set_attn_processor "
+    "on the model."
+)
+_add(
+    ZooCase("VQModel", _VQ, lambda model, gen: dict(sample=_r(gen, model, 2, 3, 16, 16)), note=_VQ_NOTE),
+    ZooCase(
+        "VQModel",
+        _VQ_MOVQ,
+        lambda model, gen: dict(sample=_r(gen, model, 2, 3, 16, 16)),
+        variant="movq",
+        note=_VQ_NOTE + " MoVQ: the decoder's attention modules use SpatialNorm and receive temb (the latents).",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Classes of this half that compute no attention (checked in their source and module trees)
+# ---------------------------------------------------------------------------------------------
+
+NO_ATTENTION.update(
+    {
+        "Kandinsky6SRLatentUpscalerBank": (
+            "convolutional latent upscalers (3-D convolutions, modulated RMS norms, nearest upsampling): "
+            "no attention module, no softmax"
+        ),
+        "Kandinsky6SRVAE": (
+            "causal 3-D convolutional VAE: ResNet blocks with spatial norms, down/upsamplers; no attention "
+            "block in encoder, decoder or mid block"
+        ),
+        "LongCatAudioDiTVae": "1-D convolutional audio VAE (residual units with Snake activations): no attention",
+        "MMAudioVocoder": "BigVGAN-style vocoder (transposed convolutions, AMP blocks, anti-aliased Snake): no attention",
+        "MiniMaxMusic3ConditionEncoder": (
+            "a softmax over learned layer-mixing weights, a 1-D convolution and resampling: no attention "
+            "between tokens"
+        ),
+        "MiniMaxMusic3Vocoder": "1-D convolutional vocoder (transposed convolutions, Snake residual units): no attention",
+        "MultiAdapter": "a weighted sum of T2IAdapter outputs: convolutional, no attention",
+        "T2IAdapter": (
+            "convolutional adapter (full, full_xl and light variants: pixel unshuffle, ResNet-like conv blocks): "
+            "no attention"
+        ),
+    }
+)
