@@ -396,7 +396,7 @@ def _k3_inputs(text_lengths, text_len=6, hw=8):
 
 
 _K3_NOTE = (
-    "diffusers Attention + AttnProcessor2_0 (8 heads of 8): attention pooling of the text, text "
+    "diffusers Attention + AttnProcessor2_0 (heads of 8 channels): attention pooling of the text, text "
     "cross-attention and image self-attention; the text mask arrives as an additive (B, 1, L) float "
     "mask (-10000 on padding) in the pooling and cross-attention."
 )
@@ -1297,7 +1297,7 @@ _MOCHI = dict(
     in_channels=4,
     out_channels=None,
     qk_norm="rms_norm",
-    text_embed_dim=24,
+    text_embed_dim=64,  # the text pooling has 8 heads: heads of 8
     time_embed_dim=8,
     activation_fn="swiglu",
     max_sequence_length=8,
@@ -1429,17 +1429,6 @@ _UNET_MOTION = dict(
     motion_num_attention_heads=2,
     motion_max_seq_length=8,
 )
-
-
-def _video_unet_inputs(frames=3, hw=8, text_len=5, batch=2, text_dim=24):
-    def inputs(model, gen):
-        return dict(
-            sample=_r(gen, model, batch, 4, frames, hw, hw),
-            timestep=_steps(gen, model, 1)[0],
-            encoder_hidden_states=_r(gen, model, batch * frames, text_len, text_dim),
-        )
-
-    return inputs
 
 
 def _unet_motion_inputs(model, gen, batch=2, frames=3):
@@ -2987,7 +2976,7 @@ _add(
         _ZIMAGE_CONTROLNET,
         _zimage_inputs([7, 40], controlnet=True),
         outputs=_control_samples,
-        note=_ZIMAGE_NOTE.replace("No set_attn_processor on the model.", "")
+        note=_ZIMAGE_NOTE.replace(" No set_attn_processor on the model.", "")
         + " Control blocks and a control noise refiner (ZImageControlTransformerBlock), plus the transformer's "
         "noise and context refiners shared through from_transformer."
         + _ZIMAGE_MASK_NOTE
@@ -3123,9 +3112,12 @@ _add(
         dict(_STABLE_AUDIO3, use_differential_attention=False),
         _stable_audio3_inputs(),
         variant="plain",
-        note=_STABLE_AUDIO3_NOTE.replace("Differential attention: each", "Configured without differential "
-                                         "attention (one call per module); the released model's")
-        + " No mask.",
+        note=(
+            "StableAudio3SelfAttention + StableAudio3SelfAttnProcessor and StableAudio3CrossAttention + "
+            "StableAudio3CrossAttnProcessor -> dispatch_attention_fn, configured without differential attention "
+            "(one call per module): self-attention over [memory tokens, latents] with partial rotate-half RoPE, qk "
+            "RMSNorm; cross-attention to text, no RoPE. No mask."
+        ),
     ),
 )
 
@@ -3594,11 +3586,13 @@ _UNET3D = dict(
     out_channels=4,
     down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
     up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"),
-    block_out_channels=(16, 32),
+    # attention_head_dim is the number of heads of the spatial/temporal blocks (SD's naming) but the head
+    # width of the first temporal transformer (8 heads): 64 channels and 8 give heads of 8 in both
+    block_out_channels=(64, 64),
     layers_per_block=1,
     norm_num_groups=8,
     cross_attention_dim=24,
-    attention_head_dim=2,  # SD's naming: the number of heads
+    attention_head_dim=8,
 )
 _add(
     ZooCase(
