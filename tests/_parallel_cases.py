@@ -8,12 +8,14 @@ compares them with one process.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 import torch.distributed as dist
 
 from attnkit.parallel import ContextParallelError, context_parallel_attention, count_bytes, math_attention
+from attnkit.parallel import ring as ring_module
 
 
 def mesh_groups(world: int) -> dict:
@@ -88,14 +90,18 @@ def run_case(case: dict, rank: int, world: int, meshes: dict) -> dict:
             bias = bias.clone().requires_grad_(True)
     local = LOCALS[case.get("local", "math")]
     return_lse = case.get("return_lse", False)
+    events: list[str] = []
+    if case.get("trace"):
+        local = _traced(local, events)
+    passed_sharding = override.get("pass_sharding", sharding)
 
     runs = []
     for _ in range(case.get("repeat", 1)):
-        with count_bytes() as sent:
+        with count_bytes() as sent, _tracing_transfers(events if case.get("trace") else None):
             got = context_parallel_attention(
                 qi, ki, vi, bias, case.get("scale"), ring_group=ring_group, ulysses_group=ulysses_group,
                 causal=case.get("causal", False), local=local, return_lse=return_lse, kv_sharded=kv_sharded,
-                bias_sharding=sharding,
+                bias_sharding=passed_sharding,
             )
             out, lse = got if return_lse else (got, None)
             res = {"out": out.detach(), "lse": None if lse is None else lse.detach()}
@@ -107,8 +113,39 @@ def run_case(case: dict, rank: int, world: int, meshes: dict) -> dict:
                 res["dq"], res["dk"], res["dv"] = torch.autograd.grad(outs, (qi, ki, vi), ups)
         res["bytes"] = sent.bytes_sent
         res["bytes_by_kind"] = dict(sent.by_kind)
+        res["trace"] = list(events)
+        events.clear()
         runs.append(res)
     return {"runs": runs}
+
+
+def _traced(local, events: list):
+    def traced(q, k, v, attn_bias=None, scale=None, causal_offset=None):
+        if q.shape[2] > 2:  # not the (1, 1, 2, D) probe
+            events.append("compute")
+        return local(q, k, v, attn_bias, scale, causal_offset)
+
+    return traced
+
+
+@contextlib.contextmanager
+def _tracing_transfers(events):
+    """Record "post" each time the ring starts a transfer (events=None: record nothing)."""
+    if events is None:
+        yield
+        return
+    original = ring_module.p2p
+
+    def p2p(ops, group, what):
+        if any(buf.numel() for _, buf, *_ in ops):
+            events.append("post")
+        return original(ops, group, what)
+
+    ring_module.p2p = p2p
+    try:
+        yield
+    finally:
+        ring_module.p2p = original
 
 
 def attention_batch(rank: int, world: int, payload: dict) -> list[dict]:

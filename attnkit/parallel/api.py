@@ -20,8 +20,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .comm import ContextParallelError, all_gather_rows, group_rank
-from .local import accum_dtype, check_local_attention, math_attention
+from .comm import ContextParallelError, all_gather_rows, all_reduce_max, group_rank
+from .local import accum_dtype, check_local_attention, math_attention, recenter_masked_rows
 from .ring import RingAttention, RingJob, RingSchedule
 from .ulysses import HeadsToSeq, SeqToHeads, gather_bias
 
@@ -45,7 +45,10 @@ _LABELS = {
     "kv_sharded": "kv_sharded", "return_lse": "return_lse",
     "grad": "whether gradients are needed (q, k or v requires grad); a backward on some ranks only would wait for ever",
     "bias": "attn_bias (None / bias_sharding='query' / bias_sharding='key')",
-    "bias_B": "attn_bias's batch dim", "bias_H": "attn_bias's head dim", "bias_N": "attn_bias's key dim",
+    "bias_B": "attn_bias's batch dim", "bias_H": "attn_bias's head dim", "bias_N": (
+        "attn_bias's key dim: with bias_sharding='query' every rank passes its query rows against every key "
+        "of the sequence; a mask of each rank's own keys goes with bias_sharding='key'"
+    ),
     "bias_dtype": "attn_bias's dtype", "ulysses_size": "the size of their ulysses_group",
     "ulysses_index": "their rank in their ulysses_group (ring peers must hold the same heads)",
     "k_sum": "k (kv_sharded=False: every rank must pass the same, whole k)",
@@ -421,6 +424,8 @@ def context_parallel_attention(
         problem = str(exc)
     layout = _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding, ring_group, ulysses_group)
     q, k, v, bias, scale = call.q, call.k, call.v, call.bias, call.scale
+    if bias is not None:
+        bias = _recenter(bias, bias_sharding, kv_sharded, ring_group, ulysses_group, layout)
 
     if not kv_sharded:
         out, lse = _run_local(local, q, k, v, bias, scale, layout.q_offset if causal else None)
@@ -459,6 +464,23 @@ def context_parallel_attention(
         else:
             (out,) = HeadsToSeq.apply([layout.q_lens_u], ulysses_group, layout.u_rank, out)
     return (out, lse) if return_lse else out
+
+
+def _recenter(bias, bias_sharding, kv_sharded, ring_group, ulysses_group, layout):
+    """Rows masked everywhere with a finite value, shifted to a max of 0 (see
+    :func:`attnkit.parallel.local.recenter_masked_rows`). A row of a query-sharded bias
+    is whole on its rank; a key-sharded one needs the max over every rank's keys."""
+    if bias.shape[-1] == 0:
+        row_max = torch.full(bias.shape[:-1] + (1,), float("-inf"), dtype=bias.dtype, device=bias.device)
+    else:
+        row_max = bias.amax(dim=-1, keepdim=True)
+    if bias_sharding == "key" and kv_sharded:
+        row_max = row_max.to(torch.promote_types(bias.dtype, torch.float32)).contiguous()
+        if layout.u_size > 1:
+            all_reduce_max(row_max, ulysses_group, "max of attn_bias's rows (ulysses group)")
+        if layout.r_size > 1:
+            all_reduce_max(row_max, ring_group, "max of attn_bias's rows (ring group)")
+    return recenter_masked_rows(bias, row_max)
 
 
 def _prefix(lens: Sequence[int]) -> tuple[int, ...]:

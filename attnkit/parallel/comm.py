@@ -169,6 +169,13 @@ def all_gather_rows(row: torch.Tensor, group, what: str) -> torch.Tensor:
     return out.view(size, row.numel())
 
 
+def all_reduce_max(t: torch.Tensor, group, what: str) -> torch.Tensor:
+    """Elementwise max over the group, in place."""
+    _record("bias", t.numel() * t.element_size())
+    wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True), what)
+    return t
+
+
 def all_to_all_bytes(
     send: Sequence[torch.Tensor], recv_sizes: Sequence[int], group, what: str, kind: str = "a2a", async_op: bool = False
 ):

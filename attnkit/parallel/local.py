@@ -95,6 +95,28 @@ def math_attention(
     return out.to(q.dtype), lse.squeeze(-1)
 
 
+# A row whose largest bias is below this sees no key at an ordinary weight: it is a row
+# masked everywhere with a finite value (-1e4, -1e9, finfo.min ...).
+MASKED_ROW_BIAS = -1e3
+
+
+def recenter_masked_rows(bias: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
+    """Subtract from each row masked everywhere with a finite value (row_max below
+    MASKED_ROW_BIAS) its largest value; other rows are left as they are, bit for bit.
+
+    bias: (B', H', M', N) additive; row_max: broadcastable to (B', H', M', 1), the row's
+    max over ALL keys of the sequence. A constant per row cancels in the softmax, so the
+    answer is unchanged; but partial results merge through lse, and an lse near -1e9
+    (float32 steps of 64) or -3e38 cannot carry the log of a block's size: without this,
+    such a row's blocks would be averaged with wrong weights.
+    """
+    shift = torch.where(torch.isfinite(row_max) & (row_max < MASKED_ROW_BIAS), row_max, torch.zeros_like(row_max))
+    if not bool((shift != 0).any()):
+        return bias
+    wide = torch.promote_types(bias.dtype, torch.float32)
+    return (bias.to(wide) - shift.to(wide)).to(bias.dtype)
+
+
 def merge_partials(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

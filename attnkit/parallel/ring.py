@@ -7,7 +7,8 @@ computes its queries against the block while the bytes move, merges, and waits.
 
 Backward runs the same ring again: the blocks travel as before, and with each block
 travels the float32 accumulator of its dK/dV. Every rank adds its queries' contribution and
-passes the accumulator on; the last rank that needs a block sends the accumulator home.
+passes the accumulator on; the last rank that needs a block sends the accumulator home,
+where the owner adds its own share.
 Each block's contribution is computed by differentiating the local attention itself
 (its out and its lse) with the exact chain rule of the merge:
 
@@ -244,8 +245,10 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
     # Every step's transfers go out as one batch, matched by the neighbours' batch of the
     # same step (on NCCL a batch is one group, and batches run in order on one stream): the
     # blocks moving on, the accumulator of this step's block coming in, and the accumulator
-    # of the previous step's block going out.
-    final = None
+    # of the previous step's block going out. A block's owner keeps its own share and adds
+    # it when the accumulator comes home, so an accumulator makes reach - 1 hops plus one
+    # home, not reach + 1.
+    own = None  # this rank's share of its own block's dK/dV
     carry = None  # the previous step's accumulator, for the next rank
     going_home: list[tuple[torch.Tensor, int]] = []
     cur = pack(_own_block(job, k, v)) if sched.sends(0) else None
@@ -257,7 +260,7 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
             ops.append(("recv", nxt, sched.prev, _tag("kv", s, P), "ring-kv"))
         if sched.sends(s):
             ops.append(("send", cur, sched.next, _tag("kv", s, P), "ring-kv"))
-        if sched.holds(s) and s > 0:
+        if sched.holds(s) and s > 1:
             acc_in = torch.empty(packed_size([grad_spec(src)]), dtype=torch.uint8, device=q.device)
             ops.append(("recv", acc_in, sched.prev, _tag("grad", s, P), "ring-grad"))
         if carry is not None:
@@ -271,8 +274,11 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
         for w in works:
             wait(w, f"ring attention backward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring")
         carry = None
-        if sched.holds(s):
-            if s > 0:
+        if s == 0:
+            if grads is not None:
+                own = torch.cat([grads[1], grads[2]], dim=-1)
+        elif sched.holds(s):
+            if s > 1:
                 acc = unpack(acc_in, [grad_spec(src)])[0]
             else:
                 acc = torch.zeros(grad_spec(src).shape, dtype=adt, device=q.device)
@@ -281,10 +287,8 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
                 acc[..., D:] += grads[2]
             if sched.sends(s):
                 carry = as_buffer(acc)
-            elif s > 0:
-                going_home.append((as_buffer(acc), src))  # the last rank that needs a block
             else:
-                final = acc  # the block never left
+                going_home.append((as_buffer(acc), src))  # the last rank that needs a block
         cur = nxt
     # Accumulators go home in one last batch.
     ops = [("send", buf, dst, _tag("home", 0, P), "ring-grad") for buf, dst in going_home]
@@ -295,8 +299,10 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
         ops.append(("recv", home, holder, _tag("home", 0, P), "ring-grad"))
     for w in p2p(ops, job.group, "ring attention backward, last step"):
         wait(w, "ring attention backward: sending dK/dV home")
+    final = own
     if home is not None:
-        final = unpack(home, [grad_spec(sched.rank)])[0]
+        arrived = unpack(home, [grad_spec(sched.rank)])[0]
+        final = arrived if final is None else final + arrived
     if final is None:
         final = torch.zeros(grad_spec(sched.rank).shape, dtype=adt, device=q.device)
     return dq.to(q.dtype), final[..., :D].to(k.dtype), final[..., D:].to(v.dtype)
