@@ -64,14 +64,17 @@ def run_case(case: dict, rank: int, world: int, meshes: dict) -> dict:
     q, k, v = case["q"], case["k"], case["v"]
     q_lens = _split(q.shape[2], case.get("q_split"), world)
     kv_sharded = case.get("kv_sharded", True)
-    k_lens = _split(k.shape[2], case.get("k_split"), world) if kv_sharded else None
+    whole = case.get("kv_whole", kv_sharded is False)  # every rank gets all of k and v
+    k_lens = None if whole else _split(k.shape[2], case.get("k_split"), world)
     grad = case.get("grad", True)
     override = case.get("override", {}).get(rank, {})
     dtype = override.get("dtype", q.dtype)
 
     qi = _leaf(_shard(q, 2, q_lens, rank).to(dtype), grad)
-    ki = _leaf((_shard(k, 2, k_lens, rank) if kv_sharded else k).to(dtype), grad)
-    vi = _leaf((_shard(v, 2, k_lens, rank) if kv_sharded else v).to(dtype), grad)
+    ki = _leaf((k if whole else _shard(k, 2, k_lens, rank)).to(dtype), grad)
+    vi = _leaf((v if whole else _shard(v, 2, k_lens, rank)).to(dtype), grad)
+    if override.get("dtype_kv_noise"):  # a k that differs on this rank
+        ki = _leaf(ki + 1e-3, grad)
     if "head_dim" in override:
         qi = qi[..., : override["head_dim"]]
         ki = ki[..., : override["head_dim"]]
@@ -84,7 +87,7 @@ def run_case(case: dict, rank: int, world: int, meshes: dict) -> dict:
         bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
         if sharding == "query" and bias.shape[2] == q.shape[2] and q.shape[2] > 1:
             bias = _shard(bias, 2, q_lens, rank)
-        elif sharding == "key" and kv_sharded:
+        elif sharding == "key" and not whole:
             bias = _shard(bias, 3, k_lens, rank)
         if override.get("bias_requires_grad"):
             bias = bias.clone().requires_grad_(True)

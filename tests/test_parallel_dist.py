@@ -40,7 +40,8 @@ class Spec:
     bias: str = "none"
     bias_sharding: str = "query"
     causal: bool = False
-    kv_sharded: bool = True
+    kv_sharded: object = True  # True, False or "auto", as passed
+    kv_whole: Optional[bool] = None  # every rank gets all of k and v (default: kv_sharded is False)
     return_lse: bool = False  # and an upstream gradient for lse
     repeat: int = 1
     grad: bool = True
@@ -127,14 +128,18 @@ def make_case(spec: Spec, seed: int) -> dict:
     case = dict(
         mesh=spec.mesh, q=q, k=k, v=v, bias=build_bias(spec, gen), bias_sharding=spec.bias_sharding,
         q_split=spec.q_split, k_split=spec.k_split if spec.k_split is not None else spec.q_split,
-        causal=spec.causal, kv_sharded=spec.kv_sharded, return_lse=spec.return_lse, repeat=spec.repeat,
+        causal=spec.causal, kv_sharded=spec.kv_sharded, kv_whole=whole(spec), return_lse=spec.return_lse, repeat=spec.repeat,
         grad=spec.grad, local=spec.local, override=spec.override, trace=spec.trace,
         dout=torch.randn(spec.B, spec.H, spec.M, Dv, generator=gen).to(spec.dtype),
         dlse=torch.randn(spec.B, spec.H, spec.M, generator=gen) if spec.return_lse else None,
     )
-    if not spec.kv_sharded:
+    if whole(spec):
         case["k_split"] = None
     return case
+
+
+def whole(spec: Spec) -> bool:
+    return spec.kv_whole if spec.kv_whole is not None else spec.kv_sharded is False
 
 
 # -- the cases ----------------------------------------------------------------------------
@@ -162,6 +167,10 @@ TWO = [
     Spec("ulysses-f32-cross77", "ulysses", F32, M=50, N=77, q_split=[20, 30], k_split=[39, 38], bias="keypad"),
     Spec("ring-f32-cross77-whole", "ring", F32, M=50, N=77, q_split=[20, 30], kv_sharded=False, bias="keypad"),
     Spec("ulysses-bf16-cross77-whole", "ulysses", BF16, M=50, N=77, q_split=[20, 30], kv_sharded=False),
+    # kv_sharded="auto" (what a diffusers backend passes): whole text keys found whole, shards found sharded
+    Spec("ring-f32-cross77-auto-whole", "ring", F32, M=50, N=77, q_split=[20, 30], kv_sharded="auto", kv_whole=True,
+         bias="keypad", bias_sharding="key"),
+    Spec("ulysses-f64-auto-sharded", "ulysses", F64, H=4, q_split=[6, 7], kv_sharded="auto", causal=True),
     # causal, top-left on global positions
     Spec("ring-f64-causal", "ring", F64, M=17, N=17, q_split=[11, 6], causal=True),
     Spec("ulysses-f64-causal", "ulysses", F64, M=17, N=17, q_split=[11, 6], causal=True),
@@ -178,6 +187,8 @@ TWO = [
     Spec("err-head-dim-mismatch", "ring", override={1: {"head_dim": 8}}, expect={0: "head dim", 1: "head dim"}),
     Spec("err-heads-mismatch", "ulysses", H=4, override={1: {"heads": 2}}, expect={0: "number of heads", 1: "number of heads"}),
     Spec("err-not-a-mesh", "same-groups", expect={0: "do not form a 2-D mesh", 1: "do not form a 2-D mesh"}),
+    Spec("err-whole-kv-differs", "ring", M=8, N=8, kv_sharded=False, override={1: {"dtype_kv_noise": True}},
+         expect={0: "every rank must pass the same, whole k", 1: "every rank must pass the same, whole k"}),
     Spec("err-bias-key-columns", "ring", bias="keypad", override={0: {"pass_sharding": "query"}, 1: {"pass_sharding": "query"}},
          bias_sharding="key", expect={0: "bias_sharding='key'", 1: "bias_sharding='key'"}),
 ]
@@ -268,7 +279,7 @@ def check_against_one_process(spec: Spec, per_rank: list, case: dict):
         return
     ref_g = torch.autograd.grad(sum((a * b).sum() for a, b in ref_terms), ins)
     base_g = torch.autograd.grad(sum((a.float() * b.float()).sum() for a, b in base_terms), base_in)
-    if spec.kv_sharded:
+    if not whole(spec):
         got = [assembled(per_rank, "d" + n) for n in "qkv"]
     else:  # k and v are whole on every rank: each rank holds its queries' share
         got = [assembled(per_rank, "dq")] + [sum(p["value"]["runs"][0]["d" + n] for p in per_rank) for n in "kv"]
@@ -385,3 +396,15 @@ def test_a_group_that_times_out_ends_every_rank(seed):
     assert "exchanging the call's description" in res[0]["message"]
     assert not res[1]["ok"], res[1]
     assert all(r["exitcode"] != 0 for r in res)
+
+
+def test_auto_tells_whole_keys_from_shards(two_ranks):
+    """kv_sharded='auto': the text keys every rank holds whole move nowhere; shards of a
+    self-attention go through the all-to-all as usual."""
+    per_rank, _ = two_ranks["ring-f32-cross77-auto-whole"]
+    for p in per_rank:
+        assert p["ok"], p
+        kinds = p["value"]["runs"][0]["bytes_by_kind"]
+        assert set(kinds) <= {"meta"}, kinds
+    per_rank, _ = two_ranks["ulysses-f64-auto-sharded"]
+    assert all(p["value"]["runs"][0]["bytes_by_kind"].get("a2a", 0) > 0 for p in per_rank)

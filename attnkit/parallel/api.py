@@ -35,14 +35,14 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bo
 _FIELDS = (
     "stage", "refused", "global_rank", "B", "H", "D", "Dv", "dtype", "device", "causal", "scale",
     "kv_sharded", "return_lse", "grad", "bias", "bias_B", "bias_H", "bias_rows", "bias_N", "bias_dtype",
-    "M", "N", "ulysses_index", "ulysses_size", "k_sum", "v_sum", "bias_sum",
+    "M", "N", "ulysses_index", "ulysses_size", "k_sum", "v_sum", "bias_sum", "n_local", "kv_uniform",
 )
 _IDX = {name: i for i, name in enumerate(_FIELDS)}
 _LABELS = {
     "stage": "which function they called (ring / Ulysses stage of the call)",
     "B": "batch size", "H": "number of heads", "D": "head dim of q and k", "Dv": "head dim of v",
     "dtype": "dtype", "device": "device type", "causal": "causal", "scale": "scale",
-    "kv_sharded": "kv_sharded", "return_lse": "return_lse",
+    "kv_sharded": "kv_sharded (True / False / 'auto')", "return_lse": "return_lse",
     "grad": "whether gradients are needed (q, k or v requires grad); a backward on some ranks only would wait for ever",
     "bias": "attn_bias (None / bias_sharding='query' / bias_sharding='key')",
     "bias_B": "attn_bias's batch dim", "bias_H": "attn_bias's head dim", "bias_N": (
@@ -53,8 +53,11 @@ _LABELS = {
     "ulysses_index": "their rank in their ulysses_group (ring peers must hold the same heads)",
     "k_sum": "k (kv_sharded=False: every rank must pass the same, whole k)",
     "v_sum": "v (kv_sharded=False: every rank must pass the same, whole v)",
+    "n_local": "the number of keys (kv_sharded=False: every rank must pass the same, whole k and v)",
 }
 _STAGE_ULYSSES, _STAGE_RING = 1.0, 2.0
+# kv_sharded as a number: the ranks must agree on it
+_KV_MODES = {True: 1.0, False: 0.0, "auto": 2.0}
 
 
 @dataclass
@@ -134,7 +137,7 @@ def _prepare(q, k, v, attn_bias, scale, bias_sharding, kv_sharded, local) -> _Ca
         bb, bh, bm, bn = bias.shape
         if bb not in (1, B) or bh not in (1, H):
             raise ValueError(f"attn_bias {tuple(attn_bias.shape)} does not broadcast to batch {B}, heads {H}")
-        if bias_sharding == "key" and kv_sharded:
+        if bias_sharding == "key":
             if bm != 1 or bn != k.shape[2]:
                 raise ValueError(
                     f"bias_sharding='key': attn_bias must be this rank's key columns, broadcast over queries, "
@@ -160,7 +163,7 @@ def _row(stage, call: Optional[_Call], refused: bool, causal, kv_sharded, return
     r[_IDX["refused"]] = float(refused)
     r[_IDX["global_rank"]] = float(dist.get_rank())
     r[_IDX["causal"]] = float(bool(causal))
-    r[_IDX["kv_sharded"]] = float(bool(kv_sharded))
+    r[_IDX["kv_sharded"]] = _KV_MODES[kv_sharded]
     r[_IDX["return_lse"]] = float(bool(return_lse))
     r[_IDX["ulysses_index"]] = float(u_index)
     r[_IDX["ulysses_size"]] = float(u_size)
@@ -180,9 +183,10 @@ def _row(stage, call: Optional[_Call], refused: bool, causal, kv_sharded, return
             r[_IDX["bias_rows"]] = 2.0 if q.shape[2] <= 1 else (0.0 if bm == 1 else 1.0)
             r[_IDX["bias_dtype"]] = _DTYPES.index(call.bias.dtype) if call.bias.dtype in _DTYPES else -1
             r[_IDX["bias_sum"]] = _fingerprint(call.bias)
-        if not kv_sharded:
-            r[_IDX["k_sum"]] = float(k.detach().double().sum())
-            r[_IDX["v_sum"]] = float(v.detach().double().sum())
+        r[_IDX["n_local"]] = float(k.shape[2])
+        if kv_sharded is not True:
+            r[_IDX["k_sum"]] = _fingerprint(k)
+            r[_IDX["v_sum"]] = _fingerprint(v)
     return torch.tensor(r, dtype=torch.float64, device=device)
 
 
@@ -192,6 +196,12 @@ def _fingerprint(t: torch.Tensor) -> float:
     x = torch.nan_to_num(t.detach().double(), nan=1.5e11, posinf=2.5e11, neginf=-3.5e11).reshape(-1)
     weights = torch.arange(1, x.numel() + 1, dtype=torch.float64, device=x.device) * 0.6180339887498949 % 1.0 + 0.5
     return float((x * weights).sum())
+
+
+def _same_kv(rows: torch.Tensor) -> bool:
+    """Every row's k and v: the same count and the same fingerprints."""
+    cols = rows[:, [_IDX["n_local"], _IDX["k_sum"], _IDX["v_sum"]]]
+    return bool((cols == cols[0]).all())
 
 
 def _bias_rows_mode(rows: torch.Tensor) -> bool:
@@ -212,7 +222,9 @@ def _show(field: str, value: float):
         return {0: "cpu", 1: "cuda"}.get(int(value), "other")
     if field == "bias":
         return ("None", "query", "key")[int(value)]
-    if field in ("causal", "kv_sharded", "return_lse", "grad"):
+    if field == "kv_sharded":
+        return {1.0: True, 0.0: False, 2.0: "auto"}.get(value, value)
+    if field in ("causal", "return_lse", "grad"):
         return bool(value)
     if field == "stage":
         return {1: "Ulysses", 2: "ring"}.get(int(value), "?")
@@ -246,10 +258,10 @@ _AGREE = ("stage", "B", "H", "D", "Dv", "dtype", "device", "causal", "scale", "k
           "bias", "bias_B", "bias_H", "bias_dtype", "ulysses_size")
 
 
-def _check_rows(rows: torch.Tensor, who: str, kv_sharded: bool, bias_sharding: str) -> Optional[str]:
+def _check_rows(rows: torch.Tensor, who: str, kv_sharded, bias_sharding: str) -> Optional[str]:
     problem = _refusal(rows, who) or _disagreement(rows, _AGREE, who)
-    if problem is None and not kv_sharded:
-        problem = _disagreement(rows, ("k_sum", "v_sum"), who)
+    if problem is None and kv_sharded is False:
+        problem = _disagreement(rows, ("n_local", "k_sum", "v_sum"), who)
     if problem is None and rows[0, _IDX["bias"]] == 1.0:
         problem = _disagreement(rows, ("bias_N",), who)
     if problem is None and rows[0, _IDX["bias"]] != 0.0:
@@ -275,6 +287,7 @@ class _Layout:
     q_lens_r: list[int]  # query / key lengths of the ring chunks (each a ulysses group's total)
     k_lens_r: list[int]
     bias_rows_mode: bool  # some rank passes a row per query
+    kv_replicated: bool  # k and v are whole on every rank: no exchange at all
 
     @property
     def q_offset(self) -> int:
@@ -316,8 +329,32 @@ def _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding
         problem = _check_rows(rows_u, "ulysses group", kv_sharded, bias_sharding)
     q_lens_u = [int(x) for x in rows_u[:, _IDX["M"]].tolist()]
     k_lens_u = [int(x) for x in rows_u[:, _IDX["N"]].tolist()]
-    if problem is None and U > 1 and kv_sharded:
-        H = int(rows_u[0, _IDX["H"]])
+    rows_mode = bool(call is not None and call.bias is not None and _bias_rows_mode(rows_u))
+
+    # Stage 2: the ring group; its rows describe the ulysses groups' totals
+    call2 = call if problem is None else None
+    row = _row(_STAGE_RING, call2, problem is not None, causal, kv_sharded, return_lse, bias_sharding,
+               sum(q_lens_u), sum(k_lens_u), u_rank, U, device)
+    if call2 is not None:
+        row[_IDX["H"]] = row[_IDX["H"]] // U if kv_sharded is not False else row[_IDX["H"]]
+        # with kv_sharded='auto': whether this rank's ulysses group all hold the same k, v
+        row[_IDX["kv_uniform"]] = float(_same_kv(rows_u))
+    rows_r = all_gather_rows(row, ring_group, "exchanging the call's description (ring group)") if R > 1 else row.view(1, -1)
+    if problem is None:
+        problem = _check_rows(rows_r, "ring group", kv_sharded, bias_sharding) or _disagreement(rows_r, ("ulysses_index",), "ring group")
+    # k and v whole on every rank: said (kv_sharded=False, checked above), or found
+    # ('auto': every ulysses group uniform and the ring group's fingerprints equal, the
+    # same answer on every rank of the mesh)
+    replicated = kv_sharded is False or (
+        kv_sharded == "auto" and problem is None and bool((rows_r[:, _IDX["kv_uniform"]] == 1).all()) and _same_kv(rows_r)
+    )
+    layout = _Layout(
+        U, u_rank, R, r_rank, q_lens_u, k_lens_u,
+        [int(x) for x in rows_r[:, _IDX["M"]].tolist()], [int(x) for x in rows_r[:, _IDX["N"]].tolist()], rows_mode,
+        replicated,
+    )
+    if problem is None and U > 1 and not replicated:
+        H = call.q.shape[1]
         if H % U:
             divisors = [d for d in range(2, U + 1) if H % d == 0 and U % d == 0]
             way = (
@@ -329,23 +366,8 @@ def _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding
                 f"Use {way} (context_parallel_attention(ring_group=..., ulysses_group=...)), or ring_attention, "
                 "which takes any number of heads"
             )
-    rows_mode = bool(call is not None and call.bias is not None and _bias_rows_mode(rows_u))
-
-    # Stage 2: the ring group; its rows describe the ulysses groups' totals
-    call2 = call if problem is None else None
-    row = _row(_STAGE_RING, call2, problem is not None, causal, kv_sharded, return_lse, bias_sharding,
-               sum(q_lens_u), sum(k_lens_u), u_rank, U, device)
-    if call2 is not None:
-        row[_IDX["H"]] = row[_IDX["H"]] // U if kv_sharded else row[_IDX["H"]]
-    rows_r = all_gather_rows(row, ring_group, "exchanging the call's description (ring group)") if R > 1 else row.view(1, -1)
-    if problem is None:
-        problem = _check_rows(rows_r, "ring group", kv_sharded, bias_sharding) or _disagreement(rows_r, ("ulysses_index",), "ring group")
-    layout = _Layout(
-        U, u_rank, R, r_rank, q_lens_u, k_lens_u,
-        [int(x) for x in rows_r[:, _IDX["M"]].tolist()], [int(x) for x in rows_r[:, _IDX["N"]].tolist()], rows_mode,
-    )
-    if problem is None and call is not None and call.bias is not None and bias_sharding == "query":
-        n_total = layout.n_total if kv_sharded else k.shape[2]
+    if problem is None and call is not None and call.bias is not None and (bias_sharding == "query" or replicated):
+        n_total = k.shape[2] if replicated else layout.n_total
         if call.bias.shape[3] != n_total:
             problem = (
                 f"attn_bias has {call.bias.shape[3]} key columns but the sequence has {n_total} keys: with "
@@ -372,7 +394,7 @@ def context_parallel_attention(
     causal: bool = False,
     local: Callable = math_attention,
     return_lse: bool = False,
-    kv_sharded: bool = True,
+    kv_sharded: bool | str = True,
     bias_sharding: str = "query",
 ):
     """Attention over a sequence split across ranks: Ulysses inside ``ulysses_group``,
@@ -397,7 +419,13 @@ def context_parallel_attention(
 
     kv_sharded=False: k and v are the whole key/value sequence on every rank (e.g. the 77
     text tokens of cross-attention): each rank attends its queries to them, with no
-    communication but a check that all ranks hold the same k and v.
+    communication but a check that all ranks hold the same k and v. Each rank's dk, dv
+    is then its own queries' share (they sum to the whole gradient).
+    kv_sharded="auto": whole if every rank holds the same k and v (same length and
+    fingerprint), else shards: for callers that cannot tell, such as diffusers' sequence
+    split, which leaves some models' text tokens whole. (A sharded k that happened to be
+    equal on every rank would be taken as whole: the same output, since attending to
+    copies of a key set is attending to the set.)
 
     causal: top-left on global positions (query i sees key j iff j <= i); in ring
     attention, blocks wholly above the diagonal are neither computed nor sent.
@@ -411,7 +439,9 @@ def context_parallel_attention(
     Raises ValueError on every rank for a refused call (naming the problem and, on the
     other ranks, the rank that refused), ContextParallelError when a transfer fails.
     """
-    if not kv_sharded:
+    if kv_sharded not in _KV_MODES:
+        raise ValueError(f"kv_sharded={kv_sharded!r}: True, False or 'auto'")
+    if kv_sharded is False:
         bias_sharding = "query"  # the whole key sequence is here: rows and key columns coincide
     if ring_group is None and ulysses_group is None:
         raise ValueError("pass ring_group, ulysses_group or both (torch.distributed process groups)")
@@ -424,10 +454,12 @@ def context_parallel_attention(
         problem = str(exc)
     layout = _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding, ring_group, ulysses_group)
     q, k, v, bias, scale = call.q, call.k, call.v, call.bias, call.scale
+    if layout.kv_replicated:
+        bias_sharding = "query"  # the whole key sequence is here: rows and key columns coincide
     if bias is not None:
-        bias = _recenter(bias, bias_sharding, kv_sharded, ring_group, ulysses_group, layout)
+        bias = _recenter(bias, bias_sharding, ring_group, ulysses_group, layout)
 
-    if not kv_sharded:
+    if layout.kv_replicated:
         out, lse = _run_local(local, q, k, v, bias, scale, layout.q_offset if causal else None)
         return (out, lse) if return_lse else out
 
@@ -466,7 +498,7 @@ def context_parallel_attention(
     return (out, lse) if return_lse else out
 
 
-def _recenter(bias, bias_sharding, kv_sharded, ring_group, ulysses_group, layout):
+def _recenter(bias, bias_sharding, ring_group, ulysses_group, layout):
     """Rows masked everywhere with a finite value, shifted to a max of 0 (see
     :func:`attnkit.parallel.local.recenter_masked_rows`). A row of a query-sharded bias
     is whole on its rank; a key-sharded one needs the max over every rank's keys."""
@@ -474,7 +506,7 @@ def _recenter(bias, bias_sharding, kv_sharded, ring_group, ulysses_group, layout
         row_max = torch.full(bias.shape[:-1] + (1,), float("-inf"), dtype=bias.dtype, device=bias.device)
     else:
         row_max = bias.amax(dim=-1, keepdim=True)
-    if bias_sharding == "key" and kv_sharded:
+    if bias_sharding == "key":
         row_max = row_max.to(torch.promote_types(bias.dtype, torch.float32)).contiguous()
         if layout.u_size > 1:
             all_reduce_max(row_max, ulysses_group, "max of attn_bias's rows (ulysses group)")
@@ -528,7 +560,7 @@ def ring_attention(
     causal: bool = False,
     local: Callable = math_attention,
     return_lse: bool = False,
-    kv_sharded: bool = True,
+    kv_sharded: bool | str = True,
     bias_sharding: str = "query",
 ):
     """Ring attention over ``group``: key/value blocks go round the ring, each rank keeps
@@ -555,7 +587,7 @@ def ulysses_attention(
     causal: bool = False,
     local: Callable = math_attention,
     return_lse: bool = False,
-    kv_sharded: bool = True,
+    kv_sharded: bool | str = True,
     bias_sharding: str = "query",
 ):
     """Ulysses attention over ``group``: an all-to-all gives each rank the whole sequence
