@@ -74,7 +74,9 @@ class _Call:
 
 # -- local checks ---------------------------------------------------------------------------
 
+# What the probe of each (local attention, dtype, device type, head dims) said: probed once.
 _PROBED: dict = {}
+_PROBED_MAX = 256  # a caller that makes a new callable per call is probed every call
 
 
 def _probe(local: Callable, dtype: torch.dtype, device: torch.device, D: int, Dv: int) -> Optional[str]:
@@ -82,8 +84,10 @@ def _probe(local: Callable, dtype: torch.dtype, device: torch.device, D: int, Dv
     try:
         if key in _PROBED:
             return _PROBED[key]
-    except TypeError:  # an unhashable callable is probed every call
+    except TypeError:  # unhashable: probed every call
         return check_local_attention(local, dtype, device, D, Dv)
+    if len(_PROBED) >= _PROBED_MAX:
+        _PROBED.clear()
     _PROBED[key] = check_local_attention(local, dtype, device, D, Dv)
     return _PROBED[key]
 
@@ -182,7 +186,8 @@ def _row(stage, call: Optional[_Call], refused: bool, causal, kv_sharded, return
             # 0: one row broadcast to every query; 1: a row per query; 2: either (<= 1 query)
             r[_IDX["bias_rows"]] = 2.0 if q.shape[2] <= 1 else (0.0 if bm == 1 else 1.0)
             r[_IDX["bias_dtype"]] = _DTYPES.index(call.bias.dtype) if call.bias.dtype in _DTYPES else -1
-            r[_IDX["bias_sum"]] = _fingerprint(call.bias)
+            if bm == 1:  # one row for every query: Ulysses may keep it without an exchange
+                r[_IDX["bias_sum"]] = _fingerprint_small(call.bias)
         r[_IDX["n_local"]] = float(k.shape[2])
         if kv_sharded is not True:
             r[_IDX["k_sum"]] = _fingerprint(k)
@@ -190,12 +195,28 @@ def _row(stage, call: Optional[_Call], refused: bool, causal, kv_sharded, return
     return torch.tensor(r, dtype=torch.float64, device=device)
 
 
-def _fingerprint(t: torch.Tensor) -> float:
+def _weights(n: int, device, dtype=torch.float64) -> torch.Tensor:
+    # irrational steps: a different weight at every position, all in [0.5, 1.5)
+    return (torch.arange(1, n + 1, dtype=torch.float64, device=device) * 0.6180339887498949 % 1.0 + 0.5).to(dtype)
+
+
+def _fingerprint_small(t: torch.Tensor) -> float:
     """A number that differs, short of a crafted collision, between tensors of the same
-    shape with different values or the same values in different places."""
+    shape with different values or the same values in different places (-inf included).
+    For small tensors: one float64 copy."""
     x = torch.nan_to_num(t.detach().double(), nan=1.5e11, posinf=2.5e11, neginf=-3.5e11).reshape(-1)
-    weights = torch.arange(1, x.numel() + 1, dtype=torch.float64, device=x.device) * 0.6180339887498949 % 1.0 + 0.5
-    return float((x * weights).sum())
+    return float((x * _weights(x.numel(), x.device)).sum())
+
+
+def _fingerprint(t: torch.Tensor) -> float:
+    """The same for k or v of any size, without a copy: each row (last dim) projected
+    on fixed weights in t's dtype (a matrix-vector product, the same bits for the same
+    tensor), then the rows weighted by position in float64. Memory: one number a row."""
+    x = t.detach()
+    if x.numel() == 0:
+        return 0.0
+    rows = torch.matmul(x, _weights(x.shape[-1], x.device, x.dtype))
+    return float((rows.double().reshape(-1) * _weights(rows.numel(), x.device)).sum())
 
 
 def _same_kv(rows: torch.Tensor) -> bool:
@@ -454,6 +475,11 @@ def context_parallel_attention(
         problem = str(exc)
     layout = _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding, ring_group, ulysses_group)
     q, k, v, bias, scale = call.q, call.k, call.v, call.bias, call.scale
+    logger.debug(
+        "context parallel call: ring %d x ulysses %d, ring rank %d, ulysses rank %d, queries %s, keys %s%s",
+        layout.r_size, layout.u_size, layout.r_rank, layout.u_rank, layout.q_lens_r, layout.k_lens_r,
+        ", k and v whole on every rank" if layout.kv_replicated else "",
+    )
     if layout.kv_replicated:
         bias_sharding = "query"  # the whole key sequence is here: rows and key columns coincide
     if bias is not None:
