@@ -11,7 +11,6 @@ the error of plain torch in the same dtype, plus a few units of rounding.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import pytest

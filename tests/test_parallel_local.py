@@ -4,7 +4,6 @@ schedule, and the refusals that need no peer."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import torch
 from attnkit.parallel import context_parallel_attention, math_attention, merge_partials
 from attnkit.parallel.local import check_local_attention
 from attnkit.parallel.ring import RingSchedule
-from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, rel_error, tolerance, torch_math_attention
+from attnkit.testing import make_bias, make_qkv, reference_attention, rel_error, tolerance
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16}
 
