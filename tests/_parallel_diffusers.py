@@ -1,0 +1,189 @@
+"""diffusers' own context parallelism (enable_parallelism, its _cp_plan hooks) running on
+attnkit.parallel, on spawned gloo ranks.
+
+A minimal attention backend is registered in the test process under a test-only name:
+it is what attnkit's diffusers backend does under context parallelism, in a few lines:
+take diffusers' (B, S, H, D) tensors as (B, H, S, D) views, take the ring and ulysses
+groups from the ParallelConfig diffusers passes, and call
+attnkit.parallel.context_parallel_attention. Tiny Wan-like and Flux-like transformers
+(random weights, float64) run with enable_parallelism on 2 ranks and are compared with
+the same model on one rank with diffusers' stock attention.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+
+import torch
+import torch.distributed as dist
+
+from attnkit.parallel import context_parallel_attention, math_attention
+from attnkit.testing import rel_error
+
+TEST_BACKEND = "attnkit_cp_test"
+
+
+def cp_backend(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+    return_lse=False, _parallel_config=None,
+):
+    """A diffusers attention backend: (B, S, H, D) in, (B, S, H, D) out [and lse (B, S, H)]."""
+    if dropout_p:
+        raise ValueError(f"dropout_p={dropout_p}: this backend has no dropout")
+    if enable_gqa and key.shape[2] != query.shape[2]:
+        raise ValueError("enable_gqa: grouped-query attention is not supported here")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views, no copy
+    bias = attn_mask
+    if bias is not None and bias.dim() == 2:  # (B, N) key padding
+        bias = bias[:, None, None, :]
+    if _parallel_config is None:
+        out, lse = math_attention(q, k, v, bias, scale, 0 if is_causal else None)
+    else:
+        cp = _parallel_config.context_parallel_config
+        ring = cp._ring_mesh.get_group() if cp.ring_degree > 1 else None
+        ulysses = cp._ulysses_mesh.get_group() if cp.ulysses_degree > 1 else None
+        # diffusers' sequence split shards a mask along with its tokens: a mask as long
+        # as this rank's keys holds those keys' columns
+        by_key = bias is not None and bias.shape[-1] == k.shape[2] and bias.shape[-2] == 1
+        out, lse = context_parallel_attention(
+            q, k, v, bias, scale, ring_group=ring, ulysses_group=ulysses, causal=is_causal,
+            return_lse=True, kv_sharded="auto", bias_sharding="key" if by_key else "query",
+        )
+    out = out.transpose(1, 2)
+    return (out, lse.transpose(1, 2)) if return_lse else out
+
+
+def register_test_backend():
+    """Add TEST_BACKEND to diffusers' backend names and registry, supporting context
+    parallelism. AttentionBackendName is a closed Enum and set_attention_backend accepts
+    only its values, so the member is added to the Enum's maps: a stand-in, inside this
+    test process, for attnkit's own registration."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    if TEST_BACKEND not in AttentionBackendName._value2member_map_:
+        member = str.__new__(AttentionBackendName, TEST_BACKEND)
+        member._name_, member._value_ = TEST_BACKEND.upper(), TEST_BACKEND
+        AttentionBackendName._member_map_[member._name_] = member
+        AttentionBackendName._value2member_map_[TEST_BACKEND] = member
+        AttentionBackendName._member_names_.append(member._name_)
+    member = AttentionBackendName(TEST_BACKEND)
+    _AttentionBackendRegistry.register(member, constraints=[], supports_context_parallel=True)(cp_backend)
+    return member
+
+
+# -- tiny models, odd lengths -------------------------------------------------------------
+
+
+def wan(seed: int, odd: bool):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+    ).double()
+    g = torch.Generator().manual_seed(seed + 1)
+    # 3 (or 2) frames of 6x10 latents, patches of 2x2: 45 tokens (23 + 22), or 30; the 7
+    # text tokens stay whole on every rank (Wan's _cp_plan does not split them)
+    inputs = dict(
+        hidden_states=torch.randn(1, 4, 3 if odd else 2, 6, 10, generator=g, dtype=torch.float64),
+        timestep=torch.tensor([517.0], dtype=torch.float64),
+        encoder_hidden_states=torch.randn(1, 7, 16, generator=g, dtype=torch.float64),
+    )
+    return model, inputs
+
+
+def flux(seed: int, odd: bool):
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    model = FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=16, pooled_projection_dim=8, axes_dims_rope=(2, 2, 4),
+    ).double()
+    g = torch.Generator().manual_seed(seed + 1)
+    img, txt = (15, 7) if odd else (16, 8)  # odd: 8 + 7 image and 4 + 3 text tokens per rank
+    inputs = dict(
+        hidden_states=torch.randn(1, img, 4, generator=g, dtype=torch.float64),
+        encoder_hidden_states=torch.randn(1, txt, 16, generator=g, dtype=torch.float64),
+        pooled_projections=torch.randn(1, 8, generator=g, dtype=torch.float64),
+        timestep=torch.tensor([0.37], dtype=torch.float64),
+        img_ids=torch.stack([torch.zeros(img), torch.arange(img) // 5, torch.arange(img) % 5], 1).double(),
+        txt_ids=torch.zeros(txt, 3, dtype=torch.float64),
+    )
+    return model, inputs
+
+
+MODELS = {"wan": wan, "flux": flux}
+
+
+def _forward_backward(model, inputs, weight_seed: int):
+    out = model(**inputs, return_dict=False)[0]
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(weight_seed), dtype=out.dtype)
+    (out * w).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), grads
+
+
+def _all_gather_uneven(tensor: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """What dist.all_gather of unequal shards gives on NCCL (which falls back to
+    broadcasts for them); gloo refuses unequal sizes. Pads to the longest, gathers, trims."""
+    from diffusers.models._modeling_parallel import gather_size_by_comm
+
+    tensor = tensor.contiguous()
+    sizes = gather_size_by_comm(tensor.shape[dim], group)
+    pad = [0, 0] * (tensor.dim() - 1 - dim) + [0, max(sizes) - tensor.shape[dim]]
+    padded = torch.nn.functional.pad(tensor, pad)
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)
+
+
+def diffusers_cp(rank: int, world: int, payload: dict) -> dict:
+    from diffusers import ContextParallelConfig
+    from diffusers.hooks import context_parallel as cp_hooks
+
+    # diffusers 0.42.1's ModelMixin._resolve_parallel_config computes
+    # torch.device(accelerator, rank % torch.accelerator.device_count()) before it looks at
+    # any mesh: on a machine without an accelerator that is a ZeroDivisionError. The
+    # device it names is where the model would live; here there is one, the CPU. This
+    # stands in for that one call; the mesh, the hooks and the collectives are diffusers'
+    # and torch's own, on gloo.
+    torch.accelerator.device_count = lambda: 1
+    # diffusers 0.42.1's split hook warns through logger.warning_once, a method that
+    # transformers adds to logging.Logger when it is imported (every real pipeline imports
+    # it for its text encoder). Without it, Wan's plan (which skips its 1-D timestep with
+    # that warning) raises AttributeError: the same method, added the same way.
+    if not hasattr(logging.Logger, "warning_once"):
+        logging.Logger.warning_once = functools.lru_cache(None)(logging.Logger.warning)
+    # diffusers' "anything" split gathers the model's output with dist.all_gather of
+    # unequal shards: NCCL serves it, gloo refuses it. The stand-in computes the same.
+    cp_hooks._all_gather_anything = _all_gather_uneven
+    register_test_backend()
+    results = {}
+    for (name, build), mode, odd in itertools.product(MODELS.items(), ("ring", "ulysses"), (False, True)):
+        if True:  # noqa: SIM108 (one block per case)
+            model, inputs = build(payload["seed"], odd)
+            ref_out, ref_grads = _forward_backward(model, inputs, payload["seed"] + 7)  # one rank, stock SDPA
+            model.zero_grad(set_to_none=True)
+            model.set_attention_backend(TEST_BACKEND)
+            # Even lengths: diffusers' default split. Odd: its "anything" split, uneven
+            # shards (45 tokens; 15 + 7), lengths the default split refuses on 2 ranks;
+            # diffusers' own "anything" attention has no backward, attnkit's has.
+            config = (
+                ContextParallelConfig(ring_degree=world, ring_anything=odd) if mode == "ring"
+                else ContextParallelConfig(ulysses_degree=world, ulysses_anything=odd)
+            )
+            model.enable_parallelism(config=config)
+            out, grads = _forward_backward(model, inputs, payload["seed"] + 7)
+            for g in grads.values():  # each rank holds its tokens' share
+                dist.all_reduce(g)
+            results[f"{name}-{mode}-{'odd' if odd else 'even'}"] = {
+                "out": rel_error(out, ref_out),
+                "shape": tuple(out.shape),
+                "missing_grads": sorted(set(ref_grads) - set(grads)),
+                "grads": {n: rel_error(grads[n], ref_grads[n]) for n in ref_grads if n in grads},
+            }
+    return results
