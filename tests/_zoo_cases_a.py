@@ -1,0 +1,813 @@
+"""Zoo cases for diffusers' model classes AceStep... to I2VGenXLUNet (first half of the
+alphabet): one tiny configuration per class with attention (more where a variant changes
+what the attention computes: masks, causal, image conditioning), and the classes without
+attention with the reason.
+
+Every configuration keeps the attention layout of the real model (heads >= 2 where the
+model has several, head_dim >= 8, GQA, qk-norm, rotary, joint text+image attention, masks)
+at the smallest size that runs it. Inputs are random from the generator; masks keep a
+different number of text tokens per batch item; rotary inputs are random angles.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from _zoo_common import ZooCase, model_param, randn, random_angles_rotary
+
+CASES: list[ZooCase] = []
+NO_ATTENTION: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class _Case(ZooCase):
+    """A ZooCase whose build also multiplies some parameters by a gain after the random
+    initialisation (`gains`: ((regex on the parameter name, factor), ...)), and may call
+    `setup(model)` after it.
+
+    At torch's default initialisation scale, a tiny adaLN-zero DiT gets a timestep
+    embedding of ~0.1 and gates of ~0.03, so attention reaches the output only at
+    ~1e-5 relative and a comparison through the model could barely fail. A gain on the
+    timestep embedding's last layer brings it to the unit scale of trained models."""
+
+    gains: tuple = ()
+    # Called on the built model before the cast to dtype/device: switches a forward needs
+    # (e.g. tiling where the forward has no untiled path).
+    setup: object = None
+
+    def build(self, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
+        model = super().build(seed=seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                for pattern, factor in self.gains:
+                    if re.search(pattern, name):
+                        p.mul_(factor)
+            if self.setup is not None:
+                self.setup(model)
+        return model.to(device=device, dtype=dtype)
+
+
+def _like(model):
+    p = model_param(model)
+    return {"dtype": p.dtype, "device": p.device}
+
+
+def _rn(model, gen, *shape):
+    return randn(gen, *shape, **_like(model))
+
+
+def _timestep(model, gen, batch, scale=1000.0):
+    """Random timesteps in (0, scale), one per batch item."""
+    return (torch.rand(batch, generator=gen) * scale).to(**_like(model))
+
+
+def _text_keep(lengths, total, device="cpu"):
+    """(B, total) bool: True for the first `length` tokens of each batch item."""
+    idx = torch.arange(total)
+    return torch.stack([idx < n for n in lengths]).to(device)
+
+
+def _angles(gen, tokens, half):
+    return torch.rand(tokens, half, generator=gen) * (2 * math.pi)
+
+
+def _rope_halves(gen, tokens, dim, dtype=torch.float32, device="cpu"):
+    """(cos, sin), each (tokens, dim), random angles in the rotate-half layout
+    (cat([a, a], -1)) that Qwen-style rotary embeddings use."""
+    a = _angles(gen, tokens, dim // 2)
+    a = torch.cat([a, a], dim=-1)
+    return a.cos().to(device=device, dtype=dtype), a.sin().to(device=device, dtype=dtype)
+
+
+# --- AceStepTransformer1DModel -----------------------------------------------------------
+
+def _ace_step_inputs(model, gen):
+    b, t = 2, 16
+    return {
+        "hidden_states": _rn(model, gen, b, t, 8),
+        "timestep": torch.rand(b, generator=gen).to(**_like(model)),
+        "timestep_r": torch.rand(b, generator=gen).to(**_like(model)),
+        "encoder_hidden_states": _rn(model, gen, b, 5, 32),
+        "context_latents": _rn(model, gen, b, t, 8),
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="AceStepTransformer1DModel",
+        config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, in_channels=16, audio_acoustic_hidden_dim=8,
+            patch_size=2, sliding_window=2,
+        ),
+        inputs=_ace_step_inputs,
+        note=(
+            "AceStepAttention (AttentionModuleMixin) + AceStepAttnProcessor2_0 -> dispatch_attention_fn: "
+            "GQA (enable_gqa, 4 q / 2 kv heads), RMS qk-norm, rotary (cos, sin) built inside; "
+            "self-attention layers alternate a sliding-window additive 4-D mask (finfo.min) and none; "
+            "cross-attention to the text without mask."
+        ),
+        extra={"shape_like": "hidden_states"},
+    )
+)
+
+
+# --- AllegroTransformer3DModel -----------------------------------------------------------
+
+def _allegro_inputs(masked):
+    def make(model, gen):
+        b = 2 if masked else 1
+        f, h, w = 2, 8, 8
+        # rotary: per axis (cos, sin) tables over positions, and the (t, h, w) position of
+        # every token, as the pipeline's _prepare_rotary_positional_embeddings builds them.
+        gt, gh, gw = f, h // 2, w // 2
+        freqs = tuple(_rope_halves(gen, n, 8, **_like(model)) for n in (gt, gh, gw))
+        pos = torch.cartesian_prod(torch.arange(gt), torch.arange(gh), torch.arange(gw))
+        pos = pos.transpose(0, 1).reshape(3, 1, -1)
+        out = {
+            "hidden_states": _rn(model, gen, b, 4, f, h, w),
+            "encoder_hidden_states": _rn(model, gen, b, 7, 16),
+            "timestep": _timestep(model, gen, b),
+            "image_rotary_emb": (freqs, tuple(pos)),
+        }
+        if masked:
+            out["encoder_attention_mask"] = _text_keep([7, 3], 7).to(**_like(model))
+        return out
+
+    return make
+
+
+_ALLEGRO = dict(
+    patch_size=2, patch_size_t=1, num_attention_heads=2, attention_head_dim=24, in_channels=4,
+    out_channels=4, num_layers=1, cross_attention_dim=48, sample_height=8, sample_width=8,
+    sample_frames=2, caption_channels=16,
+)
+_ALLEGRO_NOTE = (
+    "Attention + AllegroAttnProcessor2_0 -> F.scaled_dot_product_attention: self-attention with "
+    "3-axis rotary (image_rotary_emb = (cos, sin) per axis, token positions), cross-attention to text; "
+    "encoder_attention_mask -> additive -10000 bias (B, 1, T) repeated per head"
+)
+CASES.append(ZooCase(name="AllegroTransformer3DModel", config=_ALLEGRO, inputs=_allegro_inputs(False), note=_ALLEGRO_NOTE))
+CASES.append(
+    ZooCase(
+        name="AllegroTransformer3DModel", variant="masked", config=_ALLEGRO, inputs=_allegro_inputs(True),
+        note=_ALLEGRO_NOTE + "; batch 2 with 7 and 3 valid text tokens",
+    )
+)
+
+
+# --- AnimaTextConditioner -------------------------------------------------------------------
+
+def _anima_inputs(masked):
+    def make(model, gen):
+        b = 2 if masked else 1
+        out = {
+            "source_hidden_states": _rn(model, gen, b, 9, 24),
+            "target_input_ids": torch.randint(0, 64, (b, 6), generator=gen).to(model_param(model).device),
+        }
+        if masked:
+            out["target_attention_mask"] = _text_keep([6, 4], 6).long()
+            out["source_attention_mask"] = _text_keep([9, 5], 9).long()
+        return out
+
+    return make
+
+
+_ANIMA = dict(
+    source_dim=24, target_dim=32, model_dim=32, num_layers=2, num_attention_heads=4, mlp_ratio=2.0,
+    target_vocab_size=64, min_sequence_length=8,
+)
+_ANIMA_NOTE = (
+    "AnimaTextConditionerAttention (AttentionModuleMixin) + AnimaTextConditionerAttnProcessor -> "
+    "dispatch_attention_fn: RMS qk-norm, rotate-half rotary on q and k (cross-attention too, with the "
+    "source positions), built inside; masks are bool (B, 1, 1, S) key padding"
+)
+CASES.append(
+    ZooCase(name="AnimaTextConditioner", config=_ANIMA, inputs=_anima_inputs(False), note=_ANIMA_NOTE,
+            outputs=lambda out: (out,), extra={"out_shape": (1, 8, 32)})
+)
+CASES.append(
+    ZooCase(name="AnimaTextConditioner", variant="masked", config=_ANIMA, inputs=_anima_inputs(True),
+            note=_ANIMA_NOTE + "; batch 2: 6 and 4 target tokens, 9 and 5 source tokens",
+            outputs=lambda out: (out,), extra={"out_shape": (2, 8, 32),
+                                               "mask_keys": ("target_attention_mask", "source_attention_mask")})
+)
+
+
+# --- AnyFlowTransformer3DModel / AnyFlowFARTransformer3DModel ------------------------------
+
+_ANYFLOW = dict(
+    patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+    text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
+)
+
+
+def _anyflow_inputs(model, gen):
+    b, f = 1, 2
+    return {
+        "hidden_states": _rn(model, gen, b, f, 4, 8, 8),
+        "timestep": _timestep(model, gen, b * f).view(b, f),
+        "r_timestep": _timestep(model, gen, b * f).view(b, f),
+        "encoder_hidden_states": _rn(model, gen, b, 6, 16),
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="AnyFlowTransformer3DModel", config=_ANYFLOW, inputs=_anyflow_inputs,
+        note=(
+            "AnyFlowAttention (AttentionModuleMixin): self-attention AnyFlowAttnProcessor, cross-attention "
+            "AnyFlowCrossAttnProcessor, both -> dispatch_attention_fn without mask; RMS qk-norm across heads; "
+            "3-axis complex rotary (float64) built inside, self-attention only"
+        ),
+    )
+)
+
+_ANYFLOW_FAR = dict(_ANYFLOW, compressed_patch_size=(1, 4, 4), full_chunk_limit=2)
+
+
+def _anyflow_far_inputs(model, gen):
+    # Training-rollout path: 3 chunks with full_chunk_limit=2, so the first chunk is FAR
+    # compressed context; the causal BlockMask is built inside.
+    b, f = 1, 4
+    return {
+        "hidden_states": _rn(model, gen, b, f, 4, 8, 8),
+        "timestep": _timestep(model, gen, b * f).view(b, f),
+        "r_timestep": _timestep(model, gen, b * f).view(b, f),
+        "encoder_hidden_states": _rn(model, gen, b, 6, 16),
+        "chunk_partition": [1, 1, 2],
+    }
+
+
+def _anyflow_far_kvcache_inputs(model, gen):
+    # Autoregressive step: the last chunk (2 frames) against a KV cache holding two earlier
+    # chunks, one FAR-compressed (2x2 tokens) and one full (4x4 tokens); cached keys and
+    # values are random.
+    cfg = model.config
+    b, f = 1, 2
+    heads, d = cfg.num_attention_heads, cfg.attention_head_dim
+    cache = {
+        i: {
+            "full_cache": _rn(model, gen, 2, b, heads, cfg.full_chunk_limit * 2 * 16, d),
+            "compressed_cache": _rn(model, gen, 2, b, heads, 2 * 4, d),
+        }
+        for i in range(cfg.num_layers)
+    }
+    return {
+        "hidden_states": _rn(model, gen, b, f, 4, 8, 8),
+        "timestep": _timestep(model, gen, b * f).view(b, f),
+        "r_timestep": _timestep(model, gen, b * f).view(b, f),
+        "encoder_hidden_states": _rn(model, gen, b, 6, 16),
+        "chunk_partition": [1, 1, 2],
+        "kv_cache": cache,
+        "kv_cache_flag": {"num_cached_chunks": 2, "is_cache_step": False},
+    }
+
+
+_ANYFLOW_FAR_NOTE = (
+    "AnyFlowAttention (AttentionModuleMixin): self-attention AnyFlowCausalAttnProcessor -> "
+    "dispatch_attention_fn with backend fixed to 'flex' (raises for any other) and a flex BlockMask "
+    "(frame-causal, FAR context), q/k/v zero-padded to a multiple of 128 tokens; cross-attention "
+    "AnyFlowCrossAttnProcessor without mask; complex rotary (float64) built inside"
+)
+CASES.append(
+    ZooCase(name="AnyFlowFARTransformer3DModel", config=_ANYFLOW_FAR, inputs=_anyflow_far_inputs,
+            note=_ANYFLOW_FAR_NOTE, backward=False,
+            # the compressed context frame is not predicted: 3 of the 4 frames come out
+            extra={"out_shape": (1, 3, 4, 8, 8)})
+)
+CASES.append(
+    ZooCase(name="AnyFlowFARTransformer3DModel", variant="kvcache", config=_ANYFLOW_FAR,
+            inputs=_anyflow_far_kvcache_inputs, backward=False,
+            note=_ANYFLOW_FAR_NOTE + "; KV-cache step: keys = cached compressed + cached full + new, no mask")
+)
+
+
+# --- image VAEs with diffusers' mid-block attention ----------------------------------------
+# Encoder / Decoder of models/autoencoders/vae.py: UNetMidBlock2D holds one `Attention`
+# (single head over all channels, group norm, residual, 4-D input) run by AttnProcessor2_0.
+
+_VAE_ATTENTION_NOTE = (
+    "Attention (mid-blocks of Encoder and Decoder: one head of dim = channels, group_norm, "
+    "residual_connection, upcast_softmax, 4-D (B, C, H, W) input) + AttnProcessor2_0 -> "
+    "F.scaled_dot_product_attention, no mask"
+)
+
+
+def _image_inputs(batch=1, channels=3, size=16, key="sample"):
+    def make(model, gen):
+        return {key: _rn(model, gen, batch, channels, size, size)}
+
+    return make
+
+
+CASES.append(
+    ZooCase(
+        name="AsymmetricAutoencoderKL",
+        config=dict(
+            in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            down_block_out_channels=(16, 32), layers_per_down_block=1,
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), up_block_out_channels=(16, 32),
+            layers_per_up_block=1, latent_channels=4, norm_num_groups=8, sample_size=16,
+        ),
+        inputs=_image_inputs(),
+        note=_VAE_ATTENTION_NOTE + " (decoder: MaskConditionDecoder)",
+        extra={"shape_like": "sample"},
+    )
+)
+
+_KL = dict(
+    in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+    up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(16, 32),
+    layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=16,
+)
+CASES.append(ZooCase(name="AutoencoderKL", config=_KL, inputs=_image_inputs(), note=_VAE_ATTENTION_NOTE,
+                     extra={"shape_like": "sample"}))
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLFlux2",
+        config=dict(
+            in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(16, 32),
+            layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=16,
+        ),
+        inputs=_image_inputs(),
+        note=_VAE_ATTENTION_NOTE,
+        extra={"shape_like": "sample"},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLTemporalDecoder",
+        # TemporalDecoder's output GroupNorm has 32 groups: channels are multiples of 32.
+        # layers_per_block=2 as in SVD: MidBlockTemporalDecoder calls its attention only
+        # between its first and second resnet, so with 1 layer the attention never runs.
+        config=dict(
+            in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            block_out_channels=(32, 64), layers_per_block=2, latent_channels=4, sample_size=16,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 2, 3, 16, 16), "num_frames": 2},
+        note=(
+            "Attention + AttnProcessor2_0 -> F.scaled_dot_product_attention: encoder mid-block (single "
+            "head, 4-D input) and the TemporalDecoder's MidBlockTemporalDecoder (single head over channels, "
+            "per frame), no mask"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+
+class _ReseededInputs(Mapping):
+    """Forward keyword arguments where ``generator`` is a freshly seeded torch.Generator
+    at every read: a model that draws noise inside its forward (ConsistencyDecoderVAE's
+    decoder) then sees the same noise in every run on these inputs."""
+
+    def __init__(self, values: dict, seed: int):
+        self._values = values
+        self._seed = seed
+
+    def __getitem__(self, key):
+        if key == "generator":
+            return torch.Generator().manual_seed(self._seed)
+        return self._values[key]
+
+    def __iter__(self):
+        return iter([*self._values, "generator"])
+
+    def __len__(self):
+        return len(self._values) + 1
+
+
+CASES.append(
+    ZooCase(
+        name="ConsistencyDecoderVAE",
+        config=dict(
+            latent_channels=4, sample_size=16, encoder_block_out_channels=(16, 32),
+            encoder_down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"), encoder_layers_per_block=1,
+            encoder_norm_num_groups=8, decoder_add_attention=True, decoder_block_out_channels=(16, 32),
+            decoder_down_block_types=("ResnetDownsampleBlock2D", "ResnetDownsampleBlock2D"),
+            decoder_up_block_types=("ResnetUpsampleBlock2D", "ResnetUpsampleBlock2D"),
+            decoder_layers_per_block=1, decoder_norm_num_groups=8,
+        ),
+        inputs=lambda model, gen: _ReseededInputs(
+            {"sample": _rn(model, gen, 1, 3, 16, 16)}, int(torch.randint(0, 2**31, (1,), generator=gen))
+        ),
+        note=(
+            "Attention + AttnProcessor2_0 -> F.scaled_dot_product_attention: Encoder mid-block (single head, "
+            "4-D input) and, with decoder_add_attention=True, the decoder UNet2DModel's mid-block (heads of "
+            "dim 8); the forward draws decoder noise from `generator` (re-seeded at every read of the inputs)"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+
+# --- AuraFlowTransformer2DModel ------------------------------------------------------------
+
+CASES.append(
+    _Case(
+        name="AuraFlowTransformer2DModel",
+        gains=((r"^time_step_proj\.linear_2\.", 10.0),),
+        config=dict(
+            sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1,
+            attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+            out_channels=4, pos_embed_max_size=16,
+        ),
+        inputs=lambda model, gen: {
+            "hidden_states": _rn(model, gen, 2, 4, 8, 8),
+            "encoder_hidden_states": _rn(model, gen, 2, 5, 16),
+            "timestep": torch.rand(2, generator=gen).to(**_like(model)),
+        },
+        note=(
+            "Attention + AuraFlowAttnProcessor2_0 -> F.scaled_dot_product_attention(scale=attn.scale), no mask: "
+            "MMDiT blocks attend over [8 register + text tokens (added projections), image tokens] with "
+            "fp32 LayerNorm qk-norm (norm_added_q/k on text), single blocks over the concatenation"
+        ),
+    )
+)
+
+
+# --- AutoencoderDC -------------------------------------------------------------------------
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderDC",
+        # DC-AE's released configs put EfficientViTBlocks (linear attention) in the deeper
+        # stages; the class default (all ResBlock) has none. An 8x8 input gives 16 tokens at
+        # the second stage (> head_dim: ReLU linear attention) and 4 at the third
+        # (<= head_dim: the "quadratic" ReLU-kernel path).
+        config=dict(
+            in_channels=3, latent_channels=4, attention_head_dim=8,
+            encoder_block_types=("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
+            decoder_block_types=("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
+            encoder_block_out_channels=(8, 16, 32), decoder_block_out_channels=(8, 16, 32),
+            encoder_layers_per_block=(1, 1, 1), decoder_layers_per_block=(1, 1, 1),
+            encoder_qkv_multiscales=((), (5,), (5,)), decoder_qkv_multiscales=((), (5,), (5,)),
+            decoder_norm_types="rms_norm",
+        ),
+        inputs=_image_inputs(size=8),
+        note=(
+            "SanaMultiscaleLinearAttention (not an Attention subclass; processor SanaMultiscaleAttnProcessor2_0, "
+            "no dispatch): ReLU-kernel linear attention (non-softmax; fp32, eps-normalised) over multi-scale "
+            "q/k/v when H*W > head_dim, else a ReLU 'quadratic' normalised attention; no mask"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+
+# --- video VAEs ----------------------------------------------------------------------------
+
+def _allegro_vae_one_tile(model):
+    # The forward has no untiled path (NotImplementedError); one tile covering the whole
+    # 8 x 16 x 16 input keeps the encoder and decoder each called once.
+    model.enable_tiling()
+    model.kernel = (8, 16, 16)
+    model.stride = (8, 16, 16)
+
+
+CASES.append(
+    _Case(
+        name="AutoencoderKLAllegro",
+        config=dict(
+            in_channels=3, out_channels=3, down_block_types=("AllegroDownBlock3D",) * 3,
+            up_block_types=("AllegroUpBlock3D",) * 3, block_out_channels=(8, 8, 8),
+            temporal_downsample_blocks=(True, True, False), temporal_upsample_blocks=(False, True, True),
+            latent_channels=4, layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4,
+        ),
+        setup=_allegro_vae_one_tile,
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 8, 16, 16)},
+        note=(
+            "Attention (AllegroMidBlock3DConv of encoder and decoder: single head over channels, group_norm, "
+            "residual, per frame on (B*F, C, H, W)) + AttnProcessor2_0 -> F.scaled_dot_product_attention, no mask; "
+            "forward only tiled (enable_tiling), output (B, F, C, H, W)"
+        ),
+        extra={"out_shape": (1, 8, 3, 16, 16)},
+    )
+)
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLCosmos",
+        config=dict(
+            in_channels=3, out_channels=3, latent_channels=4, encoder_block_out_channels=(8, 8, 8, 8),
+            decode_block_out_channels=(8, 8, 8, 8), attention_resolutions=(8,), resolution=64, num_layers=1,
+            patch_size=4, patch_type="haar", spatial_compression_ratio=4, temporal_compression_ratio=4,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 9, 16, 16)},
+        note=(
+            "CosmosCausalAttention (plain nn.Module with a processor attribute, single head over channels, "
+            "causal 1x1x1 conv projections, residual): CosmosSpatialAttentionProcessor2_0 over H*W per frame, no "
+            "mask; CosmosTemporalAttentionProcessor2_0 over frames per pixel with a bool tril (T, T) causal mask "
+            "(not is_causal); both F.scaled_dot_product_attention"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLHunyuanImage",
+        # The attention block's GroupNorm has 32 groups: channels are multiples of 32.
+        config=dict(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+            spatial_compression_ratio=2, sample_size=16,
+        ),
+        inputs=_image_inputs(),
+        note=(
+            "HunyuanImageAttentionBlock (plain nn.Module, mid-blocks: GroupNorm, 1x1 conv q/k/v, single head "
+            "over channels, residual) -> F.scaled_dot_product_attention on 3-D (B, H*W, C), no mask"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+_HY3D_VAE = dict(
+    in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 32), layers_per_block=1,
+    spatial_compression_ratio=2, temporal_compression_ratio=2,
+)
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLHunyuanImageRefiner", config=_HY3D_VAE,
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
+        note=(
+            "HunyuanImageRefinerAttnBlock (plain nn.Module, mid-blocks: RMS norm, 1x1x1 conv q/k/v, single head over "
+            "channels, residual) -> F.scaled_dot_product_attention over all frames*H*W tokens, attn_mask=None"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLHunyuanVideo15", config=_HY3D_VAE,
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
+        note=(
+            "HunyuanVideo15AttnBlock (plain nn.Module, mid-blocks: RMS norm, 1x1x1 conv q/k/v, single head over "
+            "channels, residual) -> F.scaled_dot_product_attention over all frames*H*W tokens with a frame-causal "
+            "additive float mask (B, S, S) of 0 / -inf"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLHunyuanVideo",
+        config=dict(
+            in_channels=3, out_channels=3, latent_channels=4,
+            down_block_types=("HunyuanVideoDownBlock3D",) * 3, up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+            block_out_channels=(8, 8, 16), layers_per_block=1, norm_num_groups=4, spatial_compression_ratio=4,
+            temporal_compression_ratio=4,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
+        note=(
+            "Attention (HunyuanVideoMidBlock3D of encoder and decoder: single head over channels, group_norm, "
+            "residual) + AttnProcessor2_0 -> F.scaled_dot_product_attention over all frames*H*W tokens with a "
+            "frame-causal additive float mask (B, S, S) of 0 / -inf (viewed to (B, 1, S, S))"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+
+# --- audio VAEs ----------------------------------------------------------------------------
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLKVAEAudio",
+        config=dict(
+            encoder_dim=4, encoder_rates=[2, 2], latent_dim=32, codebook_dim=4, decoder_dim=16,
+            decoder_rates=[2, 2], num_channels=1, attn_num_heads=4,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 1, 64)},
+        note=(
+            "KVAEAudioAttention (AttentionModuleMixin) + KVAEAudioAttnProcessor -> dispatch_attention_fn: "
+            "global self-attention over the encoder's output frames, no mask, default scale"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLLTX2Audio",
+        # The class default (and LTX-2's audio VAE) has no attention: mid_block_add_attention=False,
+        # attn_resolutions=None. Both switched on here so the attention the class can hold is covered.
+        config=dict(
+            in_channels=2, output_channels=2, latent_channels=4, base_channels=16, ch_mult=(1, 2, 4),
+            resolution=16, attn_resolutions=(8,), num_res_blocks=1, norm_type="pixel", causality_axis="height",
+            mid_block_add_attention=True, mel_bins=16, is_causal=True, double_z=True,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 2, 8, 16)},
+        note=(
+            "LTX2AudioAttnBlock (plain nn.Module: norm, 1x1 conv q/k/v, single head over channels, residual) -> "
+            "torch.bmm + softmax + bmm, scale C**-0.5, no mask (not causal although the convs are); only present "
+            "with mid_block_add_attention=True or attn_resolutions set (off in the class default)"
+        ),
+        extra={"out_shape": (1, 2, 5, 16)},
+    )
+)
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLMiniMaxH3Audio",
+        # latent_dim // heads (16) differs from latent_channels (8) as at full scale, so the
+        # adaptive-average-pool after the attention is exercised.
+        config=dict(
+            encoder_dim=4, encoder_rates=(2, 2), latent_dim=32, latent_channels=8, num_attention_heads=2,
+            decoder_dim=16, decoder_rates=(2, 2), decoder_kernel_sizes=(4, 4), resblock_kernel_sizes=(3, 7),
+            resblock_dilation_sizes=((1, 3), (1, 3)), latents_mean=[0.0] * 8, latents_std=[1.0] * 8,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 1, 32)},
+        note=(
+            "MiniMaxH3AudioCausalAttention (AttentionModuleMixin) + MiniMaxH3AudioAttnProcessor -> "
+            "dispatch_attention_fn(attn_mask=None, is_causal=True): fused qkv with a frozen zero key bias; "
+            "heads mean-pooled (not concatenated) after attention"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+
+# --- video VAEs with a transformer decoder / attention blocks ------------------------------
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLMiniMaxH3",
+        # 17 * n + 5 pixel frames is the geometry the released clip_length / token_drop accept:
+        # 22 frames is the shortest video that round-trips.
+        config=dict(
+            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), layers_per_block=1,
+            spatial_downsample_factors=(2, 2), temporal_downsample_factors=(2, 2), norm_num_groups=8,
+            decoder_num_layers=2, decoder_num_attention_heads=2, decoder_attention_head_dim=8,
+            decoder_num_register_tokens=2, decoder_ffn_mult=2, clip_length=17, token_drop=3,
+            latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 22, 8, 8)},
+        note=(
+            "MiniMaxH3VideoAttention (AttentionModuleMixin) + MiniMaxH3VideoAttnProcessor -> dispatch_attention_fn"
+            "(attn_mask=None): ViT decoder over latent voxels + register tokens + a zero token, fp32 RMS qk-norm, "
+            "partial rotate-half 3-axis rotary (first 0.75 of head_dim) built inside, positional call "
+            "processor(attn, hidden_states, rotary_emb)"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLMochi",
+        config=dict(
+            in_channels=15, out_channels=3, latent_channels=4, encoder_block_out_channels=(32, 32, 32, 32),
+            decoder_block_out_channels=(32, 32, 32, 32), layers_per_block=(1, 1, 1, 1, 1), scaling_factor=1,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 13, 16, 16)},
+        note=(
+            "Attention (encoder down blocks and encoder mid-block, heads of dim 32, l2 qk-norm, is_causal=True) + "
+            "MochiVaeAttnProcessor2_0 -> F.scaled_dot_product_attention(is_causal=True) over frames per pixel; "
+            "a single-frame input skips attention (to_v only); the decoder has none"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+_WAN_FAMILY_NOTE = (
+    "{cls} (plain nn.Module, mid-blocks of encoder and decoder{extra}: RMS norm, 1x1 conv qkv, single head over "
+    "channels, residual) -> F.scaled_dot_product_attention per frame over H*W (4-D (B*T, 1, H*W, C)), no mask"
+)
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLWan",
+        config=dict(
+            # attn_scales stays [] as in the released configs: a WanAttentionBlock in the encoder's
+            # down blocks fails in diffusers 0.42.1 (its forward takes no feat_cache).
+            base_dim=8, z_dim=4, dim_mult=[1, 1, 1], num_res_blocks=1, attn_scales=[],
+            temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
+        note=_WAN_FAMILY_NOTE.format(cls="WanAttentionBlock", extra=""),
+        extra={"shape_like": "sample"},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLQwenImage",
+        config=dict(
+            base_dim=8, z_dim=4, dim_mult=[1, 1, 1], num_res_blocks=1, attn_scales=[],
+            temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
+        note=_WAN_FAMILY_NOTE.format(cls="QwenImageAttentionBlock", extra=""),
+        extra={"shape_like": "sample"},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="AutoencoderKLQwenImage21",
+        # An image VAE (one frame; its convolutions refuse a temporal cache) with four input
+        # channels (images with alpha), as the class default.
+        config=dict(
+            base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 1, 1], num_res_blocks=1, attn_scales=[],
+            temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 4, 1, 16, 16)},
+        note=_WAN_FAMILY_NOTE.format(cls="QwenImage21AttentionBlock", extra=""),
+        extra={"shape_like": "sample"},
+    )
+)
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderVidTok",
+        config=dict(
+            in_channels=3, out_channels=3, ch=8, ch_mult=[1, 2, 2], z_channels=4, double_z=True,
+            num_res_blocks=1, regularizer="kl", is_causal=True,
+        ),
+        # sample_posterior defaults to True here (noise drawn in the forward): the mode keeps it
+        # deterministic.
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 9, 16, 16), "sample_posterior": False},
+        note=(
+            "VidTokAttnBlock (plain nn.Module, mid-blocks: LayerNorm, causal 1x1x1 conv q/k/v, single head over "
+            "channels, residual) -> F.scaled_dot_product_attention on (B, T, H*W, C): per-frame spatial attention "
+            "with frames in the heads slot, no mask"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+
+def _dyt_alpha_at_init(model):
+    # DynamicTanh's alpha is a 1-element vector that random_init_ draws at ~0.05 (not a
+    # "weight"): tanh(0.05 x) ~ constant, and every block then ignores its input. The class
+    # initialises it at 4.0 (init_alpha); keep that, with a little spread.
+    from diffusers.models.autoencoders.autoencoder_same import DynamicTanh
+
+    for module in model.modules():
+        if isinstance(module, DynamicTanh):
+            module.alpha.mul_(0.0).add_(4.0 + 0.1 * torch.rand(1))
+
+
+def _same_case(differential: bool) -> ZooCase:
+    return _Case(
+        name="AutoencoderSAME",
+        setup=_dyt_alpha_at_init,
+        gains=((r"attn\.to_out\.weight$", 4.0),),
+        variant="" if differential else "standard",
+        config=dict(
+            audio_channels=2, patch_size=4, encoder_channels=8, encoder_c_mults=(2,), encoder_strides=(2,),
+            encoder_transformer_depths=(1,), latent_dim=8, use_differential_attention=differential, dim_heads=8,
+            ff_mult=2, sliding_window=1,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 2, 64)},
+        note=(
+            "SAMEAttention (AttentionModuleMixin) + SAMEAttnProcessor -> dispatch_attention_fn with an additive "
+            "(S, S) sliding-window band mask of 0 / -inf; DyT qk-norm, partial rotate-half rotary built inside; "
+            + (
+                "differential attention: Attn(q1, k1, v) - Attn(q2, k2, v), two dispatch calls per module"
+                if differential
+                else "use_differential_attention=False: one dispatch call per module"
+            )
+        ),
+        extra={"shape_like": "sample"},
+    )
+
+
+CASES.append(_same_case(True))
+CASES.append(_same_case(False))
+
+CASES.append(
+    ZooCase(
+        name="AutoencoderRAE",
+        # The encoder is a `transformers` vision model built from its config (here DINOv2 with
+        # registers; one head of 64 = encoder_hidden_size / 64, which RAE fixes); 32 / 8 = 4x4
+        # patches, decoded with patch 4 to 16x16.
+        config=dict(
+            encoder_type="dinov2", encoder_hidden_size=64, encoder_patch_size=8, encoder_num_hidden_layers=1,
+            decoder_hidden_size=32, decoder_num_hidden_layers=1, decoder_num_attention_heads=4,
+            decoder_intermediate_size=64, patch_size=4, encoder_input_size=32, num_channels=3,
+        ),
+        inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 32, 32)},
+        note=(
+            "encoder: transformers' Dinov2WithRegisters self-attention (transformers' attention interface, "
+            "outside diffusers' processors); decoder: Attention (ViTMAELayer) + AttnProcessor2_0 -> "
+            "F.scaled_dot_product_attention, no mask"
+        ),
+        extra={"out_shape": (1, 3, 16, 16), "requires": ("transformers",)},
+    )
+)
+
+
+NO_ATTENTION.update({
+    "AutoencoderKLCogVideoX": "causal-conv 3D VAE: resnet mid-blocks (CogVideoXMidBlock3D), no attention module",
+    "AutoencoderKLKVAE": "conv VAE: the encoder/decoder `attn` ModuleLists are always empty, mid-block is two resnets",
+    "AutoencoderKLKVAEVideo": "causal-conv video VAE: `attn` ModuleLists always empty, mid-block is two resnets",
+    "AutoencoderKLLTX2Video": "causal-conv video VAE: resnet/up/down blocks only, no attention module",
+    "AutoencoderKLLTXVideo": "causal-conv video VAE: resnet/up/down blocks only, no attention module",
+    "AutoencoderKLMagvit": "causal-conv video VAE (EasyAnimate): resnet mid-block, no attention module",
+    "AutoencoderOobleck": "1-D conv audio VAE (Snake residual units), no attention module",
+    "AutoencoderTiny": "EncoderTiny / DecoderTiny: conv blocks only, no attention module",
+    "Cosmos3AVAEAudioTokenizer": "audio tokenizer: ConvNeXt spectrogram encoder and conv decoder, no attention module",
+})
