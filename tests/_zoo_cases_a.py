@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from _zoo_common import ZooCase, model_param, randn, random_angles_rotary
+from _zoo_common import ZooCase, model_param, randn, random_angles_rotary, random_init_
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -26,22 +26,28 @@ NO_ATTENTION: dict[str, str] = {}
 
 @dataclass(frozen=True)
 class _Case(ZooCase):
-    """A ZooCase whose build also multiplies some parameters by a gain after the random
-    initialisation (`gains`: ((regex on the parameter name, factor), ...)), and may call
-    `setup(model)` after it.
+    """A ZooCase with three optional steps around the random initialisation:
 
-    At torch's default initialisation scale, a tiny adaLN-zero DiT gets a timestep
-    embedding of ~0.1 and gates of ~0.03, so attention reaches the output only at
-    ~1e-5 relative and a comparison through the model could barely fail. A gain on the
-    timestep embedding's last layer brings it to the unit scale of trained models."""
+    make:  ``make(config) -> model`` instead of ``cls(**config)``, for wrappers whose
+           constructor takes models (Multi-ControlNets hold their ControlNets).
+    gains: ((regex on the parameter name, factor), ...) multiplied after the init. At
+           torch's default initialisation scale a tiny adaLN-zero DiT gets a timestep
+           embedding of ~0.1 and gates of ~0.03, and zero-initialised scalar gates or output
+           projections come out near 0, so attention reaches the output at ~1e-5 relative
+           and a comparison through the model could barely fail; a gain brings those few
+           parameters to the scale of a trained model.
+    setup: ``setup(model)`` after that (tiling where the forward has no untiled path,
+           module constants that the init draws far from their meaning).
+    """
 
+    make: object = None
     gains: tuple = ()
-    # Called on the built model before the cast to dtype/device: switches a forward needs
-    # (e.g. tiling where the forward has no untiled path).
     setup: object = None
 
     def build(self, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
-        model = super().build(seed=seed)
+        torch.manual_seed(seed)
+        model = self.make(self.config) if self.make is not None else self.model_class()(**self.config)
+        random_init_(model, seed)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 for pattern, factor in self.gains:
@@ -49,7 +55,7 @@ class _Case(ZooCase):
                         p.mul_(factor)
             if self.setup is not None:
                 self.setup(model)
-        return model.to(device=device, dtype=dtype)
+        return model.to(device=device, dtype=dtype).eval()
 
 
 def _like(model):
@@ -811,3 +817,591 @@ NO_ATTENTION.update({
     "AutoencoderTiny": "EncoderTiny / DecoderTiny: conv blocks only, no attention module",
     "Cosmos3AVAEAudioTokenizer": "audio tokenizer: ConvNeXt spectrogram encoder and conv decoder, no attention module",
 })
+
+
+# --- Bria (Flux-like) ----------------------------------------------------------------------
+
+def _random_ids(gen, tokens, axes=3, span=16.0):
+    """(tokens, axes) random positions: the rotary angles they give are random too (as in
+    diffusers' own tests of these models), never the identity."""
+    return torch.rand(tokens, axes, generator=gen) * span
+
+
+def _bria_inputs(model, gen):
+    b, n_img, n_txt = 1, 16, 6
+    return {
+        "hidden_states": _rn(model, gen, b, n_img, 4),
+        "encoder_hidden_states": _rn(model, gen, b, n_txt, 16),
+        "timestep": _timestep(model, gen, b),
+        "img_ids": _random_ids(gen, n_img).to(**_like(model)),
+        "txt_ids": _random_ids(gen, n_txt).to(**_like(model)),
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="BriaTransformer2DModel",
+        config=dict(
+            patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=[4, 6, 6],
+        ),
+        inputs=_bria_inputs,
+        note=(
+            "BriaAttention (AttentionModuleMixin) + BriaAttnProcessor -> dispatch_attention_fn, no mask: Flux layout "
+            "(joint [text, image] with added projections and RMS qk-norm in double blocks, pre_only single blocks); "
+            "image_rotary_emb (cos, sin) from txt_ids/img_ids"
+        ),
+    )
+)
+
+_FIBO = dict(
+    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+    joint_attention_dim=16, text_encoder_dim=8, axes_dims_rope=[4, 6, 6],
+)
+
+
+def _fibo_inputs(masked):
+    def make(model, gen):
+        b = 2 if masked else 1
+        n_img, n_txt = 16, 6
+        text = _rn(model, gen, b, n_txt, 16)
+        out = {
+            "hidden_states": _rn(model, gen, b, n_img, 4),
+            "encoder_hidden_states": text,
+            "text_encoder_layers": [_rn(model, gen, b, n_txt, 8) for _ in range(2)],
+            "timestep": _timestep(model, gen, b),
+            "img_ids": _random_ids(gen, n_img).to(**_like(model)),
+            "txt_ids": _random_ids(gen, n_txt).to(**_like(model)),
+        }
+        if masked:
+            # As the pipeline builds it: bool key padding over [text, image], (B, 1, 1, S).
+            keep = torch.cat([_text_keep([6, 2], n_txt), torch.ones(b, n_img, dtype=torch.bool)], dim=1)
+            out["joint_attention_kwargs"] = {"attention_mask": keep[:, None, None, :].to(model_param(model).device)}
+        return out
+
+    return make
+
+
+_FIBO_NOTE = (
+    "double blocks: BriaFiboAttention (AttentionModuleMixin) + BriaFiboAttnProcessor; single blocks: legacy "
+    "Attention (pre_only, RMS qk-norm) + BriaAttnProcessor; both -> dispatch_attention_fn over [text, image] "
+    "with image_rotary_emb from the ids; the pipeline's mask goes through joint_attention_kwargs['attention_mask']"
+)
+CASES.append(ZooCase(name="BriaFiboTransformer2DModel", config=_FIBO, inputs=_fibo_inputs(False), note=_FIBO_NOTE))
+CASES.append(
+    ZooCase(
+        name="BriaFiboTransformer2DModel", variant="masked", config=_FIBO, inputs=_fibo_inputs(True),
+        note=_FIBO_NOTE + "; batch 2: 6 and 2 valid text tokens, bool (B, 1, 1, S) key padding",
+        extra={"mask_keys": ("joint_attention_kwargs",)},
+    )
+)
+
+_FIBO2 = dict(
+    in_channels=4, patch_size=2, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, cap_feat_dim=16,
+    injection_layer_ids=(1,), perceiver_num_layers=1, min_num_gist_tokens=4, max_num_gist_tokens=8, gist_step=4,
+    gist_min_text_len=2, gist_max_text_len=10, axes_dims=(4, 6, 6), axes_lens=(32, 16, 16),
+)
+
+
+def _fibo2_inputs(masked):
+    def make(model, gen):
+        b = 2 if masked else 1
+        out = {
+            "hidden_states": _rn(model, gen, b, 4, 8, 8),
+            "timestep": torch.rand(b, generator=gen).to(**_like(model)),
+            # the Perceiver's bundle, then one per injection block
+            "encoder_hidden_states": _rn(model, gen, b, 2, 10, 16),
+        }
+        if masked:
+            # 10 and 2 text tokens: 8 and 4 gist tokens, so the gist tokens are padded and
+            # masked in the self-attention too.
+            out["encoder_attention_mask"] = _text_keep([10, 2], 10).to(model_param(model).device)
+        return out
+
+    return make
+
+
+_FIBO2_NOTE = (
+    "BriaFibo2Attention (AttentionModuleMixin) + BriaFibo2AttnProcessor -> dispatch_attention_fn: self-attention "
+    "with complex rotary freqs_cis (from ids, built inside) and RMS qk-norm; Perceiver cross- and self-attention "
+    "over gist tokens; gated cross-attention to the text in injection blocks; masks: encoder_attention_mask (B, T) "
+    "bool -> (B, 1, 1, T) for cross-attention, gist padding (B, 1, 1, S) bool for self-attention"
+)
+# cross_attn_gate is a zero-initialised scalar gate (tanh): random_init_ draws it at ~0.05,
+# which would mute the injection cross-attention; at 1 its tanh is 0.76.
+_FIBO2_GAINS = ((r"cross_attn_gate$", 20.0),)
+CASES.append(_Case(name="BriaFibo2Transformer2DModel", config=_FIBO2, inputs=_fibo2_inputs(False),
+                   note=_FIBO2_NOTE, gains=_FIBO2_GAINS))
+CASES.append(
+    _Case(
+        name="BriaFibo2Transformer2DModel", variant="masked", config=_FIBO2, inputs=_fibo2_inputs(True),
+        note=_FIBO2_NOTE + "; batch 2 with 10 and 2 text tokens (8 and 4 gist tokens)", gains=_FIBO2_GAINS,
+        extra={"mask_keys": ("encoder_attention_mask",)},
+    )
+)
+
+
+# --- Flux, Chroma and the Flux ControlNets ---------------------------------------------------
+
+_FLUX = dict(
+    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+    joint_attention_dim=16, pooled_projection_dim=8, axes_dims_rope=(4, 6, 6),
+)
+_FLUX_NOTE = (
+    "FluxAttention (AttentionModuleMixin) + FluxAttnProcessor -> dispatch_attention_fn: joint [text, image] with "
+    "added projections and RMS qk-norm (double blocks), pre_only single blocks over the concatenation; "
+    "image_rotary_emb (cos, sin) from txt_ids/img_ids; a mask only through joint_attention_kwargs['attention_mask']"
+)
+
+
+def _flux_inputs(masked, guidance=False, n_img=16, n_txt=6):
+    def make(model, gen):
+        b = 2 if masked else 1
+        out = {
+            "hidden_states": _rn(model, gen, b, n_img, 4),
+            "encoder_hidden_states": _rn(model, gen, b, n_txt, 16),
+            "pooled_projections": _rn(model, gen, b, 8),
+            "timestep": torch.rand(b, generator=gen).to(**_like(model)),
+            "img_ids": _random_ids(gen, n_img).to(**_like(model)),
+            "txt_ids": _random_ids(gen, n_txt).to(**_like(model)),
+        }
+        if guidance:
+            out["guidance"] = (1.0 + 4.0 * torch.rand(b, generator=gen)).to(**_like(model))
+        if masked:
+            keep = torch.cat([_text_keep([n_txt, 2], n_txt), torch.ones(b, n_img, dtype=torch.bool)], dim=1)
+            out["joint_attention_kwargs"] = {"attention_mask": keep[:, None, None, :].to(model_param(model).device)}
+        return out
+
+    return make
+
+
+CASES.append(ZooCase(name="FluxTransformer2DModel", config=_FLUX, inputs=_flux_inputs(False), note=_FLUX_NOTE))
+CASES.append(
+    ZooCase(
+        name="FluxTransformer2DModel", variant="masked", config=dict(_FLUX, guidance_embeds=True),
+        inputs=_flux_inputs(True, guidance=True),
+        note=_FLUX_NOTE + "; guidance embedding; batch 2 with 6 and 2 valid text tokens, bool (B, 1, 1, S)",
+        extra={"mask_keys": ("joint_attention_kwargs",)},
+    )
+)
+
+_CHROMA = dict(
+    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+    joint_attention_dim=16, axes_dims_rope=(4, 6, 6), approximator_num_channels=16, approximator_hidden_dim=32,
+    approximator_layers=1,
+)
+
+
+def _chroma_inputs(masked):
+    def make(model, gen):
+        b, n_img, n_txt = (2 if masked else 1), 16, 6
+        out = {
+            "hidden_states": _rn(model, gen, b, n_img, 4),
+            "encoder_hidden_states": _rn(model, gen, b, n_txt, 16),
+            "timestep": torch.rand(b, generator=gen).to(**_like(model)),
+            "img_ids": _random_ids(gen, n_img).to(**_like(model)),
+            "txt_ids": _random_ids(gen, n_txt).to(**_like(model)),
+        }
+        if masked:
+            # As ChromaPipeline builds it: text tokens valid up to and including the first
+            # padding token, in the model's float dtype, then the image tokens (bool ones)
+            # concatenated: the result is float 0/1 of shape (B, text + image).
+            text = (torch.arange(n_txt)[None, :] <= torch.tensor([[n_txt - 1], [2]])).to(**_like(model))
+            out["attention_mask"] = torch.cat([text, torch.ones(b, n_img, dtype=torch.bool)], dim=1)
+        return out
+
+    return make
+
+
+_CHROMA_NOTE = (
+    "FluxAttention + FluxAttnProcessor -> dispatch_attention_fn (Flux layout, pruned adaLN from an approximator); "
+    "attention_mask (B, S) is expanded per block to a pairwise (B, 1, S, S) product and passed as is: the "
+    "pipeline's mask is float 0/1, which SDPA adds to the scores (+1 on kept pairs) rather than masking"
+)
+CASES.append(ZooCase(name="ChromaTransformer2DModel", config=_CHROMA, inputs=_chroma_inputs(False), note=_CHROMA_NOTE))
+CASES.append(
+    ZooCase(
+        name="ChromaTransformer2DModel", variant="masked", config=_CHROMA, inputs=_chroma_inputs(True),
+        note=_CHROMA_NOTE + "; batch 2 with 6 and 3 text tokens kept (the pipeline's float mask)",
+        extra={"mask_keys": ("attention_mask",)},
+    )
+)
+
+_FLUX_CN = dict(_FLUX, num_mode=None)
+
+
+def _flux_cn_outputs(out):
+    # FluxControlNetModel returns FluxControlNetOutput, FluxMultiControlNetModel a tuple.
+    blocks, singles = (out.controlnet_block_samples, out.controlnet_single_block_samples) if hasattr(
+        out, "controlnet_block_samples") else out
+    return (*blocks, *singles)
+
+
+def _flux_cn_inputs(model, gen):
+    out = _flux_inputs(False)(model, gen)
+    out["controlnet_cond"] = _rn(model, gen, 1, 16, 4)
+    out["conditioning_scale"] = 0.7
+    return out
+
+
+CASES.append(
+    ZooCase(
+        name="FluxControlNetModel", config=_FLUX_CN, inputs=_flux_cn_inputs, outputs=_flux_cn_outputs,
+        note=(
+            "FluxAttention + FluxAttnProcessor -> dispatch_attention_fn (Flux blocks); joint_attention_kwargs is "
+            "not passed to the blocks, so no mask reaches the attention; outputs: every block's residual"
+        ),
+        extra={"out_shape": (1, 16, 32)},
+    )
+)
+
+
+def _flux_multi_make(config):
+    import diffusers
+
+    return diffusers.FluxMultiControlNetModel([diffusers.FluxControlNetModel(**config)])
+
+
+def _flux_multi_inputs(model, gen):
+    out = _flux_inputs(False)(model, gen)
+    out["controlnet_cond"] = [_rn(model, gen, 1, 16, 4), _rn(model, gen, 1, 16, 4)]
+    out["controlnet_mode"] = [torch.tensor([0]), torch.tensor([2])]
+    out["conditioning_scale"] = [0.7, 0.4]
+    # As the pipelines call it: with return_dict=True the wrapper unpacks each ControlNet's
+    # output dataclass into its field names.
+    out["return_dict"] = False
+    return out
+
+
+CASES.append(
+    _Case(
+        name="FluxMultiControlNetModel", config=dict(_FLUX, num_mode=3), make=_flux_multi_make,
+        inputs=_flux_multi_inputs, outputs=_flux_cn_outputs,
+        note=(
+            "wraps one FluxControlNetModel (ControlNet-Union, num_mode=3) run once per condition; the mode "
+            "embedding is prepended to the text tokens; FluxAttention + FluxAttnProcessor -> dispatch_attention_fn"
+        ),
+        extra={"out_shape": (1, 16, 32)},
+    )
+)
+
+
+# --- Flux2 ---------------------------------------------------------------------------------
+
+_FLUX2 = dict(
+    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+    joint_attention_dim=16, timestep_guidance_channels=32, mlp_ratio=2.0, axes_dims_rope=(4, 4, 4, 4),
+    guidance_embeds=True,
+)
+_FLUX2_NOTE = (
+    "double blocks: Flux2Attention (AttentionModuleMixin) + Flux2AttnProcessor; single blocks: "
+    "Flux2ParallelSelfAttention + Flux2ParallelSelfAttnProcessor (fused qkv+MLP in); both -> dispatch_attention_fn "
+    "over [text, image] with RMS qk-norm and image_rotary_emb (cos, sin) from 4-axis txt_ids/img_ids; a mask only "
+    "through joint_attention_kwargs['attention_mask']"
+)
+
+
+def _flux2_inputs(masked=False, n_ref=0, cache=False):
+    def make(model, gen):
+        b, n_img, n_txt = (2 if masked else 1), 16, 6
+        n_all = n_img + n_ref
+        out = {
+            "hidden_states": _rn(model, gen, b, n_all, 4),
+            "encoder_hidden_states": _rn(model, gen, b, n_txt, 16),
+            "timestep": torch.rand(b, generator=gen).to(**_like(model)),
+            "guidance": (1.0 + 4.0 * torch.rand(b, generator=gen)).to(**_like(model)),
+            "img_ids": _random_ids(gen, n_all, axes=4).to(**_like(model)),
+            "txt_ids": _random_ids(gen, n_txt, axes=4).to(**_like(model)),
+        }
+        if masked:
+            # 2-D bool key padding over [text, image].
+            keep = torch.cat([_text_keep([n_txt, 2], n_txt), torch.ones(b, n_img, dtype=torch.bool)], dim=1)
+            out["joint_attention_kwargs"] = {"attention_mask": keep.to(model_param(model).device)}
+        if n_ref:
+            out.update(kv_cache_mode="extract", num_ref_tokens=n_ref, ref_fixed_timestep=0.0)
+        if cache:
+            # Reference-image keys/values cached by an earlier "extract" step: random here,
+            # (batch, ref tokens, heads, head_dim) per layer.
+            from diffusers.models.transformers.transformer_flux2 import Flux2KVCache
+
+            heads, d = model.config.num_attention_heads, model.config.attention_head_dim
+            kv = Flux2KVCache(model.config.num_layers, model.config.num_single_layers)
+            kv.num_ref_tokens = 8
+            for layer in kv.double_block_caches + kv.single_block_caches:
+                layer.store(_rn(model, gen, b, 8, heads, d), _rn(model, gen, b, 8, heads, d))
+            out.update(kv_cache=kv, kv_cache_mode="cached")
+        return out
+
+    return make
+
+
+def _flux2_kv_processors(model):
+    # What Flux2KleinKVPipeline does before its first step.
+    from diffusers.models.transformers.transformer_flux2 import (
+        Flux2KVAttnProcessor,
+        Flux2KVParallelSelfAttnProcessor,
+    )
+
+    for block in model.transformer_blocks:
+        block.attn.set_processor(Flux2KVAttnProcessor())
+    for block in model.single_transformer_blocks:
+        block.attn.set_processor(Flux2KVParallelSelfAttnProcessor())
+
+
+CASES.append(ZooCase(name="Flux2Transformer2DModel", config=_FLUX2, inputs=_flux2_inputs(), note=_FLUX2_NOTE))
+CASES.append(
+    ZooCase(
+        name="Flux2Transformer2DModel", variant="masked", config=_FLUX2, inputs=_flux2_inputs(masked=True),
+        note=_FLUX2_NOTE + "; batch 2 with 6 and 2 valid text tokens, 2-D bool (B, S) key padding",
+        extra={"mask_keys": ("joint_attention_kwargs",)},
+    )
+)
+CASES.append(
+    _Case(
+        name="Flux2Transformer2DModel", variant="kvextract", config=_FLUX2, inputs=_flux2_inputs(n_ref=8),
+        setup=_flux2_kv_processors,
+        note=(
+            "Flux2KVAttnProcessor / Flux2KVParallelSelfAttnProcessor (Klein KV pipeline), kv_cache_mode='extract' "
+            "with 8 reference tokens: two dispatch_attention_fn calls per module (text+image queries over all keys; "
+            "reference queries over reference keys only), no mask, parallel_config not passed"
+        ),
+        extra={"out_shape": (1, 16, 4)},  # the reference tokens are not predicted
+    )
+)
+CASES.append(
+    _Case(
+        name="Flux2Transformer2DModel", variant="kvcached", config=_FLUX2, inputs=_flux2_inputs(cache=True),
+        setup=_flux2_kv_processors,
+        note=(
+            "Flux2KV processors, kv_cache_mode='cached': 8 cached reference keys/values (random) inserted between "
+            "the text and image keys, one dispatch_attention_fn call without mask"
+        ),
+    )
+)
+
+
+# --- Flux3 ---------------------------------------------------------------------------------
+
+def _flux3_inputs(model, gen):
+    b, n_img, n_cond, n_txt = 1, 16, 8, 6
+    return {
+        "hidden_states": _rn(model, gen, b, n_img, 4),
+        "encoder_hidden_states": _rn(model, gen, b, n_txt, 16),
+        "timestep": torch.rand(b, generator=gen).to(**_like(model)),
+        "img_ids": _random_ids(gen, n_img, axes=4).to(**_like(model)),
+        "txt_ids": _random_ids(gen, n_txt, axes=4).to(**_like(model)),
+        # Reference-image tokens (image-to-image): their per-mode blocks only run with them.
+        "image_cond_hidden_states": _rn(model, gen, b, n_cond, 4),
+        "image_cond_ids": _random_ids(gen, n_cond, axes=4).to(**_like(model)),
+    }
+
+
+CASES.append(
+    _Case(
+        name="Flux3Transformer2DModel",
+        gains=((r"^timestep_embedder\.linear_2\.", 10.0),),
+        config=dict(
+            in_channels=4, cond_in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=16, timestep_channels=32, mlp_ratio=2.0,
+            axes_dims_rope=(4, 4, 4, 4),
+        ),
+        inputs=_flux3_inputs,
+        note=(
+            "Flux3Attention (AttentionModuleMixin) + Flux3AttnProcessor -> dispatch_attention_fn, never a mask: "
+            "per-mode self-attention (text / image / reference image) then joint single blocks over [text, image, "
+            "reference]; fp32 RMS qk-norm, image_rotary_emb (cos, sin) from 4-axis ids"
+        ),
+    )
+)
+
+
+# --- ChronoEdit (Wan layout) ----------------------------------------------------------------
+
+_CHRONO = dict(
+    patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16,
+    freq_dim=16, ffn_dim=32, num_layers=1, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+_CHRONO_NOTE = (
+    "WanAttention (AttentionModuleMixin, ChronoEdit's copy) + WanAttnProcessor -> dispatch_attention_fn, no mask: "
+    "self-attention with real-valued interleaved rotary (cos, sin) built inside (2 frames: temporal positions "
+    "0 and temporal_skip_len-1), RMS qk-norm across heads; cross-attention to the text"
+)
+
+
+def _chrono_inputs(i2v):
+    def make(model, gen):
+        out = {
+            "hidden_states": _rn(model, gen, 1, 4, 2, 8, 8),
+            "timestep": _timestep(model, gen, 1),
+            # The I2V processor splits the context at len - 512: the text is 512 tokens there.
+            "encoder_hidden_states": _rn(model, gen, 1, 512 if i2v else 7, 16),
+        }
+        if i2v:
+            out["encoder_hidden_states_image"] = _rn(model, gen, 1, 5, 12)
+        return out
+
+    return make
+
+
+CASES.append(ZooCase(name="ChronoEditTransformer3DModel", config=_CHRONO, inputs=_chrono_inputs(False),
+                     note=_CHRONO_NOTE))
+CASES.append(
+    ZooCase(
+        name="ChronoEditTransformer3DModel", variant="i2v",
+        config=dict(_CHRONO, image_dim=12, added_kv_proj_dim=24), inputs=_chrono_inputs(True),
+        note=_CHRONO_NOTE + "; I2V: the image tokens (context[:, :-512]) go through add_k/add_v and a second "
+        "dispatch_attention_fn call (no mask, parallel_config=None), summed with the text attention",
+    )
+)
+
+
+# --- CogVideoX, CogView3Plus, CogView4, ConsisID ---------------------------------------------
+
+_COGVIDEOX = dict(
+    num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
+    text_embed_dim=16, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+    temporal_compression_ratio=4, max_text_seq_length=8,
+)
+
+
+def _cogvideox_inputs(rotary):
+    def make(model, gen):
+        out = {
+            "hidden_states": _rn(model, gen, 1, 2, 4, 8, 8),
+            "encoder_hidden_states": _rn(model, gen, 1, 8, 16),
+            "timestep": _timestep(model, gen, 1),
+        }
+        if rotary:
+            # (cos, sin) over the 2 x 4 x 4 video tokens, interleaved pairs as
+            # get_3d_rotary_pos_embed gives them to apply_rotary_emb.
+            out["image_rotary_emb"] = random_angles_rotary(gen, 32, 16, **_like(model))
+        return out
+
+    return make
+
+
+_COGVIDEOX_NOTE = (
+    "Attention + CogVideoXAttnProcessor2_0 -> F.scaled_dot_product_attention, no mask: one self-attention over "
+    "[text, video] with LayerNorm qk-norm, split back into (video, text) outputs"
+)
+CASES.append(
+    ZooCase(
+        name="CogVideoXTransformer3DModel", config=dict(_COGVIDEOX, use_rotary_positional_embeddings=True),
+        inputs=_cogvideox_inputs(True),
+        note=_COGVIDEOX_NOTE + "; image_rotary_emb (cos, sin) forward input, applied to the video queries and keys "
+        "only (CogVideoX-5B)",
+        extra={"rotary_keys": ("image_rotary_emb",)},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="CogVideoXTransformer3DModel", variant="sincos", config=_COGVIDEOX, inputs=_cogvideox_inputs(False),
+        note=_COGVIDEOX_NOTE + "; sin-cos positional embedding added to the tokens, no rotary (CogVideoX-2B)",
+    )
+)
+
+
+def _cogview_sizes(model, gen, b):
+    sizes = (torch.tensor([[16.0, 16.0]]).repeat(b, 1) * (1 + torch.rand(b, 1, generator=gen))).to(**_like(model))
+    return {"original_size": sizes, "target_size": sizes.flip(-1), "crop_coords": torch.zeros(b, 2).to(**_like(model))}
+
+
+CASES.append(
+    ZooCase(
+        name="CogView3PlusTransformer2DModel",
+        config=dict(
+            patch_size=2, in_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2, out_channels=4,
+            text_embed_dim=16, time_embed_dim=8, condition_dim=4, pos_embed_max_size=8, sample_size=8,
+        ),
+        inputs=lambda model, gen: {
+            "hidden_states": _rn(model, gen, 1, 4, 8, 8),
+            "encoder_hidden_states": _rn(model, gen, 1, 6, 16),
+            "timestep": _timestep(model, gen, 1),
+            **_cogview_sizes(model, gen, 1),
+        },
+        note=(
+            "Attention + CogVideoXAttnProcessor2_0 -> F.scaled_dot_product_attention, no mask, no rotary (sin-cos "
+            "positions added): self-attention over [text, image] with LayerNorm qk-norm (no affine)"
+        ),
+    )
+)
+
+_COGVIEW4 = dict(
+    patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+    text_embed_dim=16, time_embed_dim=8, condition_dim=4, pos_embed_max_size=8, sample_size=8, rope_axes_dim=(8, 8),
+)
+
+
+def _cogview4_inputs(masked):
+    def make(model, gen):
+        b = 2 if masked else 1
+        out = {
+            "hidden_states": _rn(model, gen, b, 4, 8, 8),
+            "encoder_hidden_states": _rn(model, gen, b, 6, 16),
+            "timestep": _timestep(model, gen, b),
+            **_cogview_sizes(model, gen, b),
+            # (cos, sin) over the 4 x 4 image tokens, rotate-half layout (use_real_unbind_dim=-2).
+            "image_rotary_emb": _rope_halves(gen, 16, 16, **_like(model)),
+        }
+        if masked:
+            out["attention_mask"] = _text_keep([6, 2], 6).long().to(model_param(model).device)
+        return out
+
+    return make
+
+
+_COGVIEW4_NOTE = (
+    "Attention + CogView4AttnProcessor -> F.scaled_dot_product_attention: self-attention over [text, image], "
+    "LayerNorm qk-norm, image_rotary_emb (cos, sin) on the image tokens (forward input, or built inside); "
+    "attention_mask (B, T) text mask -> pairwise (B, 1, S, S) cast to the query dtype: a float 0/1 mask that SDPA "
+    "adds to the scores rather than masking"
+)
+CASES.append(
+    ZooCase(
+        name="CogView4Transformer2DModel", config=_COGVIEW4, inputs=_cogview4_inputs(False), note=_COGVIEW4_NOTE,
+        extra={"rotary_keys": ("image_rotary_emb",)},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="CogView4Transformer2DModel", variant="masked", config=_COGVIEW4, inputs=_cogview4_inputs(True),
+        note=_COGVIEW4_NOTE + "; batch 2 with 6 and 2 valid text tokens",
+        extra={"mask_keys": ("attention_mask",), "rotary_keys": ("image_rotary_emb",)},
+    )
+)
+
+
+def _consisid_inputs(model, gen):
+    return {
+        "hidden_states": _rn(model, gen, 1, 2, 4, 8, 8),
+        "encoder_hidden_states": _rn(model, gen, 1, 8, 16),
+        "timestep": _timestep(model, gen, 1),
+        "image_rotary_emb": random_angles_rotary(gen, 32, 24, **_like(model)),
+        "id_cond": _rn(model, gen, 1, 8),
+        "id_vit_hidden": [_rn(model, gen, 1, 5, 16) for _ in range(2)],
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="ConsisIDTransformer3DModel",
+        config=dict(
+            # the face cross-attention reads LFE_output_dim = 2/3 of the inner dim (2048 of 3072)
+            num_attention_heads=2, attention_head_dim=24, in_channels=4, out_channels=4, time_embed_dim=8,
+            text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+            temporal_compression_ratio=4, max_text_seq_length=8, use_rotary_positional_embeddings=True,
+            is_train_face=True, is_kps=False, cross_attn_interval=1, cross_attn_dim_head=8, cross_attn_num_heads=2,
+            LFE_id_dim=8, LFE_vit_dim=16, LFE_depth=2, LFE_dim_head=8, LFE_num_heads=2, LFE_num_id_token=2,
+            LFE_num_querie=4, LFE_output_dim=32, LFE_ff_mult=1, LFE_num_scale=2,
+        ),
+        inputs=_consisid_inputs,
+        note=(
+            "CogVideoX blocks: Attention + CogVideoXAttnProcessor2_0 -> F.scaled_dot_product_attention over "
+            "[text, video] with image_rotary_emb on the video tokens; face path outside diffusers' processors: "
+            "PerceiverAttention (LocalFacialExtractor) and PerceiverCrossAttention (video -> face tokens) compute "
+            "softmax(q k^T) v themselves (fp32 softmax, scale split as d**-0.25 on q and k), no mask"
+        ),
+        extra={"rotary_keys": ("image_rotary_emb",)},
+    )
+)

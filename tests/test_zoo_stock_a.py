@@ -261,3 +261,22 @@ def test_masks_reach_the_output(built):
         out = b.case.run(b.model, unmasked)
     effect = max(_rel(o, ref) for o, ref in zip(out, b.out))
     assert effect > MIN_EFFECT, f"dropping {b.case.extra['mask_keys']} changes the output by only {effect:.2e}"
+
+
+ROTARY = [c for c in CASES if c.extra.get("rotary_keys")]
+
+
+@pytest.mark.parametrize("built", _params(ROTARY), indirect=True)
+def test_rotary_inputs_reach_the_output(built):
+    """Other random rotary angles (the same inputs drawn with another seed, rotary only)
+    give a clearly different output: the rotary embedding passed in is used, and a backend
+    path that dropped it would be seen."""
+    b = built
+    other = b.case.make_inputs(b.model, seed=b.seed + 1)
+    inputs = dict(b.inputs.items())
+    for key in b.case.extra["rotary_keys"]:
+        inputs[key] = other[key]
+    with torch.no_grad():
+        out = b.case.run(b.model, inputs)
+    effect = max(_rel(o, ref) for o, ref in zip(out, b.out))
+    assert effect > MIN_EFFECT, f"other {b.case.extra['rotary_keys']} change the output by only {effect:.2e}"
