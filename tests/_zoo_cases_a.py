@@ -1405,3 +1405,243 @@ CASES.append(
         extra={"rotary_keys": ("image_rotary_emb",)},
     )
 )
+
+
+# --- UNet ControlNets ----------------------------------------------------------------------
+
+_SD_CONTROLNET = dict(
+    in_channels=4, conditioning_channels=3, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+    block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8, cross_attention_dim=16,
+    attention_head_dim=2, conditioning_embedding_out_channels=(8, 16),
+)
+_UNET_ATTENTION_NOTE = (
+    "Attention (BasicTransformerBlock of Transformer2DModel in the cross-attention down/mid blocks: attn1 "
+    "self-attention over H*W, attn2 cross-attention to the text) + AttnProcessor2_0 -> "
+    "F.scaled_dot_product_attention"
+)
+
+
+def _controlnet_outputs(out):
+    samples, mid = (out.down_block_res_samples, out.mid_block_res_sample) if hasattr(
+        out, "down_block_res_samples") else out
+    return (*samples, mid)
+
+
+CASES.append(
+    ZooCase(
+        name="ControlNetModel", config=_SD_CONTROLNET,
+        inputs=lambda model, gen: {
+            "sample": _rn(model, gen, 1, 4, 8, 8),
+            "timestep": _timestep(model, gen, 1),
+            "encoder_hidden_states": _rn(model, gen, 1, 7, 16),
+            "controlnet_cond": _rn(model, gen, 1, 3, 16, 16),
+            "conditioning_scale": 0.8,
+        },
+        outputs=_controlnet_outputs,
+        note=_UNET_ATTENTION_NOTE + "; no encoder mask in the forward; outputs: every down and mid residual",
+        extra={"out_shape": (1, 32, 8, 8)},
+    )
+)
+
+
+def _controlnet_union_inputs(model, gen):
+    b = 2  # see the note: the task transformer attends across the batch
+    return {
+        "sample": _rn(model, gen, b, 4, 8, 8),
+        "timestep": _timestep(model, gen, b),
+        "encoder_hidden_states": _rn(model, gen, b, 7, 16),
+        "controlnet_cond": [_rn(model, gen, b, 3, 16, 16), _rn(model, gen, b, 3, 16, 16)],
+        "control_type": torch.tensor([[1, 0, 1]] * b).to(**_like(model)),
+        "control_type_idx": [0, 2],
+        "conditioning_scale": [0.8, 0.6],
+        "added_cond_kwargs": {"text_embeds": _rn(model, gen, b, 8), "time_ids": _rn(model, gen, b, 6)},
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="ControlNetUnionModel",
+        config=dict(
+            _SD_CONTROLNET, addition_embed_type="text_time", addition_time_embed_dim=8,
+            projection_class_embeddings_input_dim=8 + 6 * 8, num_control_type=3, num_trans_channel=32,
+            num_trans_head=2, num_trans_layer=1, num_proj_channel=32,
+        ),
+        inputs=_controlnet_union_inputs,
+        outputs=_controlnet_outputs,
+        note=(
+            _UNET_ATTENTION_NOTE + "; plus the task transformer: ResidualAttentionBlock with torch "
+            "nn.MultiheadAttention (not a diffusers module, no processor) fed (B, conditions+1, C) although it is "
+            "sequence-first: it attends across the batch (trivial with batch 1; batch 2 here, as with CFG)"
+        ),
+        extra={"out_shape": (2, 32, 8, 8)},
+    )
+)
+
+
+def _controlnet_xs_make(config):
+    # A ControlNetXSAdapter has no forward of its own (it raises): its attention runs inside the
+    # UNetControlNetXSModel that joins it to a UNet, as every ControlNet-XS pipeline builds it.
+    import diffusers
+
+    unet = diffusers.UNet2DConditionModel(**config)
+    adapter = diffusers.ControlNetXSAdapter.from_unet(unet, size_ratio=0.5, conditioning_embedding_out_channels=(8, 8))
+    return diffusers.UNetControlNetXSModel.from_unet(unet, adapter)
+
+
+CASES.append(
+    _Case(
+        name="ControlNetXSAdapter",
+        config=dict(
+            # ControlNet-XS blocks assume two layers per block (as SD), so layers_per_block=2.
+            block_out_channels=(32, 64), layers_per_block=2, sample_size=8, in_channels=4, out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=16, attention_head_dim=2, norm_num_groups=8, use_linear_projection=True,
+        ),
+        make=_controlnet_xs_make,
+        inputs=lambda model, gen: {
+            "sample": _rn(model, gen, 1, 4, 8, 8),
+            "timestep": _timestep(model, gen, 1),
+            "encoder_hidden_states": _rn(model, gen, 1, 7, 16),
+            "controlnet_cond": _rn(model, gen, 1, 3, 16, 16),
+            "conditioning_scale": 0.8,
+        },
+        note=(
+            "built as UNetControlNetXSModel.from_unet(unet, adapter) (the adapter alone cannot run): "
+            + _UNET_ATTENTION_NOTE + " in the base UNet and the adapter's (narrower) control blocks"
+        ),
+        extra={"shape_like": "sample"},
+    )
+)
+
+
+# --- Cosmos3 Omni, Cosmos (Predict) and its ControlNet ----------------------------------------
+
+def _cosmos3_inputs(model, gen):
+    # A packed sequence: 6 causal text ("understanding") tokens, then 2 x 2 x 2 vision tokens
+    # (the generation stream); mRoPE positions (t, h, w) random.
+    und, t, h, w = 6, 2, 2, 2
+    n_vis = t * h * w
+    seq = und + n_vis
+    vis = torch.arange(und, seq)
+    dev = model_param(model).device
+    return {
+        "input_ids": torch.randint(0, 32, (und,), generator=gen).to(dev),
+        "text_indexes": torch.arange(und).to(dev),
+        "position_ids": torch.randint(0, 64, (3, seq), generator=gen).to(dev),
+        "und_len": und,
+        "sequence_length": seq,
+        "vision_tokens": [_rn(model, gen, 1, 4, t, h, w)],
+        "vision_token_shapes": [(t, h, w)],
+        "vision_sequence_indexes": vis.to(dev),
+        "vision_mse_loss_indexes": vis.to(dev),
+        "vision_timesteps": torch.rand(n_vis, generator=gen).to(**_like(model)),
+        "vision_noisy_frame_indexes": [torch.arange(t).to(dev)],
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="Cosmos3OmniTransformer",
+        config=dict(
+            head_dim=16, hidden_size=32, intermediate_size=64, latent_channel=4, latent_patch_size=1,
+            num_attention_heads=2, num_hidden_layers=2, num_key_value_heads=1, patch_latent_dim=4,
+            rope_axes_dim=[2, 3, 3], rope_theta=10000.0, vocab_size=32,
+        ),
+        inputs=_cosmos3_inputs,
+        outputs=lambda out: tuple(out.sample),
+        note=(
+            "Cosmos3PackedMoTAttention (AttentionModuleMixin) + Cosmos3AttnProcessor: two dispatch_attention_fn "
+            "calls on an unbatched packed sequence (batch 1): text queries over text keys with is_causal=True, and "
+            "vision queries over [text, vision] keys (non-causal); GQA (enable_gqa=True, 2 q / 1 kv heads), RMS "
+            "qk-norm, interleaved 3-axis mRoPE (rotate-half) from position_ids, no mask"
+        ),
+        extra={"out_shape": (1, 4, 2, 2, 2)},
+    )
+)
+
+_COSMOS = dict(
+    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12, num_layers=1, mlp_ratio=2.0,
+    text_embed_dim=16, adaln_lora_dim=8, max_size=(4, 16, 16), patch_size=(1, 2, 2),
+    # The real configs concatenate a padding mask resized with torchvision, which `make setup`
+    # does not install; the attention is the same without it.
+    concat_padding_mask=False, extra_pos_embed_type="learnable",
+)
+_COSMOS_NOTE = (
+    "Attention + CosmosAttnProcessor2_0 -> dispatch_attention_fn *without* backend= (only the process-wide "
+    "backend applies: set_attention_backend does nothing): self-attention with RMS qk-norm and rotate-half "
+    "rotary (cos, sin) built inside, K/V repeat_interleave'd for GQA before the call; cross-attention to the text"
+)
+
+
+def _cosmos_inputs(masked=False, img_context=False):
+    def make(model, gen):
+        b = 2 if masked else 1
+        text = _rn(model, gen, b, 7, 16)
+        out = {
+            "hidden_states": _rn(model, gen, b, 4, 2, 8, 8),
+            "timestep": _timestep(model, gen, b),
+            "encoder_hidden_states": (text, _rn(model, gen, b, 4, 8)) if img_context else text,
+            "fps": 24,
+        }
+        if masked:
+            out["attention_mask"] = _text_keep([7, 3], 7).to(model_param(model).device)
+        return out
+
+    return make
+
+
+CASES.append(ZooCase(name="CosmosTransformer3DModel", config=_COSMOS, inputs=_cosmos_inputs(), note=_COSMOS_NOTE))
+CASES.append(
+    ZooCase(
+        name="CosmosTransformer3DModel", variant="masked", config=_COSMOS, inputs=_cosmos_inputs(masked=True),
+        note=_COSMOS_NOTE + "; attention_mask (B, T) bool -> (B, 1, 1, T) for the cross-attention; batch 2 with 7 "
+        "and 3 valid text tokens",
+        extra={"mask_keys": ("attention_mask",)},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="CosmosTransformer3DModel", variant="imgctx",
+        config=dict(_COSMOS, extra_pos_embed_type=None, img_context_dim_in=8, img_context_num_tokens=4,
+                    img_context_dim_out=24),
+        inputs=_cosmos_inputs(img_context=True),
+        note=_COSMOS_NOTE + "; Cosmos 2.5: cross-attention is CosmosAttention + CosmosAttnProcessor2_5 with "
+        "encoder_hidden_states = (text, image context): two dispatch calls (text; image tokens through "
+        "q_img/k_img/v_img with their own RMS norms) summed (a tensor attention_mask crashes this path: "
+        "`if attention_mask` on a tensor)",
+    )
+)
+
+
+def _cosmos_controlnet_inputs(model, gen):
+    return {
+        "controls_latents": _rn(model, gen, 1, 4, 2, 8, 8),
+        "latents": _rn(model, gen, 1, 4, 2, 8, 8),
+        "timestep": _timestep(model, gen, 1),
+        "encoder_hidden_states": (_rn(model, gen, 1, 7, 16), _rn(model, gen, 1, 4, 8)),
+        "condition_mask": (torch.rand(1, 1, 2, 8, 8, generator=gen) > 0.5).to(**_like(model)),
+        "padding_mask": torch.zeros(1, 1, 8, 8).to(**_like(model)),
+        "conditioning_scale": 0.8,
+        "fps": 24,
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="CosmosControlNetModel",
+        # controls: 4 channels + condition mask + padding mask; base latents the same
+        config=dict(
+            n_controlnet_blocks=2, in_channels=6, latent_channels=6, model_channels=24, num_attention_heads=2,
+            attention_head_dim=12, mlp_ratio=2.0, text_embed_dim=16, adaln_lora_dim=8, patch_size=(1, 2, 2),
+            max_size=(4, 16, 16), img_context_dim_in=8, img_context_dim_out=24,
+        ),
+        inputs=_cosmos_controlnet_inputs,
+        outputs=lambda out: tuple(out.control_block_samples),
+        note=(
+            "CosmosTransformerBlocks (Transfer 2.5): self-attention Attention + CosmosAttnProcessor2_0, "
+            "cross-attention CosmosAttention + CosmosAttnProcessor2_5 over (text, image context); dispatch without "
+            "backend=; the forward resizes padding_mask with torchvision (required)"
+        ),
+        extra={"out_shape": (1, 32, 24), "requires": ("torchvision",)},
+    )
+)
