@@ -1645,3 +1645,424 @@ CASES.append(
         extra={"out_shape": (1, 32, 24), "requires": ("torchvision",)},
     )
 )
+
+
+# --- DiT, DreamLite ------------------------------------------------------------------------
+
+CASES.append(
+    ZooCase(
+        name="DiTTransformer2DModel",
+        config=dict(
+            num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, num_layers=2,
+            sample_size=8, patch_size=2, num_embeds_ada_norm=10,
+        ),
+        inputs=lambda model, gen: {
+            "hidden_states": _rn(model, gen, 1, 4, 8, 8),
+            "timestep": _timestep(model, gen, 1),
+            "class_labels": torch.randint(0, 10, (1,), generator=gen).to(model_param(model).device),
+        },
+        note=(
+            "Attention (BasicTransformerBlock, ada_norm_zero, self-attention only) + AttnProcessor2_0 -> "
+            "F.scaled_dot_product_attention, no mask; the model has no set_attn_processor"
+        ),
+        extra={"out_shape": (1, 4, 8, 8)},
+    )
+)
+
+_DREAMLITE_T = dict(
+    num_attention_heads=2, attention_head_dim=16, in_channels=32, num_layers=1, norm_num_groups=8,
+    cross_attention_dim=16, qk_norm="rms_norm", ff_mult=2,
+)
+
+
+def _dreamlite_t_inputs(masked):
+    def make(model, gen):
+        b = 2 if masked else 1
+        out = {
+            "hidden_states": _rn(model, gen, b, 32, 4, 4),
+            "encoder_hidden_states": _rn(model, gen, b, 7, 16),
+        }
+        if masked:
+            out["encoder_attention_mask"] = _text_keep([7, 3], 7).long().to(model_param(model).device)
+        return out
+
+    return make
+
+
+def _dreamlite_processors(model):
+    # What DreamLiteUNetModel installs on every Attention: the standalone class keeps
+    # Attention's default AttnProcessor2_0, which fails with num_kv_heads < heads.
+    from diffusers.models.attention_processor import Attention
+    from diffusers.models.unets.unet_dreamlite import DreamLiteAttnProcessor2_0
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.set_processor(DreamLiteAttnProcessor2_0())
+
+
+_DREAMLITE_T_NOTE = (
+    "Attention (BasicTransformerBlockDreamLite: self- and cross-attention, RMS qk-norm) + AttnProcessor2_0 -> "
+    "F.scaled_dot_product_attention (Attention's default: the standalone class installs no processor); "
+    "2-D masks are turned into bool (not additive) masks"
+)
+CASES.append(
+    ZooCase(name="DreamLiteTransformer2DModel", config=_DREAMLITE_T, inputs=_dreamlite_t_inputs(False),
+            note=_DREAMLITE_T_NOTE, extra={"shape_like": "hidden_states"})
+)
+CASES.append(
+    ZooCase(
+        name="DreamLiteTransformer2DModel", variant="masked", config=_DREAMLITE_T, inputs=_dreamlite_t_inputs(True),
+        note=_DREAMLITE_T_NOTE + "; encoder_attention_mask (B, T) -> bool, batch 2 with 7 and 3 valid tokens",
+        extra={"shape_like": "hidden_states", "mask_keys": ("encoder_attention_mask",)},
+    )
+)
+CASES.append(
+    _Case(
+        name="DreamLiteTransformer2DModel", variant="gqa", config=dict(_DREAMLITE_T, num_kv_heads=1),
+        inputs=_dreamlite_t_inputs(False), setup=_dreamlite_processors,
+        note=(
+            "as inside DreamLiteUNetModel: one K/V head (kv_heads=1) and DreamLiteAttnProcessor2_0 -> "
+            "dispatch_attention_fn with K/V repeat_interleave'd to the query heads (no enable_gqa), RMS qk-norm"
+        ),
+        extra={"shape_like": "hidden_states"},
+    )
+)
+
+_DREAMLITE_UNET = dict(
+    sample_size=8, in_channels=4, out_channels=4,
+    down_block_types=("DreamLiteCrossAttnNoSelfAttnDownBlock2D", "DreamLiteCrossAttnDownBlock2D"),
+    up_block_types=("DreamLiteCrossAttnUpBlock2D", "DreamLiteCrossAttnNoSelfAttnUpBlock2D"),
+    block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8, cross_attention_dim=16,
+    attention_head_dim=(2, 4), ff_mult=2, num_kv_heads=1, qk_norm="rms_norm",
+)
+
+
+def _dreamlite_unet_inputs(masked):
+    def make(model, gen):
+        b = 2 if masked else 1
+        out = {
+            "sample": _rn(model, gen, b, 4, 8, 8),
+            "timestep": _timestep(model, gen, b),
+            "encoder_hidden_states": _rn(model, gen, b, 7, 16),
+        }
+        if masked:
+            out["encoder_attention_mask"] = _text_keep([7, 3], 7).long().to(model_param(model).device)
+        return out
+
+    return make
+
+
+_DREAMLITE_UNET_NOTE = (
+    "Attention in DreamLiteTransformer2DModel blocks (self+cross in CrossAttn blocks, cross only in "
+    "NoSelfAttn blocks and the mid-block) with DreamLiteAttnProcessor2_0 installed on every Attention -> "
+    "dispatch_attention_fn; MQA (kv_heads=1) by K/V repeat_interleave, RMS qk-norm; the UNet's "
+    "encoder_attention_mask becomes an additive -10000 bias (B, 1, T)"
+)
+CASES.append(
+    ZooCase(name="DreamLiteUNetModel", config=_DREAMLITE_UNET, inputs=_dreamlite_unet_inputs(False),
+            note=_DREAMLITE_UNET_NOTE)
+)
+CASES.append(
+    ZooCase(
+        name="DreamLiteUNetModel", variant="masked", config=_DREAMLITE_UNET, inputs=_dreamlite_unet_inputs(True),
+        note=_DREAMLITE_UNET_NOTE + "; batch 2 with 7 and 3 valid text tokens",
+        extra={"mask_keys": ("encoder_attention_mask",)},
+    )
+)
+
+
+# --- EasyAnimate, ERNIE-Image, GLM-Image, Helios, HiDream --------------------------------------
+
+CASES.append(
+    ZooCase(
+        name="EasyAnimateTransformer3DModel",
+        config=dict(
+            num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, patch_size=2,
+            sample_width=8, sample_height=8, num_layers=2, mmdit_layers=1, time_embed_dim=8, text_embed_dim=16,
+        ),
+        inputs=lambda model, gen: {
+            "hidden_states": _rn(model, gen, 1, 4, 2, 8, 8),
+            "timestep": _timestep(model, gen, 1),
+            "encoder_hidden_states": _rn(model, gen, 1, 7, 16),
+        },
+        note=(
+            "Attention + EasyAnimateAttnProcessor2_0 -> F.scaled_dot_product_attention, no mask: MMDiT blocks "
+            "(added text projections, LayerNorm qk-norm) and plain blocks over [text, video]; interleaved 3-D "
+            "rotary (cos, sin) built inside, applied to the video tokens only"
+        ),
+    )
+)
+
+_ERNIE = dict(
+    hidden_size=32, num_attention_heads=2, num_layers=2, ffn_hidden_size=64, in_channels=4, out_channels=4,
+    patch_size=2, text_in_dim=16, rope_axes_dim=(4, 6, 6),
+)
+
+
+def _ernie_inputs(lengths):
+    def make(model, gen):
+        b = len(lengths)
+        return {
+            "hidden_states": _rn(model, gen, b, 4, 8, 8),
+            "timestep": _timestep(model, gen, b),
+            "text_bth": _rn(model, gen, b, 7, 16),
+            "text_lens": torch.tensor(lengths).to(model_param(model).device),
+        }
+
+    return make
+
+
+_ERNIE_NOTE = (
+    "ErnieImageAttention (AttentionModuleMixin) + ErnieImageSingleStreamAttnProcessor -> dispatch_attention_fn: "
+    "single stream over [image, text] with RMS qk-norm and rotate-half rotary from angles (freqs_cis, built "
+    "inside; passed positionally as image_rotary_emb); the mask is always built from text_lens: bool "
+    "(B, 1, 1, S), image keys always valid"
+)
+CASES.append(ZooCase(name="ErnieImageTransformer2DModel", config=_ERNIE, inputs=_ernie_inputs([7]), note=_ERNIE_NOTE))
+CASES.append(
+    ZooCase(
+        name="ErnieImageTransformer2DModel", variant="masked", config=_ERNIE, inputs=_ernie_inputs([7, 3]),
+        # text_lens also sets the image tokens' first rotary coordinate, so no "mask reaches the
+        # output" check here: changing it changes more than the mask.
+        note=_ERNIE_NOTE + "; batch 2 with text_lens 7 and 3",
+    )
+)
+CASES.append(
+    ZooCase(
+        name="ErnieImageTransformer2DModel", variant="fullpad", config=_ERNIE, inputs=_ernie_inputs([7, 0]),
+        note=_ERNIE_NOTE + "; batch 2, the second with text_lens 0: every text key masked (an empty prompt), "
+        "the image keys still valid",
+    )
+)
+
+_GLM = dict(
+    patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+    text_embed_dim=16, time_embed_dim=8, condition_dim=4, prior_vq_quantizer_codebook_size=32,
+)
+
+
+def _glm_inputs(masked=False, cache=False):
+    def make(model, gen):
+        b = 2 if masked else 1
+        dev = model_param(model).device
+        out = {
+            "hidden_states": _rn(model, gen, b, 4, 8, 8),
+            "encoder_hidden_states": _rn(model, gen, b, 6, 16),
+            "prior_token_id": torch.randint(0, 32, (b, 16), generator=gen).to(dev),
+            "prior_token_drop": torch.rand(b, 16, generator=gen).to(dev) < 0.2,
+            "timestep": _timestep(model, gen, b),
+            "target_size": torch.tensor([[8.0, 8.0]] * b).to(**_like(model)),
+            "crop_coords": torch.zeros(b, 2).to(**_like(model)),
+            # (cos, sin) over the 4 x 4 image tokens, rotate-half layout
+            "image_rotary_emb": _rope_halves(gen, 16, 16, **_like(model)),
+        }
+        if masked:
+            out["attention_mask"] = _text_keep([6, 2], 6).long().to(dev)
+        if cache:
+            # Keys/values of a condition image written by an earlier "write" pass: random here,
+            # (1, tokens, heads, head_dim) per layer, read and prepended to the keys.
+            from diffusers.models.transformers.transformer_glm_image import GlmImageKVCache
+
+            kv = GlmImageKVCache(num_layers=model.config.num_layers)
+            for layer in kv.caches:
+                layer.store(_rn(model, gen, 1, 16, 2, 16), _rn(model, gen, 1, 16, 2, 16))
+            kv.set_mode("read")
+            out["kv_caches"] = kv
+        return out
+
+    return make
+
+
+_GLM_NOTE = (
+    "Attention + GlmImageAttnProcessor -> dispatch_attention_fn: self-attention over [text, image] with LayerNorm "
+    "qk-norm and image_rotary_emb (cos, sin; forward input or built inside) on the image tokens; attention_mask "
+    "(B, T) text mask -> pairwise (B, 1, S, S) cast to the query dtype: float 0/1, added to the scores by SDPA"
+)
+CASES.append(
+    ZooCase(name="GlmImageTransformer2DModel", config=_GLM, inputs=_glm_inputs(), note=_GLM_NOTE,
+            extra={"rotary_keys": ("image_rotary_emb",)})
+)
+CASES.append(
+    ZooCase(
+        name="GlmImageTransformer2DModel", variant="masked", config=_GLM, inputs=_glm_inputs(masked=True),
+        note=_GLM_NOTE + "; batch 2 with 6 and 2 valid text tokens",
+        extra={"mask_keys": ("attention_mask",), "rotary_keys": ("image_rotary_emb",)},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="GlmImageTransformer2DModel", variant="kvcache", config=_GLM, inputs=_glm_inputs(cache=True),
+        note=_GLM_NOTE + "; kv_caches in 'read' mode: 16 cached condition-image keys/values (random) prepended to "
+        "the keys, no mask",
+    )
+)
+
+
+def _helios_inputs(model, gen):
+    b, c, f, h, w = 1, 4, 2, 16, 16
+    dev = model_param(model).device
+    frames = lambda n, start: (start + torch.arange(n)).view(1, n).repeat(b, 1).float().to(dev)  # noqa: E731
+    return {
+        "hidden_states": _rn(model, gen, b, c, f, h, w),
+        "timestep": _timestep(model, gen, b),
+        "encoder_hidden_states": _rn(model, gen, b, 7, 16),
+        # Frame positions (the rotary's temporal axis) of the current chunk and of the three
+        # history memories, as the pipeline lays them out (long, mid, short history, then now).
+        "indices_hidden_states": frames(f, 6),
+        "indices_latents_history_short": frames(1, 5),
+        "indices_latents_history_mid": frames(1, 4),
+        "indices_latents_history_long": frames(4, 0),
+        "latents_history_short": _rn(model, gen, b, c, 1, h, w),
+        "latents_history_mid": _rn(model, gen, b, c, 1, h, w),
+        "latents_history_long": _rn(model, gen, b, c, 4, h, w),
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="HeliosTransformer3DModel",
+        config=dict(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+            text_dim=16, freq_dim=32, ffn_dim=32, num_layers=1, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", rope_dim=(4, 4, 4), has_multi_term_memory_patch=True,
+            guidance_cross_attn=True, zero_history_timestep=True, is_amplify_history=True,
+        ),
+        inputs=_helios_inputs,
+        note=(
+            "HeliosAttention (AttentionModuleMixin) + HeliosAttnProcessor -> dispatch_attention_fn, no mask: "
+            "self-attention over [history memories, current frames] with RMS qk-norm across heads and rotary "
+            "(rotary_emb, built inside from the frame indices); is_amplify_history scales the history keys "
+            "before the call; cross-attention to the text; original_context_length passed positionally"
+        ),
+    )
+)
+
+
+def _hidream_inputs(model, gen):
+    b = 1
+    return {
+        "hidden_states": _rn(model, gen, b, 4, 8, 8),
+        "timesteps": _timestep(model, gen, b),
+        "encoder_hidden_states_t5": _rn(model, gen, b, 6, 8),
+        # one Llama-3 hidden state per block, stacked on the first axis
+        "encoder_hidden_states_llama3": _rn(model, gen, 2, b, 5, 4),
+        "pooled_embeds": _rn(model, gen, b, 8),
+    }
+
+
+CASES.append(
+    ZooCase(
+        name="HiDreamImageTransformer2DModel",
+        config=dict(
+            patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, caption_channels=[8, 4], text_emb_dim=8, num_routed_experts=2,
+            num_activated_experts=2, axes_dims_rope=(8, 4, 4), max_resolution=(16, 16), llama_layers=(0, 1),
+            force_inference_output=True,
+        ),
+        inputs=_hidream_inputs,
+        note=(
+            "HiDreamAttention (an Attention subclass with its own projections, no AttentionModuleMixin) + "
+            "HiDreamAttnProcessor -> F.scaled_dot_product_attention, no attention mask: joint [image, text] "
+            "(double blocks, separate text projections) and single blocks, RMS qk-norm, complex-style rotary "
+            "(apply_rope) built inside; hidden_states_masks (padded patches) multiplies the keys by 0/1 instead of "
+            "masking (not used for square inputs); MoEGate's softmax is routing, not attention"
+        ),
+    )
+)
+
+
+# --- HunyuanDiT and its ControlNets ------------------------------------------------------------
+
+_HYDIT_COMMON = dict(
+    num_attention_heads=2, attention_head_dim=16, in_channels=4, patch_size=2, sample_size=8, hidden_size=32,
+    mlp_ratio=2.0, cross_attention_dim=16, cross_attention_dim_t5=8, pooled_projection_dim=8, text_len=4,
+    text_len_t5=6,
+)
+_HYDIT = dict(_HYDIT_COMMON, num_layers=2)
+
+
+def _hydit_inputs(masked=False, control=False):
+    def make(model, gen):
+        b = 2 if masked else 1
+        dev = model_param(model).device
+        out = {
+            "hidden_states": _rn(model, gen, b, 4, 8, 8),
+            "timestep": _timestep(model, gen, b),
+            "encoder_hidden_states": _rn(model, gen, b, 4, 16),
+            "text_embedding_mask": _text_keep([4, 2] if masked else [4], 4).long().to(dev),
+            "encoder_hidden_states_t5": _rn(model, gen, b, 6, 8),
+            "text_embedding_mask_t5": _text_keep([6, 3] if masked else [6], 6).long().to(dev),
+            "image_meta_size": torch.tensor([[8.0, 8.0, 8.0, 8.0, 0.0, 0.0]] * b).to(**_like(model)),
+            "style": torch.zeros(b, dtype=torch.long).to(dev),
+            # (cos, sin) over the 4 x 4 image tokens, interleaved pairs (apply_rotary_emb default)
+            "image_rotary_emb": random_angles_rotary(gen, 16, 16, **_like(model)),
+        }
+        if control:
+            out["controlnet_cond"] = _rn(model, gen, b, 4, 8, 8)
+            out["conditioning_scale"] = 0.8
+        return out
+
+    return make
+
+
+_HYDIT_NOTE = (
+    "Attention + HunyuanAttnProcessor2_0 -> F.scaled_dot_product_attention, no attention mask: self-attention "
+    "(attn1) with image_rotary_emb (cos, sin) on q and k, cross-attention (attn2) with it on q only, LayerNorm "
+    "qk-norm; the text masks do not reach the attention: padded text tokens are replaced by a learned padding "
+    "embedding"
+)
+CASES.append(
+    ZooCase(name="HunyuanDiT2DModel", config=_HYDIT, inputs=_hydit_inputs(), note=_HYDIT_NOTE,
+            extra={"out_shape": (1, 8, 8, 8), "rotary_keys": ("image_rotary_emb",)})
+)
+CASES.append(
+    ZooCase(
+        name="HunyuanDiT2DModel", variant="masked", config=_HYDIT, inputs=_hydit_inputs(masked=True),
+        note=_HYDIT_NOTE + "; batch 2 with 4/2 CLIP and 6/3 T5 valid tokens",
+        extra={"out_shape": (2, 8, 8, 8), "rotary_keys": ("image_rotary_emb",)},
+    )
+)
+
+_HYDIT_CN = dict(_HYDIT_COMMON, conditioning_channels=3, transformer_num_layers=4)
+
+
+def _hydit_cn_outputs(out):
+    samples = out.controlnet_block_samples if hasattr(out, "controlnet_block_samples") else out[0]
+    return tuple(samples)
+
+
+CASES.append(
+    ZooCase(
+        name="HunyuanDiT2DControlNetModel", config=_HYDIT_CN, inputs=_hydit_inputs(control=True),
+        outputs=_hydit_cn_outputs,
+        note=(
+            "HunyuanDiTBlocks (first half of the DiT): " + _HYDIT_NOTE + "; the model defines attn_processors / "
+            "set_attn_processor itself (no AttentionMixin)"
+        ),
+        extra={"out_shape": (1, 16, 32), "rotary_keys": ("image_rotary_emb",)},
+    )
+)
+
+
+def _hydit_multi_make(config):
+    import diffusers
+
+    return diffusers.HunyuanDiT2DMultiControlNetModel([diffusers.HunyuanDiT2DControlNetModel(**config)])
+
+
+def _hydit_multi_inputs(model, gen):
+    out = _hydit_inputs(control=True)(model, gen)
+    out["controlnet_cond"] = [out["controlnet_cond"]]
+    out["conditioning_scale"] = [0.8]
+    out["return_dict"] = False
+    return out
+
+
+CASES.append(
+    _Case(
+        name="HunyuanDiT2DMultiControlNetModel", config=_HYDIT_CN, make=_hydit_multi_make,
+        inputs=_hydit_multi_inputs, outputs=_hydit_cn_outputs,
+        note="wraps one HunyuanDiT2DControlNetModel: " + _HYDIT_NOTE,
+        extra={"out_shape": (1, 16, 32), "rotary_keys": ("image_rotary_emb",)},
+    )
+)
