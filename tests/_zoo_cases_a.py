@@ -58,6 +58,12 @@ class _Case(ZooCase):
         return model.to(device=device, dtype=dtype).eval()
 
 
+# The timestep embedding's last layer x10: at the default initialisation it comes out at ~0.1
+# and every adaLN gate at ~0.03 (see _Case).
+def _time_gain(prefix: str) -> tuple:
+    return ((prefix + r"timestep_embedder\.linear_2\.", 10.0),)
+
+
 def _like(model):
     p = model_param(model)
     return {"dtype": p.dtype, "device": p.device}
@@ -125,7 +131,7 @@ CASES.append(
 
 # --- AllegroTransformer3DModel -----------------------------------------------------------
 
-def _allegro_inputs(masked):
+def _allegro_inputs(masked, lengths=(7, 3)):
     def make(model, gen):
         b = 2 if masked else 1
         f, h, w = 2, 8, 8
@@ -142,7 +148,7 @@ def _allegro_inputs(masked):
             "image_rotary_emb": (freqs, tuple(pos)),
         }
         if masked:
-            out["encoder_attention_mask"] = _text_keep([7, 3], 7).to(**_like(model))
+            out["encoder_attention_mask"] = _text_keep(lengths, 7).to(**_like(model))
         return out
 
     return make
@@ -158,18 +164,27 @@ _ALLEGRO_NOTE = (
     "3-axis rotary (image_rotary_emb = (cos, sin) per axis, token positions), cross-attention to text; "
     "encoder_attention_mask -> additive -10000 bias (B, 1, T) repeated per head"
 )
-CASES.append(ZooCase(name="AllegroTransformer3DModel", config=_ALLEGRO, inputs=_allegro_inputs(False), note=_ALLEGRO_NOTE))
+CASES.append(ZooCase(name="AllegroTransformer3DModel", config=_ALLEGRO, inputs=_allegro_inputs(False), note=_ALLEGRO_NOTE,
+                     extra={"rotary_keys": ("image_rotary_emb",)}))
 CASES.append(
     ZooCase(
         name="AllegroTransformer3DModel", variant="masked", config=_ALLEGRO, inputs=_allegro_inputs(True),
         note=_ALLEGRO_NOTE + "; batch 2 with 7 and 3 valid text tokens",
+        extra={"mask_keys": ("encoder_attention_mask",), "rotary_keys": ("image_rotary_emb",)},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="AllegroTransformer3DModel", variant="fullpad", config=_ALLEGRO, inputs=_allegro_inputs(True, (7, 0)),
+        note=_ALLEGRO_NOTE + "; batch 2, the second with no valid text token: every cross-attention key gets -10000 "
+        "(a uniform average, not a masked-out row)",
     )
 )
 
 
 # --- AnimaTextConditioner -------------------------------------------------------------------
 
-def _anima_inputs(masked):
+def _anima_inputs(masked, source_lengths=(9, 5)):
     def make(model, gen):
         b = 2 if masked else 1
         out = {
@@ -178,7 +193,7 @@ def _anima_inputs(masked):
         }
         if masked:
             out["target_attention_mask"] = _text_keep([6, 4], 6).long()
-            out["source_attention_mask"] = _text_keep([9, 5], 9).long()
+            out["source_attention_mask"] = _text_keep(source_lengths, 9).long()
         return out
 
     return make
@@ -202,6 +217,12 @@ CASES.append(
             note=_ANIMA_NOTE + "; batch 2: 6 and 4 target tokens, 9 and 5 source tokens",
             outputs=lambda out: (out,), extra={"out_shape": (2, 8, 32),
                                                "mask_keys": ("target_attention_mask", "source_attention_mask")})
+)
+CASES.append(
+    ZooCase(name="AnimaTextConditioner", variant="fullpad", config=_ANIMA, inputs=_anima_inputs(True, (9, 0)),
+            note=_ANIMA_NOTE + "; batch 2, the second with no valid source token: its cross-attention rows are fully "
+            "masked (zeros from SDPA)",
+            outputs=lambda out: (out,), extra={"out_shape": (2, 8, 32)})
 )
 
 
@@ -583,8 +604,11 @@ CASES.append(
 # --- audio VAEs ----------------------------------------------------------------------------
 
 CASES.append(
-    ZooCase(
+    _Case(
         name="AutoencoderKLKVAEAudio",
+        # The one attention's output projection x4: a global average over the frames is small
+        # next to its input at the default scale.
+        gains=((r"^attn\.to_out\.0\.weight", 4.0),),
         config=dict(
             encoder_dim=4, encoder_rates=[2, 2], latent_dim=32, codebook_dim=4, decoder_dim=16,
             decoder_rates=[2, 2], num_channels=1, attn_num_heads=4,
@@ -684,9 +708,13 @@ _WAN_FAMILY_NOTE = (
     "{cls} (plain nn.Module, mid-blocks of encoder and decoder{extra}: RMS norm, 1x1 conv qkv, single head over "
     "channels, residual) -> F.scaled_dot_product_attention per frame over H*W (4-D (B*T, 1, H*W, C)), no mask"
 )
+# Single-head spatial attention blocks: output projection x4 (an average over H*W is small
+# next to the residual at the default scale).
+_VAE_ATTN_GAIN = ((r"attentions\.\d+\.proj\.weight", 4.0),)
 CASES.append(
-    ZooCase(
+    _Case(
         name="AutoencoderKLWan",
+        gains=_VAE_ATTN_GAIN,
         config=dict(
             # attn_scales stays [] as in the released configs: a WanAttentionBlock in the encoder's
             # down blocks fails in diffusers 0.42.1 (its forward takes no feat_cache).
@@ -699,8 +727,9 @@ CASES.append(
     )
 )
 CASES.append(
-    ZooCase(
+    _Case(
         name="AutoencoderKLQwenImage",
+        gains=_VAE_ATTN_GAIN,
         config=dict(
             base_dim=8, z_dim=4, dim_mult=[1, 1, 1], num_res_blocks=1, attn_scales=[],
             temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
@@ -839,8 +868,9 @@ def _bria_inputs(model, gen):
 
 
 CASES.append(
-    ZooCase(
+    _Case(
         name="BriaTransformer2DModel",
+        gains=_time_gain(r"^time_embed\."),
         config=dict(
             patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
             num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=[4, 6, 6],
@@ -975,10 +1005,12 @@ def _flux_inputs(masked, guidance=False, n_img=16, n_txt=6):
     return make
 
 
-CASES.append(ZooCase(name="FluxTransformer2DModel", config=_FLUX, inputs=_flux_inputs(False), note=_FLUX_NOTE))
+_FLUX_GAINS = _time_gain(r"time_text_embed\.")
+CASES.append(_Case(name="FluxTransformer2DModel", config=_FLUX, inputs=_flux_inputs(False), note=_FLUX_NOTE,
+                   gains=_FLUX_GAINS))
 CASES.append(
-    ZooCase(
-        name="FluxTransformer2DModel", variant="masked", config=dict(_FLUX, guidance_embeds=True),
+    _Case(
+        name="FluxTransformer2DModel", variant="masked", config=dict(_FLUX, guidance_embeds=True), gains=_FLUX_GAINS,
         inputs=_flux_inputs(True, guidance=True),
         note=_FLUX_NOTE + "; guidance embedding; batch 2 with 6 and 2 valid text tokens, bool (B, 1, 1, S)",
         extra={"mask_keys": ("joint_attention_kwargs",)},
@@ -1045,8 +1077,9 @@ def _flux_cn_inputs(model, gen):
 
 
 CASES.append(
-    ZooCase(
+    _Case(
         name="FluxControlNetModel", config=_FLUX_CN, inputs=_flux_cn_inputs, outputs=_flux_cn_outputs,
+        gains=_FLUX_GAINS,
         note=(
             "FluxAttention + FluxAttnProcessor -> dispatch_attention_fn (Flux blocks); joint_attention_kwargs is "
             "not passed to the blocks, so no mask reaches the attention; outputs: every block's residual"
@@ -1075,7 +1108,7 @@ def _flux_multi_inputs(model, gen):
 
 CASES.append(
     _Case(
-        name="FluxMultiControlNetModel", config=dict(_FLUX, num_mode=3), make=_flux_multi_make,
+        name="FluxMultiControlNetModel", config=dict(_FLUX, num_mode=3), make=_flux_multi_make, gains=_FLUX_GAINS,
         inputs=_flux_multi_inputs, outputs=_flux_cn_outputs,
         note=(
             "wraps one FluxControlNetModel (ControlNet-Union, num_mode=3) run once per condition; the mode "
@@ -1101,7 +1134,7 @@ _FLUX2_NOTE = (
 )
 
 
-def _flux2_inputs(masked=False, n_ref=0, cache=False):
+def _flux2_inputs(masked=False, n_ref=0, cache=False, lengths=(6, 2)):
     def make(model, gen):
         b, n_img, n_txt = (2 if masked else 1), 16, 6
         n_all = n_img + n_ref
@@ -1115,7 +1148,7 @@ def _flux2_inputs(masked=False, n_ref=0, cache=False):
         }
         if masked:
             # 2-D bool key padding over [text, image].
-            keep = torch.cat([_text_keep([n_txt, 2], n_txt), torch.ones(b, n_img, dtype=torch.bool)], dim=1)
+            keep = torch.cat([_text_keep(lengths, n_txt), torch.ones(b, n_img, dtype=torch.bool)], dim=1)
             out["joint_attention_kwargs"] = {"attention_mask": keep.to(model_param(model).device)}
         if n_ref:
             out.update(kv_cache_mode="extract", num_ref_tokens=n_ref, ref_fixed_timestep=0.0)
@@ -1148,17 +1181,29 @@ def _flux2_kv_processors(model):
         block.attn.set_processor(Flux2KVParallelSelfAttnProcessor())
 
 
-CASES.append(ZooCase(name="Flux2Transformer2DModel", config=_FLUX2, inputs=_flux2_inputs(), note=_FLUX2_NOTE))
+_FLUX2_GAINS = _time_gain(r"^time_guidance_embed\.")
+CASES.append(_Case(name="Flux2Transformer2DModel", config=_FLUX2, inputs=_flux2_inputs(), note=_FLUX2_NOTE,
+                   gains=_FLUX2_GAINS))
 CASES.append(
-    ZooCase(
+    _Case(
         name="Flux2Transformer2DModel", variant="masked", config=_FLUX2, inputs=_flux2_inputs(masked=True),
+        gains=_FLUX2_GAINS,
         note=_FLUX2_NOTE + "; batch 2 with 6 and 2 valid text tokens, 2-D bool (B, S) key padding",
         extra={"mask_keys": ("joint_attention_kwargs",)},
     )
 )
 CASES.append(
     _Case(
+        name="Flux2Transformer2DModel", variant="fullpad", config=_FLUX2, gains=_FLUX2_GAINS,
+        inputs=_flux2_inputs(masked=True, lengths=(6, 0)),
+        note=_FLUX2_NOTE + "; batch 2, the second with no valid text token (2-D bool key padding): its text keys "
+        "are all masked, the image keys remain",
+    )
+)
+CASES.append(
+    _Case(
         name="Flux2Transformer2DModel", variant="kvextract", config=_FLUX2, inputs=_flux2_inputs(n_ref=8),
+        gains=_FLUX2_GAINS,
         setup=_flux2_kv_processors,
         note=(
             "Flux2KVAttnProcessor / Flux2KVParallelSelfAttnProcessor (Klein KV pipeline), kv_cache_mode='extract' "
@@ -1171,6 +1216,7 @@ CASES.append(
 CASES.append(
     _Case(
         name="Flux2Transformer2DModel", variant="kvcached", config=_FLUX2, inputs=_flux2_inputs(cache=True),
+        gains=_FLUX2_GAINS,
         setup=_flux2_kv_processors,
         note=(
             "Flux2KV processors, kv_cache_mode='cached': 8 cached reference keys/values (random) inserted between "
@@ -1183,7 +1229,7 @@ CASES.append(
 # --- Flux3 ---------------------------------------------------------------------------------
 
 def _flux3_inputs(model, gen):
-    b, n_img, n_cond, n_txt = 1, 16, 8, 6
+    b, n_img, n_cond, n_txt = 1, 16, 16, 12
     return {
         "hidden_states": _rn(model, gen, b, n_img, 4),
         "encoder_hidden_states": _rn(model, gen, b, n_txt, 16),
@@ -1199,7 +1245,15 @@ def _flux3_inputs(model, gen):
 CASES.append(
     _Case(
         name="Flux3Transformer2DModel",
-        gains=((r"^timestep_embedder\.linear_2\.", 10.0),),
+        # timestep embedding at unit scale; the text and reference-image streams' input
+        # projections x0.25 and the per-mode attention outputs x4: at the default scale a
+        # per-mode block barely changes its stream, and its attention would barely show.
+        gains=(
+            (r"^timestep_embedder\.linear_2\.", 10.0),
+            (r"mode_blocks\.(\w+\.)?\d+\.attn\.to_out\.0\.weight", 4.0),
+            (r"^context_embedder\.", 0.25),
+            (r"^x_embedders\.image_cond\.", 0.25),
+        ),
         config=dict(
             in_channels=4, cond_in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
             num_attention_heads=2, joint_attention_dim=16, timestep_channels=32, mlp_ratio=2.0,
@@ -1338,14 +1392,14 @@ def _cogview4_inputs(masked):
         b = 2 if masked else 1
         out = {
             "hidden_states": _rn(model, gen, b, 4, 8, 8),
-            "encoder_hidden_states": _rn(model, gen, b, 6, 16),
+            "encoder_hidden_states": _rn(model, gen, b, 12, 16),
             "timestep": _timestep(model, gen, b),
             **_cogview_sizes(model, gen, b),
             # (cos, sin) over the 4 x 4 image tokens, rotate-half layout (use_real_unbind_dim=-2).
             "image_rotary_emb": _rope_halves(gen, 16, 16, **_like(model)),
         }
         if masked:
-            out["attention_mask"] = _text_keep([6, 2], 6).long().to(model_param(model).device)
+            out["attention_mask"] = _text_keep([12, 2], 12).long().to(model_param(model).device)
         return out
 
     return make
@@ -1366,7 +1420,8 @@ CASES.append(
 CASES.append(
     ZooCase(
         name="CogView4Transformer2DModel", variant="masked", config=_COGVIEW4, inputs=_cogview4_inputs(True),
-        note=_COGVIEW4_NOTE + "; batch 2 with 6 and 2 valid text tokens",
+        note=_COGVIEW4_NOTE + "; batch 2 with 12 and 2 valid text tokens (many padded: the float mask only "
+        "down-weights them by e^-1)",
         extra={"mask_keys": ("attention_mask",), "rotary_keys": ("image_rotary_emb",)},
     )
 )
@@ -1491,6 +1546,9 @@ def _controlnet_xs_make(config):
 CASES.append(
     _Case(
         name="ControlNetXSAdapter",
+        # ControlNet-XS' zero-initialised control-to-base connections x4: at the default scale
+        # the control branch (and its attention) barely reaches the base UNet.
+        gains=((r"ctrl_to_base\.weight", 4.0),),
         config=dict(
             # ControlNet-XS blocks assume two layers per block (as SD), so layers_per_block=2.
             block_out_channels=(32, 64), layers_per_block=2, sample_size=8, in_channels=4, out_channels=4,
@@ -1573,7 +1631,7 @@ _COSMOS_NOTE = (
 )
 
 
-def _cosmos_inputs(masked=False, img_context=False):
+def _cosmos_inputs(masked=False, img_context=False, lengths=(7, 3)):
     def make(model, gen):
         b = 2 if masked else 1
         text = _rn(model, gen, b, 7, 16)
@@ -1584,7 +1642,7 @@ def _cosmos_inputs(masked=False, img_context=False):
             "fps": 24,
         }
         if masked:
-            out["attention_mask"] = _text_keep([7, 3], 7).to(model_param(model).device)
+            out["attention_mask"] = _text_keep(lengths, 7).to(model_param(model).device)
         return out
 
     return make
@@ -1597,6 +1655,14 @@ CASES.append(
         note=_COSMOS_NOTE + "; attention_mask (B, T) bool -> (B, 1, 1, T) for the cross-attention; batch 2 with 7 "
         "and 3 valid text tokens",
         extra={"mask_keys": ("attention_mask",)},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="CosmosTransformer3DModel", variant="fullpad", config=_COSMOS,
+        inputs=_cosmos_inputs(masked=True, lengths=(7, 0)),
+        note=_COSMOS_NOTE + "; batch 2, the second with no valid text token: its cross-attention rows are fully "
+        "masked (zeros from SDPA)",
     )
 )
 CASES.append(
@@ -1737,7 +1803,7 @@ _DREAMLITE_UNET = dict(
 )
 
 
-def _dreamlite_unet_inputs(masked):
+def _dreamlite_unet_inputs(masked, lengths=(7, 3)):
     def make(model, gen):
         b = 2 if masked else 1
         out = {
@@ -1746,7 +1812,7 @@ def _dreamlite_unet_inputs(masked):
             "encoder_hidden_states": _rn(model, gen, b, 7, 16),
         }
         if masked:
-            out["encoder_attention_mask"] = _text_keep([7, 3], 7).long().to(model_param(model).device)
+            out["encoder_attention_mask"] = _text_keep(lengths, 7).long().to(model_param(model).device)
         return out
 
     return make
@@ -1767,6 +1833,14 @@ CASES.append(
         name="DreamLiteUNetModel", variant="masked", config=_DREAMLITE_UNET, inputs=_dreamlite_unet_inputs(True),
         note=_DREAMLITE_UNET_NOTE + "; batch 2 with 7 and 3 valid text tokens",
         extra={"mask_keys": ("encoder_attention_mask",)},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="DreamLiteUNetModel", variant="fullpad", config=_DREAMLITE_UNET,
+        inputs=_dreamlite_unet_inputs(True, (7, 0)),
+        note=_DREAMLITE_UNET_NOTE + "; batch 2, the second with no valid text token: -10000 on every key (a uniform "
+        "average)",
     )
 )
 
@@ -1847,7 +1921,7 @@ def _glm_inputs(masked=False, cache=False):
         dev = model_param(model).device
         out = {
             "hidden_states": _rn(model, gen, b, 4, 8, 8),
-            "encoder_hidden_states": _rn(model, gen, b, 6, 16),
+            "encoder_hidden_states": _rn(model, gen, b, 12, 16),
             "prior_token_id": torch.randint(0, 32, (b, 16), generator=gen).to(dev),
             "prior_token_drop": torch.rand(b, 16, generator=gen).to(dev) < 0.2,
             "timestep": _timestep(model, gen, b),
@@ -1857,7 +1931,7 @@ def _glm_inputs(masked=False, cache=False):
             "image_rotary_emb": _rope_halves(gen, 16, 16, **_like(model)),
         }
         if masked:
-            out["attention_mask"] = _text_keep([6, 2], 6).long().to(dev)
+            out["attention_mask"] = _text_keep([12, 2], 12).long().to(dev)
         if cache:
             # Keys/values of a condition image written by an earlier "write" pass: random here,
             # (1, tokens, heads, head_dim) per layer, read and prepended to the keys.
@@ -1885,7 +1959,8 @@ CASES.append(
 CASES.append(
     ZooCase(
         name="GlmImageTransformer2DModel", variant="masked", config=_GLM, inputs=_glm_inputs(masked=True),
-        note=_GLM_NOTE + "; batch 2 with 6 and 2 valid text tokens",
+        note=_GLM_NOTE + "; batch 2 with 12 and 2 valid text tokens (many padded: the float mask only "
+        "down-weights them by e^-1)",
         extra={"mask_keys": ("attention_mask",), "rotary_keys": ("image_rotary_emb",)},
     )
 )
@@ -2064,5 +2139,248 @@ CASES.append(
         inputs=_hydit_multi_inputs, outputs=_hydit_cn_outputs,
         note="wraps one HunyuanDiT2DControlNetModel: " + _HYDIT_NOTE,
         extra={"out_shape": (1, 16, 32), "rotary_keys": ("image_rotary_emb",)},
+    )
+)
+
+
+# --- HunyuanVideo family, HunyuanImage ------------------------------------------------------
+
+_HYV = dict(
+    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=1,
+    num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1, text_embed_dim=16, pooled_projection_dim=8,
+    rope_axes_dim=(4, 6, 6),
+)
+
+
+def _hyv_inputs(lengths, image_cond=False):
+    def make(model, gen):
+        b = len(lengths)
+        out = {
+            "hidden_states": _rn(model, gen, b, 4, 2, 8, 8),
+            "timestep": _timestep(model, gen, b),
+            "encoder_hidden_states": _rn(model, gen, b, 24, 16),
+            "encoder_attention_mask": _text_keep(lengths, 24).long().to(model_param(model).device),
+            "pooled_projections": _rn(model, gen, b, 8),
+            "guidance": (1.0 + 5.0 * torch.rand(b, generator=gen)).to(**_like(model)) * 1000,
+        }
+        return out
+
+    return make
+
+
+_HYV_NOTE = (
+    "token refiner: Attention + AttnProcessor2_0 (Attention's default) -> F.scaled_dot_product_attention with a "
+    "pairwise bool (B, 1, T, T) text mask, key 0 always kept; double/single blocks: Attention + "
+    "HunyuanVideoAttnProcessor2_0 -> dispatch_attention_fn over [video, text] (text last) with a bool (B, 1, 1, S) "
+    "key-padding mask from encoder_attention_mask, RMS qk-norm, image_rotary_emb (cos, sin) built inside on the "
+    "video tokens"
+)
+# Both timestep embeddings brought to unit scale (the token refiner's gates come from its own),
+# and the refiner's attention output projection x4: at the default scale its attention (an
+# average over the text) is a small part of the refined text and would barely show.
+_HYV_GAINS = (
+    (r"^time_text_embed\.timestep_embedder\.linear_2\.", 10.0),
+    (r"context_embedder\.time_text_embed\.timestep_embedder\.linear_2\.", 10.0),
+    (r"refiner_blocks\.\d+\.attn\.to_out\.0\.weight", 4.0),
+)
+# 24 text tokens next to 32 video tokens: with fewer, the text (and its refiner) holds too
+# small a share of the attention for a perturbation of the refiner to show.
+CASES.append(_Case(name="HunyuanVideoTransformer3DModel", config=_HYV, inputs=_hyv_inputs([24]), note=_HYV_NOTE,
+                   gains=_HYV_GAINS))
+CASES.append(
+    _Case(
+        name="HunyuanVideoTransformer3DModel", variant="masked", config=_HYV, inputs=_hyv_inputs([24, 9]),
+        gains=_HYV_GAINS,
+        note=_HYV_NOTE + "; batch 2 with 24 and 9 valid text tokens",
+    )
+)
+CASES.append(
+    _Case(
+        name="HunyuanVideoTransformer3DModel", variant="i2v", config=dict(_HYV, image_condition_type="token_replace"),
+        gains=_HYV_GAINS,
+        inputs=_hyv_inputs([24, 13]),
+        note=_HYV_NOTE + "; HunyuanVideo-I2V token_replace: TokenReplace double/single blocks (first-frame tokens "
+        "modulated apart), same attention; batch 2 with 24 and 13 valid text tokens",
+    )
+)
+
+
+def _framepack_inputs(lengths):
+    def make(model, gen):
+        b, c, f, h, w = len(lengths), 4, 3, 8, 8
+        dev = model_param(model).device
+        pos = lambda n, start: (start + torch.arange(n)).float().to(dev)  # noqa: E731
+        return {
+            "hidden_states": _rn(model, gen, b, c, f, h, w),
+            "timestep": _timestep(model, gen, b),
+            "encoder_hidden_states": _rn(model, gen, b, 24, 16),
+            "encoder_attention_mask": _text_keep(lengths, 24).long().to(dev),
+            "pooled_projections": _rn(model, gen, b, 8),
+            "guidance": (1.0 + 5.0 * torch.rand(b, generator=gen)).to(**_like(model)) * 1000,
+            "image_embeds": _rn(model, gen, b, 5, 16),
+            # frame positions of the section being generated and of the clean / 2x / 4x history
+            "indices_latents": pos(f, 8),
+            "latents_clean": _rn(model, gen, b, c, 2, h, w),
+            "indices_latents_clean": pos(2, 6),
+            "latents_history_2x": _rn(model, gen, b, c, 2, h, w),
+            "indices_latents_history_2x": pos(2, 4),
+            "latents_history_4x": _rn(model, gen, b, c, 8, h, w),
+            "indices_latents_history_4x": pos(8, 0),
+        }
+
+    return make
+
+
+_FRAMEPACK = dict(
+    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=1,
+    num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1, guidance_embeds=True, text_embed_dim=16,
+    pooled_projection_dim=8, rope_axes_dim=(4, 6, 6), has_image_proj=True, image_proj_dim=16,
+    has_clean_x_embedder=True,
+)
+_FRAMEPACK_NOTE = (
+    "HunyuanVideo blocks and token refiner (see HunyuanVideoTransformer3DModel): AttnProcessor2_0 in the refiner, "
+    "HunyuanVideoAttnProcessor2_0 -> dispatch_attention_fn with a bool (B, 1, 1, S) mask in the blocks; the "
+    "sequence is [clean / 2x / 4x history + current latents, CLIP image tokens + text], rotary from the frame "
+    "indices built inside"
+)
+# The history tokens outnumber the text: the refiner's attention output another x2.
+_FRAMEPACK_GAINS = _HYV_GAINS + ((r"refiner_blocks\.\d+\.attn\.to_out\.0\.weight", 2.0),)
+CASES.append(
+    _Case(name="HunyuanVideoFramepackTransformer3DModel", config=_FRAMEPACK, inputs=_framepack_inputs([24]),
+          note=_FRAMEPACK_NOTE, gains=_FRAMEPACK_GAINS)
+)
+CASES.append(
+    _Case(
+        name="HunyuanVideoFramepackTransformer3DModel", variant="masked", config=_FRAMEPACK,
+        inputs=_framepack_inputs([24, 9]), gains=_FRAMEPACK_GAINS,
+        note=_FRAMEPACK_NOTE + "; batch 2 with 24 and 9 valid text tokens",
+    )
+)
+
+_HYV15 = dict(
+    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_refiner_layers=1,
+    mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8,
+    rope_axes_dim=(4, 6, 6), target_size=64, task_type="i2v",
+)
+
+
+def _hyv15_inputs(lengths, lengths_2, t2v=False):
+    def make(model, gen):
+        b = len(lengths)
+        dev = model_param(model).device
+        image = _rn(model, gen, b, 4, 8)
+        return {
+            "hidden_states": _rn(model, gen, b, 4, 2, 4, 4),
+            "timestep": _timestep(model, gen, b),
+            "encoder_hidden_states": _rn(model, gen, b, 12, 16),
+            "encoder_attention_mask": _text_keep(lengths, 12).long().to(dev),
+            "encoder_hidden_states_2": _rn(model, gen, b, 6, 8),
+            "encoder_attention_mask_2": _text_keep(lengths_2, 6).long().to(dev),
+            # all-zero image embeddings mean text-to-video: the model masks the image tokens
+            "image_embeds": torch.zeros_like(image) if t2v else image,
+        }
+
+    return make
+
+
+_HYV15_GAINS = _HYV_GAINS + ((r"^time_embed\.timestep_embedder\.linear_2\.", 10.0),)
+_HYV15_NOTE = (
+    "token refiner: Attention + AttnProcessor2_0 -> F.scaled_dot_product_attention (pairwise bool text mask); "
+    "blocks: Attention + HunyuanVideo15AttnProcessor2_0 -> dispatch_attention_fn over [video, image, ByT5, text] "
+    "(valid tokens first), RMS qk-norm, image_rotary_emb built inside; the mask is pairwise bool (B, 1, S, S): "
+    "padded tokens' query rows are fully masked"
+)
+CASES.append(
+    _Case(name="HunyuanVideo15Transformer3DModel", config=_HYV15, inputs=_hyv15_inputs([12], [6]), note=_HYV15_NOTE,
+          gains=_HYV15_GAINS)
+)
+CASES.append(
+    _Case(
+        name="HunyuanVideo15Transformer3DModel", variant="masked", config=_HYV15,
+        inputs=_hyv15_inputs([12, 5], [6, 2]), gains=_HYV15_GAINS,
+        note=_HYV15_NOTE + "; batch 2 with 12/5 text and 6/2 ByT5 valid tokens (fully masked rows for the padding)",
+    )
+)
+CASES.append(
+    _Case(
+        name="HunyuanVideo15Transformer3DModel", variant="t2v", config=_HYV15,
+        inputs=_hyv15_inputs([12], [6], t2v=True), gains=_HYV15_GAINS,
+        note=_HYV15_NOTE + "; text-to-video: zero image embeddings, all 4 image tokens masked",
+    )
+)
+
+_HYIMAGE = dict(
+    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=1,
+    num_refiner_layers=1, mlp_ratio=2.0, patch_size=(1, 1), text_embed_dim=16, text_embed_2_dim=8,
+    rope_axes_dim=(8, 8),
+)
+
+
+def _hyimage_inputs(lengths, lengths_2):
+    def make(model, gen):
+        b = len(lengths)
+        dev = model_param(model).device
+        return {
+            "hidden_states": _rn(model, gen, b, 4, 4, 4),
+            "timestep": _timestep(model, gen, b),
+            "encoder_hidden_states": _rn(model, gen, b, 12, 16),
+            "encoder_attention_mask": _text_keep(lengths, 12).long().to(dev),
+            "encoder_hidden_states_2": _rn(model, gen, b, 6, 8),
+            "encoder_attention_mask_2": _text_keep(lengths_2, 6).long().to(dev),
+        }
+
+    return make
+
+
+_HYIMAGE_NOTE = (
+    "token refiner: Attention + AttnProcessor2_0 -> F.scaled_dot_product_attention (pairwise bool text mask); "
+    "double/single blocks: Attention + HunyuanImageAttnProcessor -> dispatch_attention_fn over [image, ByT5 + text "
+    "(valid first)] with a bool (B, 1, 1, S) key-padding mask, RMS qk-norm, 2-axis image_rotary_emb built inside"
+)
+_HYIMAGE_GAINS = (
+    (r"^time_guidance_embed\..*linear_2\.", 10.0),
+    (r"context_embedder\.time_text_embed\.timestep_embedder\.linear_2\.", 10.0),
+    (r"refiner_blocks\.\d+\.attn\.to_out\.0\.weight", 4.0),
+)
+CASES.append(
+    _Case(name="HunyuanImageTransformer2DModel", config=_HYIMAGE, inputs=_hyimage_inputs([12], [6]),
+          note=_HYIMAGE_NOTE, gains=_HYIMAGE_GAINS)
+)
+CASES.append(
+    _Case(
+        name="HunyuanImageTransformer2DModel", variant="masked", config=_HYIMAGE,
+        inputs=_hyimage_inputs([12, 5], [6, 2]), gains=_HYIMAGE_GAINS,
+        note=_HYIMAGE_NOTE + "; batch 2 with 12/5 text and 6/2 ByT5 valid tokens",
+    )
+)
+
+
+# --- I2VGenXLUNet --------------------------------------------------------------------------
+
+CASES.append(
+    ZooCase(
+        name="I2VGenXLUNet",
+        # attention_head_dim is the head count of the spatial blocks and the head dim of
+        # transformer_in (as in the real config, where it gives 64 heads of 5 at 320 channels).
+        config=dict(
+            sample_size=8, in_channels=4, out_channels=4, down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+            up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"), block_out_channels=(32, 64), layers_per_block=1,
+            norm_num_groups=8, cross_attention_dim=16, attention_head_dim=8,
+        ),
+        inputs=lambda model, gen: {
+            "sample": _rn(model, gen, 1, 4, 3, 8, 8),
+            "timestep": _timestep(model, gen, 1),
+            "fps": torch.tensor([8.0]).to(**_like(model)),
+            "image_latents": _rn(model, gen, 1, 4, 3, 8, 8),
+            "image_embeddings": _rn(model, gen, 1, 16),
+            "encoder_hidden_states": _rn(model, gen, 1, 7, 16),
+        },
+        note=(
+            "Attention + AttnProcessor2_0 -> F.scaled_dot_product_attention everywhere, no mask: spatial "
+            "self/cross-attention (Transformer2DModel; context = text + image-latent tokens + image embedding), "
+            "temporal self-attention over frames (TransformerTemporalModel, transformer_in), and the image-latent "
+            "temporal encoder (I2VGenXLTransformerTemporalEncoder, 2 heads of dim in_channels = 4)"
+        ),
+        extra={"shape_like": "sample"},
     )
 )
