@@ -2049,11 +2049,15 @@ CASES.append(
 # --- HunyuanDiT and its ControlNets ------------------------------------------------------------
 
 _HYDIT_COMMON = dict(
+    # cross_attention_dim_t5 64: the T5 pooler (HunyuanDiTAttentionPool) has 8 heads, of dim 8 here
     num_attention_heads=2, attention_head_dim=16, in_channels=4, patch_size=2, sample_size=8, hidden_size=32,
-    mlp_ratio=2.0, cross_attention_dim=16, cross_attention_dim_t5=8, pooled_projection_dim=8, text_len=4,
+    mlp_ratio=2.0, cross_attention_dim=16, cross_attention_dim_t5=64, pooled_projection_dim=32, text_len=4,
     text_len_t5=6,
 )
 _HYDIT = dict(_HYDIT_COMMON, num_layers=2)
+# The conditioning (timestep + pooled text + sizes) brought to unit scale: at the default scale
+# the pooler's attention would barely move the blocks' norm shift.
+_HYDIT_GAINS = ((r"time_extra_emb\.extra_embedder\.linear_2\.", 10.0),)
 
 
 def _hydit_inputs(masked=False, control=False):
@@ -2065,7 +2069,7 @@ def _hydit_inputs(masked=False, control=False):
             "timestep": _timestep(model, gen, b),
             "encoder_hidden_states": _rn(model, gen, b, 4, 16),
             "text_embedding_mask": _text_keep([4, 2] if masked else [4], 4).long().to(dev),
-            "encoder_hidden_states_t5": _rn(model, gen, b, 6, 8),
+            "encoder_hidden_states_t5": _rn(model, gen, b, 6, 64),
             "text_embedding_mask_t5": _text_keep([6, 3] if masked else [6], 6).long().to(dev),
             "image_meta_size": torch.tensor([[8.0, 8.0, 8.0, 8.0, 0.0, 0.0]] * b).to(**_like(model)),
             "style": torch.zeros(b, dtype=torch.long).to(dev),
@@ -2083,16 +2087,18 @@ def _hydit_inputs(masked=False, control=False):
 _HYDIT_NOTE = (
     "Attention + HunyuanAttnProcessor2_0 -> F.scaled_dot_product_attention, no attention mask: self-attention "
     "(attn1) with image_rotary_emb (cos, sin) on q and k, cross-attention (attn2) with it on q only, LayerNorm "
-    "qk-norm; the text masks do not reach the attention: padded text tokens are replaced by a learned padding "
-    "embedding"
+    "qk-norm; plus the T5 pooler HunyuanDiTAttentionPool (torch F.multi_head_attention_forward, 8 heads, one "
+    "query, not a diffusers attention module); the text masks do not reach the attention: padded text tokens "
+    "are replaced by a learned padding embedding"
 )
 CASES.append(
-    ZooCase(name="HunyuanDiT2DModel", config=_HYDIT, inputs=_hydit_inputs(), note=_HYDIT_NOTE,
+    _Case(name="HunyuanDiT2DModel", config=_HYDIT, inputs=_hydit_inputs(), note=_HYDIT_NOTE, gains=_HYDIT_GAINS,
             extra={"out_shape": (1, 8, 8, 8), "rotary_keys": ("image_rotary_emb",)})
 )
 CASES.append(
-    ZooCase(
+    _Case(
         name="HunyuanDiT2DModel", variant="masked", config=_HYDIT, inputs=_hydit_inputs(masked=True),
+        gains=_HYDIT_GAINS,
         note=_HYDIT_NOTE + "; batch 2 with 4/2 CLIP and 6/3 T5 valid tokens",
         extra={"out_shape": (2, 8, 8, 8), "rotary_keys": ("image_rotary_emb",)},
     )
@@ -2107,8 +2113,8 @@ def _hydit_cn_outputs(out):
 
 
 CASES.append(
-    ZooCase(
-        name="HunyuanDiT2DControlNetModel", config=_HYDIT_CN, inputs=_hydit_inputs(control=True),
+    _Case(
+        name="HunyuanDiT2DControlNetModel", config=_HYDIT_CN, inputs=_hydit_inputs(control=True), gains=_HYDIT_GAINS,
         outputs=_hydit_cn_outputs,
         note=(
             "HunyuanDiTBlocks (first half of the DiT): " + _HYDIT_NOTE + "; the model defines attn_processors / "
@@ -2135,7 +2141,7 @@ def _hydit_multi_inputs(model, gen):
 
 CASES.append(
     _Case(
-        name="HunyuanDiT2DMultiControlNetModel", config=_HYDIT_CN, make=_hydit_multi_make,
+        name="HunyuanDiT2DMultiControlNetModel", config=_HYDIT_CN, make=_hydit_multi_make, gains=_HYDIT_GAINS,
         inputs=_hydit_multi_inputs, outputs=_hydit_cn_outputs,
         note="wraps one HunyuanDiT2DControlNetModel: " + _HYDIT_NOTE,
         extra={"out_shape": (1, 16, 32), "rotary_keys": ("image_rotary_emb",)},

@@ -40,7 +40,9 @@ FIRST, LAST = "A", "I2VGenXLUNet"
 ATTENTION_BASES = (Attention, MochiAttention, AttentionModuleMixin, SanaMultiscaleLinearAttention, nn.MultiheadAttention)
 # A module class whose own methods reference one of these names computes attention
 # (transformers' modules call the function chosen by `config._attn_implementation`).
-PRIMITIVES = frozenset({"scaled_dot_product_attention", "dispatch_attention_fn", "softmax", "baddbmm"})
+PRIMITIVES = frozenset(
+    {"scaled_dot_product_attention", "dispatch_attention_fn", "softmax", "baddbmm", "multi_head_attention_forward"}
+)
 TRANSFORMERS_PRIMITIVES = frozenset({"ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"})
 # Module classes whose methods reference a primitive without computing attention.
 NOT_ATTENTION_CLASSES = {
