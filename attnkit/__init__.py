@@ -17,6 +17,7 @@ from .processor import (
 from .chooser import AutoProcessor, auto
 from .apply import PROCESSOR_NAMES, apply, processor
 from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
+from . import diffusers_backend  # noqa: E402,F401  (registers "attnkit" with diffusers' dispatcher)
 
 __version__ = "0.1.0"
 

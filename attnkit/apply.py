@@ -1,14 +1,16 @@
-"""Processors by name, and setting them on a whole model."""
+"""Processors by name, and serving every attention module of a model."""
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 from torch import nn
 
 from .chooser import auto
 from .processor import PROCESSORS, AttnkitProcessor
+from .routes import Route, bind_module, bound_processor, classify, classify_forward
 
 logger = logging.getLogger("attnkit")
 
@@ -26,40 +28,120 @@ def processor(name: str, **options: Any) -> AttnkitProcessor:
     return cls(**options)
 
 
-def _keeps_own_processor(proc: Any) -> bool:
-    """Processors with weights or extra inputs (IP-Adapter, custom diffusion) stay."""
-    name = type(proc).__name__
-    return isinstance(proc, nn.Module) or "IPAdapter" in name or "AddedKV" in name or "Joint" in name
+class Applied(dict):
+    """What :func:`apply` did: {module name: "attnkit" | the kept processor's class name},
+    with ``routes`` ({module name: Route}) saying how and why, and ``explain()``."""
+
+    def __init__(self, routes: dict[str, Route], kept_names: dict[str, str]):
+        super().__init__({name: ("attnkit" if r.served else kept_names[name]) for name, r in routes.items()})
+        self.routes = routes
+
+    def summary(self) -> str:
+        counts = Counter(r.kind for r in self.routes.values())
+        parts = [f"{counts[k]} {label}" for k, label in (
+            ("dispatch", "through diffusers' dispatch_attention_fn"),
+            ("protocol", "by attnkit's processor"),
+            ("sdpa", "by their own processor with attnkit's attention"),
+            ("forward", "by their own code with attnkit's attention"),
+            ("attnkit", "already attnkit's"),
+            ("kept", "kept")) if counts[k]]
+        return f"{len(self.routes)} attention modules: " + ", ".join(parts)
+
+    def explain(self) -> str:
+        """One line per module: the route and the reason."""
+        lines = [self.summary()]
+        width = max((len(n) for n in self.routes), default=0)
+        for name, route in self.routes.items():
+            lines.append(f"  {name:<{width}}  {route.kind:<8}  {route.reason}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Applied({self.summary()})"
 
 
-def apply(model: nn.Module, proc: AttnkitProcessor) -> dict[str, str]:
-    """Set ``proc`` on every attention module of ``model`` that it can serve.
-
-    Unlike ``model.set_attn_processor(proc)``, processors that carry weights or extra
-    inputs (IP-Adapter, custom diffusion, added-KV and joint attention) are kept, and
-    each module is given its name so logs and errors say which layer they mean.
-    Returns {module name: "attnkit" | name of the processor kept}.
-    """
-    from diffusers.models.attention_processor import Attention
-
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, Route | None]]:
+    """(name, module, route) of every module of ``model`` that computes attention: those
+    that run a processor (route None: decided by the processor), and those whose own
+    forward attnkit can see computing it (route given)."""
+    out = []
+    processors = {id(getattr(m, "processor", None)) for m in model.modules()}
     for name, module in model.named_modules():
-        if isinstance(module, Attention):
-            module._attnkit_name = name
-    current = model.attn_processors
-    new: dict[str, Any] = {}
-    report: dict[str, str] = {}
-    for key, old in current.items():
-        if _keeps_own_processor(old):
-            new[key] = old
-            report[key] = type(old).__name__
+        if isinstance(module, AttnkitProcessor) or id(module) in processors:
+            continue  # a processor with weights (IP-Adapter) is its module's business
+        name = name or type(model).__name__
+        if callable(getattr(module, "processor", None)) or hasattr(module, "set_processor"):
+            out.append((name, module, None))
         else:
-            new[key] = proc
-            report[key] = "attnkit"
-    kept = [k for k, v in report.items() if v != "attnkit"]
-    if kept:
-        logger.info("attnkit.apply kept %d processors of their own: %s", len(kept), ", ".join(kept))
-    model.set_attn_processor(new)
-    return report
+            route = classify_forward(module)
+            if route is not None:
+                out.append((name, module, route))
+    return out
 
 
-__all__ = ["PROCESSOR_NAMES", "apply", "processor"]
+def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
+    """Serve every attention module of ``model`` that attnkit can serve exactly, with
+    ``proc``'s choice of backend (``attnkit.auto()`` or a named processor).
+
+    Works on any ``nn.Module`` (it walks the modules itself; the model needs no
+    ``set_attn_processor``). Per module, by what its processor computes (see
+    :mod:`attnkit.routes`): diffusers' transformer processors keep their own work and
+    send their dispatch_attention_fn call to attnkit; processors computing diffusers'
+    Attention protocol are replaced by ``proc``; other processors calling
+    scaled_dot_product_attention run as they are with that call served by attnkit;
+    everything else (IP-Adapter's weights, linear attention, hard-coded backends) keeps
+    its processor. diffusers' process-wide active backend is never changed.
+
+    Each module is given its name, for logs and errors. Returns an :class:`Applied`:
+    {module name: "attnkit" | kept processor's class}, with ``.routes`` and
+    ``.explain()``; the summary is logged at INFO.
+    """
+    if not isinstance(proc, AttnkitProcessor):
+        raise TypeError(f"attnkit.apply takes an attnkit processor (attnkit.auto(), attnkit.processor(name)), "
+                        f"not {type(proc).__name__}")
+    routes: dict[str, Route] = {}
+    kept_names: dict[str, str] = {}
+    for name, module, route in attention_modules(model):
+        module._attnkit_name = name
+        old = getattr(module, "processor", None)
+        if route is not None:  # no processor: its own forward
+            if route.kind == "forward":
+                bind_module(module, proc.chooser)
+            routes[name] = route
+            kept_names[name] = type(module).__name__
+            continue
+        route = classify(old, module)
+        if route.kind == "dispatch":
+            route = _route_dispatch(old, proc, route)
+        elif route.kind == "protocol":
+            _set(module, proc)
+        elif route.kind == "sdpa":
+            _set(module, bound_processor(old, proc.chooser))
+        routes[name] = route
+        kept_names[name] = type(old).__name__
+    applied = Applied(routes, kept_names)
+    logger.info("attnkit.apply(%s): %s", type(model).__name__, applied.summary())
+    for name, route in routes.items():
+        if not route.served:
+            logger.info("attnkit.apply: kept %s: %s", name, route.reason)
+    model._attnkit_applied = applied
+    return applied
+
+
+def _route_dispatch(old: Any, proc: AttnkitProcessor, route: Route) -> Route:
+    from . import diffusers_backend
+
+    if diffusers_backend.PROBLEM is not None:
+        return Route("kept", diffusers_backend.PROBLEM)
+    old._attention_backend = diffusers_backend.member_for(proc)
+    return route
+
+
+def _set(module: nn.Module, new: Any) -> None:
+    setter = getattr(module, "set_processor", None)
+    if setter is not None:
+        setter(new)
+    else:
+        module.processor = new
+
+
+__all__ = ["PROCESSOR_NAMES", "Applied", "apply", "attention_modules", "processor"]

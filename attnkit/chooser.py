@@ -62,7 +62,7 @@ from ._text import describe_exception
 from .backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from .backends.base import compile_key
 from .policy import CANDIDATES, LAST_RESORT, LOCK, describe_call, installed_packages
-from .processor import AttnkitProcessor, describe_module
+from .processor import AttnkitProcessor, describe_module, run_backend
 
 logger = logging.getLogger("attnkit")
 
@@ -146,18 +146,21 @@ class AutoChooser:
         mark_compile_constant(_compiled_choice)
 
     # -- the per-call path ----------------------------------------------------------
-    def attention(self, who, q, k, v, attn_bias, scale, upcast):
+    def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
+                  return_lse=False):
+        flags = (causal_offset is not None, dropout_p > 0.0, return_lse)
+        args = (q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
         if is_compiling():
-            label = _compiled_choice(self, compile_key(q, k, v, attn_bias))
-            return self._slots[label].backend.forward(q, k, v, attn_bias, scale, upcast)
-        sig = signature(q, k, v, attn_bias)
+            label = _compiled_choice(self, compile_key(q, k, v, attn_bias, *flags))
+            return run_backend(self._slots[label].backend, *args)
+        sig = signature(q, k, v, attn_bias, *flags)
         backend = self._decisions.get(sig)
         if backend is None:
-            backend = self._decide(sig, who, q, k, v, attn_bias, scale, upcast)
+            backend = self._decide(sig, who, args)
         try:
-            return backend.forward(q, k, v, attn_bias, scale, upcast)
+            return run_backend(backend, *args)
         except Exception as exc:
-            return self._fall_back(sig, exc, who, q, k, v, attn_bias, scale, upcast)
+            return self._fall_back(sig, exc, who, args)
 
     # -- deciding -------------------------------------------------------------------
     def backend(self, label: str) -> Backend | Exception:
@@ -194,7 +197,7 @@ class AutoChooser:
             )
         return policy.no_backend_error(f"attnkit.auto() found no backend for {module} ({describe_call(call)})", table)
 
-    def _decide(self, sig, who, q, k, v, attn_bias, scale, upcast) -> Backend:
+    def _decide(self, sig, who, args) -> Backend:
         with LOCK:
             backend = self._decisions.get(sig)
             if backend is not None:
@@ -206,7 +209,7 @@ class AutoChooser:
                 raise self._unavailable(call, table, module)
             how, ms = ("forced" if self.forced else "priority"), {}
             if self.tune and self.forced is None:
-                label, how, ms = self._tuned(call, table, q, k, v, attn_bias, scale, upcast)
+                label, how, ms = self._tuned(call, table, args)
             record = Decision(call, label, table, order, module, how, ms)
             self._records[sig] = record
             backend = self._decisions[sig] = self.backend(label)
@@ -214,7 +217,7 @@ class AutoChooser:
             return backend
 
     # -- tuning ---------------------------------------------------------------------
-    def _tuned(self, call, table, q, k, v, attn_bias, scale, upcast):
+    def _tuned(self, call, table, args):
         ok = [label for label, reasons in table.items() if not reasons]
         candidates = ok
         if self.order is None:
@@ -234,9 +237,7 @@ class AutoChooser:
         ms: dict[str, float] = {}
         for label in candidates:
             try:
-                ms[label] = tuning.time_backend(
-                    self.backend(label), q, k, v, attn_bias, scale, upcast, iters=self.tune_iters
-                )
+                ms[label] = tuning.time_backend(self.backend(label), args, iters=self.tune_iters)
             except Exception as exc:
                 logger.warning("attnkit.auto(tune=True): %s failed while timing %s (%s); skipped",
                                label, describe_call(call), describe_exception(exc))
@@ -291,7 +292,7 @@ class AutoChooser:
             logger.info(msg, *args)
 
     # -- failures at run time -------------------------------------------------------
-    def _fall_back(self, sig, exc, who, q, k, v, attn_bias, scale, upcast):
+    def _fall_back(self, sig, exc, who, args):
         if self.forced is not None:
             raise exc
         first = exc
@@ -314,7 +315,7 @@ class AutoChooser:
                 self._records[sig] = record
                 self._decisions[sig] = backend
             try:
-                return backend.forward(q, k, v, attn_bias, scale, upcast)
+                return run_backend(backend, *args)
             except Exception as e:
                 exc = e
 

@@ -12,6 +12,7 @@ state: only its backend and a cache of "can this backend serve this kind of call
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from typing import Any, Protocol
@@ -42,27 +43,34 @@ def describe_module(attn: nn.Module | None) -> str:
     return f"{name} [{label}]" if name else label
 
 
-def check_module(attn: nn.Module, encoder_hidden_states: Any) -> None:
-    """Refuse, with the reason, a module or call whose computation we would get wrong."""
-    problem = None
+APPLY_HINT = (
+    "attnkit.apply(model, processor) keeps this module's own processor and serves only its "
+    "attention call (or use model.set_attention_backend(\"attnkit\") on diffusers' transformer models)"
+)
+
+
+def check_module_problem(attn: nn.Module, encoder_hidden_states: Any) -> str | None:
+    """Why diffusers' Attention protocol, as attnkit's processor computes it, is not what
+    this module computes; None if it is."""
     if isinstance(encoder_hidden_states, (tuple, list)):
-        problem = (
-            "encoder_hidden_states is a tuple: this is an IP-Adapter layer (text and image "
-            "embeddings). attnkit processors do not implement IP-Adapter's extra image "
-            "attention; keep IP-Adapter's processors on these modules with "
-            "attnkit.apply(model, processor), which replaces only the processors it can serve"
-        )
-    elif getattr(attn, "added_kv_proj_dim", None) is not None or getattr(attn, "add_k_proj", None) is not None:
-        problem = (
-            "it has added key/value projections (added_kv_proj_dim, as served by diffusers' "
-            "AttnAddedKVProcessor or a joint SD3/Flux processor); keep that module's own processor"
-        )
-    elif getattr(attn, "to_k", True) is None or getattr(attn, "to_out", True) is None:
-        problem = "it has no to_k/to_v or no to_out projection (only_cross_attention or pre_only, as in joint/dual attention)"
-    elif getattr(attn, "is_causal", False):
-        problem = "it is causal (is_causal=True); attnkit processors serve non-causal attention only"
+        return ("encoder_hidden_states is a tuple: this is an IP-Adapter layer (text and image "
+                "embeddings), whose extra image attention is IP-Adapter's processor's")
+    if getattr(attn, "added_kv_proj_dim", None) is not None or getattr(attn, "add_k_proj", None) is not None:
+        return ("it has added key/value projections (joint text+image attention, as SD3's, AuraFlow's or "
+                "an AttnAddedKVProcessor's), which its own processor concatenates in its own order")
+    if getattr(attn, "to_k", True) is None or getattr(attn, "to_out", True) is None:
+        return "it has no to_k/to_v or no to_out projection (only_cross_attention or pre_only, as in joint/dual attention)"
+    if getattr(attn, "is_causal", False):
+        return "it is causal (is_causal=True), which its own processor decides how to apply"
+    return None
+
+
+def check_module(attn: nn.Module, encoder_hidden_states: Any) -> None:
+    """Refuse, with the reason and the way out, a module or call whose computation
+    attnkit's processor would get wrong."""
+    problem = check_module_problem(attn, encoder_hidden_states)
     if problem is not None:
-        raise UnsupportedModule(f"attnkit cannot serve {describe_module(attn)}: {problem}.")
+        raise UnsupportedModule(f"attnkit's processor cannot serve {describe_module(attn)}: {problem}. {APPLY_HINT}.")
 
 
 def _norm_width(norm: nn.Module) -> int | None:
@@ -131,7 +139,19 @@ class Chooser(Protocol):
     module, for logs and errors."""
 
     def attention(self, who: nn.Module | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  attn_bias: torch.Tensor | None, scale: float | None, upcast: bool) -> torch.Tensor: ...
+                  attn_bias: torch.Tensor | None, scale: float | None, upcast: bool, *,
+                  causal_offset: int | None = None, dropout_p: float = 0.0, return_lse: bool = False): ...
+
+
+def run_backend(backend: Backend, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse):
+    """Call ``backend`` as a call asks: forward_with_lse when the caller needs the LSE,
+    and the causal and dropout arguments only when they are set (a backend that does
+    not declare them is never handed one)."""
+    if return_lse:
+        return backend.forward_with_lse(q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset)
+    if causal_offset is None and dropout_p == 0.0:
+        return backend.forward(q, k, v, attn_bias, scale, upcast)
+    return backend.forward(q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p)
 
 
 class FixedChooser:
@@ -143,19 +163,21 @@ class FixedChooser:
         self._reasons: dict[Signature, list[str]] = {}
         mark_compile_constant(_fixed_problem)
 
-    def attention(self, who, q, k, v, attn_bias, scale, upcast):
+    def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
+                  return_lse=False):
+        flags = (causal_offset is not None, dropout_p > 0.0, return_lse)
         if is_compiling():
-            problem = _fixed_problem(self, compile_key(q, k, v, attn_bias))
+            problem = _fixed_problem(self, compile_key(q, k, v, attn_bias, *flags))
             if problem:
                 raise BackendUnavailable(problem, reasons={self.backend.name: [problem]})
-            return self.backend.forward(q, k, v, attn_bias, scale, upcast)
-        sig = signature(q, k, v, attn_bias)
-        reasons = self._reasons.get(sig)
-        if reasons is None:
-            reasons = self._reasons[sig] = self.backend.not_supported_reasons(AttentionCall.from_signature(sig))
-        if reasons:
-            raise BackendUnavailable(self.refusal(who, reasons), reasons={self.backend.name: reasons})
-        return self.backend.forward(q, k, v, attn_bias, scale, upcast)
+        else:
+            sig = signature(q, k, v, attn_bias, *flags)
+            reasons = self._reasons.get(sig)
+            if reasons is None:
+                reasons = self._reasons[sig] = self.backend.not_supported_reasons(AttentionCall.from_signature(sig))
+            if reasons:
+                raise BackendUnavailable(self.refusal(who, reasons), reasons={self.backend.name: reasons})
+        return run_backend(self.backend, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
 
     def refusal(self, who: nn.Module | None, reasons: list[str]) -> str:
         what = describe_module(who) if who is not None else "this call"
@@ -208,6 +230,8 @@ class AttnkitProcessor:
 
     backend_name: str | None = None
 
+    _default_processors: dict
+
     def __init__(self, backend: Backend | str | Chooser | None = None, **options: Any):
         if backend is None:
             backend = self.backend_name
@@ -219,6 +243,9 @@ class AttnkitProcessor:
             raise ValueError(f"options {sorted(options)} go to the backend's constructor, not with an instance")
         self.chooser: Chooser = FixedChooser(backend) if isinstance(backend, Backend) else backend
         self.check_finite = os.environ.get(CHECK_FINITE_VAR, "") not in ("", "0")
+        # per module class (not per layer): the default processor of diffusers' transformer
+        # modules, run with attnkit's attention
+        self._default_processors = {}
 
     @property
     def backend(self) -> Backend | None:
@@ -229,7 +256,49 @@ class AttnkitProcessor:
         return f"{type(self).__name__}({self.chooser.describe()})"
 
     # -- diffusers' protocol --------------------------------------------------------------
-    def __call__(
+    def __call__(self, attn: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """What a module's forward calls. diffusers' transformer modules
+        (AttentionModuleMixin, each with its own calling convention) run their own
+        default processor with attnkit serving its dispatch_attention_fn call; legacy
+        Attention modules get diffusers' Attention protocol, computed here.
+
+        The signature diffusers sees (``__signature__``, below) names every argument a
+        diffusers processor takes, so that a module never filters one out before it
+        reaches attnkit: what is then not implemented is refused, never dropped.
+        """
+        if _is_mixin(attn):
+            return self._delegate(attn, args, kwargs)
+        return self._protocol(attn, *args, **kwargs)
+
+    def _delegate(self, attn: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
+        inner = self._default_processors.get(type(attn))
+        if inner is None:
+            inner = self._default_processor(attn)
+        inner._parallel_config = getattr(self, "_parallel_config", None)
+        return inner(attn, *args, **kwargs)
+
+    def _default_processor(self, attn: nn.Module):
+        from . import diffusers_backend
+        from .routes import classify
+
+        cls = getattr(attn, "_default_processor_cls", None)
+        if cls is None:
+            raise UnsupportedModule(
+                f"attnkit's processor cannot serve {describe_module(attn)}: {type(attn).__name__} names no "
+                f"default processor to run with attnkit's attention. {APPLY_HINT}."
+            )
+        inner = cls()
+        route = classify(inner, attn)
+        if route.kind != "dispatch":
+            raise UnsupportedModule(
+                f"attnkit's processor cannot serve {describe_module(attn)}: {route.reason}. {APPLY_HINT}."
+            )
+        diffusers_backend.require()
+        inner._attention_backend = diffusers_backend.member_for(self)
+        self._default_processors[type(attn)] = inner
+        return inner
+
+    def _protocol(
         self,
         attn: nn.Module,
         hidden_states: torch.Tensor,
@@ -240,8 +309,15 @@ class AttnkitProcessor:
         scale: float | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        # `scale` (deprecated LoRA scale) and unknown kwargs are accepted and ignored: they
-        # are named in the signature so diffusers does not warn on every call.
+        # `scale` is the deprecated LoRA scale, which diffusers' own processors ignore too.
+        given = [f"argument {i + 5}" for i, a in enumerate(args) if a is not None]
+        given += [name for name, value in kwargs.items() if value is not None]
+        if given:
+            raise UnsupportedModule(
+                f"attnkit's processor cannot serve {describe_module(attn)}: it was given {', '.join(given)}, "
+                f"which diffusers' Attention protocol does not take (a rotary embedding or another input its "
+                f"own processor applies). {APPLY_HINT}."
+            )
         check_module(attn, encoder_hidden_states)
         residual = hidden_states
         if attn.spatial_norm is not None:
@@ -315,6 +391,51 @@ class AttnkitProcessor:
         if attn.rescale_output_factor != 1.0:
             out = out / attn.rescale_output_factor
         return out
+
+
+# Every argument name a diffusers processor takes (a test keeps this equal to the
+# installed diffusers' processors): advertised so that no module filters one out.
+PROCESSOR_ARGUMENTS = (
+    "all_perturbed", "attn_mask", "audio_rotary_emb", "base_sequence_length", "batch_flag", "block_mask",
+    "cache_write_slice", "cached_txt_key", "cached_txt_value", "context", "context_mask",
+    "encoder_hidden_states_image", "encoder_hidden_states_mask", "encoder_position_embeddings", "freqs_cis",
+    "gen_seq", "grid_sizes", "hidden_states_masks", "image_embed_seq_len", "image_rotary_emb", "ip_adapter_masks",
+    "ip_hidden_states", "key_rotary_emb", "key_valid", "kv_cache", "kv_cache_flag", "kv_cache_mode",
+    "latent_attn_mask", "layer_cache", "mask", "num_ref_tokens", "num_txt_tokens", "origin_latent_frames",
+    "origin_latent_hw", "original_context_length", "pairs", "perturbation_mask", "position_embeddings",
+    "post_attention_mask", "prompt_rotary_emb", "query_rotary_emb", "reference_grid_sizes",
+    "reference_rope_stride", "reference_rotary_emb", "rope", "rope_stride", "rotary_emb", "rotary_emb_kv",
+    "scale", "segments", "sink_rotary_emb", "sparse_params", "text_attn_mask", "und_seq", "x",
+)
+
+
+def _advertised_signature() -> inspect.Signature:
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD), P("attn", P.POSITIONAL_OR_KEYWORD)]
+    params += [P("hidden_states", P.POSITIONAL_OR_KEYWORD)]
+    params += [P(n, P.POSITIONAL_OR_KEYWORD, default=None) for n in ("encoder_hidden_states", "attention_mask", "temb")]
+    params.append(P("args", P.VAR_POSITIONAL))
+    params += [P(n, P.KEYWORD_ONLY, default=None) for n in PROCESSOR_ARGUMENTS]
+    params.append(P("kwargs", P.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+AttnkitProcessor.__call__.__signature__ = _advertised_signature()
+
+
+def _is_mixin(attn: nn.Module) -> bool:
+    cls = type(attn)
+    known = _MIXIN_CLASSES.get(cls)
+    if known is None:
+        try:
+            from diffusers.models.attention import AttentionModuleMixin
+        except ImportError:  # an older diffusers: no transformer modules of that kind
+            AttentionModuleMixin = ()
+        known = _MIXIN_CLASSES[cls] = isinstance(attn, AttentionModuleMixin) if AttentionModuleMixin else False
+    return known
+
+
+_MIXIN_CLASSES: dict[type, bool] = {}
 
 
 class VanillaProcessor(AttnkitProcessor):

@@ -232,13 +232,16 @@ def cache_key(call: AttentionCall) -> str:
     return "|".join(parts)
 
 
-def time_backend(
-    backend: Backend, q, k, v, attn_bias, scale, upcast, warmup: int = 2, iters: int = 7
-) -> float:
-    """Median milliseconds of one forward on these inputs (CUDA events on CUDA)."""
+def time_backend(backend: Backend, args: tuple, warmup: int = 2, iters: int = 7) -> float:
+    """Median milliseconds of one forward on ``args`` (run_backend's arguments after the
+    backend: q, k, v, bias, scale, upcast, causal_offset, dropout_p, return_lse), with
+    CUDA events on CUDA."""
+    from .processor import run_backend
+
+    q = args[0]
     with torch.no_grad():
         for _ in range(warmup):
-            backend.forward(q, k, v, attn_bias, scale, upcast)
+            run_backend(backend, *args)
         times = []
         if q.device.type == "cuda":
             torch.cuda.synchronize(q.device)
@@ -246,14 +249,14 @@ def time_backend(
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 start.record()
-                backend.forward(q, k, v, attn_bias, scale, upcast)
+                run_backend(backend, *args)
                 end.record()
                 end.synchronize()
                 times.append(start.elapsed_time(end))
         else:
             for _ in range(iters):
                 t0 = time.perf_counter()
-                backend.forward(q, k, v, attn_bias, scale, upcast)
+                run_backend(backend, *args)
                 times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 

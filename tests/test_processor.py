@@ -294,11 +294,13 @@ def test_apply_keeps_ip_adapter_processors_and_names_modules():
     procs[ip_name] = IPAdapterAttnProcessor2_0(hidden_size=160, cross_attention_dim=64, num_tokens=(4,))
     unet.set_attn_processor(procs)
     report = attnkit.apply(unet, attnkit.SDPAProcessor())
-    assert report[ip_name] == "IPAdapterAttnProcessor2_0"
+    ip_module = ip_name.rsplit(".processor", 1)[0]  # the report is by module name
+    assert report[ip_module] == "IPAdapterAttnProcessor2_0"
+    assert report.routes[ip_module].kind == "kept" and "carries weights" in report.routes[ip_module].reason
     assert sum(v == "attnkit" for v in report.values()) == len(names) - 1
     assert isinstance(unet.attn_processors[ip_name], IPAdapterAttnProcessor2_0)
-    module = dict(unet.named_modules())[ip_name.rsplit(".processor", 1)[0]]
-    assert module._attnkit_name == ip_name.rsplit(".processor", 1)[0]
+    module = dict(unet.named_modules())[ip_module]
+    assert module._attnkit_name == ip_module
     from attnkit.processor import describe_module
 
     assert describe_module(module).startswith(module._attnkit_name + " [Attention(heads=")

@@ -332,8 +332,11 @@ class Backend:
         attn_bias: torch.Tensor | None = None,
         scale: float | None = None,
         upcast: bool = False,
+        *,
+        causal_offset: int | None = None,
+        dropout_p: float = 0.0,
     ) -> torch.Tensor:
-        """Attention on q: (B, H, M, D), k, v: (B, H, N, D) -> (B, H, M, D), q's dtype.
+        """Attention on q: (B, H, M, D), k, v: (B, H, N, D) -> (B, H, M, Dv), q's dtype.
 
         attn_bias: None, or an additive float tensor broadcastable to (B, H, M, N)
         (stride 0 on broadcast dims; the processor never expands it in memory).
@@ -341,8 +344,28 @@ class Backend:
         upcast: the module asked for scores and softmax in float32 (SD2.1's
         upcast_attention / upcast_softmax); backends whose scores are already float32
         on chip may ignore it.
+        causal_offset: None, or query i sees key j only if j <= i + causal_offset (0 is
+        torch SDPA's is_causal); only backends that declare ``causal`` are given one.
+        dropout_p: dropout on the attention weights; only backends that declare
+        ``dropout`` are given one above 0.
         """
         raise NotImplementedError
+
+    def forward_with_lse(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_bias: torch.Tensor | None = None,
+        scale: float | None = None,
+        upcast: bool = False,
+        *,
+        causal_offset: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` and the row log-sum-exp of the scaled, biased scores: (out,
+        lse (B, H, M), float32, natural log; -inf where a row sees no key, out 0 there),
+        both differentiable. Only backends that declare ``lse``."""
+        raise NotImplementedError(f"the {self.name} backend cannot return the log-sum-exp")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -372,6 +395,14 @@ def narrow_bias(attn_bias: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
     if want.max < 1e38:  # float16: a saturated bias no longer dominates q.k
         dead = (low & torch.isfinite(attn_bias)).any(-1, keepdim=True) & low.all(-1, keepdim=True)
     return saturated.to(dtype), dead
+
+
+def causal_mask(m: int, n: int, offset: int, device: torch.device | str) -> torch.Tensor:
+    """(M, N) bool, True where key j is hidden from query i: j > i + offset. offset 0 is
+    torch SDPA's is_causal (top-left); n - m aligns the diagonal bottom-right."""
+    rows = torch.arange(m, device=device).unsqueeze(1)
+    cols = torch.arange(n, device=device).unsqueeze(0)
+    return cols > rows + offset
 
 
 def fix_dead_rows(out: torch.Tensor, v: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:

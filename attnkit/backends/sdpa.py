@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import Backend, Capabilities, fix_dead_rows, narrow_bias
+from .base import Backend, Capabilities, causal_mask, fix_dead_rows, narrow_bias
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -18,14 +18,16 @@ _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64
 # What each pinned kernel accepts (torch 2.x, sdp_utils.cpp). Unpinned, torch picks the
 # best kernel per call and always has the math kernel to fall back on.
 _KERNEL_CAPS = {
-    None: Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS),
-    "math": Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS),
+    None: Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS, causal=True, dropout=True),
+    "math": Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS, causal=True, dropout=True),
     # torch's CPU flash kernel takes every float dtype, head dim and mask; the CUDA
     # one's extra limits are in SDPABackend.extra_reasons.
     "flash": Capabilities(
         devices=frozenset({"cpu", "cuda"}),
         dtypes=_FLOATS,
         min_capability=(8, 0),
+        causal=True,
+        dropout=True,
         deterministic=False,
     ),
     "efficient": Capabilities(
@@ -34,6 +36,8 @@ _KERNEL_CAPS = {
         max_head_dim=256,
         head_dim_multiple=8,
         min_capability=(5, 0),
+        causal=True,
+        dropout=True,
         deterministic=False,
     ),
     "cudnn": Capabilities(
@@ -42,6 +46,8 @@ _KERNEL_CAPS = {
         max_head_dim=128,
         head_dim_multiple=8,
         min_capability=(8, 0),
+        causal=True,
+        dropout=True,
         deterministic=False,
     ),
 }
@@ -97,7 +103,7 @@ class SDPABackend(Backend):
             reasons.append(f"mask={call.mask} (torch's CUDA flash kernel takes no mask)")
         return reasons
 
-    def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False):
+    def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None, dropout_p=0.0):
         out_dtype = q.dtype
         # The fused CUDA kernels keep scores in float32 on chip, so upcast costs nothing
         # there. The math kernel (CPU, or pinned) would hold fp16 scores: run it in fp32.
@@ -105,6 +111,12 @@ class SDPABackend(Backend):
             q, k, v = q.float(), k.float(), v.float()
         dead = None
         kernel = self.kernel
+        is_causal = causal_offset == 0 and attn_bias is None
+        if causal_offset is not None and not is_causal:
+            # SDPA's is_causal is offset 0 and takes no mask besides: as an additive bias
+            hidden = causal_mask(q.shape[-2], k.shape[-2], causal_offset, q.device)
+            causal = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
+            attn_bias = causal if attn_bias is None else attn_bias + causal
         if attn_bias is not None:
             attn_bias, dead = narrow_bias(attn_bias, q.dtype)
             if kernel is None and q.device.type == "cpu" and _needs_grad(q, k, v):
@@ -113,13 +125,18 @@ class SDPABackend(Backend):
                 # fp32) loses log(N) in it and gets gradients N times too large. The math
                 # kernel's backward is exact.
                 kernel = "math"
+        extra = {}
+        if is_causal:
+            extra["is_causal"] = True
+        if dropout_p > 0.0:
+            extra["dropout_p"] = dropout_p
         if kernel is None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale, **extra)
         else:
             from torch.nn.attention import sdpa_kernel
 
             with sdpa_kernel(_sdpa_backend_enum(kernel)):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale, **extra)
         return fix_dead_rows(out, v, dead).to(out_dtype)
 
 

@@ -1,0 +1,314 @@
+"""attnkit as one of diffusers' attention backends: ``set_attention_backend("attnkit")``.
+
+diffusers' transformer processors (Flux, Qwen-Image, Wan, LTX, ...) do their per-model
+work (rotary embeddings, joint text+image concatenation, norms) and then call
+``dispatch_attention_fn``, which looks a backend function up by name. That call is the
+seam: attnkit replaces only the attention, through the same decision as its processors
+(auto()'s walk, ``explain()``, ``ATTNKIT_BACKEND``, run-time fallback, the compile-time
+choice). Names registered when attnkit is imported:
+
+* ``"attnkit"``: auto() (one chooser for the process);
+* ``"attnkit_<backend>"`` (``attnkit_sdpa``, ``attnkit_triton``, ...): one named backend,
+  refusing what it cannot serve;
+* ``"attnkit_<n>"``: made by :func:`member_for` for a processor you pass to
+  ``attnkit.apply``, so that its options (``tune``, ``exclude``, ...) hold for that model.
+
+Registering only adds names; nothing about diffusers' own backends or its process-wide
+active backend changes. diffusers keeps backends in a private registry that accepts
+only members of its ``AttentionBackendName`` enum, so this module adds members to that
+enum and entries to the registry. All of that private access is here, checked when this
+module is imported: if diffusers changed it, :data:`PROBLEM` says how (naming the
+diffusers version) and every use raises it.
+
+What the backend function takes: diffusers' (B, S, H, D) tensors, as views (no copy);
+``attn_mask`` as diffusers' native backend reads it (a (B, S_kv) key-padding mask, or any
+mask broadcastable to (B, H, S_q, S_kv), boolean True = attend or additive float);
+``scale``; ``is_causal`` (top-left, as torch's SDPA); ``dropout_p``; ``enable_gqa``;
+``return_lse``. Anything else it is given is refused with :class:`UnsupportedModule`,
+never dropped: diffusers filters keyword arguments by the backend's signature and drops
+the others without a word, so attnkit's entry tells it to pass everything.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+import itertools
+import logging
+import threading
+from typing import Any, Callable
+
+import torch
+
+logger = logging.getLogger("attnkit")
+
+PREFIX = "attnkit"
+DISPATCH_WHO = "a dispatch_attention_fn call"
+# What attnkit's backend function implements of dispatch_attention_fn's arguments.
+KNOWN_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa",
+              "return_lse", "_parallel_config")
+
+PROBLEM: str | None = None  # why diffusers' registry cannot be used, or None
+
+try:
+    import diffusers
+    from diffusers.models import attention_dispatch as _dispatch
+except Exception as exc:  # diffusers missing or broken: say so at first use
+    _dispatch = None
+    PROBLEM = f"diffusers' attention dispatcher could not be imported ({type(exc).__name__}: {exc})"
+
+
+def _check_internals() -> str | None:
+    """What this module relies on in diffusers' private registry, or what changed."""
+    version = getattr(diffusers, "__version__", "?")
+    names = getattr(_dispatch, "AttentionBackendName", None)
+    registry = getattr(_dispatch, "_AttentionBackendRegistry", None)
+    missing = []
+    if not (isinstance(names, type) and issubclass(names, enum.Enum) and issubclass(names, str)):
+        missing.append("AttentionBackendName (a str Enum)")
+    else:
+        for attr in ("_member_map_", "_value2member_map_", "_member_names_"):
+            if not hasattr(names, attr):
+                missing.append(f"AttentionBackendName.{attr}")
+    if registry is None:
+        missing.append("_AttentionBackendRegistry")
+    else:
+        for attr, kind in (("_backends", dict), ("_constraints", dict), ("_supported_arg_names", dict),
+                           ("_supports_context_parallel", set)):
+            if not isinstance(getattr(registry, attr, None), kind):
+                missing.append(f"_AttentionBackendRegistry.{attr} ({kind.__name__})")
+    dispatch = getattr(_dispatch, "dispatch_attention_fn", None)
+    if dispatch is None:
+        missing.append("dispatch_attention_fn")
+    else:
+        params = inspect.signature(dispatch).parameters
+        for arg in ("query", "key", "value", "attn_mask", "backend"):
+            if arg not in params:
+                missing.append(f"dispatch_attention_fn({arg}=...)")
+    if missing:
+        return (
+            f"diffusers {version} changed the attention registry attnkit plugs into "
+            f"(missing or different: {', '.join(missing)}); attnkit's diffusers backend needs a "
+            "diffusers release from 0.35 to 0.42 (processors still work with any diffusers)"
+        )
+    return None
+
+
+if PROBLEM is None:
+    PROBLEM = _check_internals()
+
+
+class DiffusersBackendUnavailable(RuntimeError):
+    """attnkit cannot register itself as a diffusers attention backend here."""
+
+
+def require() -> None:
+    """Raise :class:`DiffusersBackendUnavailable` if the registry cannot be used."""
+    if PROBLEM is not None:
+        raise DiffusersBackendUnavailable(PROBLEM)
+
+
+class _EveryName(frozenset):
+    """diffusers keeps the keyword arguments a backend function declares and drops the
+    others silently; registered as attnkit's "supported" names, this keeps them all, so
+    that attnkit refuses what it does not implement instead of never seeing it."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+_LOCK = threading.RLock()
+_COUNTER = itertools.count(1)
+
+
+def _add_member(value: str):
+    """The AttentionBackendName member ``value``, added to the enum if it is not there."""
+    names = _dispatch.AttentionBackendName
+    member = names._value2member_map_.get(value)
+    if member is not None:
+        return member
+    member = str.__new__(names, value)
+    member._name_ = value.upper()
+    member._value_ = value
+    member.__objclass__ = names
+    names._member_map_[member._name_] = member
+    names._value2member_map_[value] = member
+    names._member_names_.append(member._name_)
+    return member
+
+
+def _register(value: str, chooser_factory: Callable[[], Any]):
+    """Register ``value`` in diffusers' registry, backed by the chooser the factory
+    makes (once, on first use). Returns the enum member."""
+    require()
+    with _LOCK:
+        member = _add_member(value)
+        registry = _dispatch._AttentionBackendRegistry
+        if member not in registry._backends:
+            holder = _ChooserHolder(chooser_factory)
+            fn = functools.partial(attention, _holder=holder)
+            functools.update_wrapper(fn, attention)
+            registry._backends[member] = fn
+            registry._constraints[member] = []
+            registry._supported_arg_names[member] = _EveryName(KNOWN_ARGS)
+            registry._supports_context_parallel.add(member.value)
+        return member
+
+
+class _ChooserHolder:
+    """Makes a chooser on first use: creating auto()'s at import would read
+    ATTNKIT_BACKEND before a user sets it."""
+
+    __slots__ = ("factory", "chooser")
+
+    def __init__(self, factory: Callable[[], Any] | None, chooser: Any = None) -> None:
+        self.factory, self.chooser = factory, chooser
+
+    def get(self):
+        if self.chooser is None:
+            with _LOCK:
+                if self.chooser is None:
+                    self.chooser = self.factory()
+        return self.chooser
+
+
+def member_for(processor) -> Any:
+    """The backend name that routes dispatch_attention_fn to ``processor``'s chooser (an
+    attnkit processor, e.g. ``attnkit.auto(tune=True)``): made once per processor."""
+    member = getattr(processor, "_diffusers_backend", None)
+    if member is None:
+        chooser = processor.chooser
+        member = _register(f"{PREFIX}_{next(_COUNTER)}", lambda: chooser)
+        processor._diffusers_backend = member
+    return member
+
+
+def registered_names() -> list[str]:
+    """Every attnkit name in diffusers' registry."""
+    if _dispatch is None:
+        return []
+    return [m.value for m in _dispatch._AttentionBackendRegistry._backends if str(m.value).startswith(PREFIX)]
+
+
+def _register_defaults() -> None:
+    from .chooser import AutoChooser
+    from .policy import CANDIDATES, default_backend
+    from .processor import FixedChooser
+
+    _register(PREFIX, AutoChooser)
+    for label in CANDIDATES:
+        _register(f"{PREFIX}_{label}", functools.partial(_fixed, label, default_backend, FixedChooser))
+
+
+def _fixed(label, default_backend, fixed_chooser):
+    backend = default_backend(label)
+    if isinstance(backend, Exception):
+        raise DiffusersBackendUnavailable(f"attnkit backend {label!r} could not be loaded: {backend}") from backend
+    return fixed_chooser(backend)
+
+
+# -- the backend function ----------------------------------------------------------------
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    _parallel_config: Any = None,
+    *,
+    _holder: _ChooserHolder,
+    **unknown: Any,
+):
+    """dispatch_attention_fn's call, served by an attnkit chooser.
+
+    query: (B, S_q, H, D); key, value: (B, S_kv, H_kv, D) (H_kv < H with enable_gqa).
+    Returns (B, S_q, H, Dv), and the log-sum-exp (B, S_q, H) float32 with return_lse.
+    """
+    from .processor import UnsupportedModule
+
+    if unknown:
+        raise UnsupportedModule(
+            f"attnkit's diffusers backend was given {', '.join(sorted(unknown))}, which it does not "
+            "implement; set another attention backend on this model (set_attention_backend) or "
+            "leave it to its own processor (attnkit.apply keeps processors it cannot serve)"
+        )
+    if _parallel_config is not None:
+        from .parallel.diffusers_cp import context_parallel
+
+        return context_parallel(_holder.get(), query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                enable_gqa, return_lse, _parallel_config)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    bias = mask_to_bias(attn_mask, q, k)
+    out = _holder.get().attention(
+        DISPATCH_WHO, q, k, v, bias, scale, False,
+        causal_offset=0 if is_causal else None, dropout_p=float(dropout_p), return_lse=return_lse,
+    )
+    if return_lse:
+        out, lse = out
+        return out.transpose(1, 2), lse.transpose(1, 2)
+    return out.transpose(1, 2)
+
+
+def expand_kv_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool):
+    """k and v with q's head count: grouped-query attention (each of H_kv key/value heads
+    serves H / H_kv query heads) as torch SDPA's enable_gqa computes it."""
+    h, hk = q.shape[1], k.shape[1]
+    if h == hk:
+        return k, v
+    if not enable_gqa or h % hk:
+        raise ValueError(
+            f"query has {h} heads and key/value {hk}: grouped-query attention needs enable_gqa=True "
+            f"and a head count {h} divisible by {hk}"
+        )
+    return k.repeat_interleave(h // hk, dim=1), v.repeat_interleave(h // hk, dim=1)
+
+
+def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """diffusers' attn_mask as an additive bias broadcastable to (B, H, M, N), read as
+    diffusers' native backend reads it: a 2-D (B, N) mask is key padding; any other
+    mask broadcasts to (B, H, M, N) from the right, as torch SDPA broadcasts it; True
+    (or 0.0) = attend. Never expanded in memory."""
+    from .processor import UnsupportedModule
+
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise UnsupportedModule(
+            f"attn_mask is a {type(attn_mask).__name__} (a flex-attention BlockMask?), which attnkit does "
+            "not implement; this module needs diffusers' flex backend (attnkit.apply keeps its processor)"
+        )
+    b, h, m, _ = q.shape
+    n = k.shape[-2]
+    mask = attn_mask
+    if mask.dim() == 2 and mask.shape[0] == b and mask.shape[1] == n:
+        mask = mask[:, None, None, :]
+    if mask.dim() > 4 or any(got not in (1, want) for got, want in zip(mask.shape[::-1], (n, m, h, b))):
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch={b}, heads={h}, "
+            f"queries={m}, keys={n}); pass (batch, keys) or a mask broadcastable to (batch, heads, queries, keys)"
+        )
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    if not mask.is_floating_point():
+        raise ValueError(
+            f"attn_mask has dtype {mask.dtype}; pass a boolean mask (True = attend) or an additive float one"
+        )
+    return mask
+
+
+if PROBLEM is None:
+    _register_defaults()
+else:
+    logger.info("attnkit: %s", PROBLEM)
+
+
+__all__ = ["PROBLEM", "DiffusersBackendUnavailable", "attention", "mask_to_bias", "member_for",
+           "registered_names", "require"]
