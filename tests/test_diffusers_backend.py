@@ -1,0 +1,288 @@
+"""attnkit as a diffusers attention backend, and the routes into transformer models.
+
+The backend function against torch's SDPA as diffusers' native backend calls it (masks of
+every form the models pass, scale, causal, GQA, LSE), refusals of what it does not
+implement, the registry's names, apply() leaving diffusers' process-wide backend alone,
+model.set_attn_processor(attnkit.auto()) on a transformer model, gradients through a
+Flux and a Wan model, and torch.compile(fullgraph=True) through the backend.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from diffusers.models.attention_dispatch import (
+    AttentionBackendName,
+    _AttentionBackendRegistry,
+    attention_backend,
+    dispatch_attention_fn,
+)
+
+import attnkit
+from _zoo import BY_ID
+from attnkit import diffusers_backend
+from attnkit.processor import PROCESSOR_ARGUMENTS, UnsupportedModule
+from attnkit.testing import assert_close_to_reference, make_qkv, reference_attention, rel_error, tolerance
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
+
+
+@pytest.fixture
+def restore_active_backend():
+    active = _AttentionBackendRegistry._active_backend
+    yield
+    _AttentionBackendRegistry.set_active_backend(active)
+
+
+def bsd(b, s, h, d, dtype=torch.float32):
+    """diffusers' (B, S, H, D) layout, random."""
+    return torch.randn(b, s, h, d).to(dtype)
+
+
+def native(q, k, v, **kw):
+    return dispatch_attention_fn(q, k, v, backend=AttentionBackendName.NATIVE, **kw)
+
+
+def ours(q, k, v, name="attnkit", **kw):
+    return dispatch_attention_fn(q, k, v, backend=AttentionBackendName(name), **kw)
+
+
+def reference_bsd(q, k, v, bias=None, scale=None):
+    """The float64 reference on (B, S, H, D) tensors."""
+    out = reference_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias, scale)
+    return out.transpose(1, 2)
+
+
+def test_names_are_registered_and_the_check_passed():
+    assert diffusers_backend.PROBLEM is None
+    names = set(diffusers_backend.registered_names())
+    assert {"attnkit", "attnkit_sdpa", "attnkit_triton", "attnkit_vanilla", "attnkit_sliced"} <= names
+    for name in names:
+        assert name in _AttentionBackendRegistry._supports_context_parallel
+
+
+@pytest.mark.parametrize(
+    "mask_kind",
+    ["none", "keypad-2d-bool", "keypad-4d-bool", "pairwise-bool", "additive-per-head", "additive-3d", "fully-padded"],
+)
+def test_backend_matches_native_and_float64(seed, mask_kind):
+    b, m, n, h, d = 2, 7, 9, 3, 16
+    q, k, v = bsd(b, m, h, d), bsd(b, n, h, d), bsd(b, n, h, d)
+    keep = torch.rand(b, n) > 0.3
+    keep[:, 0] = True
+    mask = {
+        "none": None,
+        "keypad-2d-bool": keep,  # (B, N): Qwen-Image, Flux2, Kandinsky6
+        "keypad-4d-bool": keep[:, None, None, :],  # (B, 1, 1, N): Flux, Z-Image
+        "pairwise-bool": torch.rand(b, 1, m, n) > 0.3,  # (B, 1, M, N): Ideogram, HunyuanVideo15
+        "additive-per-head": torch.randn(b, h, 1, n),  # (B, H, 1, N): LTX
+        "additive-3d": torch.randn(h, m, n),  # broadcast from the right as SDPA does
+        "fully-padded": torch.zeros(b, n, dtype=torch.bool).index_fill_(1, torch.arange(n // 2), True)
+        .index_fill_(0, torch.tensor([1]), False),  # batch item 1 sees no key at all
+    }[mask_kind]
+    if mask_kind == "pairwise-bool":
+        mask[..., 0] = True
+    out = ours(q, k, v, attn_mask=mask)
+    bias = mask
+    if mask is not None and mask.dim() == 2:
+        bias = mask[:, None, None, :]
+    if bias is not None and bias.dtype != torch.bool:
+        bias = bias.float()
+    ref = reference_bsd(q, k, v, None if bias is None else (bias if bias.dim() == 4 else bias[None]))
+    assert out.shape == (b, m, h, d) and torch.isfinite(out).all()
+    assert rel_error(out, ref) <= 2 * rel_error(native(q, k, v, attn_mask=mask).nan_to_num(0.0), ref) + 1e-6
+    if mask_kind == "fully-padded":
+        assert torch.equal(out[1], torch.zeros_like(out[1]))  # zeros, not NaN
+
+
+def test_scale_causal_and_gqa(seed):
+    q = bsd(2, 6, 4, 16)
+    k, v = bsd(2, 9, 2, 16), bsd(2, 9, 2, 16)
+    out = ours(q, k, v, scale=0.3, enable_gqa=True, is_causal=True)
+    kk, vv = (x.repeat_interleave(2, dim=2) for x in (k, v))
+    causal = torch.ones(6, 9, dtype=torch.bool).tril()
+    assert_close_to_reference(out.transpose(1, 2), q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
+                              causal, 0.3)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        ours(q, k, v)
+
+
+def test_return_lse(seed):
+    q, k, v = bsd(1, 5, 2, 16), bsd(1, 8, 2, 16), bsd(1, 8, 2, 16)
+    out, lse = diffusers_backend.attention(q, k, v, return_lse=True, _holder=_holder("attnkit_vanilla"))
+    scores = torch.einsum("bmhd,bnhd->bhmn", q.double(), k.double()) * 16**-0.5
+    assert lse.shape == (1, 5, 2)
+    torch.testing.assert_close(lse.double(), scores.logsumexp(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), reference_bsd(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def _holder(name):
+    return _AttentionBackendRegistry._backends[AttentionBackendName(name)].keywords["_holder"]
+
+
+def test_dropout_in_training(seed):
+    q, k, v = bsd(1, 64, 2, 16), bsd(1, 64, 2, 16), bsd(1, 64, 2, 16)
+    torch.manual_seed(1)
+    a = ours(q, k, v, dropout_p=0.5)
+    assert not torch.allclose(a, ours(q, k, v))  # dropout happened
+    assert torch.isfinite(a).all()
+
+
+def test_unknown_arguments_are_refused_not_dropped(seed):
+    q = bsd(1, 4, 2, 16)
+    with pytest.raises(UnsupportedModule, match="window_size"):
+        ours(q, q, q, attention_kwargs={"window_size": (8, 8)})
+
+
+def test_a_block_mask_is_refused(seed):
+    q = bsd(1, 4, 2, 16)
+    with pytest.raises(UnsupportedModule, match="BlockMask"):
+        ours(q, q, q, attn_mask=types.SimpleNamespace())
+
+
+def test_a_named_backend_refuses_what_it_cannot_serve(seed):
+    q = bsd(1, 4, 2, 16)
+    with pytest.raises(attnkit.BackendUnavailable, match="device=cpu"):
+        ours(q, q, q, name="attnkit_xformers")
+
+
+def test_attention_backend_context_manager(seed, restore_active_backend):
+    q, k, v = bsd(1, 5, 2, 16), bsd(1, 5, 2, 16), bsd(1, 5, 2, 16)
+    with attention_backend("attnkit"):
+        out = dispatch_attention_fn(q, k, v)
+    assert_close_to_reference(out.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+
+
+def test_an_incompatible_diffusers_is_named(monkeypatch):
+    """If diffusers' registry changed, the check says which diffusers and what."""
+    monkeypatch.setattr(diffusers_backend._dispatch, "_AttentionBackendRegistry", types.SimpleNamespace())
+    problem = diffusers_backend._check_internals()
+    import diffusers
+
+    assert f"diffusers {diffusers.__version__}" in problem and "_AttentionBackendRegistry._backends" in problem
+    monkeypatch.setattr(diffusers_backend, "PROBLEM", problem)
+    with pytest.raises(diffusers_backend.DiffusersBackendUnavailable, match="changed the attention registry"):
+        diffusers_backend.require()
+    # apply() then keeps the dispatch processors and says why
+    case = BY_ID["FluxTransformer2DModel"]
+    applied = attnkit.apply(case.build(0), attnkit.auto())
+    assert all(not r.served and "changed the attention registry" in r.reason for r in applied.routes.values())
+
+
+def test_processor_arguments_cover_every_diffusers_processor():
+    """The names attnkit's processor advertises include every argument any processor of
+    the installed diffusers takes, so no module filters one out before attnkit sees it."""
+    import importlib
+    import pkgutil
+
+    import diffusers.models
+
+    names = set()
+    for info in pkgutil.walk_packages(diffusers.models.__path__, "diffusers.models."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # an optional dependency missing: its processors cannot run here either
+            continue
+        for cls in vars(module).values():
+            call = getattr(cls, "__call__", None) if isinstance(cls, type) and "Processor" in cls.__name__ else None
+            if isinstance(call, types.FunctionType) and cls.__module__ == module.__name__:
+                for p in inspect.signature(call).parameters.values():
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                        names.add(p.name)
+    advertised = set(inspect.signature(attnkit.auto().__call__).parameters)
+    missing = sorted(names - advertised - {"self"})
+    assert not missing, f"add to attnkit.processor.PROCESSOR_ARGUMENTS: {missing}"
+    assert set(PROCESSOR_ARGUMENTS) <= advertised
+
+
+def test_apply_never_changes_the_process_wide_backend(seed, restore_active_backend):
+    before = _AttentionBackendRegistry._active_backend
+    case = BY_ID["WanTransformer3DModel"]
+    model = case.build(0)
+    applied = attnkit.apply(model, attnkit.auto(tune=False))
+    assert _AttentionBackendRegistry._active_backend == before
+    assert {r.kind for r in applied.routes.values()} == {"dispatch"}
+    assert "through diffusers' dispatch_attention_fn" in applied.explain()
+
+
+@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel-masked", "WanTransformer3DModel"])
+def test_set_attn_processor_auto_on_a_transformer_model(seed, case_id):
+    """The one line users know: on diffusers' transformer modules, attnkit's processor
+    runs each module's own default processor with attnkit's attention."""
+    case = BY_ID[case_id]
+    model = case.build(0)
+    inputs = case.make_inputs(model, 0)
+    with torch.no_grad():
+        stock = case.run(model, inputs)
+        proc = attnkit.auto()
+        model.set_attn_processor(proc)
+        out = case.run(model, inputs)
+    assert proc.decisions, "attnkit computed no attention"
+    for a, b in zip(out, stock):
+        assert rel_error(a, b) <= 1e-5
+
+
+def test_set_attn_processor_refuses_a_rotary_embedding_it_cannot_place(seed):
+    """A legacy Attention module given image_rotary_emb: refused, naming the argument,
+    never ignored (HunyuanDiT's silent wrong output)."""
+    case = BY_ID["HunyuanDiT2DModel"]
+    model = case.build(0)
+    model.set_attn_processor(attnkit.auto())
+    with pytest.raises(UnsupportedModule, match="image_rotary_emb.*attnkit.apply"):
+        with torch.no_grad():
+            case.run(model, case.make_inputs(model, 0))
+
+
+def _grads(case, model, inputs):
+    params = [p for p in model.parameters() if p.requires_grad]
+    outs = case.run(model, inputs)
+    loss = sum((o * torch.randn(o.shape, generator=torch.Generator().manual_seed(7))).sum() for o in outs)
+    return torch.autograd.grad(loss, params)
+
+
+@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel-masked", "WanTransformer3DModel"])
+@pytest.mark.parametrize("proc_name", ["auto", "vanilla"])
+def test_gradients_through_the_model_match_stock(seed, case_id, proc_name):
+    from _zoo import cast_floats
+
+    case = BY_ID[case_id]
+    stock32 = case.build(0)
+    grads32 = _grads(case, stock32, case.make_inputs(stock32, 0))
+    m64 = case.build(0, dtype=torch.float64)
+    ref = _grads(case, m64, cast_floats(case.make_inputs(m64, 0), torch.float64))
+    model = case.build(0)
+    attnkit.apply(model, attnkit.processor(proc_name))
+    grads = _grads(case, model, case.make_inputs(model, 0))
+    for g, g32, r in zip(grads, grads32, ref):
+        assert torch.isfinite(g).all()
+        assert rel_error(g, r) <= 2 * rel_error(g32, r) + 1e-6
+
+
+def test_compile_fullgraph_through_the_backend(seed):
+    """torch.compile(fullgraph=True) on a tiny Flux with set_attention_backend("attnkit"):
+    no graph break, and the same output as eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    case = BY_ID["FluxTransformer2DModel"]
+    model = case.build(0)
+    inputs = case.make_inputs(model, 0)
+    active = _AttentionBackendRegistry._active_backend
+    try:
+        model.set_attention_backend("attnkit")
+        with torch.no_grad():
+            eager = case.run(model, inputs)
+            compiled = torch.compile(model, backend="eager", fullgraph=True)
+            out = case.run(compiled, inputs)
+    finally:
+        _AttentionBackendRegistry.set_active_backend(active)
+        torch._dynamo.reset()
+    for a, b in zip(out, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

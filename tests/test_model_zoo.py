@@ -1,0 +1,243 @@
+"""Every diffusers model class with attention, through attnkit: served and equal to stock,
+or clearly kept.
+
+For each case of the zoo (a tiny config of every model class, with real masks and random
+rotary angles; see _zoo.py): the model with diffusers' own attention, then with
+``attnkit.apply(model, attnkit.auto())`` and with ``attnkit.apply(model,
+VanillaProcessor())`` (attnkit's own math, so that nothing passes because two paths
+run the same torch kernel), and, where diffusers' ``set_attention_backend`` reaches the
+model's processors, with ``model.set_attention_backend("attnkit")``. Each output is held
+to the tolerance rule against the model run in float64 with stock attention: its error at
+most twice stock float32's, plus epsilon.
+
+Modules attnkit keeps must say why, and the reason must be one of those listed in KEPT
+(non-softmax attention, a flex BlockMask, a hard-coded backend, torch's own multi-head
+attention, weights of their own): a model whose softmax attention attnkit merely keeps
+fails here.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import attnkit
+from _zoo import CASES, NO_ATTENTION, cast_floats, missing_requirement
+from attnkit.testing import rel_error
+
+# Processors and modules attnkit keeps as they are: (kind, why that is right).
+# "flex-only": the processor builds a flex BlockMask and refuses any other backend itself.
+KEPT = {
+    "SanaLinearAttnProcessor2_0": ("linear", "ReLU linear attention, not softmax attention"),
+    "SanaLinearAttnProcessor3_0": ("linear", "ReLU linear attention, not softmax attention"),
+    "SanaMultiscaleAttnProcessor2_0": ("linear", "ReLU linear attention, not softmax attention"),
+    "Kandinsky6SRAttnProcessor": ("hard-coded", "hard-codes diffusers' flex backend (data-dependent NABLA BlockMask)"),
+    "LTX2VideoVaeNeighborhoodAttnProcessor": ("flex-only", "a flex BlockMask (neighbourhood window)"),
+    "AnyFlowCausalAttnProcessor": ("flex-only", "a flex BlockMask (frame-causal, padded to 128)"),
+    "WanAnimate2AttnProcessor": ("hard-coded", "its generation pass hard-codes diffusers' flex backend"),
+    "MMAudioAttnProcessor": ("hard-coded", "hard-codes diffusers' native backend"),
+    "QwenImage21AttnProcessor": ("process-wide", "runs diffusers' process-wide backend: set_attention_backend"),
+    "CosmosAttnProcessor2_0": ("process-wide", "runs diffusers' process-wide backend: set_attention_backend"),
+    "CosmosAttnProcessor2_5": ("process-wide", "runs diffusers' process-wide backend: set_attention_backend"),
+    "MultiheadAttention": ("torch", "torch's own nn.MultiheadAttention (it can return its weights)"),
+    "HunyuanDiTAttentionPool": ("torch", "attention pooling through torch's multi_head_attention_forward"),
+}
+
+SEED = 0
+EPS = 1e-6  # a few float32 units
+# Where the float64 model cannot be built (a module pinned to float32 inside), ours is held
+# to stock float32 directly: 1e-4 is 10x the largest float32-vs-float64 difference of the
+# cases that do build in float64 (about 1e-5, through ~10 attention layers).
+FALLBACK_TOL = 1e-4
+
+
+def _params():
+    out = []
+    for case in CASES:
+        marks = []
+        if "slow" in case.extra:
+            marks.append(pytest.mark.skip(reason=f"slow case ({case.extra['slow']})"))
+        need = missing_requirement(case)
+        if need:
+            marks.append(pytest.mark.skip(reason=f"needs {need}, which the test set-up does not install"))
+        out.append(pytest.param(case, id=case.id, marks=marks))
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _quiet_single_thread():
+    """Tiny models: one thread beats a pool on a shared CPU; diffusers' notes are noise."""
+    import diffusers
+
+    threads, verbosity = torch.get_num_threads(), diffusers.utils.logging.get_verbosity()
+    torch.set_num_threads(1)
+    diffusers.utils.logging.set_verbosity_error()
+    yield
+    torch.set_num_threads(threads)
+    diffusers.utils.logging.set_verbosity(verbosity)
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
+
+
+def _run(case, model, inputs):
+    with torch.no_grad():
+        return case.run(model, inputs)
+
+
+def _leaves(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _leaves(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _leaves(v)]
+    return []
+
+
+def inputs_for(case, model):
+    """The case's inputs for this model instance (some inputs hold the model's own
+    submodules): the same random values for every build, from the same seed."""
+    return case.make_inputs(model, SEED)
+
+
+class _References:
+    """Stock float32 and float64 outputs of one case, made once."""
+
+    def __init__(self, case):
+        self.case = case
+        model = case.build(SEED)
+        inputs = inputs_for(case, model)
+        self.stock = _run(case, model, inputs)
+        self.ref = None
+        try:
+            m64 = case.build(SEED, dtype=torch.float64)
+            inputs64 = cast_floats(inputs_for(case, m64), torch.float64)
+        except RuntimeError:
+            return
+        same = all(
+            a.dtype == b.dtype or torch.equal(a.to(b.dtype), b) if a.shape == b.shape else False
+            for a, b in zip(_leaves(inputs64), _leaves(cast_floats(inputs, torch.float64)))
+        )
+        if not same:  # inputs drawn in the model's dtype: not the same draw, no reference
+            return
+        try:
+            self.ref = _run(case, m64, inputs64)
+        except RuntimeError:  # a module pinned to float32 inside (dtype mismatch)
+            self.ref = None
+
+    def check(self, outs, what: str) -> None:
+        assert len(outs) == len(self.stock)
+        for out, stock in zip(outs, self.stock):
+            assert out.shape == stock.shape and out.dtype == stock.dtype, what
+            assert torch.isfinite(out).all(), f"{what}: non-finite output"
+        if self.ref is not None:
+            for out, stock, ref in zip(outs, self.stock, self.ref):
+                err, base = rel_error(out, ref), rel_error(stock, ref)
+                tol = 2 * base + EPS
+                assert err <= tol, f"{what}: error {err:.2e} against float64 > 2 x stock's {base:.2e} + {EPS}"
+        else:
+            for out, stock in zip(outs, self.stock):
+                err = rel_error(out, stock)
+                assert err <= FALLBACK_TOL, f"{what}: differs from stock float32 by {err:.2e} > {FALLBACK_TOL}"
+
+
+_refs: dict[str, _References] = {}
+
+
+def _refs_of(case) -> _References:
+    if case.id not in _refs:
+        _refs[case.id] = _References(case)
+    return _refs[case.id]
+
+
+def _kept_class(model, name: str) -> str:
+    module = dict(model.named_modules())[name] if name in dict(model.named_modules()) else None
+    proc = getattr(module, "processor", None)
+    return type(proc).__name__ if proc is not None else type(module).__name__
+
+
+@pytest.mark.parametrize("case", _params())
+@pytest.mark.parametrize("proc_name", ["auto", "vanilla"])
+def test_apply_serves_and_matches_stock(case, proc_name):
+    refs = _refs_of(case)
+    model = case.build(SEED)
+    proc = attnkit.processor(proc_name)
+    calls = _count_calls(proc)
+    applied = attnkit.apply(model, proc)
+    outs = _run(case, model, inputs_for(case, model))
+    refs.check(outs, f"{case.id} with attnkit.apply(model, {proc_name})")
+    for name, route in applied.routes.items():
+        assert route.reason, name
+        if not route.served:
+            cls = _kept_class(model, name)
+            assert cls in KEPT, f"{name}: {cls} kept ({route.reason}), which is not among the accepted reasons"
+    served = [n for n, r in applied.routes.items() if r.served]
+    if served:
+        assert calls[0] >= 1, f"{len(served)} modules reported served but attnkit computed no attention"
+
+
+def _count_calls(proc) -> list[int]:
+    """A counter of the attention calls ``proc``'s chooser serves."""
+    calls = [0]
+    real = proc.chooser.attention
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    proc.chooser.attention = counting
+    return calls
+
+
+def _reached_by_set_attention_backend(model) -> bool:
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention
+
+    return any(
+        isinstance(m, (Attention, AttentionModuleMixin)) and hasattr(getattr(m, "processor", None), "_attention_backend")
+        for m in model.modules()
+    )
+
+
+@pytest.mark.parametrize("case", _params())
+def test_set_attention_backend_attnkit_matches_stock(case):
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    refs = _refs_of(case)
+    model = case.build(SEED)
+    if not _reached_by_set_attention_backend(model):
+        pytest.skip("diffusers' set_attention_backend reaches no processor of this model (legacy processors)")
+    needs_flex = [n for n, r in attnkit.apply(case.build(SEED), attnkit.auto()).routes.items()
+                  if not r.served and KEPT.get(_kept_class(case.build(SEED), n), ("",))[0] == "flex-only"]
+    active = _AttentionBackendRegistry._active_backend
+    try:
+        model.set_attention_backend("attnkit")
+        if needs_flex:
+            # diffusers' own processor refuses, clearly, any backend but flex
+            with pytest.raises(ValueError, match="flex"):
+                _run(case, model, inputs_for(case, model))
+            return
+        outs = _run(case, model, inputs_for(case, model))
+    finally:  # set_attention_backend also sets diffusers' process-wide backend
+        _AttentionBackendRegistry.set_active_backend(active)
+    refs.check(outs, f"{case.id} with set_attention_backend('attnkit')")
+
+
+def test_every_model_class_with_attention_has_a_case():
+    """Discovered from the installed diffusers: a new model class without a case fails."""
+    import diffusers
+    from diffusers import ModelMixin
+
+    exported = sorted(
+        n for n in dir(diffusers)
+        if inspect.isclass(getattr(diffusers, n, None)) and issubclass(getattr(diffusers, n), ModelMixin)
+        and getattr(diffusers, n) is not ModelMixin
+    )
+    covered = {c.name for c in CASES}
+    missing = [n for n in exported if n not in covered and n not in NO_ATTENTION]
+    assert not missing, f"diffusers model classes with neither a zoo case nor a reason in NO_ATTENTION: {missing}"
