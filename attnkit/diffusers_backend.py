@@ -74,8 +74,7 @@ def _check_internals() -> str | None:
     if registry is None:
         missing.append("_AttentionBackendRegistry")
     else:
-        for attr, kind in (("_backends", dict), ("_constraints", dict), ("_supported_arg_names", dict),
-                           ("_supports_context_parallel", set)):
+        for attr, kind in (("_backends", dict), ("_constraints", dict), ("_supported_arg_names", dict)):
             if not isinstance(getattr(registry, attr, None), kind):
                 missing.append(f"_AttentionBackendRegistry.{attr} ({kind.__name__})")
     dispatch = getattr(_dispatch, "dispatch_attention_fn", None)
@@ -152,7 +151,9 @@ def _register(value: str, chooser_factory: Callable[[], Any]):
             registry._backends[member] = fn
             registry._constraints[member] = []
             registry._supported_arg_names[member] = _EveryName(KNOWN_ARGS)
-            registry._supports_context_parallel.add(member.value)
+            cp = getattr(registry, "_supports_context_parallel", None)  # diffusers >= 0.36
+            if isinstance(cp, set):
+                cp.add(member.value)
         return member
 
 
