@@ -1,13 +1,9 @@
-"""diffusers' own context parallelism (enable_parallelism, its _cp_plan hooks) running on
-attnkit.parallel, on spawned gloo ranks.
+"""diffusers' own context parallelism (enable_parallelism, its _cp_plan hooks) with
+``set_attention_backend("attnkit")``, on spawned gloo ranks.
 
-A minimal attention backend is registered in the test process under a test-only name:
-it is what attnkit's diffusers backend does under context parallelism, in a few lines:
-take diffusers' (B, S, H, D) tensors as (B, H, S, D) views, take the ring and ulysses
-groups from the ParallelConfig diffusers passes, and call
-attnkit.parallel.context_parallel_attention. Tiny Wan-like and Flux-like transformers
-(random weights, float64) run with enable_parallelism on 2 ranks and are compared with
-the same model on one rank with diffusers' stock attention.
+Tiny Wan-like and Flux-like transformers (random weights, float64) run with
+enable_parallelism on 2 ranks and are compared with the same model on one rank with
+diffusers' stock attention.
 """
 
 from __future__ import annotations
@@ -19,58 +15,11 @@ import logging
 import torch
 import torch.distributed as dist
 
-from attnkit.parallel import context_parallel_attention, math_attention
 from attnkit.testing import rel_error
 
-TEST_BACKEND = "attnkit_cp_test"
-
-
-def cp_backend(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-    return_lse=False, _parallel_config=None,
-):
-    """A diffusers attention backend: (B, S, H, D) in, (B, S, H, D) out [and lse (B, S, H)]."""
-    if dropout_p:
-        raise ValueError(f"dropout_p={dropout_p}: this backend has no dropout")
-    if enable_gqa and key.shape[2] != query.shape[2]:
-        raise ValueError("enable_gqa: grouped-query attention is not supported here")
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views, no copy
-    bias = attn_mask
-    if bias is not None and bias.dim() == 2:  # (B, N) key padding
-        bias = bias[:, None, None, :]
-    if _parallel_config is None:
-        out, lse = math_attention(q, k, v, bias, scale, 0 if is_causal else None)
-    else:
-        cp = _parallel_config.context_parallel_config
-        ring = cp._ring_mesh.get_group() if cp.ring_degree > 1 else None
-        ulysses = cp._ulysses_mesh.get_group() if cp.ulysses_degree > 1 else None
-        # diffusers' sequence split shards a mask along with its tokens: a mask as long
-        # as this rank's keys holds those keys' columns
-        by_key = bias is not None and bias.shape[-1] == k.shape[2] and bias.shape[-2] == 1
-        out, lse = context_parallel_attention(
-            q, k, v, bias, scale, ring_group=ring, ulysses_group=ulysses, causal=is_causal,
-            return_lse=True, kv_sharded="auto", bias_sharding="key" if by_key else "query",
-        )
-    out = out.transpose(1, 2)
-    return (out, lse.transpose(1, 2)) if return_lse else out
-
-
-def register_test_backend():
-    """Add TEST_BACKEND to diffusers' backend names and registry, supporting context
-    parallelism. AttentionBackendName is a closed Enum and set_attention_backend accepts
-    only its values, so the member is added to the Enum's maps: a stand-in, inside this
-    test process, for attnkit's own registration."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-
-    if TEST_BACKEND not in AttentionBackendName._value2member_map_:
-        member = str.__new__(AttentionBackendName, TEST_BACKEND)
-        member._name_, member._value_ = TEST_BACKEND.upper(), TEST_BACKEND
-        AttentionBackendName._member_map_[member._name_] = member
-        AttentionBackendName._value2member_map_[TEST_BACKEND] = member
-        AttentionBackendName._member_names_.append(member._name_)
-    member = AttentionBackendName(TEST_BACKEND)
-    _AttentionBackendRegistry.register(member, constraints=[], supports_context_parallel=True)(cp_backend)
-    return member
+# attnkit's diffusers backend (registered by `import attnkit`): auto() on each shard,
+# among the backends that return the log-sum-exp, combined by attnkit.parallel.
+BACKEND = "attnkit"
 
 
 # -- tiny models, odd lengths -------------------------------------------------------------
@@ -161,14 +110,15 @@ def diffusers_cp(rank: int, world: int, payload: dict) -> dict:
     # diffusers' "anything" split gathers the model's output with dist.all_gather of
     # unequal shards: NCCL serves it, gloo refuses it. The stand-in computes the same.
     cp_hooks._all_gather_anything = _all_gather_uneven
-    register_test_backend()
+    import attnkit  # noqa: F401  (registers the "attnkit" backend)
+
     results = {}
     for (name, build), mode, odd in itertools.product(MODELS.items(), ("ring", "ulysses"), (False, True)):
         if True:  # noqa: SIM108 (one block per case)
             model, inputs = build(payload["seed"], odd)
             ref_out, ref_grads = _forward_backward(model, inputs, payload["seed"] + 7)  # one rank, stock SDPA
             model.zero_grad(set_to_none=True)
-            model.set_attention_backend(TEST_BACKEND)
+            model.set_attention_backend(BACKEND)
             # Even lengths: diffusers' default split. Odd: its "anything" split, uneven
             # shards (45 tokens; 15 + 7), lengths the default split refuses on 2 ranks;
             # diffusers' own "anything" attention has no backward, attnkit's has.

@@ -1,0 +1,86 @@
+"""diffusers' context parallelism (``enable_parallelism``) served by attnkit.
+
+diffusers splits the sequence across ranks with its ``_cp_plan`` hooks and hands the
+attention backend this rank's shard plus a ``ParallelConfig`` naming the ring and
+Ulysses meshes. attnkit's diffusers backend passes that call here: the local attention
+on every block is chosen by the same decision as every other attnkit call (auto()'s
+walk, among backends that return the log-sum-exp), and the shards are combined by
+:func:`attnkit.parallel.context_parallel_attention`, which takes masks, causal
+attention, any sequence length and a backward.
+
+How diffusers' split reaches us: a tensor its plan splits arrives as this rank's rows; a
+tensor it leaves whole (Wan's text tokens) arrives whole on every rank, so whether k and
+v are sharded is found by comparing them across ranks (``kv_sharded="auto"``); a mask
+its plan splits holds this rank's key columns (``bias_sharding="key"``), one it leaves
+whole holds every key (``"query"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .api import context_parallel_attention
+
+WHO = "a context-parallel shard"
+
+
+def local_attention_for(chooser):
+    """The local attention contract of attnkit.parallel, served by ``chooser`` (it takes
+    only backends that return the log-sum-exp)."""
+
+    def local(q, k, v, attn_bias, scale, causal_offset=None):
+        return chooser.attention(WHO, q, k, v, attn_bias, scale, False, causal_offset=causal_offset,
+                                 return_lse=True)
+
+    local.__qualname__ = f"attnkit chooser {type(chooser).__name__}"
+    return local
+
+
+def context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                     return_lse, parallel_config: Any):
+    """dispatch_attention_fn's call under diffusers' context parallelism: (B, S, H, D)
+    shards in, (B, S, H, Dv) out [and lse (B, S, H)]."""
+    from ..diffusers_backend import expand_kv_heads, mask_to_bias
+
+    if dropout_p:
+        raise ValueError(
+            f"dropout_p={dropout_p} under context parallelism: attnkit's context parallelism has no dropout "
+            "(call the model in eval mode, or without enable_parallelism)"
+        )
+    cp = getattr(parallel_config, "context_parallel_config", None)
+    if cp is None:
+        raise ValueError("diffusers passed a ParallelConfig without a context_parallel_config")
+    ring = cp._ring_mesh.get_group() if cp.ring_degree > 1 else None
+    ulysses = cp._ulysses_mesh.get_group() if cp.ulysses_degree > 1 else None
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    bias = _bias(attn_mask, q, k, mask_to_bias)
+    by_key = bias is not None and bias.shape[-1] == k.shape[-2] and bias.shape[-2] == 1
+    out, lse = context_parallel_attention(
+        q, k, v, bias, scale, ring_group=ring, ulysses_group=ulysses, causal=bool(is_causal),
+        local=local_attention_for(chooser), return_lse=True, kv_sharded="auto",
+        bias_sharding="key" if by_key else "query",
+    )
+    out = out.transpose(1, 2)
+    return (out, lse.transpose(1, 2)) if return_lse else out
+
+
+def _bias(attn_mask, q: torch.Tensor, k: torch.Tensor, mask_to_bias):
+    """The mask as an additive bias; a key-padding mask's key count is the shard's or
+    the whole sequence's, whichever this rank was given."""
+    if attn_mask is None:
+        return None
+    if attn_mask.dim() == 2 and attn_mask.shape[0] == q.shape[0]:
+        attn_mask = attn_mask[:, None, None, :]  # (B, N) key padding, N local or whole
+    if attn_mask.shape[-1] != k.shape[-2]:
+        # a mask over the whole sequence's keys (bias_sharding="query"): checked there
+        if attn_mask.dtype == torch.bool:
+            return torch.zeros(attn_mask.shape, dtype=q.dtype, device=attn_mask.device).masked_fill_(
+                ~attn_mask, float("-inf"))
+        return attn_mask
+    return mask_to_bias(attn_mask, q, k)
+
+
+__all__ = ["context_parallel", "local_attention_for"]
