@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import attnkit
-from attnkit.bench import report, seeds
+from attnkit.bench import published, report
 from attnkit.bench.models import LoopTiming, build_model, denoise, make_conditioning
 from attnkit.bench.presets import get_preset
-from attnkit.bench.runner import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, classify_error, measure_interleaved
+from attnkit.bench.measure import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, classify_error, measure_interleaved
 from attnkit.bench.tables import Context, it_per_s, sweep
 
 # triton is left out on purpose: under the tests' TRITON_INTERPRET=1 it would be timed in
@@ -74,7 +74,7 @@ def test_table1_has_a_row_per_processor(tiny):
 
 
 def test_failing_processor_is_reported_in_its_cell(tiny, monkeypatch):
-    import attnkit.bench.processors as procs
+    import attnkit.bench.availability as procs
 
     class Broken(attnkit.AttnkitProcessor):
         def __init__(self):
@@ -199,16 +199,16 @@ def test_published_rows_are_keyed_by_device_name():
         "NVIDIA A100-SXM4-80GB": "A100-SXM-80GB",
     }
     for torch_name, key in cases.items():
-        assert seeds.match_device(torch_name) == key, torch_name
-        assert key in seeds.IT_PER_S_FP16
+        assert published.match_device(torch_name) == key, torch_name
+        assert key in published.IT_PER_S_FP16
     for other in ("NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 3060 Ti", "NVIDIA A100 80GB PCIe", "cpu", None):
-        assert seeds.match_device(other) is None, other
-    assert set(seeds.IT_PER_S_FP16) == set(cases.values())
-    row = seeds.published_row("NVIDIA A10G")
+        assert published.match_device(other) is None, other
+    assert set(published.IT_PER_S_FP16) == set(cases.values())
+    row = published.published_row("NVIDIA A10G")
     assert row["it_per_s"] == {"vanilla": 8.88, "xformers": 15.6}
     assert "diffusers" in row["source"]
-    assert seeds.LADDER_TITAN_RTX[0] == ("original (fp32)", 9.50, 1.0)
-    assert seeds.LADDER_TITAN_RTX[-1] == ("memory efficient attention", 2.63, 3.61)
+    assert published.LADDER_TITAN_RTX[0] == ("original (fp32)", 9.50, 1.0)
+    assert published.LADDER_TITAN_RTX[-1] == ("memory efficient attention", 2.63, 3.61)
 
 
 def test_published_row_is_shown_beside_ours():
@@ -216,7 +216,7 @@ def test_published_row_is_shown_beside_ours():
                  "loop_it_per_s_median": v, "seconds_median": 1.0, "warmup_seconds": 1.0}
              for n, v in (("vanilla", 9.0), ("xformers", 16.0))}
     t = {"cells": cells, "speedup_vs_vanilla": {"vanilla": 1.0, "xformers": 16 / 9},
-         "published": seeds.published_row("NVIDIA A10G"),
+         "published": published.published_row("NVIDIA A10G"),
          "setting": {"resolution": 512, "steps": 50, "batch": 1, "dtype": "fp16", "compile": False, "repeats": 3,
                      "steady_state_skips_first_steps": 5}}
     md = report.render_table1(t, {"device_name": "NVIDIA A10G"})
@@ -306,7 +306,7 @@ def test_model_loads_from_a_local_directory(tiny, tmp_path):
 
 
 def test_a_strict_deadline_skips_what_it_does_not_reach():
-    from attnkit.bench.runner import Deadline
+    from attnkit.bench.measure import Deadline
 
     calls = []
 

@@ -105,8 +105,8 @@ def _build(spec: dict):
 def task_memory(spec: dict) -> dict:
     """Peak RSS of the denoising loop with one processor."""
     from .models import denoise, make_conditioning
-    from .processors import availability, set_processor
-    from .runner import classify_error
+    from .availability import availability, set_processor
+    from .measure import classify_error
 
     preset, model = _build(spec)
     name = spec["processor"]
@@ -167,7 +167,7 @@ def main() -> int:
     import diffusers  # noqa: F401
 
     from .cli import quiet_diffusers
-    from .runner import classify_error
+    from .measure import classify_error
 
     quiet_diffusers()
     threads = spec.get("threads")

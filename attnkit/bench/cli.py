@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     from .env import environment
     from .models import build_model, dtype_label, load_model
     from .presets import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET, get_preset
-    from .processors import resolve_names
-    from .runner import Deadline
+    from .availability import resolve_names
+    from .measure import Deadline
     from .tables import Context, it_per_s, ladder, memory_cuda, sweep
 
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     def table4():
         if device.type == "cuda":
             return memory_cuda(ctx)
-        from .processors import availability
-        from .tqdm_compat import progress_bar
+        from .availability import availability
+        from .progress import progress_bar
 
         avail = availability(processors, model.unet, device, model.dtype, preset.batch, ctx.tokens)
         deadline = ctx.deadline()
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             results["tables"][key] = {"error": "interrupted"}
             interrupted = True
         except Exception as exc:  # noqa: BLE001 - one table's failure must not lose the others
-            from .runner import classify_error
+            from .measure import classify_error
 
             status, reason = classify_error(exc)
             results["tables"][key] = {"error": f"{status}: {reason}"}

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from . import seeds
+from . import published
 
 SCHEMA = 1
 REQUIRED_FIELDS = ("schema", "environment", "preset", "model", "processors", "tables", "elapsed_seconds")
@@ -101,7 +101,7 @@ def render_table1(t: dict, env: dict) -> str:
         pbest = max(((its[n] / pv, n) for n in its if n != "vanilla"), default=None) if pv else None
         rows.append([f"published: {pub['device']} (diffusers docs v0.18)", *prow,
                      f"{_x(pbest[0])} ({pbest[1]})" if pbest else "–"])
-    head = ["device"] + [f"{n} ({seeds_name(n)})" if seeds_name(n) else n for n in names] + ["best vs vanilla"]
+    head = ["device"] + [f"{n} ({published_name(n)})" if published_name(n) else n for n in names] + ["best vs vanilla"]
     out = [
         "### 1. Denoising-loop it/s per attention processor",
         f"{s['resolution']}x{s['resolution']}, {s['steps']} DDIM steps, batch {s['batch']} "
@@ -127,8 +127,8 @@ def render_table1(t: dict, env: dict) -> str:
     return "\n".join(out)
 
 
-def seeds_name(name: str) -> str:
-    from .processors import SEED_NAMES
+def published_name(name: str) -> str:
+    from .availability import SEED_NAMES
 
     return SEED_NAMES.get(name, "")
 
@@ -449,4 +449,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["render_markdown", "write_all", "write_json", "write_plots", "missing_fields", "seeds"]
+__all__ = ["render_markdown", "write_all", "write_json", "write_plots", "missing_fields", "published"]

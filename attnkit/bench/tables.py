@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from . import seeds
+from . import published
 from .models import SDModel, denoise, dtype_label, make_conditioning, torch_dtype
-from .processors import availability, set_processor
-from .runner import (
+from .availability import availability, set_processor
+from .measure import (
     STATUS_NA,
     STATUS_OK,
     STATUS_OOM,
@@ -159,7 +159,7 @@ def it_per_s(ctx: Context) -> dict:
         },
         "cells": {name: c.to_dict() for name, c in cells.items()},
         "speedup_vs_vanilla": speedup,
-        "published": seeds.published_row(ctx.device_name),
+        "published": published.published_row(ctx.device_name),
     }
 
 
@@ -182,7 +182,7 @@ def ladder(ctx: Context) -> dict:
     cond32 = make_conditioning(model, 1, torch.float32, ctx.seed)
     cond_half = make_conditioning(model, 1, half, ctx.seed)
 
-    from .processors import make_processor
+    from .availability import make_processor
 
     vanilla, why = make_processor("vanilla")
 
@@ -252,9 +252,9 @@ def ladder(ctx: Context) -> dict:
         },
         "rows": out_rows,
         "published": {
-            "device": seeds.LADDER_DEVICE, "source": seeds.SOURCES[seeds.LADDER_SOURCE],
-            "rows": [{"step": s, "seconds": t, "speedup": x} for s, t, x in seeds.LADDER_TITAN_RTX],
-            "same_device": seeds.published_ladder(ctx.device_name) is not None,
+            "device": published.LADDER_DEVICE, "source": published.SOURCES[published.LADDER_SOURCE],
+            "rows": [{"step": s, "seconds": t, "speedup": x} for s, t, x in published.LADDER_TITAN_RTX],
+            "same_device": published.published_ladder(ctx.device_name) is not None,
         },
     }
 
@@ -343,8 +343,8 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
         "setting": {"resolution": p.resolution, "steps_per_run": p.sweep_steps, "repeats": p.sweep_repeats,
                     "max_batch": max_batch, "dtypes": dtypes, "compile": ctx.compile},
         "runs": runs,
-        "published": {"source": seeds.SOURCES[seeds.PT2_SOURCE], "claims": seeds.PT2_CLAIMS,
-                      "max_batch": seeds.PT2_MAX_BATCH},
+        "published": {"source": published.SOURCES[published.PT2_SOURCE], "claims": published.PT2_CLAIMS,
+                      "max_batch": published.PT2_MAX_BATCH},
     }
 
 

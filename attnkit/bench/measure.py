@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 import torch
 
 from .models import LoopTiming
-from .tqdm_compat import progress_bar
+from .progress import progress_bar
 
 STATUS_OK = "ok"
 STATUS_NA = "n/a"

@@ -10,7 +10,7 @@ from torch import nn
 import attnkit
 from attnkit.backends import AttentionCall, DeviceInfo
 
-from .runner import STATUS_NA, short, unavailable_reasons
+from .measure import STATUS_NA, short, unavailable_reasons
 
 # The published tables' names for attnkit's processors.
 SEED_NAMES = {"vanilla": "Base Attention", "xformers": "Memory Efficient Attention"}
