@@ -14,11 +14,13 @@ import pytest
 import torch
 
 import attnkit
-from attnkit.bench import published, report
+from attnkit.bench import markdown, plots, published, report
+from attnkit.bench.context import Context
+from attnkit.bench.measure import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, classify_error, measure_interleaved
 from attnkit.bench.models import LoopTiming, build_model, denoise, make_conditioning
 from attnkit.bench.presets import get_preset
-from attnkit.bench.measure import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, classify_error, measure_interleaved
-from attnkit.bench.tables import Context, it_per_s, sweep
+from attnkit.bench.sweep import sweep
+from attnkit.bench.tables import it_per_s
 
 # triton is left out on purpose: under the tests' TRITON_INTERPRET=1 it would be timed in
 # Triton's interpreter; the harness marks it n/a on the CPU (checked separately).
@@ -62,11 +64,11 @@ def test_table1_has_a_row_per_processor(tiny):
     for name in ("vanilla", "sliced", "sdpa", "auto"):
         cell = t["cells"][name]
         assert cell["status"] == STATUS_OK, cell
-        assert cell["it_per_s_median"] > 0 and cell["repeats"] == 1
+        assert cell["it_per_s_median"] > 0 and cell["samples"] == len(cell["it_per_s"]) == 1
     assert t["speedup_vs_vanilla"]["vanilla"] == pytest.approx(1.0)
     for name in ("xformers", "flash_attn", "triton"):
         assert t["cells"][name]["status"] == "n/a" and t["cells"][name]["reason"]
-    md = report.render_table1(t, {"device_name": "cpu"})
+    md = markdown.render_table1(t, {"device_name": "cpu"})
     header = md.splitlines()[3]
     for name in CPU_NAMES + ["triton"]:
         assert name in header
@@ -89,10 +91,10 @@ def test_failing_processor_is_reported_in_its_cell(tiny, monkeypatch):
     assert t["cells"]["sliced"]["status"] == STATUS_FAILED
     assert t["cells"]["sliced"]["reason"] == "RuntimeError: kernel exploded"
     assert t["cells"]["vanilla"]["status"] == t["cells"]["sdpa"]["status"] == STATUS_OK
-    assert "failed: RuntimeError: kernel exploded" in report.render_table1(t, {"device_name": "cpu"})
+    assert "failed: RuntimeError: kernel exploded" in markdown.render_table1(t, {"device_name": "cpu"})
 
 
-def test_interleaving_rotates_and_excludes_warmup():
+def test_interleaving_alternates_and_excludes_warmup():
     calls = []
 
     def make(name):
@@ -105,7 +107,9 @@ def test_interleaving_rotates_and_excludes_warmup():
     cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False)
     assert calls[:3] == [("a", True), ("b", True), ("c", True)]
     rounds = [n for n, w in calls[3:]]
-    assert rounds == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # forward, backward, forward: over any two rounds each configuration's mean position is
+    # the same, so a linear drift in the machine's load falls on all of them alike
+    assert rounds == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert all(len(c.it_per_s) == 3 for c in cells.values())
 
 
@@ -123,9 +127,9 @@ def _fake_denoise(oom_from: dict[str, int]):
 
 
 def test_out_of_memory_ends_the_sweep_cleanly(tiny, monkeypatch):
-    import attnkit.bench.tables as tables
+    import attnkit.bench.context as context
 
-    monkeypatch.setattr(tables, "denoise", _fake_denoise({"vanilla": 2, "sdpa": 8}))
+    monkeypatch.setattr(context, "denoise", _fake_denoise({"vanilla": 2, "sdpa": 8}))
     preset = tiny[0].with_overrides(sweep_max_batch=64)
     out = sweep(_ctx(tiny, ["vanilla", "sdpa", "xformers"], preset=preset))
     (run,) = out["runs"]
@@ -135,7 +139,7 @@ def test_out_of_memory_ends_the_sweep_cleanly(tiny, monkeypatch):
     assert [e["batch"] for e in run["batches"]] == [1, 2, 4, 8]
     assert run["batches"][1]["cells"]["vanilla"]["status"] == STATUS_OOM
     assert "xformers" in run["not_available"]
-    md = report.render_table3(out, {})
+    md = markdown.render_table3(out, {})
     assert "out of memory" in md and "OOM at 2" in md
 
 
@@ -157,14 +161,16 @@ def test_out_of_memory_is_told_from_other_failures(exc, status):
 
 def test_cpu_memory_cap_in_a_subprocess_ends_the_sweep(tmp_path):
     """A real allocation failure under the child's address-space cap, reported, not fatal."""
-    from attnkit.bench.child import preset_to_spec, run_child
+    import dataclasses
+
+    from attnkit.bench.child import run_child
 
     # 48x48 latents: vanilla materialises 2 x batch x 2 heads x 2304^2 fp32 scores (and
     # their softmax), ~0.1 GB per image; 600 MB over the child's footprint fits batch 2
     # but not 4, while SDPA's CPU kernel never holds the scores and reaches batch 4.
     preset = get_preset("tiny").with_overrides(resolution=96, sweep_max_batch=4, warmup_steps=1)
     out = run_child({
-        "task": "sweep", "preset": preset_to_spec(preset), "processors": ["vanilla", "sdpa"], "threads": 1,
+        "task": "sweep", "preset": dataclasses.asdict(preset), "processors": ["vanilla", "sdpa"], "threads": 1,
         "mem_cap_bytes": 600 << 20, "device": "cpu",
     }, timeout=120)
     assert "runs" in out, out
@@ -219,7 +225,7 @@ def test_published_row_is_shown_beside_ours():
          "published": published.published_row("NVIDIA A10G"),
          "setting": {"resolution": 512, "steps": 50, "batch": 1, "dtype": "fp16", "compile": False, "repeats": 3,
                      "steady_state_skips_first_steps": 5}}
-    md = report.render_table1(t, {"device_name": "NVIDIA A10G"})
+    md = markdown.render_table1(t, {"device_name": "NVIDIA A10G"})
     assert "published: NVIDIA A10G" in md and "8.88" in md and "15.6 (x1.76)" in md
 
 
@@ -260,10 +266,10 @@ def test_ladder_rows_and_plot(tiny, tmp_path):
     assert t["rows"][0]["speedup_vs_fp32"] == pytest.approx(1.0)
     assert t["rows"][3]["status"] == "skipped" and t["rows"][5]["status"] == "n/a"
     assert all(r["seconds_median"] > 0 for r in t["rows"] if r["status"] == STATUS_OK)
-    md = report.render_table2(t, {})
+    md = markdown.render_table2(t, {})
     assert "original (fp32): 9.50 s" in md and "memory efficient attention: 2.63 s" in md
     results = {"environment": {"device_name": "cpu"}, "tables": {"2": t}}
-    assert [os.path.basename(p) for p in report.write_plots(results, str(tmp_path))] == ["ladder.png"]
+    assert [os.path.basename(p) for p in plots.write_plots(results, str(tmp_path))[0]] == ["ladder.png"]
 
 
 def test_sweep_plot_is_written(tmp_path):
@@ -274,8 +280,8 @@ def test_sweep_plot_is_written(tmp_path):
     results = {"environment": {"device_name": "cpu"},
                "tables": {"3": {"runs": [{"dtype": "fp32", "compile": False, "batches": [entry, entry2],
                                           "max_batch": {"vanilla": 2, "sdpa": 2}, "oom_at": {}}]}}}
-    paths = report.write_plots(results, str(tmp_path))
-    assert [os.path.basename(p) for p in paths] == ["batch_sweep.png"]
+    paths, problems = plots.write_plots(results, str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == ["batch_sweep.png"] and problems == []
 
 
 def test_bad_arguments_exit_2(capsys):

@@ -1,23 +1,29 @@
-"""Measuring configurations honestly: interleaved repeats, warm-up apart, errors kept in cells.
+"""Measuring configurations honestly: interleaved rounds, warm-up apart, errors kept in
+cells, and the noise stated beside every difference.
 
-Every table is a list of configurations (a processor, a precision, a compiled UNet...)
-measured the same way: one warm-up run each (excluded), then ``repeats`` rounds in which
-every configuration runs once, in an order that rotates from round to round, so drift
-(clocks, thermals, other processes) falls on all of them alike. A configuration that
-cannot run shows why in its cell ("n/a (reason)", "failed: error", "out of memory") and
-the others go on.
+Every table is a list of configurations (a processor, a precision, a compiled UNet, an
+attention backend...) measured the same way: one warm-up run each (excluded), then up to
+``repeats`` rounds in which every configuration runs once. The order alternates from
+round to round (a b c, c b a, a b c, ...): over any two rounds each configuration's mean
+position is the same, so a load that drifts linearly falls on all of them alike, and
+neighbours in the list (auto and sdpa, which run the same kernel on the CPU) are measured
+next to each other. Each round adds one sample per configuration; a cell holds exactly
+the samples it shows. A configuration that cannot run says why in its cell ("n/a
+(reason)", "failed: error", "out of memory", "skipped (time budget)") and the others go on.
 """
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from attnkit._text import describe_exception, short
+
+from .env import free_memory
 from .models import LoopTiming
 from .progress import progress_bar
 
@@ -26,11 +32,6 @@ STATUS_NA = "n/a"
 STATUS_FAILED = "failed"
 STATUS_OOM = "oom"
 STATUS_SKIPPED = "skipped"
-
-
-def short(text: str, limit: int = 90) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -51,15 +52,15 @@ def is_oom(exc: BaseException) -> bool:
     )
 
 
-def unavailable_reasons(exc: BaseException) -> str:
-    """The reasons of a BackendUnavailable message, without the module label and advice."""
-    text = " ".join(str(exc).split())
-    if " cannot serve " in text and ": " in text:
-        text = text.split(": ", 1)[1]
-    for tail in (". Choose another processor", ". Choose another"):
-        if tail in text:
-            text = text.split(tail, 1)[0]
-    return text
+def unavailable_reason(exc: BaseException) -> str:
+    """Why a backend refused: its reasons as data (``BackendUnavailable.reasons``,
+    {backend: [reason, ...]}), else the message as it came. Never parsed."""
+    reasons: Mapping[str, list[str]] = getattr(exc, "reasons", None) or {}
+    if len(reasons) == 1:
+        return "; ".join(next(iter(reasons.values())))
+    if reasons:
+        return "; ".join(f"{label}: {', '.join(rs)}" for label, rs in reasons.items())
+    return " ".join(str(exc).split())
 
 
 def classify_error(exc: BaseException) -> tuple[str, str]:
@@ -67,23 +68,30 @@ def classify_error(exc: BaseException) -> tuple[str, str]:
     from attnkit import BackendUnavailable, UnsupportedModule
 
     if isinstance(exc, (BackendUnavailable, UnsupportedModule)):
-        return STATUS_NA, unavailable_reasons(exc)
+        return STATUS_NA, unavailable_reason(exc)
     if is_oom(exc):
         return STATUS_OOM, short(f"{type(exc).__name__}: {exc}", 160)
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return STATUS_FAILED, short(f"{type(exc).__name__}: {first_line}", 160)
+    return STATUS_FAILED, describe_exception(exc, 160)
 
 
-def free_memory(device: torch.device | None = None) -> None:
-    gc.collect()
-    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
-        torch.cuda.empty_cache()
+def cell_text(status: str | None, reason: str = "", limit: int = 40) -> str:
+    """What a table shows for a configuration without a number."""
+    if status == STATUS_NA:
+        return f"n/a ({short(reason, limit)})"
+    if status == STATUS_OOM:
+        return "out of memory"
+    if status == STATUS_FAILED:
+        return f"failed: {short(reason, limit)}"
+    if status == STATUS_SKIPPED:
+        return f"skipped ({short(reason, limit)})"
+    return "–"
 
 
 class Deadline:
     """A time budget: work that would start after it is recorded as skipped."""
 
     def __init__(self, seconds: float | None):
+        self.seconds = seconds
         self.end = None if seconds is None else time.monotonic() + seconds
 
     def expired(self) -> bool:
@@ -93,18 +101,80 @@ class Deadline:
         return None if self.end is None else self.end - time.monotonic()
 
 
+# -- noise -----------------------------------------------------------------------------
+def relative_spread(values: Sequence[float]) -> float | None:
+    """(max - min) / median of two or more samples; None for fewer."""
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med else None
+
+
+def typical_spread(sample_lists: Iterable[Sequence[float]]) -> float | None:
+    """The run's noise: the median relative spread of the cells with two or more samples."""
+    spreads = [s for s in map(relative_spread, sample_lists) if s is not None]
+    return statistics.median(spreads) if spreads else None
+
+
+def separated(a: Sequence[float], b: Sequence[float], noise: float | None) -> bool | None:
+    """Whether two cells differ by more than the noise.
+
+    Two or more samples each: their min-max ranges do not overlap. Otherwise the
+    difference of the medians against the run's noise (:func:`typical_spread`); None
+    when that is unknown too (one sample each): the difference is not established.
+    """
+    if not a or not b:
+        return None
+    if len(a) >= 2 and len(b) >= 2:
+        return max(a) < min(b) or max(b) < min(a)
+    if noise is None:
+        return None
+    ma, mb = statistics.median(a), statistics.median(b)
+    return abs(ma - mb) / min(ma, mb) > noise
+
+
+NOISE_LEGEND = (
+    "'>': faster beyond the noise (min-max ranges apart); '≈': within noise (the ranges "
+    "overlap, or the difference is below the run's typical spread); '?': one sample, "
+    "spread unknown: the difference is not established"
+)
+
+
+def ranking(samples: Mapping[str, Sequence[float]], fmt: Callable[[float], str], higher_is_faster: bool = True) -> str:
+    """The measured configurations, fastest first, each joined to the next by '>', '≈' or '?'.
+
+    >>> ranking({"a": [2.0, 2.2], "b": [2.1, 2.3], "c": [1.0, 1.1]}, "{:.1f}".format)
+    'b 2.2 ≈ a 2.1 > c 1.1'
+    """
+    measured = {n: list(v) for n, v in samples.items() if v}
+    if not measured:
+        return ""
+    noise = typical_spread(measured.values())
+    order = sorted(measured, key=lambda n: statistics.median(measured[n]), reverse=higher_is_faster)
+    parts = [f"{order[0]} {fmt(statistics.median(measured[order[0]]))}"]
+    for prev, cur in zip(order, order[1:]):
+        sep = separated(measured[prev], measured[cur], noise)
+        op = ">" if sep else ("≈" if sep is False else "?")
+        parts.append(f"{op} {cur} {fmt(statistics.median(measured[cur]))}")
+    return " ".join(parts)
+
+
+# -- cells and configurations -----------------------------------------------------------
 @dataclass
 class Cell:
-    """One configuration's result: its samples (one per repeat) or why there are none."""
+    """One configuration's result: its samples (one per round) or why there are none."""
 
     name: str
     status: str = STATUS_OK
     reason: str = ""
-    it_per_s: list[float] = field(default_factory=list)  # steady state, one per repeat
+    it_per_s: list[float] = field(default_factory=list)  # steady state, one per round
     loop_it_per_s: list[float] = field(default_factory=list)  # whole loop (progress-bar rate)
     seconds: list[float] = field(default_factory=list)  # seconds per run (loop + decode if any)
+    step_seconds: list[float] = field(default_factory=list)  # steady-state seconds per step
     warmup_seconds: float | None = None
     extra: dict = field(default_factory=dict)
+
+    SERIES = ("it_per_s", "loop_it_per_s", "seconds", "step_seconds")
 
     @property
     def ok(self) -> bool:
@@ -114,63 +184,44 @@ class Cell:
         values = getattr(self, key)
         return statistics.median(values) if values else None
 
-    def spread(self, key: str = "it_per_s") -> tuple[float, float] | None:
-        values = getattr(self, key)
-        return (min(values), max(values)) if values else None
+    def add(self, timing: LoopTiming, skip_steps: int) -> None:
+        rate = timing.it_per_s(skip_steps)
+        self.it_per_s.append(rate)
+        self.step_seconds.append(1.0 / rate)
+        self.loop_it_per_s.append(timing.it_per_s(0))
+        self.seconds.append(timing.image_seconds)
 
-    def text(self) -> str:
-        """What the table shows when there is no number."""
-        if self.status == STATUS_NA:
-            return f"n/a ({short(self.reason, 60)})"
-        if self.status == STATUS_OOM:
-            return "out of memory"
-        if self.status == STATUS_FAILED:
-            return f"failed: {short(self.reason, 60)}"
-        if self.status == STATUS_SKIPPED:
-            return f"skipped ({short(self.reason, 60)})"
-        return ""
+    def clear(self) -> None:
+        for key in self.SERIES:
+            getattr(self, key).clear()
 
     def to_dict(self) -> dict:
-        out = {
-            "name": self.name,
-            "status": self.status,
-            "reason": self.reason,
-            "it_per_s": self.it_per_s,
-            "loop_it_per_s": self.loop_it_per_s,
-            "seconds": self.seconds,
-            "warmup_seconds": self.warmup_seconds,
-        }
-        for key in ("it_per_s", "loop_it_per_s", "seconds"):
+        out = {"name": self.name, "status": self.status, "reason": self.reason,
+               "samples": len(self.it_per_s), "warmup_seconds": self.warmup_seconds}
+        for key in self.SERIES:
             values = getattr(self, key)
+            out[key] = values
             out[f"{key}_median"] = statistics.median(values) if values else None
             out[f"{key}_min"] = min(values) if values else None
             out[f"{key}_max"] = max(values) if values else None
-        out["repeats"] = len(self.it_per_s)
         out.update(self.extra)
         return out
-
-    @staticmethod
-    def from_dict(d: dict) -> "Cell":
-        known = {"name", "status", "reason", "it_per_s", "loop_it_per_s", "seconds", "warmup_seconds"}
-        derived = {f"{k}_{s}" for k in ("it_per_s", "loop_it_per_s", "seconds") for s in ("median", "min", "max")}
-        extra = {k: v for k, v in d.items() if k not in known | derived | {"repeats"}}
-        return Cell(
-            name=d["name"], status=d.get("status", STATUS_OK), reason=d.get("reason", ""),
-            it_per_s=list(d.get("it_per_s") or []), loop_it_per_s=list(d.get("loop_it_per_s") or []),
-            seconds=list(d.get("seconds") or []), warmup_seconds=d.get("warmup_seconds"), extra=extra,
-        )
 
 
 @dataclass
 class Config:
-    """A configuration to measure: `run()` does one timed run; `setup()` readies it first."""
+    """A configuration to measure: `run(warmup)` does one timed run; `setup()` readies it first.
+
+    ``keep`` holds what must live as long as the configuration (a compiled copy of a UNet).
+    """
 
     name: str
-    run: Callable[[bool], LoopTiming] | None  # run(warmup) -> timing
+    run: Callable[[bool], LoopTiming] | None
     setup: Callable[[], None] | None = None
     status: str = STATUS_OK  # pre-set to n/a / skipped when known before running
     reason: str = ""
     extra: dict = field(default_factory=dict)
+    keep: dict = field(default_factory=dict)
 
 
 def measure_interleaved(
@@ -182,13 +233,17 @@ def measure_interleaved(
     deadline: Deadline | None = None,
     device: torch.device | None = None,
     strict: bool = False,
+    always: int = 0,
 ) -> dict[str, Cell]:
-    """Warm up each configuration, then `repeats` rounds over all of them, rotating the order.
+    """Warm up each configuration, then up to `repeats` rounds over all of them, the
+    order alternating forward and backward.
 
-    With a deadline, no new round starts after it, but the first round always completes
-    (every configuration gets one sample). With ``strict``, the deadline also holds inside
-    the first round: each configuration is warmed up right before its first timed run, and
-    those not reached are marked skipped.
+    With a deadline, configurations not warmed up before it are skipped, and no round
+    starts after it; the first round always completes, so every configuration warmed up
+    gets one sample. The first ``always`` configurations that can run are warmed up even
+    past the deadline (a table's headline pair). With ``strict``, each configuration is
+    warmed up right before its first timed run and the deadline holds inside the first
+    round too.
     """
     configs = list(configs)
     cells = {c.name: Cell(c.name, c.status, c.reason, extra=dict(c.extra)) for c in configs}
@@ -207,10 +262,9 @@ def measure_interleaved(
             return config.run(warmup)
         except Exception as exc:  # noqa: BLE001 - every failure is reported in its cell
             failure = classify_error(exc)
-        if failure is not None:
-            cell.status, cell.reason = failure
-            cell.it_per_s.clear(), cell.loop_it_per_s.clear(), cell.seconds.clear()
-            free_memory(device)  # after the except block: the traceback no longer pins tensors
+        cell.status, cell.reason = failure
+        cell.clear()
+        free_memory(device)  # after the except block: the traceback no longer pins tensors
         return None
 
     def warm_up(config: Config) -> None:
@@ -220,42 +274,27 @@ def measure_interleaved(
             cells[config.name].warmup_seconds = time.perf_counter() - start
         bar.update(1)
 
-    def timed(config: Config, rep: int) -> None:
-        bar.set_postfix_str(f"round {rep + 1}/{repeats} {config.name}")
+    def timed(config: Config, rnd: int) -> None:
+        bar.set_postfix_str(f"round {rnd + 1}/{repeats} {config.name}")
         timing = attempt(config, False)
         if timing is not None:
-            cell = cells[config.name]
-            cell.it_per_s.append(timing.it_per_s(skip_steps))
-            cell.loop_it_per_s.append(timing.it_per_s(0))
-            cell.seconds.append(timing.image_seconds)
+            cells[config.name].add(timing, skip_steps)
         bar.update(1)
 
-    def skip(config: Config) -> None:
-        cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
-
-    if strict:
-        for config in live:
-            if expired():
-                skip(config)
-                continue
-            warm_up(config)
-            if cells[config.name].status == STATUS_OK:
-                timed(config, 0)
-        first_round = 1
-    else:
-        for config in live:
-            if expired():
-                skip(config)
-                continue
-            warm_up(config)
-        first_round = 0
-
-    for rep in range(first_round, repeats):
+    first_round = 0
+    for i, config in enumerate(live):
+        if i >= always and expired():
+            cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
+            continue
+        warm_up(config)
+        if strict and cells[config.name].status == STATUS_OK:
+            timed(config, 0)
+            first_round = 1
+    for rnd in range(first_round, repeats):
         active = [c for c in live if cells[c.name].status == STATUS_OK]
-        if not active or (rep > 0 and expired()):
+        if not active or (rnd > 0 and expired()):
             break
-        shift = rep % len(active)
-        for config in active[shift:] + active[:shift]:
-            timed(config, rep)
+        for config in active if rnd % 2 == 0 else active[::-1]:
+            timed(config, rnd)
     bar.close()
     return cells

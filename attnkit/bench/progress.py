@@ -1,6 +1,25 @@
-"""tqdm progress bars (the bench extra), or a silent stand-in where tqdm is missing."""
+"""tqdm progress bars (the ``attnkit[bench]`` extra), or a silent stand-in where tqdm is
+missing (the command line says so once, from :func:`missing_extras`)."""
 
 from __future__ import annotations
+
+import importlib.util
+
+EXTRA_HINT = "pip install 'attnkit[bench]'"
+
+
+def missing_extras() -> list[str]:
+    """What of the ``attnkit[bench]`` extra is not installed: "matplotlib" (plots), "tqdm"
+    (progress bars)."""
+    out = []
+    for name in ("matplotlib", "tqdm"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a module set to None in sys.modules, as in the tests
+            found = False
+        if not found:
+            out.append(name)
+    return out
 
 
 class _Silent:
@@ -21,7 +40,7 @@ class _Silent:
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True):
-    """A tqdm bar on stderr (left behind when done: no), or a silent one."""
+    """A tqdm bar on stderr (not left behind when done), or a silent one."""
     if not enabled:
         return _Silent()
     try:
