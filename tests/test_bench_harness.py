@@ -332,3 +332,29 @@ def test_a_strict_deadline_skips_what_it_does_not_reach():
     # warmed up before it gets its first-round sample (test_interleaving_rotates...)
     cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False, deadline=Deadline(0.0))
     assert all(c.status == "skipped" for c in cells.values())
+
+
+def test_the_headline_is_measured_first_and_the_references_last():
+    from attnkit.bench.availability import resolve_names
+
+    names = resolve_names(None)
+    assert names[:2] == ["auto", "sdpa"] and names[-2:] == ["vanilla", "sliced"], names
+    assert set(names) == set(attnkit.PROCESSOR_NAMES)
+    assert resolve_names("sliced,auto") == ["sliced", "auto"]  # an explicit list keeps its order
+
+
+def test_a_spent_budget_still_measures_the_headline_pair(tiny):
+    """Budget 0: auto and sdpa get their sample, the slow references are marked skipped."""
+    from attnkit.bench.availability import resolve_names
+
+    names = [n for n in resolve_names(None) if n not in ("triton", "flash_attn", "xformers")]
+    t = it_per_s(_ctx(tiny, names, budget=0.0))
+    cells = t["cells"]
+    assert list(cells) == ["auto", "sdpa", "vanilla", "sliced"]
+    for name in ("auto", "sdpa"):
+        assert cells[name]["status"] == STATUS_OK and cells[name]["samples"] == 1, cells[name]
+    for name in ("vanilla", "sliced"):
+        assert cells[name]["status"] == "skipped" and cells[name]["reason"] == "time budget", cells[name]
+        assert cells[name]["samples"] == 0 and cells[name]["it_per_s"] == []
+    md = markdown.render_table1(t, {"device_name": "cpu"})
+    assert "skipped (time budget)" in md and "best vs vanilla" in md

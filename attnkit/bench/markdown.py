@@ -266,7 +266,7 @@ def _target_line(cells: dict, vs_native: dict) -> str:
             continue
         if not _ok(c, "step_seconds") or "native" not in vs_native:
             why = _text(c, 80) if not _ok(c, "step_seconds") else "native not measured"
-            parts.append(f"{name}: not measured ({why})")
+            parts.append(f"{name} not measured: {why}")
             continue
         sep = separated(c["step_seconds"], cells["native"]["step_seconds"],
                         typical_spread(x["step_seconds"] for x in cells.values() if _ok(x, "step_seconds")))

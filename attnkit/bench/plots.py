@@ -44,14 +44,20 @@ def _save(plt, fig, out_dir: str, name: str) -> str:
     return path
 
 
-def _hbars(ax, labels: list[str], values: list[float], texts: list[str], color: str) -> None:
-    """Horizontal bars, first label on top, each with its text at the bar's end."""
+def _hbars(ax, labels: list[str], values: list[float], texts: list[str], color: str,
+           spread: list[tuple[float, float]] | None = None) -> None:
+    """Horizontal bars, first label on top, each with its text past the bar's end (and
+    past its min-max whisker when `spread` gives one)."""
     ys = list(range(len(labels)))[::-1]
-    ax.barh(ys, values, color=color)
+    xerr = None
+    if spread is not None:
+        xerr = [[v - lo for v, (lo, _) in zip(values, spread)], [hi - v for v, (_, hi) in zip(values, spread)]]
+    ax.barh(ys, values, color=color, xerr=xerr, capsize=3 if xerr else 0)
     ax.set_yticks(ys, labels)
     top = max(values) if values else 1.0
-    for y, v, text in zip(ys, values, texts):
-        ax.text(v + top * 0.01, y, text, va="center", fontsize=8)
+    ends = [hi for _, hi in spread] if spread is not None else values
+    for y, end, text in zip(ys, ends, texts):
+        ax.text(end + top * 0.01, y, text, va="center", fontsize=8)
     ax.set_xlim(0, top * 1.7)  # room for the longest label
 
 
@@ -94,12 +100,13 @@ def plot_ladder(plt, t2: dict, device: str):
         return None
     fig, ax = plt.subplots(figsize=(WIDTH, 0.45 * len(rows) + 1.8))
     values = [r["seconds_median"] if _ok(r, "seconds") else 0.0 for r in rows]
+    spread = [(r["seconds_min"], r["seconds_max"]) if _ok(r, "seconds") else (0.0, 0.0) for r in rows]
     texts = [f"{r['seconds_median']:.3g} s (x{r['speedup_vs_fp32']:.2f} vs fp32, n={r.get('samples', 0)})"
              if _ok(r, "seconds") and r.get("speedup_vs_fp32") else
              (f"{r['seconds_median']:.3g} s" if _ok(r, "seconds") else cell_text(r.get("status"), r.get("reason", ""), 60))
              for r in rows]
-    _hbars(ax, [r["name"] for r in rows], values, texts, "tab:green")
-    ax.set_xlabel("seconds per image (median)")
+    _hbars(ax, [r["name"] for r in rows], values, texts, "tab:green", spread)
+    ax.set_xlabel("seconds per image (median, whiskers: min–max of n samples)")
     ax.set_title(_wrap(f"{device}: latency ladder, {t2['setting'].get('includes', '')}", 90), fontsize=9)
     return fig
 
@@ -163,11 +170,13 @@ def plot_transformers(plt, t5: dict, device: str):
         cells = m["cells"]
         vs = m.get("ratio_vs", {}).get("native", {})
         values = [c["step_seconds_median"] if _ok(c, "step_seconds") else 0.0 for c in cells.values()]
+        spread = [(c["step_seconds_min"], c["step_seconds_max"]) if _ok(c, "step_seconds") else (0.0, 0.0)
+                  for c in cells.values()]
         texts = [(f"{c['step_seconds_median']:.3g} s" + (f" (x{vs[n]:.3f} of native" if n in vs else " (")
                   + f", n={c.get('samples', 0)})") if _ok(c, "step_seconds")
                  else cell_text(c.get("status"), c.get("reason", ""), 60) for n, c in cells.items()]
-        _hbars(ax, list(cells), values, texts, "tab:cyan")
-        ax.set_xlabel("seconds per forward step (median)")
+        _hbars(ax, list(cells), values, texts, "tab:cyan", spread)
+        ax.set_xlabel("seconds per forward step (median, whiskers: min–max of n samples)")
         ax.set_title(_wrap(f"{device}: {m['label']}", 90), fontsize=9)
     return fig
 
