@@ -358,3 +358,32 @@ def test_a_spent_budget_still_measures_the_headline_pair(tiny):
         assert cells[name]["samples"] == 0 and cells[name]["it_per_s"] == []
     md = markdown.render_table1(t, {"device_name": "cpu"})
     assert "skipped (time budget)" in md and "best vs vanilla" in md
+
+
+def test_work_is_admitted_only_where_it_fits_the_budget():
+    """Warm-up 1 s and sample 3 s (virtual clock), budget 10 s: the first configuration
+    (4 s promised), the second (4 more), not the third; one round, as the second would not fit."""
+    from attnkit.bench.measure import Deadline
+
+    now = [0.0]
+    calls = []
+
+    def make(name):
+        def run(warmup):
+            calls.append((name, warmup))
+            now[0] += 1.0 if warmup else 3.0
+            return LoopTiming([0.1])
+
+        return Config(name, run)
+
+    clock = lambda: now[0]  # noqa: E731
+    cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False,
+                                deadline=Deadline(10.0, clock), sample_factor=3.0, clock=clock)
+    assert calls == [("a", True), ("b", True), ("a", False), ("b", False)], calls
+    assert cells["c"].status == "skipped" and cells["c"].reason == "time budget"
+    assert [len(cells[n].it_per_s) for n in "ab"] == [1, 1] and now[0] == 8.0
+    # a larger budget: every round that fits runs, in alternating order
+    now[0], calls[:] = 0.0, []
+    cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False,
+                                deadline=Deadline(21.0, clock), sample_factor=3.0, clock=clock)
+    assert [n for n, w in calls if not w] == ["a", "b", "b", "a", "a", "b"]

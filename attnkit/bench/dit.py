@@ -273,7 +273,7 @@ def transformer_table(ctx) -> dict:
         try:
             cells = measure_interleaved(configs, p.repeats, p.skip_steps, desc=f"table 5: {p.name}",
                                         progress=ctx.progress, deadline=ctx.deadline(), device=ctx.device,
-                                        always=2)
+                                        always=2, sample_factor=p.steps / p.warmup_steps)
         finally:
             apply_setting("stock")
     ref = {base: cells[base].median("step_seconds") for base in ("native", "stock")

@@ -308,7 +308,9 @@ def run_lines(results: dict) -> list[str]:
     line = (f"- time budget: {budget:.0f} s for the whole run, model build included; it took {took:.0f} s"
             if budget else f"- no time budget; the run took {took:.0f} s")
     if budget:
-        line += f"; {skipped} measurement(s) skipped for the budget" if skipped else "; nothing was skipped for it"
+        gone = [k for k, t in results["tables"].items() if "skipped" in t]
+        line += (f"; {skipped} measurement(s)" + (f" and table(s) {', '.join(gone)}" if gone else "")
+                 + " skipped for the budget") if skipped or gone else "; nothing was skipped for it"
     lines = [line]
     start, end = env.get("load_average_start"), env.get("load_average_end")
     if start:
@@ -339,8 +341,9 @@ def render_markdown(results: dict) -> str:
     parts = ["\n".join(head)]
     for key in sorted(results["tables"]):
         t = results["tables"][key]
-        if "error" in t:
-            parts.append(f"### {key}. {t.get('title', '')}\n\nfailed: {t['error']}")
+        if "error" in t or "skipped" in t:
+            what = f"failed: {t['error']}" if "error" in t else f"skipped ({t['skipped']})"
+            parts.append(f"### {key}. {t.get('title', '')}\n\n{what}")
             continue
         parts.append(RENDERERS[key](t, env))
     return "\n\n".join(parts) + "\n"

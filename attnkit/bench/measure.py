@@ -90,15 +90,16 @@ def cell_text(status: str | None, reason: str = "", limit: int = 40) -> str:
 class Deadline:
     """A time budget: work that would start after it is recorded as skipped."""
 
-    def __init__(self, seconds: float | None):
+    def __init__(self, seconds: float | None, clock: Callable[[], float] = time.monotonic):
         self.seconds = seconds
-        self.end = None if seconds is None else time.monotonic() + seconds
+        self.clock = clock
+        self.end = None if seconds is None else clock() + seconds
 
     def expired(self) -> bool:
-        return self.end is not None and time.monotonic() > self.end
+        return self.end is not None and self.clock() > self.end
 
     def left(self) -> float | None:
-        return None if self.end is None else self.end - time.monotonic()
+        return None if self.end is None else self.end - self.clock()
 
 
 # -- noise -----------------------------------------------------------------------------
@@ -234,24 +235,32 @@ def measure_interleaved(
     device: torch.device | None = None,
     strict: bool = False,
     always: int = 0,
+    sample_factor: float = 1.0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Cell]:
     """Warm up each configuration, then up to `repeats` rounds over all of them, the
     order alternating forward and backward.
 
-    With a deadline, configurations not warmed up before it are skipped, and no round
-    starts after it; the first round always completes, so every configuration warmed up
-    gets one sample. The first ``always`` configurations that can run are warmed up even
-    past the deadline (a table's headline pair). With ``strict``, each configuration is
-    warmed up right before its first timed run and the deadline holds inside the first
-    round too.
+    With a deadline, work is admitted only where it is predicted to end before it: a
+    configuration is warmed up only if its warm-up, its first sample and the first
+    samples already promised to the others fit in what is left (a sample is predicted
+    as ``sample_factor`` times a warm-up: the ratio of their steps, until one is timed);
+    a round starts only if its samples, as last timed, fit. The first round always
+    completes, so every configuration warmed up gets one sample; the first ``always``
+    configurations that can run are warmed up whatever the budget (a table's headline
+    pair). What is not admitted is marked "skipped (time budget)". With ``strict``, each
+    configuration is warmed up right before its first timed run.
     """
     configs = list(configs)
     cells = {c.name: Cell(c.name, c.status, c.reason, extra=dict(c.extra)) for c in configs}
     live = [c for c in configs if c.status == STATUS_OK and c.run is not None]
     bar = progress_bar(len(live) * (repeats + 1), desc, progress)
+    sample_cost: dict[str, float] = {}  # seconds of a configuration's last timed run (predicted before it)
+    warmups: list[float] = []
 
-    def expired() -> bool:
-        return deadline is not None and deadline.expired()
+    def fits(seconds: float) -> bool:
+        left = deadline.left() if deadline is not None else None
+        return left is None or left > seconds
 
     def attempt(config: Config, warmup: bool) -> LoopTiming | None:
         cell = cells[config.name]
@@ -269,30 +278,38 @@ def measure_interleaved(
 
     def warm_up(config: Config) -> None:
         bar.set_postfix_str(f"warm-up {config.name}")
-        start = time.perf_counter()
+        start = clock()
         if attempt(config, True) is not None:
-            cells[config.name].warmup_seconds = time.perf_counter() - start
+            cells[config.name].warmup_seconds = seconds = clock() - start
+            warmups.append(seconds)
+            sample_cost[config.name] = seconds * sample_factor
         bar.update(1)
 
     def timed(config: Config, rnd: int) -> None:
         bar.set_postfix_str(f"round {rnd + 1}/{repeats} {config.name}")
+        start = clock()
         timing = attempt(config, False)
         if timing is not None:
             cells[config.name].add(timing, skip_steps)
+            sample_cost[config.name] = clock() - start
         bar.update(1)
 
     first_round = 0
     for i, config in enumerate(live):
-        if i >= always and expired():
-            cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
-            continue
+        if i >= always and deadline is not None:
+            warm = statistics.median(warmups) if warmups else 0.0
+            promised = 0.0 if strict else sum(sample_cost.get(c.name, 0.0) for c in live[:i]
+                                              if cells[c.name].status == STATUS_OK)
+            if deadline.expired() or not fits(promised + warm * (1 + sample_factor)):
+                cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
+                continue
         warm_up(config)
         if strict and cells[config.name].status == STATUS_OK:
             timed(config, 0)
             first_round = 1
     for rnd in range(first_round, repeats):
         active = [c for c in live if cells[c.name].status == STATUS_OK]
-        if not active or (rnd > 0 and expired()):
+        if not active or (rnd > 0 and not fits(sum(sample_cost.get(c.name, 0.0) for c in active))):
             break
         for config in active if rnd % 2 == 0 else active[::-1]:
             timed(config, rnd)

@@ -188,7 +188,7 @@ PLOTS = (("1", "it_per_s.png", plot_it_per_s), ("2", "ladder.png", plot_ladder),
 
 def write_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
     """PNG plots of the tables present: (paths written, what was not drawn and why)."""
-    tables = {k: t for k, t in results["tables"].items() if "error" not in t}
+    tables = {k: t for k, t in results["tables"].items() if "error" not in t and "skipped" not in t}
     if not tables:
         return [], []
     try:

@@ -74,7 +74,8 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
             cells = measure_interleaved(
                 configs, p.sweep_repeats, 0,
                 desc=f"table 3: sweep {dtype_label(dtype)}{' compiled' if compiled else ''} batch {batch}",
-                progress=ctx.progress, deadline=deadline if batch > 1 else None, device=ctx.device,
+                progress=ctx.progress, deadline=deadline, device=ctx.device,
+                always=2 if batch == 1 else 0, sample_factor=p.sweep_steps / p.sweep_warmup_steps,
             )
             configs.clear()
             entry = {"batch": batch, "cells": {n: c.to_dict() for n, c in cells.items()}}

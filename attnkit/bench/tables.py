@@ -68,7 +68,7 @@ def it_per_s(ctx: Context) -> dict:
                                        compiled=ctx.compile_table1, extra={"processor_repr": repr(proc)}))
     cells = measure_interleaved(
         configs, p.repeats, p.skip_steps, desc="table 1: it/s per processor", progress=ctx.progress,
-        deadline=ctx.deadline(), device=ctx.device, always=HEADLINE,
+        deadline=ctx.deadline(), device=ctx.device, always=HEADLINE, sample_factor=p.steps / p.warmup_steps,
     )
     configs.clear()
     forget_compiled(ctx)
@@ -132,7 +132,7 @@ def ladder(ctx: Context) -> dict:
 
     cells = measure_interleaved(
         rows, p.repeats, 0, desc="table 2: latency ladder", progress=ctx.progress,
-        deadline=ctx.deadline(), device=ctx.device, strict=True,
+        deadline=ctx.deadline(), device=ctx.device, strict=True, sample_factor=steps / p.warmup_steps,
     )
     rows.clear()
     forget_compiled(ctx)
@@ -211,14 +211,20 @@ TRANSFORMER_TABLES = ("5",)
 def run_tables(ctx: Context, keys: list[str], deadline: Deadline, log: Callable[[str], None]) -> tuple[dict, dict]:
     """Run the tables in order, each with its share of what is left of the budget.
 
-    Returns ({key: table dict}, {key: seconds}). A table that raises is recorded with its
-    error and the others go on; an interrupt (a time limit's SIGINT) keeps what is done.
+    Returns ({key: table dict}, {key: seconds}). A table whose turn comes after the budget
+    is spent is recorded as skipped (the first table always runs: its headline pair is
+    measured whatever the budget). A table that raises is recorded with its error and the
+    others go on; an interrupt (a time limit's SIGINT) keeps what is done.
     """
     tables: dict = {}
     seconds: dict = {}
     for i, key in enumerate(keys):
         table = TABLES[key]
         left = deadline.left()
+        if i > 0 and left is not None and left <= 0:
+            tables[key] = {"title": table.title, "skipped": "time budget: nothing was left of it at this table's turn"}
+            log(f"table {key} skipped: time budget spent")
+            continue
         share = table.weight / sum(TABLES[k].weight for k in keys[i:])
         ctx.budget = None if left is None else max(left, 0.0) * share
         start = time.perf_counter()
