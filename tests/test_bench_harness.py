@@ -387,3 +387,21 @@ def test_work_is_admitted_only_where_it_fits_the_budget():
     cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False,
                                 deadline=Deadline(21.0, clock), sample_factor=3.0, clock=clock)
     assert [n for n, w in calls if not w] == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_a_table_predicted_not_to_fit_is_skipped_with_its_reason(tiny):
+    """Table 4's processes would rebuild the model (predicted 22 s) in a 5 s budget: skipped,
+    not run; after a spent budget, a later table is skipped at its turn (the first still runs)."""
+    from attnkit.bench.measure import Deadline
+    from attnkit.bench.tables import run_tables
+
+    ctx = _ctx(tiny, ["sdpa", "vanilla"], build_seconds=10.0, step_seconds=1.0)
+    tables, _ = run_tables(ctx, ["4"], Deadline(5.0), lambda text: None)
+    assert tables["4"]["skipped"].startswith("time budget: the first pair of memory processes was predicted"), tables
+    tables, _ = run_tables(ctx, ["1", "3"], Deadline(0.0), lambda text: None)
+    assert [c["status"] for c in tables["1"]["cells"].values()] == [STATUS_OK, STATUS_OK]  # the headline pair
+    assert "skipped" in tables["3"] and "time budget" in tables["3"]["skipped"]
+    md = markdown.render_markdown({"environment": {"device_name": "cpu", "versions": {}, "date": "d", "command": "c"},
+                                   "preset": {"name": "tiny", "label": "tiny"}, "model": {"source": "s"},
+                                   "tables": tables, "budget_seconds": 1.0, "elapsed_seconds": 2.0})
+    assert "### 3. batch-size sweep\n\nskipped (time budget" in md and "table(s) 3 skipped for the budget" in md

@@ -208,7 +208,7 @@ def run(plan: Plan, model, model_info: dict, env: dict, deadline) -> dict:
     ctx = Context(model=model, preset=plan.preset, processors=plan.names, device=plan.device,
                   device_name=device_name, compile=plan.compile, compile_table1=plan.compile_table1,
                   progress=not args.no_progress, seed=args.seed, compile_mode=args.compile_mode,
-                  model_path=args.model, mem_cap_bytes=cap)
+                  model_path=args.model, mem_cap_bytes=cap, build_seconds=model_info["build_seconds"])
     results: dict = {
         "schema": report.SCHEMA, "environment": env, "preset": plan.preset.to_dict(), "model": model_info,
         "processors": plan.names, "compile": {"tables_2_3": plan.compile, "table_1": plan.compile_table1},

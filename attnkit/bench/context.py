@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .availability import set_processor
 from .env import free_memory
-from .measure import Config, Deadline
+from .measure import Config, Deadline, OverBudget
 from .models import Conditioning, SDModel, denoise
 
 # A compiled UNet's warm-up runs at least this many steps: the first compiled call can
@@ -41,6 +41,10 @@ class Context:
     compile_mode: str | None = None
     model_path: str | None = None  # --model: real weights from a local directory
     mem_cap_bytes: int | None = None  # the CPU sweep's address-space cap beyond its start
+    # What this run has measured so far, to predict what fits in a table's budget: the
+    # model's build time, and seconds per denoising step (table 1's median).
+    build_seconds: float | None = None
+    step_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -49,6 +53,24 @@ class Context:
 
     def deadline(self) -> Deadline:
         return Deadline(self.budget)
+
+    def check_fits(self, what: str, seconds: float | None) -> None:
+        """Raise :class:`OverBudget` when `seconds` (a prediction) exceeds this table's budget."""
+        if seconds is not None and self.budget is not None and seconds > self.budget:
+            raise OverBudget(f"time budget: {what} was predicted to take {seconds:.0f} s, "
+                             f"{max(self.budget, 0):.0f} s were left for this table")
+
+
+class Lazy:
+    """A value made on first use: a UNet copy that only the rows admitted to run need."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self.make, self.value, self.made = make, None, False
+
+    def __call__(self) -> Any:
+        if not self.made:
+            self.value, self.made = self.make(), True
+        return self.value
 
 
 def compile_unet(unet: torch.nn.Module, mode: str | None) -> Any:
@@ -67,7 +89,7 @@ def compile_unet(unet: torch.nn.Module, mode: str | None) -> Any:
 def unet_config(
     ctx: Context,
     label: str,
-    unet: torch.nn.Module,
+    unet: torch.nn.Module | Lazy,
     proc: Any,
     cond: Conditioning,
     steps: int,
@@ -76,26 +98,30 @@ def unet_config(
     compiled: bool = False,
     holder: dict | None = None,
     decode: bool = False,
-    vae: torch.nn.Module | None = None,
+    vae: torch.nn.Module | Lazy | None = None,
     extra: dict | None = None,
 ) -> Config:
     """A configuration that runs the denoising loop with `proc` on `unet` (or on a compiled
     copy of it). ``holder`` keeps the compiled copy; pass the same dict to reuse it (the
-    batch sweep does, from one batch size to the next)."""
+    batch sweep does, from one batch size to the next). `unet` and `vae` may be
+    :class:`Lazy`: made when the configuration first runs."""
     holder = {} if holder is None else holder
+
+    def made(x):
+        return x() if isinstance(x, Lazy) else x
 
     def setup() -> None:
         if not compiled:
-            set_processor(unet, proc)
+            set_processor(made(unet), proc)
         elif "unet" not in holder:  # compile lazily: the warm-up pays for it
-            copy_ = copy.deepcopy(unet)
+            copy_ = copy.deepcopy(made(unet))
             set_processor(copy_, proc)
             holder["unet"] = compile_unet(copy_, ctx.compile_mode)
 
     def run(warmup: bool):
         n = (max(warmup_steps, COMPILED_WARMUP_STEPS) if compiled else warmup_steps) if warmup else steps
-        return denoise(ctx.model, cond, n, ctx.preset.resolution, unet=holder.get("unet", unet),
-                       decode=decode and not warmup, vae=vae, seed=ctx.seed)
+        return denoise(ctx.model, cond, n, ctx.preset.resolution, unet=holder["unet"] if "unet" in holder else made(unet),
+                       decode=decode and not warmup, vae=made(vae), seed=ctx.seed)
 
     return Config(label, run, setup=setup, extra=dict(extra or {}), keep=holder)
 

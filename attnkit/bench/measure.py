@@ -87,6 +87,10 @@ def cell_text(status: str | None, reason: str = "", limit: int = 40) -> str:
     return "–"
 
 
+class OverBudget(Exception):
+    """A table (or its first unit) predicted not to fit in what is left of the budget."""
+
+
 class Deadline:
     """A time budget: work that would start after it is recorded as skipped."""
 
@@ -237,6 +241,7 @@ def measure_interleaved(
     always: int = 0,
     sample_factor: float = 1.0,
     clock: Callable[[], float] = time.perf_counter,
+    first_warmup: float | None = None,
 ) -> dict[str, Cell]:
     """Warm up each configuration, then up to `repeats` rounds over all of them, the
     order alternating forward and backward.
@@ -248,8 +253,9 @@ def measure_interleaved(
     a round starts only if its samples, as last timed, fit. The first round always
     completes, so every configuration warmed up gets one sample; the first ``always``
     configurations that can run are warmed up whatever the budget (a table's headline
-    pair). What is not admitted is marked "skipped (time budget)". With ``strict``, each
-    configuration is warmed up right before its first timed run.
+    pair). ``first_warmup`` predicts a warm-up before any has run (seconds; from what the
+    run measured before). What is not admitted is marked "skipped (time budget)". With
+    ``strict``, each configuration is warmed up right before its first timed run.
     """
     configs = list(configs)
     cells = {c.name: Cell(c.name, c.status, c.reason, extra=dict(c.extra)) for c in configs}
@@ -297,7 +303,7 @@ def measure_interleaved(
     first_round = 0
     for i, config in enumerate(live):
         if i >= always and deadline is not None:
-            warm = statistics.median(warmups) if warmups else 0.0
+            warm = statistics.median(warmups) if warmups else (first_warmup or 0.0)
             promised = 0.0 if strict else sum(sample_cost.get(c.name, 0.0) for c in live[:i]
                                               if cells[c.name].status == STATUS_OK)
             if deadline.expired() or not fits(promised + warm * (1 + sample_factor)):

@@ -80,6 +80,10 @@ def memory_cuda(ctx: Context) -> dict:
 
 def memory_in_subprocesses(ctx: Context) -> dict:
     """Peak RSS of the loop per processor, each in its own process, two at a time."""
+    if ctx.build_seconds is not None and ctx.step_seconds is not None:
+        # each process imports and builds the model again; one thread runs about half as fast
+        ctx.check_fits("the first pair of memory processes", 2 * ctx.build_seconds
+                       + 2 * ctx.preset.memory_steps * ctx.step_seconds)
     model = ctx.model
     avail = availability(ctx.processors, model.unet, ctx.device, model.dtype, ctx.preset.batch, ctx.tokens)
     deadline = ctx.deadline()

@@ -125,6 +125,11 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
 def sweep_in_subprocess(ctx: Context) -> dict:
     """:func:`sweep` in a fresh interpreter whose address space is capped at
     ``ctx.mem_cap_bytes`` over its footprint after imports."""
+    if ctx.build_seconds is not None and ctx.step_seconds is not None:
+        # the child imports and builds the model again, then runs batch 1's first pair at least
+        p = ctx.preset
+        ctx.check_fits("the sweep's subprocess", 2 * ctx.build_seconds
+                       + 2 * (p.sweep_warmup_steps + p.sweep_steps) * ctx.step_seconds)
     deadline = None if ctx.budget is None else time.time() + ctx.budget
     out = run_child({"task": "sweep", "preset": dataclasses.asdict(ctx.preset), "seed": ctx.seed,
                      "model_path": ctx.model_path, "threads": torch.get_num_threads(),

@@ -24,6 +24,7 @@ the CPU, and its share of the run's time budget.
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -32,8 +33,9 @@ import torch
 
 from . import published
 from .availability import availability, make_processor
-from .context import Context, forget_compiled, unet_config
-from .measure import STATUS_NA, STATUS_OK, STATUS_SKIPPED, Config, Deadline, classify_error, measure_interleaved
+from .context import Context, Lazy, forget_compiled, unet_config
+from .measure import (STATUS_NA, STATUS_OK, STATUS_SKIPPED, Config, Deadline, OverBudget, classify_error,
+                      measure_interleaved)
 from .models import dtype_label, make_conditioning, torch_dtype
 
 
@@ -72,6 +74,8 @@ def it_per_s(ctx: Context) -> dict:
     )
     configs.clear()
     forget_compiled(ctx)
+    steps = [c.median("step_seconds") for c in cells.values() if c.ok]
+    ctx.step_seconds = statistics.median(steps) if steps else ctx.step_seconds
     return {
         "title": "it/s per attention processor",
         "setting": {
@@ -95,11 +99,12 @@ def ladder(ctx: Context) -> dict:
     steps = p.ladder_steps or p.steps
     half_name = dtype_label(half)
 
-    fp32_unet = model.unet if model.dtype == torch.float32 else model.unet_copy(torch.float32)
-    fp32_vae = copy.deepcopy(model.vae).to(torch.float32)
-    half_unet = model.unet if model.dtype == half else model.unet_copy(half)
-    half_vae = model.vae if model.vae_dtype == half else copy.deepcopy(model.vae).to(half)
-    cl_unet = copy.deepcopy(half_unet).to(memory_format=torch.channels_last)
+    # Copies are made when a row first runs: rows the budget does not admit cost nothing.
+    fp32_unet = model.unet if model.dtype == torch.float32 else Lazy(lambda: model.unet_copy(torch.float32))
+    fp32_vae = Lazy(lambda: copy.deepcopy(model.vae).to(torch.float32))
+    half_unet = model.unet if model.dtype == half else Lazy(lambda: model.unet_copy(half))
+    half_vae = model.vae if model.vae_dtype == half else Lazy(lambda: copy.deepcopy(model.vae).to(half))
+    cl_unet = Lazy(lambda: model.unet_copy(half, channels_last=True))
     cond32 = make_conditioning(model, 1, torch.float32, ctx.seed)
     cond_half = make_conditioning(model, 1, half, ctx.seed)
     vanilla, why = make_processor("vanilla")
@@ -119,7 +124,7 @@ def ladder(ctx: Context) -> dict:
     else:
         rows.append(Config(f"{cl} + torch.compile", None, status=STATUS_SKIPPED, reason="compile off (--compile)"))
     base_label = cl + (" + torch.compile" if ctx.compile else "")
-    avail = availability(ctx.processors, cl_unet, ctx.device, half, 1, ctx.tokens)
+    avail = availability(ctx.processors, model.unet, ctx.device, half, 1, ctx.tokens)  # reads the structure only
     for name in ctx.processors:
         if name == "vanilla":
             continue
@@ -133,6 +138,7 @@ def ladder(ctx: Context) -> dict:
     cells = measure_interleaved(
         rows, p.repeats, 0, desc="table 2: latency ladder", progress=ctx.progress,
         deadline=ctx.deadline(), device=ctx.device, strict=True, sample_factor=steps / p.warmup_steps,
+        first_warmup=None if ctx.step_seconds is None else ctx.step_seconds * p.warmup_steps,
     )
     rows.clear()
     forget_compiled(ctx)
@@ -230,6 +236,8 @@ def run_tables(ctx: Context, keys: list[str], deadline: Deadline, log: Callable[
         start = time.perf_counter()
         try:
             tables[key] = (table.on_cuda if ctx.device.type == "cuda" else table.on_cpu)(ctx)
+        except OverBudget as exc:
+            tables[key] = {"title": table.title, "skipped": str(exc)}
         except KeyboardInterrupt:
             tables[key] = {"title": table.title, "error": "interrupted"}
             seconds[key] = time.perf_counter() - start
