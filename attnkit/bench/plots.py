@@ -155,7 +155,9 @@ def plot_sweep(plt, t3: dict, device: str):
             ax.set_title(f"{run['dtype']}{' + compile' if run['compile'] else ''}", fontsize=9)
             ax.grid(alpha=0.3)
         row[0].legend(fontsize=7)
-    fig.suptitle(_wrap(f"{device}: batch sweep (samples per point: up to {t3.get('setting', {}).get('repeats', '?')})", 110), fontsize=9)
+    repeats = t3.get("setting", {}).get("repeats")
+    noise = "one sample per point: its noise unknown" if repeats == 1 else f"median of up to {repeats} samples per point"
+    fig.suptitle(_wrap(f"{device}: batch sweep ({noise})", 110), fontsize=9)
     return fig
 
 
