@@ -29,6 +29,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from attnkit._text import describe_exception, short
+
 from .measure import STATUS_NA, Config, measure_interleaved
 from .models import LoopTiming, StepClock, dtype_label, load_config, random_init_, torch_dtype
 
@@ -185,9 +187,11 @@ def _diffusers_backend(name: str) -> Callable[[nn.Module, list[nn.Module]], str]
 def _attnkit_apply(model: nn.Module, modules: list[nn.Module]) -> str:
     import attnkit
 
-    where = attnkit.apply(model, attnkit.auto())
-    served = sum(1 for v in where.values() if v == "attnkit")
-    kept = sorted({v for v in where.values() if v != "attnkit"})
+    where = attnkit.apply(model, attnkit.auto())  # {module: "attnkit..." or the processor kept}
+    if not isinstance(where, dict):
+        return short(f"attnkit.apply returned {where!r}", 120)
+    served = sum(1 for v in where.values() if str(v).startswith("attnkit"))
+    kept = sorted({str(v) for v in where.values() if not str(v).startswith("attnkit")})
     if not served:
         raise NotApplicable(f"attnkit.apply kept every module's own processor ({', '.join(kept)})")
     return f"{served} of {len(where)} attention modules to attnkit" + (f", kept {', '.join(kept)}" if kept else "")
@@ -241,8 +245,6 @@ def _default_backend() -> contextlib.AbstractContextManager:
 # -- table 5 -----------------------------------------------------------------------------
 def transformer_table(ctx) -> dict:
     """Seconds per forward step for each way of setting attention, interleaved."""
-    from attnkit._text import describe_exception
-
     p, model = ctx.preset, ctx.model
     net = model.transformer
     modules = attention_modules(net)

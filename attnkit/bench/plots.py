@@ -74,7 +74,7 @@ def plot_it_per_s(plt, t1: dict, device: str):
     xs = list(range(len(names)))
     ax.bar(xs, med, yerr=[lo, hi], capsize=4, color="tab:blue", label="this run: median, min–max of n samples")
     for x, n, m, h in zip(xs, names, med, hi):
-        label = f"{m:.2f}\nn={cells[n].get('samples', len(cells[n].get('it_per_s') or []))}"
+        label = f"{m:.3g}\nn={cells[n].get('samples', len(cells[n].get('it_per_s') or []))}"
         if speed.get(n) and n != "vanilla":
             label += f"\nx{speed[n]:.2f}"
         ax.text(x, m + h + max(med) * 0.02, label, ha="center", va="bottom", fontsize=8)
