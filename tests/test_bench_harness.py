@@ -361,9 +361,12 @@ def test_a_spent_budget_still_measures_the_headline_pair(tiny):
 
 
 def test_work_is_admitted_only_where_it_fits_the_budget():
-    """Warm-up 1 s and sample 3 s (virtual clock), budget 10 s: the first configuration
-    (4 s promised), the second (4 more), not the third; one round, as the second would not fit."""
-    from attnkit.bench.measure import Deadline
+    """Warm-up 1 s and sample 3 s (virtual clock), predictions taken 1.5 times, budget 13 s:
+    the first configuration, the second (7 s promised x 1.5 < 12 s left), not the third
+    (10 x 1.5 > 11); one round, as the second (6 x 1.5) would not fit in 5 s."""
+    from attnkit.bench.measure import MARGIN, Deadline
+
+    assert MARGIN == 1.5
 
     now = [0.0]
     calls = []
@@ -378,14 +381,14 @@ def test_work_is_admitted_only_where_it_fits_the_budget():
 
     clock = lambda: now[0]  # noqa: E731
     cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False,
-                                deadline=Deadline(10.0, clock), sample_factor=3.0, clock=clock)
+                                deadline=Deadline(13.0, clock), sample_factor=3.0, clock=clock)
     assert calls == [("a", True), ("b", True), ("a", False), ("b", False)], calls
     assert cells["c"].status == "skipped" and cells["c"].reason == "time budget"
     assert [len(cells[n].it_per_s) for n in "ab"] == [1, 1] and now[0] == 8.0
     # a larger budget: every round that fits runs, in alternating order
     now[0], calls[:] = 0.0, []
     cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False,
-                                deadline=Deadline(21.0, clock), sample_factor=3.0, clock=clock)
+                                deadline=Deadline(24.0, clock), sample_factor=3.0, clock=clock)
     assert [n for n, w in calls if not w] == ["a", "b", "b", "a", "a", "b"]
 
 
@@ -396,7 +399,7 @@ def test_a_table_predicted_not_to_fit_is_skipped_with_its_reason(tiny):
     from attnkit.bench.tables import run_tables
 
     ctx = _ctx(tiny, ["sdpa", "vanilla"], build_seconds=10.0, step_seconds=1.0)
-    tables, _ = run_tables(ctx, ["4"], Deadline(5.0), lambda text: None)
+    tables, _ = run_tables(ctx, ["4"], Deadline(20.0), lambda text: None)  # 22 s x 1.5 > 20 s
     assert tables["4"]["skipped"].startswith("time budget: the first pair of memory processes was predicted"), tables
     tables, _ = run_tables(ctx, ["1", "3"], Deadline(0.0), lambda text: None)
     assert [c["status"] for c in tables["1"]["cells"].values()] == [STATUS_OK, STATUS_OK]  # the headline pair

@@ -15,7 +15,7 @@ import torch
 
 from .availability import set_processor
 from .env import free_memory
-from .measure import Config, Deadline, OverBudget
+from .measure import MARGIN, Config, Deadline, OverBudget
 from .models import Conditioning, SDModel, denoise
 
 # A compiled UNet's warm-up runs at least this many steps: the first compiled call can
@@ -55,8 +55,9 @@ class Context:
         return Deadline(self.budget)
 
     def check_fits(self, what: str, seconds: float | None) -> None:
-        """Raise :class:`OverBudget` when `seconds` (a prediction) exceeds this table's budget."""
-        if seconds is not None and self.budget is not None and seconds > self.budget:
+        """Raise :class:`OverBudget` when `seconds` (a prediction, taken MARGIN times) exceeds
+        this table's budget."""
+        if seconds is not None and self.budget is not None and MARGIN * seconds > self.budget:
             raise OverBudget(f"time budget: {what} was predicted to take {seconds:.0f} s, "
                              f"{max(self.budget, 0):.0f} s were left for this table")
 

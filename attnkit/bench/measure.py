@@ -87,6 +87,11 @@ def cell_text(status: str | None, reason: str = "", limit: int = 40) -> str:
     return "–"
 
 
+# Predictions of what fits are taken this many times: on a machine shared with other work
+# the pace of one run is a poor guide to the next (seen: 6 s warm-up steps, then 15 s steps).
+MARGIN = 1.5
+
+
 class OverBudget(Exception):
     """A table (or its first unit) predicted not to fit in what is left of the budget."""
 
@@ -266,7 +271,7 @@ def measure_interleaved(
 
     def fits(seconds: float) -> bool:
         left = deadline.left() if deadline is not None else None
-        return left is None or left > seconds
+        return left is None or left > MARGIN * seconds
 
     def attempt(config: Config, warmup: bool) -> LoopTiming | None:
         cell = cells[config.name]
