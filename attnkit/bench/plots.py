@@ -54,8 +54,8 @@ def _hbars(ax, labels: list[str], values: list[float], texts: list[str], color: 
         xerr = [[v - lo for v, (lo, _) in zip(values, spread)], [hi - v for v, (_, hi) in zip(values, spread)]]
     ax.barh(ys, values, color=color, xerr=xerr, capsize=3 if xerr else 0)
     ax.set_yticks(ys, labels)
-    top = max(values) if values else 1.0
     ends = [hi for _, hi in spread] if spread is not None else values
+    top = max(ends) if ends and max(ends) > 0 else 1.0
     for y, end, text in zip(ys, ends, texts):
         ax.text(end + top * 0.01, y, text, va="center", fontsize=8)
     ax.set_xlim(0, top * 1.7)  # room for the longest label
@@ -174,8 +174,8 @@ def plot_transformers(plt, t5: dict, device: str):
         values = [c["step_seconds_median"] if _ok(c, "step_seconds") else 0.0 for c in cells.values()]
         spread = [(c["step_seconds_min"], c["step_seconds_max"]) if _ok(c, "step_seconds") else (0.0, 0.0)
                   for c in cells.values()]
-        texts = [(f"{c['step_seconds_median']:.3g} s" + (f" (x{vs[n]:.3f} of native" if n in vs else " (")
-                  + f", n={c.get('samples', 0)})") if _ok(c, "step_seconds")
+        texts = [f"{c['step_seconds_median']:.3g} s (" + (f"x{vs[n]:.3f} of native, " if n in vs else "")
+                 + f"n={c.get('samples', 0)})" if _ok(c, "step_seconds")
                  else cell_text(c.get("status"), c.get("reason", ""), 60) for n, c in cells.items()]
         _hbars(ax, list(cells), values, texts, "tab:cyan", spread)
         ax.set_xlabel("seconds per forward step (median, whiskers: min–max of n samples)")
