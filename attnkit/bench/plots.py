@@ -49,15 +49,15 @@ def _hbars(ax, labels: list[str], values: list[float], texts: list[str], color: 
     """Horizontal bars, first label on top, each with its text past the bar's end (and
     past its min-max whisker when `spread` gives one)."""
     ys = list(range(len(labels)))[::-1]
-    xerr = None
-    if spread is not None:
-        xerr = [[v - lo for v, (lo, _) in zip(values, spread)], [hi - v for v, (_, hi) in zip(values, spread)]]
-    ax.barh(ys, values, color=color, xerr=xerr, capsize=3 if xerr else 0)
+    ax.barh(ys, values, color=color)
     ax.set_yticks(ys, labels)
-    ends = [hi for _, hi in spread] if spread is not None else values
+    ends = [max(v, hi) for v, (_, hi) in zip(values, spread)] if spread is not None else values
     top = max(ends) if ends and max(ends) > 0 else 1.0
+    for y, v, (lo, hi) in zip(ys, values, spread or []):
+        if hi > lo:  # one sample has no spread: no whisker that could read as a digit
+            ax.errorbar(v, y, xerr=[[v - lo], [hi - v]], fmt="none", ecolor="black", capsize=3)
     for y, end, text in zip(ys, ends, texts):
-        ax.text(end + top * 0.01, y, text, va="center", fontsize=8)
+        ax.text(end + top * 0.02, y, text, va="center", fontsize=8)
     ax.set_xlim(0, top * 1.7)  # room for the longest label
 
 
