@@ -134,16 +134,16 @@ def _attention_4096(device: torch.device, dtype: torch.dtype):
 def _memory_child(name: str, dtype: torch.dtype) -> dict:
     """Peak RSS of one call of `name` at 4096 tokens, in this (fresh) process."""
     import attnkit
-    from attnkit.bench.child import _status_kb, reset_peak_rss
+    from attnkit.bench.env import reset_peak_rss, status_kb
 
     attn, x = _attention_4096(torch.device("cpu"), dtype)
     proc = attnkit.processor(name)
     with torch.inference_mode():
         proc(attn, x[:, :64])  # imports and first-call set-up outside the measurement
-        before = (_status_kb("VmRSS") or 0) * 1024
+        before = (status_kb("VmRSS") or 0) * 1024
         reset = reset_peak_rss()
         proc(attn, x)
-    peak = (_status_kb("VmHWM") or 0) * 1024
+    peak = (status_kb("VmHWM") or 0) * 1024
     return {"peak_bytes": peak, "baseline_bytes": before, "over_baseline_bytes": peak - before, "reset": reset}
 
 

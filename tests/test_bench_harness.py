@@ -14,11 +14,13 @@ import pytest
 import torch
 
 import attnkit
-from attnkit.bench import report, seeds
+from attnkit.bench import markdown, plots, published, report
+from attnkit.bench.context import Context
+from attnkit.bench.measure import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, classify_error, measure_interleaved
 from attnkit.bench.models import LoopTiming, build_model, denoise, make_conditioning
 from attnkit.bench.presets import get_preset
-from attnkit.bench.runner import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, classify_error, measure_interleaved
-from attnkit.bench.tables import Context, it_per_s, sweep
+from attnkit.bench.sweep import sweep
+from attnkit.bench.tables import it_per_s
 
 # triton is left out on purpose: under the tests' TRITON_INTERPRET=1 it would be timed in
 # Triton's interpreter; the harness marks it n/a on the CPU (checked separately).
@@ -62,11 +64,11 @@ def test_table1_has_a_row_per_processor(tiny):
     for name in ("vanilla", "sliced", "sdpa", "auto"):
         cell = t["cells"][name]
         assert cell["status"] == STATUS_OK, cell
-        assert cell["it_per_s_median"] > 0 and cell["repeats"] == 1
+        assert cell["it_per_s_median"] > 0 and cell["samples"] == len(cell["it_per_s"]) == 1
     assert t["speedup_vs_vanilla"]["vanilla"] == pytest.approx(1.0)
     for name in ("xformers", "flash_attn", "triton"):
         assert t["cells"][name]["status"] == "n/a" and t["cells"][name]["reason"]
-    md = report.render_table1(t, {"device_name": "cpu"})
+    md = markdown.render_table1(t, {"device_name": "cpu"})
     header = md.splitlines()[3]
     for name in CPU_NAMES + ["triton"]:
         assert name in header
@@ -74,7 +76,7 @@ def test_table1_has_a_row_per_processor(tiny):
 
 
 def test_failing_processor_is_reported_in_its_cell(tiny, monkeypatch):
-    import attnkit.bench.processors as procs
+    import attnkit.bench.availability as procs
 
     from attnkit.backends.vanilla import VanillaBackend
 
@@ -92,10 +94,10 @@ def test_failing_processor_is_reported_in_its_cell(tiny, monkeypatch):
     assert t["cells"]["sliced"]["status"] == STATUS_FAILED
     assert t["cells"]["sliced"]["reason"] == "RuntimeError: kernel exploded"
     assert t["cells"]["vanilla"]["status"] == t["cells"]["sdpa"]["status"] == STATUS_OK
-    assert "failed: RuntimeError: kernel exploded" in report.render_table1(t, {"device_name": "cpu"})
+    assert "failed: RuntimeError: kernel exploded" in markdown.render_table1(t, {"device_name": "cpu"})
 
 
-def test_interleaving_rotates_and_excludes_warmup():
+def test_interleaving_alternates_and_excludes_warmup():
     calls = []
 
     def make(name):
@@ -108,7 +110,9 @@ def test_interleaving_rotates_and_excludes_warmup():
     cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False)
     assert calls[:3] == [("a", True), ("b", True), ("c", True)]
     rounds = [n for n, w in calls[3:]]
-    assert rounds == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # forward, backward, forward: over any two rounds each configuration's mean position is
+    # the same, so a linear drift in the machine's load falls on all of them alike
+    assert rounds == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert all(len(c.it_per_s) == 3 for c in cells.values())
 
 
@@ -126,9 +130,9 @@ def _fake_denoise(oom_from: dict[str, int]):
 
 
 def test_out_of_memory_ends_the_sweep_cleanly(tiny, monkeypatch):
-    import attnkit.bench.tables as tables
+    import attnkit.bench.context as context
 
-    monkeypatch.setattr(tables, "denoise", _fake_denoise({"vanilla": 2, "sdpa": 8}))
+    monkeypatch.setattr(context, "denoise", _fake_denoise({"vanilla": 2, "sdpa": 8}))
     preset = tiny[0].with_overrides(sweep_max_batch=64)
     out = sweep(_ctx(tiny, ["vanilla", "sdpa", "xformers"], preset=preset))
     (run,) = out["runs"]
@@ -138,7 +142,7 @@ def test_out_of_memory_ends_the_sweep_cleanly(tiny, monkeypatch):
     assert [e["batch"] for e in run["batches"]] == [1, 2, 4, 8]
     assert run["batches"][1]["cells"]["vanilla"]["status"] == STATUS_OOM
     assert "xformers" in run["not_available"]
-    md = report.render_table3(out, {})
+    md = markdown.render_table3(out, {})
     assert "out of memory" in md and "OOM at 2" in md
 
 
@@ -160,14 +164,16 @@ def test_out_of_memory_is_told_from_other_failures(exc, status):
 
 def test_cpu_memory_cap_in_a_subprocess_ends_the_sweep(tmp_path):
     """A real allocation failure under the child's address-space cap, reported, not fatal."""
-    from attnkit.bench.child import preset_to_spec, run_child
+    import dataclasses
+
+    from attnkit.bench.child import run_child
 
     # 48x48 latents: vanilla materialises 2 x batch x 2 heads x 2304^2 fp32 scores (and
     # their softmax), ~0.1 GB per image; 600 MB over the child's footprint fits batch 2
     # but not 4, while SDPA's CPU kernel never holds the scores and reaches batch 4.
     preset = get_preset("tiny").with_overrides(resolution=96, sweep_max_batch=4, warmup_steps=1)
     out = run_child({
-        "task": "sweep", "preset": preset_to_spec(preset), "processors": ["vanilla", "sdpa"], "threads": 1,
+        "task": "sweep", "preset": dataclasses.asdict(preset), "processors": ["vanilla", "sdpa"], "threads": 1,
         "mem_cap_bytes": 600 << 20, "device": "cpu",
     }, timeout=120)
     assert "runs" in out, out
@@ -202,16 +208,16 @@ def test_published_rows_are_keyed_by_device_name():
         "NVIDIA A100-SXM4-80GB": "A100-SXM-80GB",
     }
     for torch_name, key in cases.items():
-        assert seeds.match_device(torch_name) == key, torch_name
-        assert key in seeds.IT_PER_S_FP16
+        assert published.match_device(torch_name) == key, torch_name
+        assert key in published.IT_PER_S_FP16
     for other in ("NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 3060 Ti", "NVIDIA A100 80GB PCIe", "cpu", None):
-        assert seeds.match_device(other) is None, other
-    assert set(seeds.IT_PER_S_FP16) == set(cases.values())
-    row = seeds.published_row("NVIDIA A10G")
+        assert published.match_device(other) is None, other
+    assert set(published.IT_PER_S_FP16) == set(cases.values())
+    row = published.published_row("NVIDIA A10G")
     assert row["it_per_s"] == {"vanilla": 8.88, "xformers": 15.6}
     assert "diffusers" in row["source"]
-    assert seeds.LADDER_TITAN_RTX[0] == ("original (fp32)", 9.50, 1.0)
-    assert seeds.LADDER_TITAN_RTX[-1] == ("memory efficient attention", 2.63, 3.61)
+    assert published.LADDER_TITAN_RTX[0] == ("original (fp32)", 9.50, 1.0)
+    assert published.LADDER_TITAN_RTX[-1] == ("memory efficient attention", 2.63, 3.61)
 
 
 def test_published_row_is_shown_beside_ours():
@@ -219,10 +225,10 @@ def test_published_row_is_shown_beside_ours():
                  "loop_it_per_s_median": v, "seconds_median": 1.0, "warmup_seconds": 1.0}
              for n, v in (("vanilla", 9.0), ("xformers", 16.0))}
     t = {"cells": cells, "speedup_vs_vanilla": {"vanilla": 1.0, "xformers": 16 / 9},
-         "published": seeds.published_row("NVIDIA A10G"),
+         "published": published.published_row("NVIDIA A10G"),
          "setting": {"resolution": 512, "steps": 50, "batch": 1, "dtype": "fp16", "compile": False, "repeats": 3,
                      "steady_state_skips_first_steps": 5}}
-    md = report.render_table1(t, {"device_name": "NVIDIA A10G"})
+    md = markdown.render_table1(t, {"device_name": "NVIDIA A10G"})
     assert "published: NVIDIA A10G" in md and "8.88" in md and "15.6 (x1.76)" in md
 
 
@@ -263,10 +269,10 @@ def test_ladder_rows_and_plot(tiny, tmp_path):
     assert t["rows"][0]["speedup_vs_fp32"] == pytest.approx(1.0)
     assert t["rows"][3]["status"] == "skipped" and t["rows"][5]["status"] == "n/a"
     assert all(r["seconds_median"] > 0 for r in t["rows"] if r["status"] == STATUS_OK)
-    md = report.render_table2(t, {})
+    md = markdown.render_table2(t, {})
     assert "original (fp32): 9.50 s" in md and "memory efficient attention: 2.63 s" in md
     results = {"environment": {"device_name": "cpu"}, "tables": {"2": t}}
-    assert [os.path.basename(p) for p in report.write_plots(results, str(tmp_path))] == ["ladder.png"]
+    assert [os.path.basename(p) for p in plots.write_plots(results, str(tmp_path))[0]] == ["ladder.png"]
 
 
 def test_sweep_plot_is_written(tmp_path):
@@ -277,8 +283,8 @@ def test_sweep_plot_is_written(tmp_path):
     results = {"environment": {"device_name": "cpu"},
                "tables": {"3": {"runs": [{"dtype": "fp32", "compile": False, "batches": [entry, entry2],
                                           "max_batch": {"vanilla": 2, "sdpa": 2}, "oom_at": {}}]}}}
-    paths = report.write_plots(results, str(tmp_path))
-    assert [os.path.basename(p) for p in paths] == ["batch_sweep.png"]
+    paths, problems = plots.write_plots(results, str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == ["batch_sweep.png"] and problems == []
 
 
 def test_bad_arguments_exit_2(capsys):
@@ -309,7 +315,7 @@ def test_model_loads_from_a_local_directory(tiny, tmp_path):
 
 
 def test_a_strict_deadline_skips_what_it_does_not_reach():
-    from attnkit.bench.runner import Deadline
+    from attnkit.bench.measure import Deadline
 
     calls = []
 
@@ -329,3 +335,79 @@ def test_a_strict_deadline_skips_what_it_does_not_reach():
     # warmed up before it gets its first-round sample (test_interleaving_rotates...)
     cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False, deadline=Deadline(0.0))
     assert all(c.status == "skipped" for c in cells.values())
+
+
+def test_the_headline_is_measured_first_and_the_references_last():
+    from attnkit.bench.availability import resolve_names
+
+    names = resolve_names(None)
+    assert names[:2] == ["auto", "sdpa"] and names[-2:] == ["vanilla", "sliced"], names
+    assert set(names) == set(attnkit.PROCESSOR_NAMES)
+    assert resolve_names("sliced,auto") == ["sliced", "auto"]  # an explicit list keeps its order
+
+
+def test_a_spent_budget_still_measures_the_headline_pair(tiny):
+    """Budget 0: auto and sdpa get their sample, the slow references are marked skipped."""
+    from attnkit.bench.availability import resolve_names
+
+    names = [n for n in resolve_names(None) if n not in ("triton", "flash_attn", "xformers")]
+    t = it_per_s(_ctx(tiny, names, budget=0.0))
+    cells = t["cells"]
+    assert list(cells) == ["auto", "sdpa", "vanilla", "sliced"]
+    for name in ("auto", "sdpa"):
+        assert cells[name]["status"] == STATUS_OK and cells[name]["samples"] == 1, cells[name]
+    for name in ("vanilla", "sliced"):
+        assert cells[name]["status"] == "skipped" and cells[name]["reason"] == "time budget", cells[name]
+        assert cells[name]["samples"] == 0 and cells[name]["it_per_s"] == []
+    md = markdown.render_table1(t, {"device_name": "cpu"})
+    assert "skipped (time budget)" in md and "best vs vanilla" in md
+
+
+def test_work_is_admitted_only_where_it_fits_the_budget():
+    """Warm-up 1 s and sample 3 s (virtual clock), predictions taken 1.5 times, budget 13 s:
+    the first configuration, the second (7 s promised x 1.5 < 12 s left), not the third
+    (10 x 1.5 > 11); one round, as the second (6 x 1.5) would not fit in 5 s."""
+    from attnkit.bench.measure import MARGIN, Deadline
+
+    assert MARGIN == 1.5
+
+    now = [0.0]
+    calls = []
+
+    def make(name):
+        def run(warmup):
+            calls.append((name, warmup))
+            now[0] += 1.0 if warmup else 3.0
+            return LoopTiming([0.1])
+
+        return Config(name, run)
+
+    clock = lambda: now[0]  # noqa: E731
+    cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False,
+                                deadline=Deadline(13.0, clock), sample_factor=3.0, clock=clock)
+    assert calls == [("a", True), ("b", True), ("a", False), ("b", False)], calls
+    assert cells["c"].status == "skipped" and cells["c"].reason == "time budget"
+    assert [len(cells[n].it_per_s) for n in "ab"] == [1, 1] and now[0] == 8.0
+    # a larger budget: every round that fits runs, in alternating order
+    now[0], calls[:] = 0.0, []
+    cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False,
+                                deadline=Deadline(24.0, clock), sample_factor=3.0, clock=clock)
+    assert [n for n, w in calls if not w] == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_a_table_predicted_not_to_fit_is_skipped_with_its_reason(tiny):
+    """Table 4's processes would rebuild the model (predicted 22 s) in a 5 s budget: skipped,
+    not run; after a spent budget, a later table is skipped at its turn (the first still runs)."""
+    from attnkit.bench.measure import Deadline
+    from attnkit.bench.tables import run_tables
+
+    ctx = _ctx(tiny, ["sdpa", "vanilla"], build_seconds=10.0, step_seconds=1.0)
+    tables, _ = run_tables(ctx, ["4"], Deadline(20.0), lambda text: None)  # 22 s x 1.5 > 20 s
+    assert tables["4"]["skipped"].startswith("time budget: the first pair of memory processes was predicted"), tables
+    tables, _ = run_tables(ctx, ["1", "3"], Deadline(0.0), lambda text: None)
+    assert [c["status"] for c in tables["1"]["cells"].values()] == [STATUS_OK, STATUS_OK]  # the headline pair
+    assert "skipped" in tables["3"] and "time budget" in tables["3"]["skipped"]
+    md = markdown.render_markdown({"environment": {"device_name": "cpu", "versions": {}, "date": "d", "command": "c"},
+                                   "preset": {"name": "tiny", "label": "tiny"}, "model": {"source": "s"},
+                                   "tables": tables, "budget_seconds": 1.0, "elapsed_seconds": 2.0})
+    assert "### 3. batch-size sweep\n\nskipped (time budget" in md and "table(s) 3 skipped for the budget" in md

@@ -1,4 +1,5 @@
-"""Which attention processors can run here, and putting one on a UNet."""
+"""Which attention processors can run here, in which order they are measured, and
+putting one on a UNet."""
 
 from __future__ import annotations
 
@@ -8,18 +9,24 @@ import torch
 from torch import nn
 
 import attnkit
+from attnkit._text import describe_exception
 from attnkit.backends import AttentionCall, DeviceInfo
 
-from .runner import STATUS_NA, short, unavailable_reasons
+from .measure import STATUS_NA, STATUS_OK, unavailable_reason
 
-# The published tables' names for attnkit's processors.
-SEED_NAMES = {"vanilla": "Base Attention", "xformers": "Memory Efficient Attention"}
+# What users come for first (auto, torch's SDPA, the fused kernels), the slow references
+# last: a run cut short by its time budget loses the references, not the headline.
+MEASURE_ORDER = ("auto", "sdpa", "triton", "flash_attn", "xformers", "vanilla", "sliced")
+REFERENCES = ("vanilla", "sliced")
 
 
 def resolve_names(spec: str | None) -> list[str]:
-    """`None`/"all" -> every processor; else a comma-separated list, checked."""
+    """`None`/"all" -> every processor in :data:`MEASURE_ORDER`; else a comma-separated
+    list, checked, in the order given."""
     if spec is None or spec.strip() in ("", "all"):
-        return list(attnkit.PROCESSOR_NAMES)
+        known = [n for n in MEASURE_ORDER if n in attnkit.PROCESSOR_NAMES]
+        others = [n for n in attnkit.PROCESSOR_NAMES if n not in MEASURE_ORDER]
+        return [n for n in known if n not in REFERENCES] + others + [n for n in known if n in REFERENCES]
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in attnkit.PROCESSOR_NAMES]
     if unknown:
@@ -54,11 +61,11 @@ def make_processor(name: str) -> tuple[Any | None, str]:
     try:
         return attnkit.processor(name), ""
     except ImportError as exc:
-        return None, short(f"backend not importable: {exc}", 120)
-    except ValueError as exc:  # BackendUnavailable is a ValueError
-        return None, short(unavailable_reasons(exc), 200)
+        return None, f"backend not importable: {describe_exception(exc)}"
+    except attnkit.BackendUnavailable as exc:
+        return None, unavailable_reason(exc)
     except Exception as exc:  # noqa: BLE001 - a broken backend must not stop the run
-        return None, short(f"{type(exc).__name__}: {exc}", 200)
+        return None, describe_exception(exc)
 
 
 def precheck(name: str, proc: Any, unet: nn.Module, device: torch.device, dtype: torch.dtype, batch: int, tokens: int) -> str:
@@ -83,7 +90,7 @@ def precheck(name: str, proc: Any, unet: nn.Module, device: torch.device, dtype:
                 if reason not in reasons:
                     reasons.append(reason)
     except Exception as exc:  # noqa: BLE001
-        return short(f"could not check: {type(exc).__name__}: {exc}", 200)
+        return f"could not check: {describe_exception(exc)}"
     return "; ".join(reasons)
 
 
@@ -92,18 +99,12 @@ def availability(names: list[str], unet: nn.Module, device: torch.device, dtype:
     out = {}
     for name in names:
         proc, reason = make_processor(name)
-        if proc is None:
-            out[name] = (None, STATUS_NA, reason)
-            continue
-        reason = precheck(name, proc, unet, device, dtype, batch, tokens)
-        out[name] = (None, STATUS_NA, reason) if reason else (proc, "ok", "")
+        if proc is not None:
+            reason = precheck(name, proc, unet, device, dtype, batch, tokens)
+        out[name] = (None, STATUS_NA, reason) if reason else (proc, STATUS_OK, "")
     return out
 
 
 def set_processor(unet: nn.Module, proc: Any) -> None:
     """Put `proc` on every attention module of the UNet attnkit can serve."""
     attnkit.apply(getattr(unet, "_orig_mod", unet), proc)
-
-
-def describe(proc: Any) -> str:
-    return repr(proc) if proc is not None else ""

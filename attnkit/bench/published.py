@@ -21,11 +21,10 @@ SOURCES = {
         "xFormers attention, with and without torch.compile (numbers stated in its text; "
         "its bar charts are images and are not transcribed)"
     ),
-    "cerebrium-a10g-post": (
-        "Cerebrium blog, Stable Diffusion latency optimisations on an NVIDIA A10G "
-        "(Lambda Labs): original -> fp16 -> inference_mode -> DeepSpeed"
-    ),
 }
+
+# The published tables' names for attnkit's processors.
+PUBLISHED_NAMES = {"vanilla": "Base Attention", "xformers": "Memory Efficient Attention"}
 
 # -- Table 1: it/s, 512x512, batch size 1 (one prompt), fp16 ---------------------------
 # "Base Attention FP16" is diffusers' vanilla attention (attnkit's "vanilla"); "Memory
@@ -56,15 +55,6 @@ LADDER_TITAN_RTX = [
 ]
 LADDER_DEVICE = "NVIDIA TITAN RTX"
 LADDER_SOURCE = "diffusers-v0.18-memory-and-speed"
-
-# Cerebrium, NVIDIA A10G: seconds per image after each step (speedups derived here).
-LADDER_A10G_CEREBRIUM = [
-    ("original", 11.26),
-    ("fp16", 4.57),
-    ("torch.inference_mode", 4.53),
-    ("DeepSpeed inference", 2.68),
-]
-LADDER_A10G_SOURCE = "cerebrium-a10g-post"
 
 # -- Table 3: the PyTorch 2.0 post, as stated in its text ------------------------------
 # The per-batch bars are figures; these are the statements that carry numbers.

@@ -1,0 +1,300 @@
+"""Table 5: a transformer's forward per step, attnkit against diffusers' own attention.
+
+The model (Flux, SD3 or Wan) is built from a shipped config with random weights and
+run as its pipeline runs it: one forward per step on latents, prompt embeddings and ids
+of the pipeline's shapes, the latents advanced by an Euler flow-matching step. Each
+column of the table is one way of setting the model's attention (:data:`SETTINGS`):
+
+- ``native``, ``flash``, ``sage``: ``model.set_attention_backend(name)``;
+- ``attnkit``: ``model.set_attention_backend("attnkit")``, attnkit's diffusers backend;
+- ``attnkit.apply``: ``attnkit.apply(model, attnkit.auto())``;
+- ``stock``: the processors the model was built with, diffusers' default backend.
+
+All columns share the model and are measured interleaved in this process; before every
+run the stock processors are put back and the column's setting applied. A setting that
+cannot be made here (a package not installed, a backend diffusers does not know, one that
+reaches none of the model's attention modules) is "n/a" with its reason; one that raises
+while running is "n/a" or "failed" with the error. ``set_attention_backend`` also sets
+diffusers' process-wide active backend: every run happens inside
+``attention_backend(<diffusers' default>)``, so the stock column stays stock, and the
+table leaves the active backend as it found it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from attnkit._text import describe_exception, short
+
+from .measure import STATUS_NA, Config, measure_interleaved
+from .models import LoopTiming, StepClock, dtype_label, load_config, random_init_, torch_dtype
+
+LATENT_CHANNELS = 16  # Flux, SD3 and Wan VAEs
+VAE_FACTOR = 8
+
+
+class NotApplicable(Exception):
+    """A way of setting attention that does not apply to this model or machine."""
+
+
+@dataclass
+class TransformerModel:
+    """The transformer under test and the fixed inputs of its forward."""
+
+    transformer: nn.Module
+    family: str
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    latents: torch.Tensor  # the initial latents, as the pipeline hands them to the model
+    kwargs: dict  # every other input of the forward, the same at every step
+    tokens: dict  # {"image": n, "text": n}: what attention sees
+
+    def forward(self, latents: torch.Tensor, sigma: float) -> torch.Tensor:
+        batch = latents.shape[0]
+        # Flux takes the flow-matching sigma (it scales by 1000 itself); SD3 and Wan the
+        # pipeline's timestep, sigma * 1000.
+        t = sigma if self.family == "flux" else sigma * 1000.0
+        timestep = torch.full((batch,), t, device=self.device, dtype=self.dtype)
+        return self.transformer(hidden_states=latents, timestep=timestep, return_dict=False, **self.kwargs)[0]
+
+
+def build_transformer(preset, device: torch.device | str, seed: int = 0) -> TransformerModel:
+    """The preset's transformer (random weights) and the inputs of its forward."""
+    import diffusers
+
+    device = torch.device(device)
+    dtype = torch_dtype(preset.dtype)
+    config = {**load_config(preset.config), **preset.reduce}
+    cls = getattr(diffusers, config["_class_name"])
+    torch.manual_seed(seed)
+    # Built on the device itself (not on "meta"): the position-embedding buffers of SD3
+    # and Wan are computed at construction; random_init_ then draws every weight.
+    with torch.device(device):
+        model = cls.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+    random_init_(model, seed)
+    model = model.to(dtype=dtype).eval().requires_grad_(False)
+    # As from_pretrained(torch_dtype=...) does: the modules the class keeps in float32 stay so.
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, module in model.named_modules():
+        if keep and any(k in name.split(".") for k in keep):
+            module.float()
+    latents, kwargs, tokens = _inputs(preset, model.config, device, dtype, seed)
+    source = f"random weights, architecture of {config.get('_source', preset.config)}"
+    if preset.reduce:
+        source += " reduced: " + ", ".join(f"{k}={v}" for k, v in preset.reduce.items())
+    return TransformerModel(model, preset.family, source, device, dtype, latents, kwargs, tokens)
+
+
+def _inputs(preset, config, device, dtype, seed) -> tuple[torch.Tensor, dict, dict]:
+    """Random inputs of the pipeline's shapes (never zeros): (latents, other kwargs, tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    b, t = preset.batch, preset.text_tokens
+    h, w = preset.height // VAE_FACTOR, preset.width // VAE_FACTOR
+    if preset.family == "flux":
+        # FluxPipeline packs 2x2 latent patches into tokens of 4 * 16 channels.
+        hp, wp = h // 2, w // 2
+        ids = torch.zeros(hp, wp, 3)
+        ids[..., 1] = torch.arange(hp)[:, None]
+        ids[..., 2] = torch.arange(wp)[None, :]
+        kwargs = {
+            "encoder_hidden_states": rand(b, t, config.joint_attention_dim),
+            "pooled_projections": rand(b, config.pooled_projection_dim),
+            "img_ids": ids.reshape(-1, 3).to(device=device, dtype=dtype),
+            "txt_ids": torch.zeros(t, 3, device=device, dtype=dtype),
+        }
+        if config.guidance_embeds:
+            kwargs["guidance"] = torch.full((b,), 3.5, device=device, dtype=dtype)
+        return rand(b, hp * wp, config.in_channels), kwargs, {"image": hp * wp, "text": t}
+    if preset.family == "sd3":
+        p = config.patch_size
+        kwargs = {"encoder_hidden_states": rand(b, t, config.joint_attention_dim),
+                  "pooled_projections": rand(b, config.pooled_projection_dim)}
+        return rand(b, config.in_channels, h, w), kwargs, {"image": (h // p) * (w // p), "text": t}
+    if preset.family == "wan":
+        frames = (preset.frames - 1) // 4 + 1
+        pt, ph, pw = config.patch_size
+        kwargs = {"encoder_hidden_states": rand(b, t, config.text_dim)}
+        return (rand(b, config.in_channels, frames, h, w), kwargs,
+                {"image": (frames // pt) * (h // ph) * (w // pw), "text": t})
+    raise ValueError(f"unknown transformer family {preset.family!r}; choose flux, sd3 or wan")
+
+
+@torch.no_grad()
+def transformer_loop(model: TransformerModel, steps: int) -> LoopTiming:
+    """`steps` forwards, each followed by the Euler flow-matching step, timed per step."""
+    latents = model.latents.clone()
+    sigmas = torch.linspace(1.0, 1.0 / steps, steps).tolist() + [0.0]
+    clock = StepClock(model.device)
+    clock.start()
+    for sigma, nxt in zip(sigmas, sigmas[1:]):
+        velocity = model.forward(latents, sigma)
+        latents = latents + (nxt - sigma) * velocity
+        clock.mark()
+    return LoopTiming(clock.finish())
+
+
+# -- ways of setting attention -----------------------------------------------------------
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """diffusers' attention modules (the legacy ``Attention`` and ``AttentionModuleMixin``)."""
+    from diffusers.models.attention_processor import Attention
+
+    kinds: tuple = (Attention,)
+    try:
+        from diffusers.models.attention import AttentionModuleMixin
+
+        kinds += (AttentionModuleMixin,)
+    except ImportError:
+        pass
+    return [m for m in model.modules() if isinstance(m, kinds)]
+
+
+def route_of(stock: dict[nn.Module, Any]) -> str:
+    """Which of the two routes the model's stock processors take."""
+    from .presets import ROUTE_1, ROUTE_2
+
+    return ROUTE_1 if any(hasattr(p, "_attention_backend") for p in stock.values()) else ROUTE_2
+
+
+def _stock(model: nn.Module, modules: list[nn.Module]) -> str:
+    return f"{len(modules)} attention modules, their own processors, diffusers' default backend"
+
+
+def _diffusers_backend(name: str) -> Callable[[nn.Module, list[nn.Module]], str]:
+    def set_backend(model: nn.Module, modules: list[nn.Module]) -> str:
+        model.set_attention_backend(name)
+        # diffusers sets the backend on processors that dispatch through it and passes
+        # over the others without a word: count what it reached.
+        reached = sum(1 for m in modules if getattr(m.processor, "_attention_backend", None) == name)
+        if not reached:
+            kinds = sorted({type(m.processor).__name__ for m in modules})
+            raise NotApplicable(f"set_attention_backend({name!r}) reaches none of the {len(modules)} attention "
+                                f"modules (their {', '.join(kinds)} call attention themselves)")
+        return f"{reached} of {len(modules)} attention modules"
+
+    return set_backend
+
+
+def _attnkit_apply(model: nn.Module, modules: list[nn.Module]) -> str:
+    import attnkit
+
+    where = attnkit.apply(model, attnkit.auto())  # {module: "attnkit..." or the processor kept}
+    if not isinstance(where, dict):
+        return short(f"attnkit.apply returned {where!r}", 120)
+    served = sum(1 for v in where.values() if str(v).startswith("attnkit"))
+    kept = sorted({str(v) for v in where.values() if not str(v).startswith("attnkit")})
+    if not served:
+        raise NotApplicable(f"attnkit.apply kept every module's own processor ({', '.join(kept)})")
+    return f"{served} of {len(where)} attention modules to attnkit" + (f", kept {', '.join(kept)}" if kept else "")
+
+
+# In the order measured: the comparison the table is for first (diffusers' native backend
+# against attnkit's two routes), then diffusers' fused kernels, then stock, which on a
+# route-1 model is native again: the pair's difference is the run's noise floor.
+SETTINGS: dict[str, Callable[[nn.Module, list[nn.Module]], str]] = {
+    "native": _diffusers_backend("native"),
+    "attnkit": _diffusers_backend("attnkit"),
+    "attnkit.apply": _attnkit_apply,
+    "flash": _diffusers_backend("flash"),
+    "sage": _diffusers_backend("sage"),
+    "stock": _stock,
+}
+
+
+# How each setting is made, as a user would write it (shown in the table).
+HOW = {
+    "stock": "as built (diffusers' default)",
+    "native": "set_attention_backend('native')",
+    "flash": "set_attention_backend('flash')",
+    "sage": "set_attention_backend('sage')",
+    "attnkit": "set_attention_backend('attnkit')",
+    "attnkit.apply": "attnkit.apply(model, attnkit.auto())",
+}
+
+
+def resolve_settings(spec: str | None) -> list[str]:
+    """`None`/"all" -> every setting; else a comma-separated list, checked."""
+    if spec is None or spec.strip() in ("", "all"):
+        return list(SETTINGS)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        raise ValueError(f"unknown attention setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
+    return list(dict.fromkeys(names))
+
+
+def _default_backend() -> contextlib.AbstractContextManager:
+    """diffusers' default active backend for the duration (restored after)."""
+    try:
+        from diffusers.models.attention_dispatch import attention_backend
+        from diffusers.utils.constants import DIFFUSERS_ATTN_BACKEND
+    except ImportError:  # a diffusers without attention backends: nothing to keep stock
+        return contextlib.nullcontext()
+    return attention_backend(DIFFUSERS_ATTN_BACKEND)
+
+
+# -- table 5 -----------------------------------------------------------------------------
+def transformer_table(ctx) -> dict:
+    """Seconds per forward step for each way of setting attention, interleaved."""
+    p, model = ctx.preset, ctx.model
+    net = model.transformer
+    modules = attention_modules(net)
+    stock = {m: m.processor for m in modules}
+
+    def apply_setting(name: str) -> str:
+        for m, proc in stock.items():
+            m.set_processor(proc)
+        if hasattr(net, "reset_attention_backend"):
+            net.reset_attention_backend()
+        return SETTINGS[name](net, modules)
+
+    def run(warmup: bool) -> LoopTiming:
+        with _default_backend():
+            return transformer_loop(model, p.warmup_steps if warmup else p.steps)
+
+    configs = []
+    with _default_backend():
+        for name in ctx.processors:
+            try:
+                where = apply_setting(name)
+            except Exception as exc:  # noqa: BLE001 - cannot be set here: a result, not a crash
+                reason = str(exc) if isinstance(exc, NotApplicable) else describe_exception(exc, 300)
+                configs.append(Config(name, None, status=STATUS_NA, reason=reason, extra={"how": HOW[name]}))
+                continue
+            configs.append(Config(name, run, setup=lambda name=name: apply_setting(name),
+                                  extra={"how": HOW[name], "where": where}))
+        try:
+            cells = measure_interleaved(configs, p.repeats, p.skip_steps, desc=f"table 5: {p.name}",
+                                        progress=ctx.progress, deadline=ctx.deadline(), device=ctx.device,
+                                        always=2, sample_factor=p.steps / p.warmup_steps)
+        finally:
+            apply_setting("stock")
+    ref = {base: cells[base].median("step_seconds") for base in ("native", "stock")
+           if base in cells and cells[base].ok}
+    return {
+        "title": "transformer forward per step",
+        "models": [{
+            "preset": p.name, "label": p.label, "route": route_of(stock), "source": model.source,
+            "setting": {"family": p.family, "height": p.height, "width": p.width, "frames": p.frames,
+                        "batch": p.batch, "tokens": model.tokens, "dtype": dtype_label(model.dtype),
+                        "steps": p.steps, "repeats": p.repeats, "warmup_steps": p.warmup_steps,
+                        "steady_state_skips_first_steps": p.skip_steps, "budget_seconds": ctx.budget,
+                        "attention_modules": len(modules)},
+            "cells": {n: c.to_dict() for n, c in cells.items()},
+            "ratio_vs": {base: {n: c.median("step_seconds") / r for n, c in cells.items() if c.ok}
+                         for base, r in ref.items()},
+        }],
+    }
+
+
+__all__ = ["SETTINGS", "TransformerModel", "build_transformer", "resolve_settings",
+           "transformer_loop", "transformer_table"]

@@ -1,0 +1,349 @@
+"""The tables as markdown: what table.md and stdout show.
+
+Every table states how many samples each cell holds and says where a difference it
+shows is within the noise of the run; the header gives the time budget and the
+machine's load. Works from the results dict alone.
+"""
+
+from __future__ import annotations
+
+from .measure import NOISE_LEGEND, cell_text, ranking, separated, typical_spread
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    if x is None:
+        return "–"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.{digits}f}"
+
+
+def _x(x: float | None) -> str:
+    return "–" if x is None else f"x{x:.2f}"
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "–"
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def _text(cell: dict, limit: int = 40) -> str:
+    return cell_text(cell.get("status"), cell.get("reason", ""), limit)
+
+
+def _ok(cell: dict | None, key: str = "it_per_s") -> bool:
+    return bool(cell) and cell.get("status") == "ok" and bool(cell.get(f"{key}_median"))
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    def esc(s: str) -> str:
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def noise_lines(cells: dict[str, dict], key: str, fmt, higher_is_faster: bool = True) -> list[str]:
+    """The measured cells ranked with '>', '≈' or '?' between neighbours, and the run's noise."""
+    samples = {n: c.get(key) or [] for n, c in cells.items() if _ok(c, key)}
+    if len(samples) < 2:
+        return []
+    spread = typical_spread(samples.values())
+    noise = (f"typical spread (max-min)/median of a cell: {spread:.1%}" if spread is not None
+             else "one sample per cell: the run's spread is unknown")
+    return [f"Fastest first: {ranking(samples, fmt, higher_is_faster)} ({noise}; {NOISE_LEGEND})."]
+
+
+def _best(speed: dict[str, float | None], cells: dict[str, dict], base: str) -> str:
+    """The best speedup over `base`, and whether the runner-up is separable from it."""
+    ranked = sorted(((v, n) for n, v in speed.items() if n != base and v), reverse=True)
+    if not ranked:
+        return "–"
+    text = f"{_x(ranked[0][0])} ({ranked[0][1]}"
+    if len(ranked) > 1:
+        a, b = cells[ranked[0][1]].get("it_per_s") or [], cells[ranked[1][1]].get("it_per_s") or []
+        noise = typical_spread(c.get("it_per_s") or [] for c in cells.values() if _ok(c))
+        sep = separated(a, b, noise)
+        if sep is False:
+            text += f"; {ranked[1][1]} {_x(ranked[1][0])} within noise"
+        elif sep is None:
+            text += f"; {ranked[1][1]} {_x(ranked[1][0])}: one sample, not established"
+    return text + ")"
+
+
+# -- the tables ------------------------------------------------------------------------
+def render_table1(t: dict, env: dict) -> str:
+    from .published import PUBLISHED_NAMES
+
+    cells = t["cells"]
+    names = list(cells)
+    speed = t.get("speedup_vs_vanilla", {})
+    s = t["setting"]
+    ours = [f"{_num(cells[n]['it_per_s_median'])}" + (f" ({_x(speed.get(n))})" if n != "vanilla" and speed.get(n) else "")
+            if _ok(cells[n]) else _text(cells[n], 28) for n in names]
+    label = f"**this run**: {env['device_name']}, {s['dtype']}" + (", compiled" if s.get("compile") else "")
+    rows = [[label, *ours, _best(speed, cells, "vanilla")]]
+    pub = t.get("published")
+    if pub:
+        its = pub["it_per_s"]
+        pv = its.get("vanilla")
+        prow = [f"{_num(its[n])}" + (f" ({_x(its[n] / pv)})" if n != "vanilla" and pv else "") if n in its else "–" for n in names]
+        pbest = max(((its[n] / pv, n) for n in its if n != "vanilla"), default=None) if pv else None
+        rows.append([f"published: {pub['device']} (diffusers docs v0.18)", *prow,
+                     f"{_x(pbest[0])} ({pbest[1]})" if pbest else "–"])
+    head = ["device"] + [f"{n} ({PUBLISHED_NAMES[n]})" if n in PUBLISHED_NAMES else n for n in names] + ["best vs vanilla"]
+    out = [
+        "### 1. Denoising-loop it/s per attention processor",
+        f"{s['resolution']}x{s['resolution']}, {s['steps']} DDIM steps, batch {s['batch']} "
+        f"(UNet batch {2 * s['batch']}: classifier-free guidance), {s['dtype']}; steady-state it/s "
+        f"(first {s['steady_state_skips_first_steps']} steps excluded); each cell is the median of its n "
+        f"samples (column n below), one per interleaved round after a warm-up: up to {s['repeats']} rounds, "
+        "fewer where the time budget ended them; (xN) = speedup over vanilla.",
+        "",
+        _md_table(head, rows),
+    ]
+    if not pub:
+        out += ["", f"(no published row: the published table did not measure {env['device_name']})"]
+    vs_sdpa = t.get("speedup_vs_sdpa", {})
+    detail = []
+    for n in names:
+        c = cells[n]
+        if _ok(c):
+            detail.append([n, _num(c["it_per_s_median"]), str(c.get("samples", len(c.get("it_per_s") or []))),
+                           f"{_num(c['it_per_s_min'])}–{_num(c['it_per_s_max'])}",
+                           _num(c.get("loop_it_per_s_median")), _num(c.get("seconds_median")),
+                           _x(speed.get(n)), _x(vs_sdpa.get(n)), _num(c.get("warmup_seconds"), 1)])
+        else:
+            detail.append([n, "–", "0", "–", "–", "–", "–", "–", _text(c, 200)])
+    out += ["", _md_table(["processor", "it/s (median)", "n", "min–max", "whole-loop it/s", "s per loop",
+                           "vs vanilla", "vs sdpa", "warm-up s / status"], detail)]
+    lines = noise_lines(cells, "it_per_s", _num)
+    return "\n".join(out + (["", *lines] if lines else []))
+
+
+def render_table2(t: dict, env: dict) -> str:
+    s = t["setting"]
+    pub = t.get("published", {})
+    prow = pub.get("rows", [])
+    rows = []
+    for i, r in enumerate(t["rows"]):
+        if _ok(r, "seconds"):
+            ours = [_num(r["seconds_median"], 3), str(r.get("samples", len(r.get("seconds") or []))),
+                    f"{_num(r['seconds_min'], 3)}–{_num(r['seconds_max'], 3)}", _x(r.get("speedup_vs_fp32"))]
+        else:
+            ours = [_text(r, 50), "0", "–", "–"]
+        ref = ""
+        if i < 4 and i < len(prow):
+            ref = f"{prow[i]['step']}: {prow[i]['seconds']:.2f} s, x{prow[i]['speedup']:.2f}"
+        elif r["name"].endswith("+ xformers") and len(prow) > 4:
+            ref = f"{prow[4]['step']}: {prow[4]['seconds']:.2f} s, x{prow[4]['speedup']:.2f}"
+        rows.append([r["name"], *ours, ref])
+    return "\n".join([
+        "### 2. Latency ladder: seconds per image, cumulative speedup",
+        f"One image, {s['resolution']}x{s['resolution']}, {s['steps']} DDIM steps; timed: {s.get('includes', '')}; "
+        f"median of n interleaved samples per row (up to {s['repeats']}); the published column is the "
+        f"ladder of the diffusers docs ({pub.get('device', '')}, 512x512, 50 DDIM steps, traced UNet where we compile).",
+        "",
+        _md_table(["step", "s / image", "n", "min–max", "speedup vs fp32", f"published ({pub.get('device', '')})"], rows),
+    ])
+
+
+def render_table3(t: dict, env: dict) -> str:
+    s = t["setting"]
+    out = [
+        "### 3. Batch-size sweep: images/s and speedup over vanilla / xformers",
+        f"{s['resolution']}x{s['resolution']}, {s['steps_per_run']} steps per run, median of up to {s['repeats']} "
+        "interleaved samples per cell, batch 1, 2, 4, ... until out of memory "
+        f"(or batch {s['max_batch']}); cell: images/s (x vs vanilla / x vs xformers).",
+    ]
+    if s["repeats"] == 1:
+        out.append("One sample per cell: a speedup here is a single measurement, its noise unknown.")
+    for run in t["runs"]:
+        title = f"**{run['dtype']}{', torch.compile' if run['compile'] else ''}**"
+        if not run["batches"]:
+            out += ["", f"{title}: {run.get('stopped', 'no data')}"]
+            continue
+        names = list(run["batches"][0]["cells"])
+        rows = []
+        for entry in run["batches"]:
+            b = entry["batch"]
+            row = [str(b)]
+            for n in names:
+                c = entry["cells"].get(n)
+                if c is None:
+                    row.append("–")
+                elif _ok(c):
+                    sv = entry["speedup_vs_vanilla"].get(n)
+                    sx = entry["speedup_vs_xformers"].get(n)
+                    extra = " / ".join(x for x in (_x(sv) if sv and n != "vanilla" else "",
+                                                   _x(sx) + " xf" if sx and n != "xformers" else "") if x)
+                    row.append(f"{_num(c['it_per_s_median'] * b)}" + (f" ({extra})" if extra else ""))
+                else:
+                    row.append(_text(c, 24))
+            rows.append(row)
+
+        def largest_text(n: str) -> str:
+            fit = run["max_batch"].get(n)
+            if n in run.get("oom_at", {}):
+                return f"{fit if fit else 'none'} (OOM at {run['oom_at'][n]})"
+            if fit is None:
+                return "–"
+            return f"≥ {fit} (no OOM)" if fit == s["max_batch"] else str(fit)
+
+        rows.append(["largest batch"] + [largest_text(n) for n in names])
+        out += ["", title + (f" — {run['stopped']}" if run.get("stopped") else ""), "",
+                _md_table(["batch"] + names, rows)]
+    if t.get("mem_cap_bytes"):
+        out += ["", f"(CPU: the sweep ran in its own process with its address space capped at {_bytes(t['mem_cap_bytes'])} over its start)"]
+    return "\n".join(out)
+
+
+def render_table4(t: dict, env: dict) -> str:
+    s = t["setting"]
+    rows = []
+    for n, c in t["cells"].items():
+        if c.get("status") == "ok":
+            rows.append([n, _bytes(c.get("peak_bytes")), _bytes(c.get("activation_bytes")), _bytes(c.get("baseline_bytes"))])
+        else:
+            rows.append([n, _text(c, 60), "–", "–"])
+    out = [
+        "### 4. Peak memory per processor",
+        f"{t['method']}; {s['resolution']}x{s['resolution']}, batch {s['batch']}, {s['dtype']}, {s['steps']} steps. "
+        "One measurement per processor; 'over baseline' is what the loop adds to the weights and inputs.",
+        "",
+        _md_table(["processor", "peak", "over baseline", "baseline (weights, inputs)"], rows),
+    ]
+    dec = t.get("vae_decode") or {}
+    if dec.get("peak_bytes"):
+        out += ["", f"VAE decode (diffusers' own attention, the same for every row): peak {_bytes(dec['peak_bytes'])}."]
+    return "\n".join(out)
+
+
+def render_table5(t: dict, env: dict) -> str:
+    out = []
+    for m in t["models"]:
+        s, cells = m["setting"], m["cells"]
+        vs = m.get("ratio_vs", {})
+        tok = s["tokens"]
+        frames = f", {s['frames']} frames" if s.get("frames") else ""
+        out += [
+            f"### 5. Transformer forward per step: {m['label']}",
+            f"{m['route']}. {s['width']}x{s['height']}{frames}: {tok['image']} image + {tok['text']} text tokens, "
+            f"batch {s['batch']}, {s['dtype']}, {s['attention_modules']} attention modules; {s['steps']} forward steps "
+            f"per run (first {s['steady_state_skips_first_steps']} excluded); each cell is the median of its n "
+            f"interleaved samples (up to {s['repeats']}); ratio = seconds per step / the named column's (x1.02: 2% slower).",
+            f"Model: {m['source']}.",
+            "",
+        ]
+        rows = []
+        for n, c in cells.items():
+            if _ok(c, "step_seconds"):
+                rows.append([n, c.get("how", ""), _num(c["step_seconds_median"], 3), str(c.get("samples", 0)),
+                             f"{_num(c['step_seconds_min'], 3)}–{_num(c['step_seconds_max'], 3)}",
+                             _x(vs.get("native", {}).get(n)), _x(vs.get("stock", {}).get(n)), c.get("where", "")])
+            else:
+                rows.append([n, c.get("how", ""), "–", "0", "–", "–", "–", _text(c, 200)])
+        out.append(_md_table(["attention", "set by", "s / step", "n", "min–max", "vs native", "vs stock",
+                              "where it went / status"], rows))
+        lines = noise_lines(cells, "step_seconds", lambda v: _num(v, 3), higher_is_faster=False)
+        out += ["", *lines] if lines else []
+        out += ["", _target_line(cells, vs.get("native", {})), ""]
+    return "\n".join(out).rstrip()
+
+
+def _target_line(cells: dict, vs_native: dict) -> str:
+    """attnkit's backend against native: the issue's target is at most x1.02 per step."""
+    parts = []
+    for name in ("attnkit", "attnkit.apply"):
+        c = cells.get(name)
+        if c is None:
+            continue
+        if not _ok(c, "step_seconds") or "native" not in vs_native:
+            why = _text(c, 80) if not _ok(c, "step_seconds") else "native not measured"
+            parts.append(f"{name} not measured: {why}")
+            continue
+        sep = separated(c["step_seconds"], cells["native"]["step_seconds"],
+                        typical_spread(x["step_seconds"] for x in cells.values() if _ok(x, "step_seconds")))
+        verdict = {True: "a difference beyond noise", False: "within noise", None: "one sample: not established"}[sep]
+        parts.append(f"{name} {_x(vs_native[name])} of native ({verdict})")
+    return "Target: attnkit at most x1.02 of diffusers' native per step. " + "; ".join(parts) + "." if parts else ""
+
+
+RENDERERS = {"1": render_table1, "2": render_table2, "3": render_table3, "4": render_table4, "5": render_table5}
+
+
+def _cells_of(t: dict) -> list[dict]:
+    out = list((t.get("cells") or {}).values()) + list(t.get("rows") or [])
+    for run in t.get("runs") or []:
+        for entry in run.get("batches", []):
+            out += list(entry["cells"].values())
+    for m in t.get("models") or []:
+        out += list(m["cells"].values())
+    return out
+
+
+def run_lines(results: dict) -> list[str]:
+    """The budget and the machine's load: how far this run's numbers can be trusted."""
+    env = results["environment"]
+    if results.get("parts"):  # a merged record: each run's own budget and load
+        return [f"- run `{p['command']}`: " + (f"budget {p['budget_seconds']:.0f} s, " if p.get("budget_seconds") else "")
+                + f"took {p.get('elapsed_seconds') or 0:.0f} s"
+                + (f", load average {p['load_average_start'][0]:.1f} at the start"
+                   + (f", {p['load_average_end'][0]:.1f} at the end" if p.get("load_average_end") else "")
+                   if p.get("load_average_start") else "")
+                for p in results["parts"]] + [
+            f"- load average: runnable processes over the last minute, on {env.get('cpu_count') or '?'} CPUs: a load "
+            "above the CPU count means a run waited for cores, and its timings are slower and noisier than on an "
+            "idle machine"]
+    skipped = sum(1 for t in results["tables"].values() for c in _cells_of(t)
+                  if c.get("status") == "skipped" and c.get("reason") == "time budget")
+    budget = results.get("budget_seconds")
+    took = results.get("elapsed_seconds", 0.0)
+    line = (f"- time budget: {budget:.0f} s for the whole run, model build included; it took {took:.0f} s"
+            if budget else f"- no time budget; the run took {took:.0f} s")
+    if budget:
+        gone = [k for k, t in results["tables"].items() if "skipped" in t]
+        line += (f"; {skipped} measurement(s)" + (f" and table(s) {', '.join(gone)}" if gone else "")
+                 + " skipped for the budget") if skipped or gone else "; nothing was skipped for it"
+    lines = [line]
+    start, end = env.get("load_average_start"), env.get("load_average_end")
+    if start:
+        cpus = env.get("cpu_count") or "?"
+        lines.append(f"- machine load (1-minute load average, runnable processes): {start[0]:.1f} at the start, "
+                     + (f"{end[0]:.1f} at the end" if end else "end not recorded")
+                     + f", on {cpus} CPUs: a load above the CPU count means this run waited for cores, "
+                     "and its timings are slower and noisier than on an idle machine")
+    return lines
+
+
+def render_markdown(results: dict) -> str:
+    env = results["environment"]
+    preset = results["preset"]
+    v = env["versions"]
+    cap = f", capability {'.'.join(map(str, env['capability']))}" if env.get("capability") else ""
+    head = [
+        f"## attnkit bench — {env['device_name']}{cap}",
+        "",
+        f"- preset **{preset['name']}**: {preset['label']}",
+        f"- model: {results['model']['source']}",
+        "- versions: " + ", ".join(f"{k} {v.get(k) or 'not installed'}" for k in ("torch", "diffusers", "triton", "xformers", "flash-attn")),
+        f"- date: {env['date']}; command: `{env['command']}`",
+        *run_lines(results),
+    ]
+    for note in [*(preset.get("notes") or ()), *(results.get("notes") or ())]:
+        head.append(f"- note: {note}")
+    parts = ["\n".join(head)]
+    for key in sorted(results["tables"]):
+        t = results["tables"][key]
+        if "error" in t or "skipped" in t:
+            what = f"failed: {t['error']}" if "error" in t else f"skipped ({t['skipped']})"
+            parts.append(f"### {key}. {t.get('title', '')}\n\n{what}")
+            continue
+        parts.append(RENDERERS[key](t, env))
+    return "\n\n".join(parts) + "\n"
