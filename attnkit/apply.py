@@ -43,7 +43,6 @@ class Applied(dict):
             ("protocol", "by attnkit's processor"),
             ("sdpa", "by their own processor with attnkit's attention"),
             ("forward", "by their own code with attnkit's attention"),
-            ("attnkit", "already attnkit's"),
             ("kept", "kept")) if counts[k]]
         return f"{len(self.routes)} attention modules: " + ", ".join(parts)
 

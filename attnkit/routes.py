@@ -46,8 +46,8 @@ _LOCK = threading.RLock()
 
 @dataclass(frozen=True)
 class Route:
-    """Where a module's attention goes: "dispatch", "protocol", "sdpa", "attnkit"
-    (already an attnkit processor) or "kept", and why."""
+    """Where a module's attention goes: "dispatch", "protocol", "sdpa", "forward" (a
+    module without a processor, served through its own code) or "kept", and why."""
 
     kind: str
     reason: str
@@ -129,7 +129,10 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
     from .processor import AttnkitProcessor
 
     if isinstance(proc, AttnkitProcessor):
-        return Route("attnkit", "an attnkit processor already")
+        return Route("protocol", "an attnkit processor already: the new one takes over")
+    if getattr(type(proc), "_attnkit_chooser", None) is not None:  # a stock processor attnkit bound
+        return Route("sdpa", f"{type(proc).__mro__[1].__name__} runs as it is; its scaled_dot_product_attention "
+                             "call is attnkit's")
     if proc is None:
         return Route("kept", "no processor")
     name = type(proc).__name__
@@ -407,6 +410,8 @@ def bound_processor(proc: Any, chooser) -> Any:
     ``F.scaled_dot_product_attention`` served by ``chooser``: same signature (the module
     filters its keyword arguments by it), same state, same everything else."""
     cls = type(proc)
+    if getattr(cls, "_attnkit_chooser", None) is not None:  # bound before: start from the stock class
+        cls = cls.__mro__[1]
     cache = chooser.__dict__.setdefault("_attnkit_bound_classes", {})
     with _LOCK:
         bound = cache.get(cls)

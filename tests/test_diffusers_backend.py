@@ -286,3 +286,28 @@ def test_compile_fullgraph_through_the_backend(seed):
         torch._dynamo.reset()
     for a, b in zip(out, eager):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case_id", ["SD3Transformer2DModel", "WanTransformer3DModel", "UNet1DModel",
+                                     "UNet2DConditionModel"])
+def test_apply_again_replaces_the_first_processor(seed, case_id):
+    """Every route takes the newest processor: attnkit's own, a bound stock processor,
+    a dispatch backend name, a module's own code."""
+    case = BY_ID[case_id]
+    model = case.build(0)
+    inputs = case.make_inputs(model, 0)
+    first, second = attnkit.processor("vanilla"), attnkit.processor("sliced", slice_size=1)
+    attnkit.apply(model, first)
+    counts = {id(p): 0 for p in (first, second)}
+    for p in (first, second):
+        real = p.chooser.attention
+
+        def counting(*a, _p=p, _real=real, **kw):
+            counts[id(_p)] += 1
+            return _real(*a, **kw)
+
+        p.chooser.attention = counting
+    applied = attnkit.apply(model, second)
+    with torch.no_grad():
+        case.run(model, inputs)
+    assert counts[id(first)] == 0 and counts[id(second)] > 0, applied.explain()
