@@ -52,6 +52,13 @@ APPLY_HINT = (
 def check_module_problem(attn: nn.Module, encoder_hidden_states: Any) -> str | None:
     """Why diffusers' Attention protocol, as attnkit's processor computes it, is not what
     this module computes; None if it is."""
+    mods, attrs = getattr(attn, "_modules", None), getattr(attn, "__dict__", None)
+    if mods is not None and attrs is not None and not isinstance(encoder_hidden_states, (tuple, list)):
+        # the common case, without nn.Module.__getattr__ (it runs on every call)
+        if (attrs.get("added_kv_proj_dim") is None and mods.get("add_k_proj") is None
+                and mods.get("to_k", True) is not None and mods.get("to_out", True) is not None
+                and not attrs.get("is_causal", False)):
+            return None
     if isinstance(encoder_hidden_states, (tuple, list)):
         return ("encoder_hidden_states is a tuple: this is an IP-Adapter layer (text and image "
                 "embeddings), whose extra image attention is IP-Adapter's processor's")
@@ -71,6 +78,20 @@ def check_module(attn: nn.Module, encoder_hidden_states: Any) -> None:
     problem = check_module_problem(attn, encoder_hidden_states)
     if problem is not None:
         raise UnsupportedModule(f"attnkit's processor cannot serve {describe_module(attn)}: {problem}. {APPLY_HINT}.")
+
+
+_PROTOCOL_FIELDS = frozenset({"heads", "scale", "upcast_attention", "upcast_softmax", "residual_connection",
+                              "rescale_output_factor"})
+_PROTOCOL_MODULES = frozenset({"to_q", "to_out"})
+_PROTOCOL_OPTIONAL = ("spatial_norm", "group_norm", "norm_cross", "to_k", "to_v", "to_qkv", "to_kv", "norm_q", "norm_k")
+
+
+def _fields_of(attn: nn.Module) -> tuple[dict, dict]:
+    """The protocol's fields of a module read through getattr (properties included)."""
+    mods = {n: getattr(attn, n) for n in (*_PROTOCOL_MODULES, *_PROTOCOL_OPTIONAL) if hasattr(attn, n)}
+    attrs = {n: getattr(attn, n) for n in _PROTOCOL_FIELDS}
+    attrs["fused_projections"] = getattr(attn, "fused_projections", False)
+    return mods, attrs
 
 
 def _norm_width(norm: nn.Module) -> int | None:
@@ -310,18 +331,25 @@ class AttnkitProcessor:
         **kwargs: Any,
     ) -> torch.Tensor:
         # `scale` is the deprecated LoRA scale, which diffusers' own processors ignore too.
-        given = [f"argument {i + 5}" for i, a in enumerate(args) if a is not None]
-        given += [name for name, value in kwargs.items() if value is not None]
-        if given:
-            raise UnsupportedModule(
-                f"attnkit's processor cannot serve {describe_module(attn)}: it was given {', '.join(given)}, "
-                f"which diffusers' Attention protocol does not take (a rotary embedding or another input its "
-                f"own processor applies). {APPLY_HINT}."
-            )
+        if args or kwargs:
+            given = [f"argument {i + 5}" for i, a in enumerate(args) if a is not None]
+            given += [name for name, value in kwargs.items() if value is not None]
+            if given:
+                raise UnsupportedModule(
+                    f"attnkit's processor cannot serve {describe_module(attn)}: it was given {', '.join(given)}, "
+                    f"which diffusers' Attention protocol does not take (a rotary embedding or another input its "
+                    f"own processor applies). {APPLY_HINT}."
+                )
         check_module(attn, encoder_hidden_states)
+        # Submodules straight from the module's registry: nn.Module.__getattr__ is a Python
+        # call per lookup, and this runs on every attention call of the model.
+        mods, attrs = attn._modules, attn.__dict__
+        if not _PROTOCOL_FIELDS <= attrs.keys() or not _PROTOCOL_MODULES <= mods.keys():
+            mods, attrs = _fields_of(attn)  # a module that keeps some of them as properties
         residual = hidden_states
-        if attn.spatial_norm is not None:
-            hidden_states = attn.spatial_norm(hidden_states, temb)
+        spatial_norm = mods.get("spatial_norm")
+        if spatial_norm is not None:
+            hidden_states = spatial_norm(hidden_states, temb)
 
         input_ndim = hidden_states.ndim
         if input_ndim == 4:
@@ -329,31 +357,33 @@ class AttnkitProcessor:
             hidden_states = hidden_states.view(batch, channel, height * width).transpose(1, 2)
         batch, q_len, _ = hidden_states.shape
 
-        if attn.group_norm is not None:
-            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        group_norm = mods.get("group_norm")
+        if group_norm is not None:
+            hidden_states = group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
 
         self_attention = encoder_hidden_states is None
         if self_attention:
             encoder_hidden_states = hidden_states
-        elif attn.norm_cross is not None:
+        elif mods.get("norm_cross") is not None:
             encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
 
-        if getattr(attn, "fused_projections", False) and self_attention and hasattr(attn, "to_qkv"):
-            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
-        elif getattr(attn, "fused_projections", False) and not self_attention and hasattr(attn, "to_kv"):
-            query = attn.to_q(hidden_states)
-            key, value = attn.to_kv(encoder_hidden_states).chunk(2, dim=-1)
+        fused = attrs.get("fused_projections", False)
+        if fused and self_attention and "to_qkv" in mods:
+            query, key, value = mods["to_qkv"](hidden_states).chunk(3, dim=-1)
+        elif fused and not self_attention and "to_kv" in mods:
+            query = mods["to_q"](hidden_states)
+            key, value = mods["to_kv"](encoder_hidden_states).chunk(2, dim=-1)
         else:
-            query = attn.to_q(hidden_states)
-            key = attn.to_k(encoder_hidden_states)
-            value = attn.to_v(encoder_hidden_states)
+            query = mods["to_q"](hidden_states)
+            key = mods["to_k"](encoder_hidden_states)
+            value = mods["to_v"](encoder_hidden_states)
 
-        heads = attn.heads
+        heads = attrs["heads"]
         head_dim = query.shape[-1] // heads
         kv_len = key.shape[1]
         kv_heads = key.shape[-1] // head_dim
 
-        norm_q, norm_k = attn.norm_q, attn.norm_k
+        norm_q, norm_k = mods.get("norm_q"), mods.get("norm_k")
         # qk-norm over all heads at once (Lumina's, LTX's) comes before the head split.
         if norm_q is not None and _norm_width(norm_q) == query.shape[-1] != head_dim:
             query, norm_q = norm_q(query), None
@@ -373,23 +403,25 @@ class AttnkitProcessor:
             k = k.repeat_interleave(heads // kv_heads, dim=1)
             v = v.repeat_interleave(heads // kv_heads, dim=1)
 
-        bias = prepare_bias(attention_mask, batch, heads, q_len, kv_len, q.dtype, attn)
-        upcast = bool(attn.upcast_attention or attn.upcast_softmax)
+        bias = None if attention_mask is None else prepare_bias(attention_mask, batch, heads, q_len, kv_len, q.dtype, attn)
+        upcast = bool(attrs["upcast_attention"] or attrs["upcast_softmax"])
         if self.check_finite:
             _check_finite(attn, q=q, k=k, v=v, **({} if bias is None else {"attn_bias": bias}))
-        out = self.chooser.attention(attn, q, k, v, bias, attn.scale, upcast)
+        out = self.chooser.attention(attn, q, k, v, bias, attrs["scale"], upcast)
         if self.check_finite:
             _check_finite(attn, output=out)
 
-        out = out.transpose(1, 2).reshape(batch, q_len, heads * out.shape[-1]).to(query.dtype)
-        out = attn.to_out[0](out)
-        out = attn.to_out[1](out)
+        out = out.transpose(1, 2).reshape(batch, q_len, heads * out.shape[-1])
+        if out.dtype != query.dtype:
+            out = out.to(query.dtype)
+        to_out = mods["to_out"]
+        out = to_out[1](to_out[0](out))
         if input_ndim == 4:
             out = out.transpose(-1, -2).reshape(batch, channel, height, width)
-        if attn.residual_connection:
+        if attrs["residual_connection"]:
             out = out + residual
-        if attn.rescale_output_factor != 1.0:
-            out = out / attn.rescale_output_factor
+        if attrs["rescale_output_factor"] != 1.0:
+            out = out / attrs["rescale_output_factor"]
         return out
 
 

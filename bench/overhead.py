@@ -6,7 +6,7 @@
 
 (a) per-call overhead: one small Attention module (SD1.5's first self-attention width:
     320 channels, 8 heads of 40, 64 tokens, batch 2), attnkit.SDPAProcessor vs diffusers'
-    AttnProcessor2_0. Target: ratio <= 1.05.
+    AttnProcessor2_0. Target: ratio <= 1.02.
 (b) the SD1.5 UNet at full width (320/640/1280/1280, 8 heads) at 32x32 latents, batch 2,
     fp32: the same two processors. Target: ratio <= 1.01.
 (c) the sliced backend against vanilla at 4096 tokens (SD1.5's 512x512 self-attention,
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-TARGETS = {"a": 1.05, "b": 1.01}
+TARGETS = {"a": 1.02, "b": 1.01}
 
 
 def _sync(device: torch.device) -> None:

@@ -137,7 +137,9 @@ class SDPABackend(Backend):
 
             with sdpa_kernel(_sdpa_backend_enum(kernel)):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale, **extra)
-        return fix_dead_rows(out, v, dead).to(out_dtype)
+        if dead is not None:
+            out = fix_dead_rows(out, v, dead)
+        return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def _needs_grad(q, k, v) -> bool:
