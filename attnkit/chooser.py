@@ -53,8 +53,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import torch
-from torch import nn
 
 from . import policy, tuning
 from ._compile import is_compiling, mark_compile_constant

@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import sys
-from dataclasses import replace
 from typing import Any
 
 import torch

@@ -14,7 +14,6 @@ import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 from diffusers.models.attention_dispatch import (
     AttentionBackendName,
     _AttentionBackendRegistry,
@@ -26,7 +25,7 @@ import attnkit
 from _zoo import BY_ID
 from attnkit import diffusers_backend
 from attnkit.processor import PROCESSOR_ARGUMENTS, UnsupportedModule
-from attnkit.testing import assert_close_to_reference, make_qkv, reference_attention, rel_error, tolerance
+from attnkit.testing import assert_close_to_reference, reference_attention, rel_error
 
 
 @pytest.fixture(autouse=True)

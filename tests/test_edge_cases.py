@@ -18,7 +18,7 @@ from diffusers.models.attention_processor import Attention
 
 import attnkit
 from attnkit.backends import get_backend
-from attnkit.testing import assert_close_to_reference, assert_grads_close_to_reference, make_qkv
+from attnkit.testing import assert_grads_close_to_reference, make_qkv
 
 CPU_BACKENDS = [("sdpa", {}), ("vanilla", {}), ("sliced", {"slice_size": 2}), ("sdpa", {"kernel": "math"})]
 HUGE = [torch.finfo(torch.float32).min, -1e9]

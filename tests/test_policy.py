@@ -20,7 +20,7 @@ from attnkit.backends import AttentionCall, Backend, BackendUnavailable, DeviceI
 from attnkit.backends import base as backends_base
 from attnkit.backends.sdpa import SDPABackend
 from attnkit.policy import CANDIDATES, LAST_RESORT, PRIORITIES, choose, hardware_class, walk
-from attnkit.testing import assert_close_to_reference, make_bias
+from attnkit.testing import make_bias
 
 ALL = {"flash_attn": "2.6.3", "flash_attn_3": "3.0.0b1", "xformers": "0.0.28", "triton": "3.1.0"}
 NONE: dict = {}

@@ -11,11 +11,9 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 from diffusers.models.attention_processor import Attention
 
 import attnkit
