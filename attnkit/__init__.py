@@ -15,7 +15,7 @@ from .processor import (
     XFormersProcessor,
 )
 from .chooser import AutoProcessor, auto
-from .apply import PROCESSOR_NAMES, apply, processor
+from .apply import PROCESSOR_NAMES, Applied, apply, plan, processor
 from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
 from . import diffusers_backend  # noqa: E402,F401  (registers "attnkit" with diffusers' dispatcher)
 
@@ -35,7 +35,9 @@ __all__ = [
     "UnsupportedModule",
     "VanillaProcessor",
     "XFormersProcessor",
+    "Applied",
     "apply",
+    "plan",
     "auto",
     "get_backend",
     "processor",

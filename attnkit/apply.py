@@ -46,12 +46,21 @@ class Applied(dict):
             ("kept", "kept")) if counts[k]]
         return f"{len(self.routes)} attention modules: " + ", ".join(parts)
 
-    def explain(self) -> str:
-        """One line per module: the route and the reason."""
+    def explain(self, per_module: bool = False) -> str:
+        """The routes and their reasons: modules that share both are grouped (a count and
+        their first names), or one line per module with ``per_module=True``."""
         lines = [self.summary()]
-        width = max((len(n) for n in self.routes), default=0)
+        if per_module:
+            width = max((len(n) for n in self.routes), default=0)
+            for name, route in self.routes.items():
+                lines.append(f"  {name:<{width}}  {route.kind:<8}  {route.reason}")
+            return "\n".join(lines)
+        groups: dict[Route, list[str]] = {}
         for name, route in self.routes.items():
-            lines.append(f"  {name:<{width}}  {route.kind:<8}  {route.reason}")
+            groups.setdefault(route, []).append(name)
+        for route, names in groups.items():
+            shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
+            lines.append(f"  {route.kind:<8}  {shown}: {route.reason}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -75,6 +84,25 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, Route | No
             if route is not None:
                 out.append((name, module, route))
     return out
+
+
+def plan(model: nn.Module) -> Applied:
+    """What :func:`apply` would do to ``model``, without changing it: every attention
+    module's route and the reason (``attnkit.plan(model).explain()``; ``attnkit info
+    --model DIR`` prints it for a model's config)."""
+    from . import diffusers_backend
+
+    routes: dict[str, Route] = {}
+    kept_names: dict[str, str] = {}
+    for name, module, route in attention_modules(model):
+        old = getattr(module, "processor", None)
+        if route is None:
+            route = classify(old, module)
+            if route.kind == "dispatch" and diffusers_backend.PROBLEM is not None:
+                route = Route("kept", diffusers_backend.PROBLEM)
+        routes[name] = route
+        kept_names[name] = type(old if old is not None else module).__name__
+    return Applied(routes, kept_names)
 
 
 def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
@@ -123,6 +151,7 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
         if not route.served:
             logger.info("attnkit.apply: kept %s: %s", name, route.reason)
     model._attnkit_applied = applied
+    proc._applied.append((type(model).__name__, applied))
     return applied
 
 
@@ -143,4 +172,4 @@ def _set(module: nn.Module, new: Any) -> None:
         module.processor = new
 
 
-__all__ = ["PROCESSOR_NAMES", "Applied", "apply", "attention_modules", "processor"]
+__all__ = ["PROCESSOR_NAMES", "Applied", "apply", "attention_modules", "plan", "processor"]

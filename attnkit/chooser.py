@@ -441,7 +441,13 @@ class AutoProcessor(AttnkitProcessor):
         return self.chooser.decisions
 
     def explain(self, call: AttentionCall | None = None) -> str:
-        return self.chooser.explain(call)
+        """The routes into each model attnkit.apply gave this processor, then every
+        decision per call signature (see AutoChooser.explain); with ``call``, the table
+        for that one call."""
+        if call is not None:
+            return self.chooser.explain(call)
+        routes = self.routes()
+        return (routes + "\n" if routes else "") + self.chooser.explain()
 
 
 def auto(**options: Any) -> AutoProcessor:

@@ -212,13 +212,66 @@ def report(data: dict[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
+def load_config(where: str) -> dict:
+    """A diffusers model config: a folder holding config.json, a config.json file, or
+    the name of one shipped in attnkit/configs (e.g. flux_dev_transformer)."""
+    from importlib import resources
+    from pathlib import Path
+
+    path = Path(where)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        shipped = resources.files("attnkit").joinpath("configs", where if where.endswith(".json") else where + ".json")
+        if shipped.is_file():
+            return json.loads(shipped.read_text())
+        names = sorted(p.name[:-5] for p in resources.files("attnkit").joinpath("configs").iterdir()
+                       if p.name.endswith(".json"))
+        raise FileNotFoundError(f"no diffusers config at {where!r}: give a folder with config.json, a "
+                                f"config.json file, or one of attnkit's: {', '.join(names)}")
+    return json.loads(path.read_text())
+
+
+def model_plan(where: str):
+    """The route of every attention module of the model a config describes (built on
+    the meta device: no weights, no memory), as attnkit.plan gives it."""
+    import diffusers
+
+    from .apply import plan
+
+    config = load_config(where)
+    name = config.get("_class_name")
+    cls = getattr(diffusers, str(name), None)
+    if cls is None:
+        raise ValueError(f"the config names class {name!r}, which diffusers {diffusers.__version__} does not export")
+    with torch.device("meta"):
+        model = cls.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+    return name, plan(model)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="attnkit info",
         description="Devices, versions, attention backends and what attnkit.auto() chooses here.",
     )
     parser.add_argument("--json", action="store_true", help="print the data as JSON")
+    parser.add_argument("--model", metavar="CONFIG",
+                        help="also say how attnkit reaches every attention module of this model: a folder with "
+                             "a diffusers config.json (a model's transformer/ or unet/ folder), a config.json, "
+                             "or a config shipped with attnkit (flux_dev_transformer, ...)")
     args = parser.parse_args(argv)
+    if args.model:
+        try:
+            name, routes = model_plan(args.model)
+        except (OSError, ValueError) as e:
+            print(f"attnkit info: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps({"model": name, "routes": {n: {"route": r.kind, "reason": r.reason}
+                                                         for n, r in routes.routes.items()}}, indent=2))
+        else:
+            print(f"{name}: {routes.explain()}")
+        return 0
     data = collect()
     if args.json:
         print(json.dumps(data, indent=2, default=str))

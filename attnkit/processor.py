@@ -135,6 +135,13 @@ class AttnkitProcessor:
         # per module class (not per layer): the default processor of diffusers' transformer
         # modules, run with attnkit's attention
         self._default_processors = {}
+        # (model class, attnkit.Applied) for every model attnkit.apply gave this processor
+        self._applied: list = []
+
+    def routes(self) -> str:
+        """How attnkit.apply reached the attention modules of each model it gave this
+        processor, and why (empty if it was set by set_attn_processor only)."""
+        return "\n".join(f"{name}: {applied.explain()}" for name, applied in self._applied)
 
     @property
     def backend(self) -> Backend | None:

@@ -15,10 +15,12 @@ class UnsupportedModule(ValueError):
     """An Attention module whose computation attnkit's processors cannot reproduce."""
 
 
-def describe_module(attn: nn.Module | None) -> str:
+def describe_module(attn: nn.Module | str | None) -> str:
     """A short label for error messages and logs: the module's name when known."""
     if attn is None:
         return "this call"
+    if isinstance(attn, str):
+        return attn
     name = getattr(attn, "_attnkit_name", None)
     heads = getattr(attn, "heads", "?")
     inner = getattr(getattr(attn, "to_q", None), "out_features", None)

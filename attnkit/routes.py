@@ -198,41 +198,45 @@ def _is_protocol(proc: Any, module: nn.Module) -> bool:
 
 
 # -- the sdpa route: the stock processor with its attention bound to attnkit ------------------
-def functional_for(chooser) -> types.ModuleType:
-    """torch.nn.functional, but with scaled_dot_product_attention served by ``chooser``.
-    One per chooser."""
-    mod = getattr(chooser, "_attnkit_functional", None)
+def functional_for(chooser, who: str = "") -> types.ModuleType:
+    """torch.nn.functional, but with scaled_dot_product_attention served by ``chooser``
+    (``who`` names the calling code in attnkit's logs). One per chooser and caller."""
+    cache = chooser.__dict__.setdefault("_attnkit_functional", {})
+    mod = cache.get(who)
     if mod is None:
         with _LOCK:
-            mod = getattr(chooser, "_attnkit_functional", None)
+            mod = cache.get(who)
             if mod is None:
                 mod = types.ModuleType("attnkit.functional", "torch.nn.functional with attnkit's attention")
                 mod.__dict__.update({k: v for k, v in vars(F).items() if not k.startswith("__")})
-                mod.scaled_dot_product_attention = _sdpa_for(chooser)
-                chooser._attnkit_functional = mod
+                mod.scaled_dot_product_attention = _sdpa_for(chooser, who)
+                cache[who] = mod
     return mod
 
 
-def nn_for(chooser) -> types.ModuleType:
+def nn_for(chooser, who: str = "") -> types.ModuleType:
     """torch.nn with its ``functional`` replaced by :func:`functional_for`'s."""
-    mod = getattr(chooser, "_attnkit_nn", None)
+    cache = chooser.__dict__.setdefault("_attnkit_nn", {})
+    mod = cache.get(who)
     if mod is None:
         with _LOCK:
-            mod = getattr(chooser, "_attnkit_nn", None)
+            mod = cache.get(who)
             if mod is None:
                 mod = types.ModuleType("attnkit.nn", "torch.nn with attnkit's attention")
                 mod.__dict__.update({k: v for k, v in vars(torch.nn).items() if not k.startswith("__")})
-                mod.functional = functional_for(chooser)
-                chooser._attnkit_nn = mod
+                mod.functional = functional_for(chooser, who)
+                cache[who] = mod
     return mod
 
 
-def _sdpa_for(chooser):
+def _sdpa_for(chooser, who: str):
+    label = f"{who}'s scaled_dot_product_attention call" if who else SDPA_WHO
+
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                      scale=None, enable_gqa=False):
         """torch.nn.functional.scaled_dot_product_attention's arguments and meaning
         (masks broadcast from the right, True = attend), computed by attnkit."""
-        return sdpa_call(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return sdpa_call(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, label)
 
     return scaled_dot_product_attention
 
@@ -240,7 +244,7 @@ def _sdpa_for(chooser):
 SDPA_WHO = "a scaled_dot_product_attention call"
 
 
-def sdpa_call(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+def sdpa_call(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, who=None):
     """F.scaled_dot_product_attention on (..., L, D) tensors, served by ``chooser``."""
     from .diffusers_backend import expand_kv_heads
 
@@ -255,7 +259,7 @@ def sdpa_call(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale
     if attn_mask is not None:
         bias = sdpa_mask(attn_mask, tuple(query.shape[:-1]) + (key.shape[-2],), q.dtype)
         bias = _as_4d(bias) if bias.dim() != 4 else bias
-    out = chooser.attention(SDPA_WHO, q, k, v, bias, scale, False,
+    out = chooser.attention(who or SDPA_WHO, q, k, v, bias, scale, False,
                             causal_offset=0 if is_causal else None, dropout_p=float(dropout_p))
     return out.reshape(*lead, *out.shape[-2:])
 
@@ -347,7 +351,8 @@ def _rebind(fn: types.FunctionType, chooser) -> types.FunctionType:
         raise ValueError(f"{fn.__qualname__}: {problem or 'no scaled_dot_product_attention call'}")
     alias, path = found
     globals_ = dict(fn.__globals__)
-    globals_[alias] = functional_for(chooser) if not path else nn_for(chooser)
+    who = fn.__qualname__.rsplit(".", 1)[0]  # the class whose code it is
+    globals_[alias] = functional_for(chooser, who) if not path else nn_for(chooser, who)
     new = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__

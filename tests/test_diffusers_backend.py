@@ -310,3 +310,29 @@ def test_apply_again_replaces_the_first_processor(seed, case_id):
     with torch.no_grad():
         case.run(model, inputs)
     assert counts[id(first)] == 0 and counts[id(second)] > 0, applied.explain()
+
+
+def test_plan_explain_and_info_say_how_each_module_is_reached(seed, capsys):
+    from attnkit import info
+
+    case = BY_ID["SanaTransformer2DModel"]
+    model = case.build(0)
+    planned = attnkit.plan(model)
+    assert {r.kind for r in planned.routes.values()} == {"kept", "sdpa"}
+    assert all(type(m.processor).__module__.startswith("diffusers") for m in model.modules()
+               if hasattr(m, "processor"))  # plan changed nothing
+    proc = attnkit.auto()
+    applied = attnkit.apply(model, proc)
+    assert applied.routes == planned.routes
+    with torch.no_grad():
+        case.run(model, case.make_inputs(model, 0))
+    text = proc.explain()
+    assert text.startswith("SanaTransformer2DModel: 4 attention modules: 2 by their own processor")
+    assert "SanaLinearAttnProcessor2_0 computes its attention without" in text
+    assert "first seen: SanaAttnProcessor2_0's scaled_dot_product_attention call" in text
+    # attnkit info --model: the same for a model's config, built on the meta device
+    assert info.main(["--model", "sd3_medium_transformer"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("SD3Transformer2DModel: 24 attention modules: 24 by their own processor")
+    assert "JointAttnProcessor2_0 runs as it is" in out
+    assert info.main(["--model", "no-such-model"]) == 2
