@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Backend, Capabilities, fix_dead_rows
-from .vanilla import _FLOATS, bmm_attention, flatten_bias, flatten_heads, math_attention_with_lse, prepare_bias
+from .base import Backend, fix_dead_rows
+from .vanilla import MATH_CAPABILITIES, bmm_attention, flatten_bias, flatten_heads, math_attention_with_lse, prepare_bias
 
 
 def resolve_slice_size(slice_size: int | str, heads: int, rows: int) -> int:
@@ -23,14 +23,7 @@ def resolve_slice_size(slice_size: int | str, heads: int, rows: int) -> int:
 
 class SlicedBackend(Backend):
     name = "sliced"
-    capabilities = Capabilities(
-        devices=frozenset({"cpu", "cuda", "mps", "xpu"}),
-        dtypes=_FLOATS,
-        causal=True,
-        dropout=True,
-        lse=True,
-        deterministic=True,
-    )
+    capabilities = MATH_CAPABILITIES
 
     def __init__(self, slice_size: int | str = "auto"):
         if isinstance(slice_size, str):

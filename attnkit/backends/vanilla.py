@@ -134,16 +134,20 @@ def flatten_bias(attn_bias: torch.Tensor | None, b: int, h: int) -> torch.Tensor
     return attn_bias.expand(b, h, m, n).reshape(b * h, m, n)
 
 
+# What plain torch math serves: every device and float dtype, and everything else.
+MATH_CAPABILITIES = Capabilities(
+    devices=frozenset({"cpu", "cuda", "mps", "xpu"}),
+    dtypes=_FLOATS,
+    causal=True,
+    dropout=True,
+    lse=True,
+    deterministic=True,
+)
+
+
 class VanillaBackend(Backend):
     name = "vanilla"
-    capabilities = Capabilities(
-        devices=frozenset({"cpu", "cuda", "mps", "xpu"}),
-        dtypes=_FLOATS,
-        causal=True,
-        dropout=True,
-        lse=True,
-        deterministic=True,
-    )
+    capabilities = MATH_CAPABILITIES
 
     def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None, dropout_p=0.0):
         b, h, m, d = q.shape

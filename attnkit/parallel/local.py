@@ -24,6 +24,8 @@ from typing import Callable, Optional, Protocol
 
 import torch
 
+from ..backends.vanilla import math_attention_with_lse
+
 
 class LocalAttention(Protocol):
     """The contract of a local attention (see the module docstring)."""
@@ -45,54 +47,8 @@ def accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def causal_mask(m: int, n: int, offset: int, device: torch.device) -> torch.Tensor:
-    """(M, N) bool, True where key j is hidden from query i: j > i + offset."""
-    rows = torch.arange(m, device=device).unsqueeze(1)
-    cols = torch.arange(n, device=device).unsqueeze(0)
-    return cols > rows + offset
-
-
-def math_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_bias: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
-    causal_offset: Optional[int] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q @ k^T * scale + attn_bias) @ v and its row log-sum-exp, in plain torch.
-
-    q: (B, H, M, D); k: (B, H, N, D); v: (B, H, N, Dv); attn_bias: additive float (or bool,
-    True = attend) broadcastable to (B, H, M, N); scale defaults to D ** -0.5;
-    causal_offset: see the module docstring. Returns out (B, H, M, Dv) in q's dtype and
-    lse (B, H, M) in float32 (float64 for float64 inputs).
-
-    Scores are computed in float32 (float64 for float64 inputs) and held whole: M * N
-    per (batch, head), so this is the readable fallback, not the fast path. A row with no
-    visible key gives out = 0, lse = -inf, and zero gradients, forward and backward
-    free of NaN: the row maximum is a detached constant (the result does not depend on
-    it) and every division and log sees a safe denominator.
-    """
-    cdt = accum_dtype(q.dtype)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    scores = torch.matmul(q.to(cdt), k.to(cdt).transpose(-1, -2)) * scale
-    if attn_bias is not None:
-        if attn_bias.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_bias, float("-inf"))
-        else:
-            scores = scores + attn_bias.to(cdt)
-    if causal_offset is not None:
-        hidden = causal_mask(q.shape[-2], k.shape[-2], int(causal_offset), q.device)
-        scores = scores.masked_fill(hidden, float("-inf"))
-    row_max = scores.detach().amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
-    p = torch.exp(scores - row_max)
-    denom = p.sum(dim=-1, keepdim=True)
-    dead = denom == 0
-    safe = torch.where(dead, torch.ones_like(denom), denom)
-    out = torch.matmul(p / safe, v.to(cdt))
-    lse = torch.where(dead, torch.full_like(denom, float("-inf")), row_max + torch.log(safe))
-    return out.to(q.dtype), lse.squeeze(-1)
+# the plain-torch contract is the vanilla backend's LSE path (one implementation)
+math_attention = math_attention_with_lse
 
 
 # A row whose largest bias is below this sees no key at an ordinary weight: it is a row
