@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnkit.backends import AttentionCall, DeviceInfo, get_backend
-from attnkit.testing import assert_close_to_reference, reference_attention, rel_error
+from attnkit.testing import assert_close_to_reference, make_bias, make_qkv, reference_attention, rel_error
 
 # (backend name, constructor options, id)
 CPU_BACKENDS = [
@@ -56,28 +56,18 @@ CASES = _cases()
 
 
 def make_inputs(b, h, m, n, d, dtype, layout, mask, scale_kind="default"):
-    if layout == "strided":
-        # (B, N, H, D) storage viewed as (B, H, N, D): what the processor's reshape produces.
-        q = torch.randn(b, m, h, d).to(dtype).transpose(1, 2)
-        k = torch.randn(b, n, h, d).to(dtype).transpose(1, 2)
-        v = torch.randn(b, n, h, d).to(dtype).transpose(1, 2)
-    else:
-        q = torch.randn(b, h, m, d).to(dtype)
-        k = torch.randn(b, h, n, d).to(dtype)
-        v = torch.randn(b, h, n, d).to(dtype)
+    """q, k, v (attnkit.testing.make_qkv; "strided" is the processor's (B, N, H, D)
+    storage viewed as (B, H, N, D)) and a bias of one kind."""
+    q, k, v = make_qkv(b, h, m, n, d, dtype, layout="bnhd" if layout == "strided" else "bhnd")
     bias = None
     if mask == "keypad-bool":
-        keep = torch.rand(b, 1, 1, n) > 0.3
-        keep[..., 0] = True  # at least one key per row
-        bias = keep
-    elif mask == "keypad":
-        keep = torch.rand(b, 1, 1, n) > 0.3
-        keep[..., 0] = True
-        bias = (~keep).to(dtype) * -10000.0  # diffusers' convention
+        bias = make_bias("key_padding_bool", b, h, m, n)
+    elif mask == "keypad":  # diffusers' convention: -10000 on padded keys
+        bias = (~make_bias("key_padding_bool", b, h, m, n)).to(dtype) * -10000.0
     elif mask == "perhead":
-        bias = torch.randn(1, h, 1, n).to(dtype)
+        bias = make_bias("perhead", b, h, m, n, dtype)
     elif mask == "full":
-        bias = torch.randn(b, h, m, n).to(dtype)
+        bias = make_bias("full", b, h, m, n, dtype)
     scale = None if scale_kind == "default" else 0.5 / math.sqrt(d)
     return q, k, v, bias, scale
 
