@@ -28,6 +28,7 @@ import ast
 import dis
 import functools
 import inspect
+import itertools
 import textwrap
 import threading
 import types
@@ -344,16 +345,31 @@ def bind_module(module: nn.Module, chooser) -> None:
             setattr(module, key, types.MethodType(_rebind(fn, chooser), module))
 
 
+_UNIQUE = itertools.count()
+
+
 def _rebind(fn: types.FunctionType, chooser) -> types.FunctionType:
     """fn with its torch.nn.functional (or torch.nn) alias bound to attnkit's."""
     found, problem = _sdpa_global(fn)
     if found is None:
         raise ValueError(f"{fn.__qualname__}: {problem or 'no scaled_dot_product_attention call'}")
     alias, path = found
-    globals_ = dict(fn.__globals__)
     who = fn.__qualname__.rsplit(".", 1)[0]  # the class whose code it is
-    globals_[alias] = functional_for(chooser, who) if not path else nn_for(chooser, who)
-    new = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__)
+    proxy = functional_for(chooser, who) if not path else nn_for(chooser, who)
+    code, globals_ = fn.__code__, fn.__globals__
+    if all(ins.opname == "LOAD_GLOBAL" for ins in dis.get_instructions(fn) if ins.argval == alias):
+        # The code reads the alias only as a global: rename it, in this code object only,
+        # to a name of its own added to the same module globals. The function keeps its
+        # module's globals, which torch.compile's guards rely on.
+        names = chooser.__dict__.setdefault("_attnkit_global_names", {})
+        unique = names.get((who, alias))
+        if unique is None:
+            unique = names[(who, alias)] = f"_attnkit_{alias}_{next(_UNIQUE)}"
+        globals_[unique] = proxy
+        code = code.replace(co_names=tuple(unique if n == alias else n for n in code.co_names))
+    else:  # the name is also an attribute somewhere in the code: a copy of the globals
+        globals_ = {**globals_, alias: proxy}
+    new = types.FunctionType(code, globals_, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__
     new.__doc__ = fn.__doc__

@@ -336,3 +336,25 @@ def test_plan_explain_and_info_say_how_each_module_is_reached(seed, capsys):
     assert out.startswith("SD3Transformer2DModel: 24 attention modules: 24 by their own processor")
     assert "JointAttnProcessor2_0 runs as it is" in out
     assert info.main(["--model", "no-such-model"]) == 2
+
+
+@pytest.mark.parametrize("case_id", ["SD3Transformer2DModel", "AutoencoderKLWan", "UNet1DModel"])
+def test_compile_fullgraph_through_stock_processors_and_modules(seed, case_id):
+    """The sdpa and forward routes (a stock processor's or a module's own code with its
+    attention call bound to attnkit) trace whole under torch.compile(fullgraph=True)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    case = BY_ID[case_id]
+    model = case.build(0)
+    inputs = case.make_inputs(model, 0)
+    applied = attnkit.apply(model, attnkit.auto())
+    assert {r.kind for r in applied.routes.values()} <= {"sdpa", "forward"}
+    try:
+        with torch.no_grad():
+            eager = case.run(model, inputs)
+            out = case.run(torch.compile(model, backend="eager", fullgraph=True), inputs)
+    finally:
+        torch._dynamo.reset()
+    for a, b in zip(out, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
