@@ -15,7 +15,10 @@ the processor's code does, never by its class name:
 * ``sdpa``: the processor calls ``F.scaled_dot_product_attention`` in its ``__call__``
   (SD3's joint processor, HunyuanDiT's and CogVideoX's rotary ones, Lumina's, ...): the
   stock processor runs as it is, with that one name bound to attnkit. Its code, its
-  arguments and its state are the stock processor's own.
+  arguments and its state are the stock processor's own. (The binding is a copy of the
+  function whose code reads ``F`` under a name of attnkit's, ``_attnkit_F_<n>``, added
+  to the same module's globals: the module's own ``F`` and everything else stay as they
+  are, and torch.compile traces the copy like the original.)
 
 Anything else (linear attention, attention computed in helpers, a hard-coded backend,
 processors with weights such as IP-Adapter's) keeps its processor, and the reason says
