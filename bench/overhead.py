@@ -11,6 +11,10 @@
     fp32: the same two processors. Target: ratio <= 1.01.
 (c) the sliced backend against vanilla at 4096 tokens (SD1.5's 512x512 self-attention,
     batch 2, 8 heads of 40): peak memory and time.
+(d) the transformer models through diffusers' dispatcher: one forward of the Flux-like and
+    the Wan-like CPU presets (attnkit bench --preset flux / wan) with
+    set_attention_backend("attnkit") against set_attention_backend("native").
+    Target: ratio <= 1.02 each.
 
 Both processors run in one process, interleaved (the order alternates every round), after
 a warm-up; each ratio is the median over rounds of (attnkit time / diffusers time) in
@@ -29,7 +33,7 @@ import time
 
 import torch
 
-TARGETS = {"a": 1.02, "b": 1.01}
+TARGETS = {"a": 1.02, "b": 1.01, "d": 1.02}
 
 
 def _sync(device: torch.device) -> None:
@@ -147,6 +151,36 @@ def _memory_child(name: str, dtype: torch.dtype) -> dict:
     return {"peak_bytes": peak, "baseline_bytes": before, "over_baseline_bytes": peak - before, "reset": reset}
 
 
+def part_d(device: torch.device, rounds: int) -> dict:
+    """attnkit's diffusers backend against diffusers' native one, per forward, on the
+    Flux-like and Wan-like CPU presets (random weights), interleaved."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    import attnkit  # noqa: F401  (registers the "attnkit" backend)
+    from attnkit.bench.dit import build_transformer
+    from attnkit.bench.presets import get_preset
+
+    out = {}
+    active = _AttentionBackendRegistry._active_backend
+    try:
+        for name in ("flux-cpu", "wan-cpu"):
+            model = build_transformer(get_preset(name, device.type), device, seed=0)
+
+            def run(backend, model=model):
+                def fn():
+                    model.transformer.set_attention_backend(backend)  # a walk over the modules
+                    with torch.inference_mode():
+                        model.forward(model.latents, 0.5)
+                return fn
+
+            times = interleaved({"attnkit": run("attnkit"), "native": run("native")}, rounds, 1, device, warmup=1)
+            out[name] = summary(times, "attnkit", "native")
+            out[name]["setting"] = get_preset(name, device.type).label
+    finally:  # set_attention_backend also sets diffusers' process-wide backend
+        _AttentionBackendRegistry.set_active_backend(active)
+    return out
+
+
 def part_c(device: torch.device, dtype: torch.dtype, rounds: int) -> dict:
     import attnkit
 
@@ -191,11 +225,12 @@ def _mib(n: float) -> str:
 
 
 def _against_diffusers(part: str, what: str, r: dict, unit: float, time_fmt: str, unit_name: str,
-                       ratio_fmt: str) -> str:
-    """One summary line of part (a) or (b): both timings, the ratio and its target."""
+                       ratio_fmt: str, ours: str = "attnkit.SDPAProcessor",
+                       theirs: str = "diffusers.AttnProcessor2_0") -> str:
+    """One summary line of part (a), (b) or (d): both timings, the ratio and its target."""
     s, target = r["seconds_per_call"], TARGETS[part]
-    return (f"({part}) {what} attnkit {s['attnkit.SDPAProcessor'] * unit:.{time_fmt}}{unit_name}, "
-            f"diffusers {s['diffusers.AttnProcessor2_0'] * unit:.{time_fmt}}{unit_name}; "
+    return (f"({part}) {what} {ours} {s[ours] * unit:.{time_fmt}}{unit_name}, "
+            f"{theirs} {s[theirs] * unit:.{time_fmt}}{unit_name}; "
             f"ratio {r['ratio_median']:.{ratio_fmt}} "
             f"(rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f}; of minimums {r['ratio_of_minimums']:.{ratio_fmt}}) "
             f"target <= {target}: {'ok' if r['ratio_median'] <= target else 'MISSED'}")
@@ -203,13 +238,14 @@ def _against_diffusers(part: str, what: str, r: dict, unit: float, time_fmt: str
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="abc", help="which parts to run: any of a, b, c (default abc)")
+    ap.add_argument("--parts", default="abcd", help="which parts to run: any of a, b, c, d (default abcd)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--rounds-a", type=int, default=21, help="rounds of part (a)")
     ap.add_argument("--calls-a", type=int, default=50, help="calls per round in part (a)")
     ap.add_argument("--rounds-b", type=int, default=5, help="rounds of part (b)")
     ap.add_argument("--rounds-c", type=int, default=3, help="rounds of part (c)")
+    ap.add_argument("--rounds-d", type=int, default=9, help="rounds of part (d)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
@@ -243,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(c) 4096 tokens: sliced {s['sliced'] * 1e3:.0f} ms vs vanilla {s['vanilla'] * 1e3:.0f} ms "
               f"(time ratio {r['ratio_median']:.2f}); {mem}"
               + (f"; memory ratio {r['memory_ratio_over_baseline']:.2f}" if "memory_ratio_over_baseline" in r else ""))
+    if "d" in args.parts:
+        results["d"] = part_d(device, args.rounds_d)
+        for name, r in results["d"].items():
+            print(_against_diffusers("d", f"{name}, per forward:", r, 1.0, "3f", " s", "3f",
+                                     ours="attnkit", theirs="native"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
