@@ -47,8 +47,24 @@ def test_local_attention_from_a_chooser(seed, name, offset):
         assert torch.isfinite(g).all() and rel_error(g, w) <= 1e-10
 
 
-def test_a_backend_without_lse_is_refused_with_its_reason(seed):
+@pytest.mark.parametrize("offset", [None, 0, 2, -3], ids=lambda o: f"causal{o}")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_sdpa_lse_for_inference(seed, dtype, offset):
+    """Without gradients (inference), torch's CPU flash kernel serves the local attention
+    with its log-sum-exp; with them, SDPA refuses and auto() walks on to sliced."""
     local = local_attention_for(attnkit.SDPAProcessor().chooser)
-    q, k, v = make_qkv(1, 1, 4, 4, 8)
-    with pytest.raises(BackendUnavailable, match="cannot return the log-sum-exp"):
-        local(q, k, v, None, None, None)
+    q, k, v = make_qkv(2, 2, 7, 9, 16, dtype, layout="bnhd")
+    bias = make_bias("key_padding", 2, 2, 7, 9, dtype)
+    bias[1] = float("-inf")  # batch item 1 sees no key
+    with torch.no_grad():
+        out, lse = local(q, k, v, bias, 0.25, offset)
+    ref_out, ref_lse = math_attention(q.double(), k.double(), v.double(), bias.double(), 0.25, offset)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    alive = torch.isfinite(ref_lse)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    assert rel_error(out, ref_out) <= tol and rel_error(lse[alive], ref_lse[alive]) <= tol
+    q.requires_grad_(True)
+    with pytest.raises(BackendUnavailable, match="no gradient"):
+        local(q, k, v, bias, 0.25, offset)
+    auto = local_attention_for(attnkit.auto().chooser)
+    auto(q, k, v, bias, 0.25, offset)  # with gradients: sliced

@@ -18,7 +18,9 @@ _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64
 # What each pinned kernel accepts (torch 2.x, sdp_utils.cpp). Unpinned, torch picks the
 # best kernel per call and always has the math kernel to fall back on.
 _KERNEL_CAPS = {
-    None: Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS, causal=True, dropout=True),
+    # lse: torch's CPU flash kernel returns it (without a gradient): see extra_reasons
+    None: Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS, causal=True, dropout=True,
+                       lse=True),
     "math": Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS, causal=True, dropout=True),
     # torch's CPU flash kernel takes every float dtype, head dim and mask; the CUDA
     # one's extra limits are in SDPABackend.extra_reasons.
@@ -90,9 +92,16 @@ class SDPABackend(Backend):
         return f"SDPABackend(kernel={self.kernel!r})" if self.kernel else "SDPABackend()"
 
     def extra_reasons(self, call):
-        if self.kernel != "flash" or call.device.type != "cuda":
-            return []
         reasons = []
+        if call.lse:
+            # torch's CPU flash kernel returns the log-sum-exp, without a gradient for it
+            if call.device.type != "cpu":
+                reasons.append(f"device={call.device.type}: torch's SDPA returns the log-sum-exp on the CPU only "
+                               "(triton, vanilla and sliced return it everywhere)")
+            if call.requires_grad:
+                reasons.append("torch's SDPA gives its log-sum-exp no gradient (vanilla, sliced and triton do)")
+        if self.kernel != "flash" or call.device.type != "cuda":
+            return reasons
         if call.dtype not in _HALF:
             reasons.append(f"dtype={call.dtype} (torch's CUDA flash kernel: float16, bfloat16)")
         if call.head_dim > 256:
@@ -140,6 +149,27 @@ class SDPABackend(Backend):
         if dead is not None:
             out = fix_dead_rows(out, v, dead)
         return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+    def forward_with_lse(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None):
+        """torch's CPU flash kernel with its log-sum-exp, for calls without gradients
+        (declared in extra_reasons). A row that sees no key: out 0, lse -inf."""
+        out_dtype = q.dtype
+        if attn_bias is not None and attn_bias.dtype != q.dtype and attn_bias.is_floating_point():
+            wide = torch.promote_types(attn_bias.dtype, q.dtype)  # never narrow a mask here
+            q, k, v, attn_bias = q.to(wide), k.to(wide), v.to(wide), attn_bias.to(wide)
+        is_causal = causal_offset == 0 and attn_bias is None
+        if causal_offset is not None and not is_causal:
+            hidden = causal_mask(q.shape[-2], k.shape[-2], causal_offset, q.device)
+            causal = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
+            attn_bias = causal if attn_bias is None else attn_bias + causal
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, attn_mask=attn_bias, scale=scale)
+        if attn_bias is not None:  # the kernel gives such rows lse 0: it is -inf
+            dead = torch.isneginf(attn_bias).all(dim=-1)
+            lse = lse.masked_fill(dead.expand(lse.shape), float("-inf"))
+        lse = lse.float() if lse.dtype != torch.float64 else lse
+        return out.to(out_dtype), lse
 
 
 def _needs_grad(q, k, v) -> bool:
