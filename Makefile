@@ -36,7 +36,7 @@ info: $(VENV)/.setup-test
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
 
-# Everything for a CUDA machine in one run: tables 1-4 + kernel microbenchmarks.
+# Everything for a CUDA machine in one run: tables 1-5 + kernel microbenchmarks.
 OUT ?= bench/out/gpu
 bench-gpu: $(VENV)/.setup-bench
 	PYTHON=$(abspath $(PY)) bench/gpu_suite.sh $(OUT)

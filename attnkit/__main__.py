@@ -7,8 +7,10 @@ import sys
 USAGE = """usage: attnkit COMMAND [options]
 
 commands:
-  info     devices, versions, every backend (available or why not) and what auto() picks
-  bench    Stable Diffusion it/s per attention processor (see `attnkit bench --help`)
+  info     devices, versions, every backend (available or why not) and what auto() picks;
+           with --model CONFIG, how each attention module of a diffusers model would be served
+  bench    Stable Diffusion it/s per attention processor (tables 1-4) and a transformer's
+           forward per attention backend (table 5: --preset flux|sd3|wan); see `attnkit bench --help`
 """
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole benchmark record on one CUDA machine, in under 10 minutes, in one directory.
 #
-#   bench/gpu_suite.sh OUTDIR            # tables 1-4 + kernel microbenchmarks
+#   bench/gpu_suite.sh OUTDIR            # tables 1-5 + kernel microbenchmarks
 #   bench/gpu_suite.sh OUTDIR --smoke    # the same plumbing with the tiny UNet (any device, ~2 min)
 #
 # Needs no network. torch, triton and pytest-benchmark must be importable; diffusers (and,
@@ -110,10 +110,17 @@ run_step kernels 110 "$PY" -m pytest "$REPO/bench" --benchmark-only -q -rs -p no
     --benchmark-json="$OUT/kernels.json" --benchmark-storage="file://$DEPS/benchmarks" \
     --benchmark-columns=median,iqr,rounds --benchmark-sort=name \
     "${KERNEL_FILTER[@]}"
-run_step table2 130 "$PY" -m attnkit bench "${COMMON[@]}" --tables 2 --processors "$ORDER" \
-    --budget 130 --out "$OUT/table2"
+run_step table2 110 "$PY" -m attnkit bench "${COMMON[@]}" --tables 2 --processors "$ORDER" \
+    --budget 110 --out "$OUT/table2"
 SWEEP=(--sweep-dtypes float16,float32 --sweep-max-batch 32 --sweep-steps 3 --sweep-repeats 2)
 [ $SMOKE = 1 ] && SWEEP=(--sweep-max-batch 4)
+# Table 5: the transformers' forward per attention backend (diffusers' native / flash /
+# sage beside attnkit), one preset per run; the smoke run uses the CPU-sized models.
+if [ $SMOKE = 1 ]; then T5=(flux-cpu); else T5=(flux sd3 wan); fi
+for preset in "${T5[@]}"; do
+    run_step "table5-$preset" 40 "$PY" -m attnkit bench --no-progress --preset "$preset" --tables 5 \
+        --budget 40 --out "$OUT/table5-$preset"
+done
 share3=$(( $(left) - 25 ))
 [ "$share3" -lt 30 ] && share3=30
 run_step table3 "$share3" "$PY" -m attnkit bench "${COMMON[@]}" --tables 3 \
@@ -121,12 +128,12 @@ run_step table3 "$share3" "$PY" -m attnkit bench "${COMMON[@]}" --tables 3 \
 
 # -- one record -----------------------------------------------------------------------------
 parts=()
-for n in 1 2 3 4; do
-    [ -f "$OUT/table$n/results.json" ] && parts+=("$OUT/table$n/results.json")
+for part in "$OUT"/table[1-4]/results.json "$OUT"/table5-*/results.json; do
+    [ -f "$part" ] && parts+=("$part")
 done
 if [ ${#parts[@]} -gt 0 ]; then
     "$PY" -m attnkit.bench.report --merge "$OUT" "${parts[@]}" > /dev/null 2>> "$LOG" \
-        && say "merged ${#parts[@]} tables into $OUT/results.json, table.md and plots"
+        && say "merged ${#parts[@]} runs into $OUT/results.json, table.md and plots"
 fi
 slug=$("$PY" -c "import re, torch; n = torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'; print(re.sub(r'[^a-z0-9]+', '-', n.lower()).strip('-'))" 2>/dev/null || echo unknown)
 say "done in $(( $(date +%s) - START ))s; commit it as bench/results/$slug/ (results.json, table.md, *.png, kernels.json)"

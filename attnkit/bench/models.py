@@ -307,7 +307,6 @@ def denoise(
         noise_pred = noise_pred_uncond + guidance_scale * (noise_pred_text - noise_pred_uncond)
         latents = scheduler.step(noise_pred, t, latents, **extra_step_kwargs, return_dict=False)[0]
         clock.mark()
-    decode_seconds = None
     if decode:
         vae = vae if vae is not None else model.vae
         vae_dtype = next(vae.parameters()).dtype
