@@ -19,25 +19,9 @@ The algorithm (Dao, "FlashAttention-2", 2023):
   (B, H, M, N) in fp32, written by the dQ pass, then summed on the host. These variants
   (`dkdv_dbias`, `dq_dbias`) hold more registers and have their own tile candidates.
 
-Head dims. Triton tiles are powers of two, and tensor-core dots need a reduction length
-of at least 16. Padding the head dim to the next power of two wastes a lot at the head
-dims of diffusion models (40 -> 64 is 37.5% of the matrix work). Here the head dim is
-cut into at most two power-of-two pieces D0 >= D1 >= 16 (40 = 32 + 8 -> 32 + 16, 80 =
-64 + 16, 160 = 128 + 32), and each piece is its own dot. Matrix work wasted by padding,
-(padded - D) / padded, both matmuls alike:
-
-    head dim         8    24    40    64    72    80   100   128   160   256
-    next pow2       16    32    64    64   128   128   128   128   256   256
-      waste        50%   25%  37.5%   0%  43.8% 37.5% 21.9%   0%  37.5%   0%
-    FlashAttn-2     32    32    64    64    96    96   128   128   160   256
-      waste        75%   25%  37.5%   0%  25.0% 16.7% 21.9%   0%    0%   0%
-    FlashAttn-3     64    64    64    64    96    96   128   128   192   256
-      waste      87.5% 62.5% 37.5%   0%  25.0% 16.7% 21.9%   0%  16.7%   0%
-    this kernel     16    32    48    64    80    80   128   128   160   256
-      waste        50%   25%  16.7%   0%  10.0%   0%  21.9%   0%    0%   0%
-
-(FlashAttention-2 instantiates its kernels for head dims in multiples of 32,
-FlashAttention-3 for 64, 96, 128, 192 and 256; a head dim runs in the next one up.)
+Head dims are cut into at most two power-of-two pieces D0 >= D1 >= 16, each its own
+dot (limits.split_head_dim: 40 = 32 + 16, 80 = 64 + 16, 160 = 128 + 32), rather than
+padded to the next power of two; limits.py tabulates the waste against FlashAttention-2/3.
 Head dim 8 still pays 50%: a tensor-core dot cannot reduce over fewer than 16.
 
 Everything else the callers of a diffusion model produce:
@@ -71,10 +55,17 @@ import triton.language as tl
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): log(x) == log2(x) * LN2
 
-MIN_HEAD_DIM = 8
-MAX_HEAD_DIM = 256
-# The grid is (query or key tiles, heads, batch); CUDA limits grid dims y and z to 65535.
-MAX_GRID_YZ = 65535
+from .limits import (  # noqa: F401 - re-exported: the limits live in limits.py only
+    MAX_GRID_YZ,
+    MAX_HEAD_DIM,
+    MIN_HEAD_DIM,
+    _next_pow2,
+    attention_flops,
+    input_problems,
+    padded_head_dim,
+    padding_waste,
+    split_head_dim,
+)
 
 # Triton's interpreter runs the same kernels on CPU tensors (for tests and debugging).
 # It must be chosen before this module defines its kernels, like triton itself does.
@@ -736,38 +727,6 @@ def _attn_bwd_dq(
 # =====================================================================================
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
-def split_head_dim(head_dim: int) -> tuple[int, int]:
-    """The pieces (D0, D1) of a head dim: powers of two >= 16, D0 >= D1, D1 = 0 if one.
-
-    The smallest padded total D0 + D1 >= head_dim wins; on a tie, one piece (fewer
-    instructions). 40 -> (32, 16), 80 -> (64, 16), 160 -> (128, 32), 100 -> (128, 0).
-    """
-    whole = max(16, _next_pow2(head_dim))
-    d0 = max(16, _next_pow2(head_dim) // 2)
-    rest = head_dim - d0
-    if rest <= 0:
-        return whole, 0
-    d1 = max(16, _next_pow2(rest))
-    if d1 <= d0 and d0 + d1 < whole:
-        return d0, d1
-    return whole, 0
-
-
-def padded_head_dim(head_dim: int) -> int:
-    d0, d1 = split_head_dim(head_dim)
-    return d0 + d1
-
-
-def padding_waste(head_dim: int) -> float:
-    """Fraction of the matrix work spent on padding at this head dim."""
-    p = padded_head_dim(head_dim)
-    return (p - head_dim) / p
-
-
 @dataclass(frozen=True)
 class TileConfig:
     block_m: int
@@ -1310,16 +1269,9 @@ def _prepare(q, k, v, attn_bias, scale):
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} "
                          f"(a value head dim different from the query head dim is not supported)")
-    if D < MIN_HEAD_DIM:
-        raise ValueError(f"head_dim={D} is below {MIN_HEAD_DIM}")
-    if D > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim={D} exceeds {MAX_HEAD_DIM}")
-    if N == 0:
-        raise ValueError("key length N=0: attention over no keys is undefined (need N >= 1)")
-    if B > MAX_GRID_YZ:
-        raise ValueError(f"batch={B} exceeds {MAX_GRID_YZ} (CUDA grid limit)")
-    if H > MAX_GRID_YZ:
-        raise ValueError(f"heads={H} exceeds {MAX_GRID_YZ} (CUDA grid limit)")
+    problems = input_problems(D, batch=B, heads=H, q_len=M, kv_len=N)
+    if problems:
+        raise ValueError("; ".join(problems))
     if q.device.type != "cuda" and not (INTERPRET and q.device.type == "cpu"):
         raise ValueError(
             f"device={q.device.type}: the triton flash attention runs on CUDA; on the CPU it runs "
@@ -1397,15 +1349,3 @@ def flash_attention(
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
     out, _, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias))
     return out
-
-
-def attention_flops(B: int, H: int, M: int, N: int, D: int, backward: bool = False) -> float:
-    """Matrix FLOPs of attention, the convention FlashAttention's benchmarks use.
-
-    Forward: two matmuls, q @ k^T and p @ v, each M * N * D multiply-adds = 2 * M * N * D
-    FLOPs, per (batch, head): 4 * B * H * M * N * D. The softmax is not counted.
-    Backward: five matmuls (recomputing s = q k^T, then dV = p^T dO, dP = dO v^T,
-    dQ = dS k, dK = dS^T q), 2.5x the forward.
-    """
-    fwd = 4.0 * B * H * M * N * D
-    return 2.5 * fwd if backward else fwd

@@ -45,13 +45,8 @@ from attnkit.testing import (
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from attnkit.kernels import (  # noqa: E402
-    attention_flops,
-    flash_attention,
-    flash_attention_with_lse,
-    padding_waste,
-    split_head_dim,
-)
+from attnkit.kernels import flash_attention, flash_attention_with_lse  # noqa: E402
+from attnkit.kernels.limits import MAX_HEAD_DIM  # noqa: E402
 
 fa = importlib.import_module("attnkit.kernels.flash_attention")
 
@@ -545,32 +540,6 @@ def test_bf16_emulation_is_interpreter_only():
         mp.undo()
 
 
-# -- head-dim pieces, FLOPs --------------------------------------------------------------
-
-
-def test_head_dim_pieces():
-    assert split_head_dim(40) == (32, 16)
-    assert split_head_dim(80) == (64, 16)
-    assert split_head_dim(160) == (128, 32)
-    assert split_head_dim(64) == (64, 0)
-    assert split_head_dim(8) == (16, 0)
-    assert split_head_dim(100) == (128, 0)
-    # FlashAttention-2/3's padded head dims for these (multiples of 32 / the issue's list).
-    fa_pad = {40: 64, 72: 96, 80: 96, 160: 192}
-    for d in range(8, 257):
-        d0, d1 = split_head_dim(d)
-        assert d0 + d1 >= d and d0 >= 16 and d0 & (d0 - 1) == 0
-        assert d1 == 0 or (16 <= d1 <= d0 and d1 & (d1 - 1) == 0)
-        assert d0 + d1 <= max(16, 1 << (d - 1).bit_length())  # never worse than next pow2
-        if d in fa_pad:
-            assert padding_waste(d) < (fa_pad[d] - d) / fa_pad[d]
-
-
-def test_attention_flops():
-    assert attention_flops(2, 8, 4096, 77, 40) == 4 * 2 * 8 * 4096 * 77 * 40
-    assert attention_flops(1, 1, 10, 10, 64, backward=True) == 2.5 * 4 * 10 * 10 * 64
-
-
 # -- refusals ----------------------------------------------------------------------------
 
 
@@ -579,7 +548,8 @@ def _t(*shape, dtype=torch.float16):
 
 
 BAD_INPUTS = [
-    ("head_dim=320 exceeds 256", lambda: (_t(1, 1, 4, 320), _t(1, 1, 4, 320), _t(1, 1, 4, 320)), {}),
+    (f"head_dim={MAX_HEAD_DIM + 8} exceeds {MAX_HEAD_DIM}",
+     lambda: tuple(_t(1, 1, 4, MAX_HEAD_DIM + 8) for _ in range(3)), {}),
     ("head_dim=4 is below 8", lambda: (_t(1, 1, 4, 4), _t(1, 1, 4, 4), _t(1, 1, 4, 4)), {}),
     ("float64 is not supported",
      lambda: tuple(_t(1, 1, 4, 16, dtype=torch.float64) for _ in range(3)), {}),
@@ -587,7 +557,7 @@ BAD_INPUTS = [
     ("does not match q shape", lambda: (_t(1, 2, 4, 16), _t(1, 1, 4, 16), _t(1, 1, 4, 16)), {}),
     ("must equal k shape", lambda: (_t(1, 1, 4, 16), _t(1, 1, 4, 16), _t(1, 1, 5, 16)), {}),
     ("share a dtype", lambda: (_t(1, 1, 4, 16), _t(1, 1, 4, 16, dtype=torch.float32), _t(1, 1, 4, 16)), {}),
-    ("N=0", lambda: (_t(1, 1, 4, 16), _t(1, 1, 0, 16), _t(1, 1, 0, 16)), {}),
+    ("kv_len=0", lambda: (_t(1, 1, 4, 16), _t(1, 1, 0, 16), _t(1, 1, 0, 16)), {}),
     ("not broadcastable", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
      {"attn_bias": torch.zeros(1, 1, 4, 4, device=DEVICE)}),
     ("expected an additive float bias", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
@@ -646,8 +616,9 @@ def test_backend_reasons_and_forward(monkeypatch, seed):
     backend = get_backend("triton")
     h100 = DeviceInfo("cuda", (9, 0), "H100")
     assert backend.not_supported_reasons(AttentionCall(h100, torch.bfloat16, 40, mask="key_padding")) == []
-    reasons = backend.not_supported_reasons(AttentionCall(h100, torch.float16, 320))
-    assert reasons == ["head_dim=320 > 256"]
+    too_big = backend.capabilities.max_head_dim + 8
+    reasons = backend.not_supported_reasons(AttentionCall(h100, torch.float16, too_big))
+    assert reasons == [f"head_dim={too_big} > {backend.capabilities.max_head_dim}"]
     t4 = DeviceInfo("cuda", (7, 5), "T4")
     assert backend.not_supported_reasons(AttentionCall(t4, torch.float16, 64)) == ["compute capability 7.5 < 8.0"]
 
