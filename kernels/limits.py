@@ -29,7 +29,7 @@ FlashAttention-3 for 64, 96, 128, 192 and 256; a head dim runs in the next one u
 from __future__ import annotations
 
 MIN_HEAD_DIM = 8
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512
 # The widest head-dim piece: a TMA box is at most 256 elements along each dim, and a
 # wider piece would hold more accumulator registers per thread than a tile can spare.
 MAX_PIECE = 256
