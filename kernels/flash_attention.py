@@ -6,9 +6,10 @@ grids, then the torch.library custom ops with their autograd, then the public fu
 The algorithm (Dao, "FlashAttention-2", 2023):
 
 * forward: each program owns BLOCK_M query rows; their Q tile stays in registers while
-  K/V tiles of BLOCK_N keys stream through. The softmax is computed online in fp32 in
-  base 2: the factor log2(e) is folded into the scale, so every exponential is one
-  exp2. The program writes its O rows and their log-sum-exp (LSE, stored in base 2).
+  K/V tiles of BLOCK_N keys stream through. The softmax is computed online in fp32 with
+  exp2 (see _fwd_tile for the units: without a bias the scale folds into one FFMA per
+  score; a bias stays in natural units so that no finite mask overflows). The program
+  writes its O rows and their row statistics (the LSE, see _attn_fwd).
 * backward: delta = rowsum(dO * O) first; then one pass per key tile computes dK and dV
   (streaming Q, dO), and one pass per query tile computes dQ (streaming K, V). Each
   output element is written by exactly one program: no atomics, so the backward is
@@ -18,19 +19,28 @@ The algorithm (Dao, "FlashAttention-2", 2023):
   over the queries inside the dK/dV pass, into (B, H, N); any other bias gets dS whole,
   (B, H, M, N) in fp32, written by the dQ pass, then summed on the host. These variants
   (`dkdv_dbias`, `dq_dbias`) hold more registers and have their own tile candidates.
+* causal (row i sees key j iff j <= i + causal_offset) and a key bias's length decide
+  which tiles each program visits: tiles that need no mask run first in a loop of their
+  own, the masked ones (the diagonal band, the last keys or rows) in a second, and the
+  tiles no row can see are never loaded (_row_range, and the dK/dV kernel's bounds).
+* on sm_90 the tiles a loop streams come through TMA (host-side tensor descriptors)
+  when every tensor is 16-byte aligned, through pointers otherwise (_load_stream).
 
-Head dims are cut into at most two power-of-two pieces D0 >= D1 >= 16, each its own
-dot (limits.split_head_dim: 40 = 32 + 16, 80 = 64 + 16, 160 = 128 + 32), rather than
-padded to the next power of two; limits.py tabulates the waste against FlashAttention-2/3.
-Head dim 8 still pays 50%: a tensor-core dot cannot reduce over fewer than 16.
+Head dims are cut into at most two power-of-two pieces 256 >= D0 >= D1 >= 16, each its
+own dot (limits.split_head_dim: 40 = 32 + 16, 80 = 64 + 16, 160 = 128 + 32,
+320 = 256 + 64, 512 = 256 + 256), rather than padded to the next power of two;
+limits.py tabulates the waste against FlashAttention-2/3. Head dim 8 still pays 50%: a
+tensor-core dot cannot reduce over fewer than 16.
 
 Everything else the callers of a diffusion model produce:
 
-* M and N from 1 up, any remainder: full tiles run without bounds checks and one last
+* M and N from 1 up, any remainder: full tiles run without bounds checks and the last
   masked tile handles the remainder.
 * attn_bias broadcastable to (B, H, M, N), read through its strides (0 on broadcast
-  dims); a key-padding bias (stride 0 over queries) is loaded as one row per tile.
-  A row whose keys are all -inf outputs zeros (and its LSE is -inf).
+  dims); a key-padding bias (stride 0 over queries) is loaded as one row per tile, or
+  not at all when it is a 0 / -inf mask (then it is a length). A row that sees no key
+  (all -inf, or none under a negative causal offset) outputs zeros (its LSE is -inf);
+  a row masked by a huge finite value is an ordinary row, as in float64.
 * q, k, v, dO with any strides as long as the last dim is contiguous (the (B, N, H, D)
   storage that a diffusers processor produces, viewed as (B, H, N, D)).
 * 64-bit offsets: batch, head and tile-start offsets are computed in int64, so tensors
@@ -56,6 +66,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): log(x) == log2(x) * LN2
 
+from . import limits
 from .limits import (  # noqa: F401 - re-exported: the limits live in limits.py only
     MAX_GRID_YZ,
     MAX_HEAD_DIM,
@@ -149,14 +160,18 @@ def _tile_offsets(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D0: tl.constexpr
 
 
 @triton.jit
-def _zeros_pieces(ROWS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr):
-    """fp32 accumulators for both head-dim pieces of ROWS rows ([1, 1] placeholder for a
-    missing second piece)."""
-    if D1 > 0:
+def _zeros_pieces(ROWS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, PIECE: tl.constexpr):
+    """fp32 accumulators for the head-dim pieces of ROWS rows a program computes (PIECE:
+    -1 both, 0 or 1 that one, 2 none); [1, 1] placeholders for the others."""
+    if PIECE == -1 or PIECE == 0:
+        x0 = tl.zeros([ROWS, D0], dtype=tl.float32)
+    else:
+        x0 = tl.zeros([1, 1], dtype=tl.float32)
+    if D1 > 0 and (PIECE == -1 or PIECE == 1):
         x1 = tl.zeros([ROWS, D1], dtype=tl.float32)
     else:
         x1 = tl.zeros([1, 1], dtype=tl.float32)
-    return tl.zeros([ROWS, D0], dtype=tl.float32), x1
+    return x0, x1
 
 
 @triton.jit
@@ -226,10 +241,12 @@ def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.cons
 
 @triton.jit
 def _store_pieces(base, x0, x1, offs_r, offs_d0, offs_d1, stride_r, rows_left, HEAD_DIM: tl.constexpr,
-                  D0: tl.constexpr, D1: tl.constexpr, ALIGN: tl.constexpr):
-    """Store both head-dim pieces of a tile (already in the output dtype)."""
-    _store_tile(base, x0, offs_r, offs_d0, stride_r, rows_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
-    if D1 > 0:
+                  D0: tl.constexpr, D1: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr):
+    """Store the head-dim pieces of a tile a program computed (PIECE as in
+    _zeros_pieces), already in the output dtype."""
+    if PIECE == -1 or PIECE == 0:
+        _store_tile(base, x0, offs_r, offs_d0, stride_r, rows_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
+    if D1 > 0 and (PIECE == -1 or PIECE == 1):
         _store_tile(base, x1, offs_r, offs_d1, stride_r, rows_left, HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
 
 
@@ -398,10 +415,16 @@ def _fwd_loops(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, OFF, n
                HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr,
                BIAS: tl.constexpr, CAUSAL: tl.constexpr,
                ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr, TMA: tl.constexpr):
+               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr, TMA: tl.constexpr,
+               WARP_SPEC: tl.constexpr):
     """The key tiles that need no mask, then the masked ones (the diagonal band, the
-    last keys); tiles above the diagonal or past the last live key are never loaded."""
-    for start_n in range(0, n_unmasked, BLOCK_N):
+    last keys); tiles above the diagonal or past the last live key are never loaded.
+
+    WARP_SPEC marks the unmasked loop for Triton's automatic warp specialization. The
+    launcher leaves it off: with triton 3.9 on sm_90 it compiles to the same machine
+    code (8 warps) or fails to compile (4 warps); the static report checks it again on
+    every run (python -m attnkit.kernels.inspect)."""
+    for start_n in tl.range(0, n_unmasked, BLOCK_N, warp_specialize=WARP_SPEC):
         acc0, acc1, m_i, l_i = _fwd_tile(
             acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n, m_left, n_hi - start_n,
             row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
@@ -430,7 +453,7 @@ def _attn_fwd(
     BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    STORE_LO: tl.constexpr,
+    STORE_LO: tl.constexpr, WARP_SPEC: tl.constexpr = False,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head.
 
@@ -461,7 +484,7 @@ def _attn_fwd(
     q0, q1 = _held_pieces(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False,
                           RELOAD)
     qs = (q0, q1, q_src)
-    acc0, acc1 = _zeros_pieces(BLOCK_M, D0, D1)
+    acc0, acc1 = _zeros_pieces(BLOCK_M, D0, D1, -1)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
@@ -471,12 +494,12 @@ def _attn_fwd(
         acc0, acc1, m_i, l_i = _fwd_loops(
             acc0, acc1, m_i, l_i, qs, kv, bs, geo, (qk_scale, sm_scale), b, h, row0, OFF, n_unmasked, n_hi, m_left,
             HEAD_DIM, D0, D1, BLOCK_N, 0, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION, EMULATE_BF16,
-            RELOAD, TMA)
+            RELOAD, TMA, WARP_SPEC)
     else:
         acc0, acc1, m_i, l_i = _fwd_loops(
             acc0, acc1, m_i, l_i, qs, kv, bs, geo, (qk_scale, sm_scale), b, h, row0, OFF, n_unmasked, n_hi, m_left,
             HEAD_DIM, D0, D1, BLOCK_N, BIAS, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION, EMULATE_BF16,
-            RELOAD, TMA)
+            RELOAD, TMA, WARP_SPEC)
 
     # Rows that saw no key have l = 0: they output 0 and their LSE is -inf.
     dead = l_i == 0.0
@@ -501,11 +524,11 @@ def _attn_fwd(
     o1_hi = o1.to(Out.dtype.element_ty)
     out_at = b64 * stride_ob + h64 * stride_oh + row0.to(tl.int64) * stride_om
     _store_pieces(Out + tl.multiple_of(out_at, ALIGN), o0_hi, o1_hi, offs_m, offs_d0, offs_d1, stride_om, m_left,
-                  HEAD_DIM, D0, D1, ALIGN)
+                  HEAD_DIM, D0, D1, ALIGN, -1)
     if STORE_LO:
         _store_pieces(OutLo + tl.multiple_of(out_at, ALIGN), (o0 - o0_hi.to(tl.float32)).to(Out.dtype.element_ty),
                       (o1 - o1_hi.to(tl.float32)).to(Out.dtype.element_ty), offs_m, offs_d0, offs_d1, stride_om,
-                      m_left, HEAD_DIM, D0, D1, ALIGN)
+                      m_left, HEAD_DIM, D0, D1, ALIGN, -1)
 
 
 @triton.jit
@@ -576,7 +599,7 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, sc
                BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
                PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-               BIAS_GRAD: tl.constexpr, TMA: tl.constexpr):
+               BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr, GRADS: tl.constexpr):
     """One Q/dO tile of the dK/dV pass, computed transposed (keys x queries).
 
     ks, vs = (piece 0, piece 1, source) of the program's K and V. MASK: query rows from
@@ -584,15 +607,16 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, sc
     diagonal (key offs_n[j] is visible to query offs_m[i] iff offs_n[j] - offs_m[i] <=
     diag). RELOAD: load the program's K and V tiles here (see _fwd_tile). BIAS_GRAD: add
     dS summed over this tile's queries to db (the gradient of a bias that does not
-    depend on the query). Units as in _fwd_tile."""
+    depend on the query). Units as in _fwd_tile. PIECE (-1 both head-dim pieces, else
+    that one) and GRADS ("dkdv", "dk" or "dv") say which gradients the program
+    accumulates (see _attn_bwd_dkdv)."""
     k0, k1, k_src = ks
     v0, v1, v_src = vs
     offs_m, offs_n, offs_d0, offs_d1 = geo
     qk_scale, sm_scale = scales
     if RELOAD:
+        # Large head dims: K here, V where dP needs it, neither held across the loop.
         k0, k1 = _load_stream(k_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN,
-                              False)
-        v0, v1 = _load_stream(v_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN,
                               False)
     q0, q1 = _load_stream(q_src, b, h, start_m, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, MASK, ALIGN,
                           TMA)
@@ -615,20 +639,29 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, sc
 
     do0, do1 = _load_stream(do_src, b, h, start_m, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, MASK, ALIGN,
                             TMA)
-    dv0 = _dot(pT.to(do0.dtype), do0, dv0, PRECISION, EMULATE_BF16)
-    dpT = _dot(v0, tl.trans(do0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
-    if D1 > 0:
-        dv1 = _dot(pT.to(do1.dtype), do1, dv1, PRECISION, EMULATE_BF16)
-        dpT = _dot(v1, tl.trans(do1), dpT, PRECISION, EMULATE_BF16)
-    # dS = P * (dP - delta): the gradient of the logits (natural units), which is also
-    # the gradient of an additive bias; the scale of dK is applied once at the end.
-    dsT = pT * (dpT - delta[None, :])
-    if BIAS_GRAD:
-        db += tl.sum(dsT, 1)
-    dsT = dsT.to(q0.dtype)
-    dk0 = _dot(dsT, q0, dk0, PRECISION, EMULATE_BF16)
-    if D1 > 0:
-        dk1 = _dot(dsT, q1, dk1, PRECISION, EMULATE_BF16)
+    if GRADS != "dk":
+        if PIECE != 1:
+            dv0 = _dot(pT.to(do0.dtype), do0, dv0, PRECISION, EMULATE_BF16)
+        if D1 > 0 and PIECE != 0:
+            dv1 = _dot(pT.to(do1.dtype), do1, dv1, PRECISION, EMULATE_BF16)
+    if GRADS != "dv":
+        if RELOAD:
+            v0, v1 = _load_stream(v_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN,
+                                  False)
+        dpT = _dot(v0, tl.trans(do0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32), PRECISION,
+                   EMULATE_BF16)
+        if D1 > 0:
+            dpT = _dot(v1, tl.trans(do1), dpT, PRECISION, EMULATE_BF16)
+        # dS = P * (dP - delta): the gradient of the logits (natural units), which is
+        # also the gradient of an additive bias; the scale of dK is applied once at the end.
+        dsT = pT * (dpT - delta[None, :])
+        if BIAS_GRAD:
+            db += tl.sum(dsT, 1)
+        dsT = dsT.to(q0.dtype)
+        if PIECE != 1:
+            dk0 = _dot(dsT, q0, dk0, PRECISION, EMULATE_BF16)
+        if D1 > 0 and PIECE != 0:
+            dk1 = _dot(dsT, q1, dk1, PRECISION, EMULATE_BF16)
     return dk0, dk1, dv0, dv1, db
 
 
@@ -639,7 +672,7 @@ def _dkdv_loops(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, s
                 BIAS: tl.constexpr, CAUSAL: tl.constexpr,
                 ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
                 PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-                BIAS_GRAD: tl.constexpr, TMA: tl.constexpr):
+                BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr, GRADS: tl.constexpr):
     """Query tiles [m_unmasked, m_full) unmasked, then [m_lo, m_unmasked) masked (the
     diagonal band) and [max(m_full, m_lo), m_hi) masked (the last rows). The unmasked
     loop comes first in the program: it is the one that runs most."""
@@ -647,17 +680,17 @@ def _dkdv_loops(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, s
         dk0, dk1, dv0, dv1, db = _dkdv_tile(
             dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
             m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
     for start_m in range(m_lo, m_unmasked, BLOCK_M):
         dk0, dk1, dv0, dv1, db = _dkdv_tile(
             dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
             m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
     for start_m in range(tl.maximum(m_full, m_lo), m_hi, BLOCK_M):
         dk0, dk1, dv0, dv1, db = _dkdv_tile(
             dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
             m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
     return dk0, dk1, dv0, dv1, db
 
 
@@ -680,10 +713,15 @@ def _attn_bwd_dkdv(
     BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    BIAS_GRAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr, PIECE: tl.constexpr = -1, GRADS: tl.constexpr = "dkdv",
 ):
     """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming the queries
     that see them (with CAUSAL, those from the diagonal on).
+
+    PIECE and GRADS: which head-dim pieces (-1 both, else that one) and which gradients
+    ("dkdv", "dk", "dv") this launch computes and stores. Above a head dim of 256 the
+    launcher splits the pass into four launches, one per piece and gradient: each holds
+    a quarter of the accumulators and recomputes the scores.
 
     BIAS_GRAD: also write dS summed over all queries, DBias[b, h, n] (contiguous in
     n): the gradient of a bias that does not depend on the query, such as key padding.
@@ -712,8 +750,9 @@ def _attn_bwd_dkdv(
         db = tl.zeros([BLOCK_N], dtype=tl.float32)
     else:
         db = tl.zeros([1], dtype=tl.float32)  # placeholder, never read
-    dk0, dk1 = _zeros_pieces(BLOCK_N, D0, D1)
-    dv0, dv1 = _zeros_pieces(BLOCK_N, D0, D1)
+    # Placeholder pieces ([1, 1]) for the gradients this launch does not compute.
+    dk0, dk1 = _zeros_pieces(BLOCK_N, D0, D1, PIECE if GRADS != "dv" else 2)
+    dv0, dv1 = _zeros_pieces(BLOCK_N, D0, D1, PIECE if GRADS != "dk" else 2)
 
     # The queries that see these keys. Past the last live key (KEY_BIAS) none do. With
     # CAUSAL, query i sees key j iff i >= j - OFF: none before col0 - OFF, all from
@@ -735,33 +774,32 @@ def _attn_bwd_dkdv(
         dk0, dk1, dv0, dv1, db = _dkdv_loops(
             dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, (qk_scale, sm_scale), b, h, col0, OFF,
             m_lo, m_unmasked, m_full, m_hi, n_left, HEAD_DIM, D0, D1, BLOCK_M, 0, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
     else:
         dk0, dk1, dv0, dv1, db = _dkdv_loops(
             dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, (qk_scale, sm_scale), b, h, col0, OFF,
             m_lo, m_unmasked, m_full, m_hi, n_left, HEAD_DIM, D0, D1, BLOCK_M, BIAS, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
 
     if BIAS == 1:
         # Keys past the last live one have no gradient; the loop of no bias (plain) did
         # not mask them, and each key's row of dK, dV and the bias gradient is its own.
-        live = offs_n < n_keys - col0
-        dk0 = tl.where(live[:, None], dk0, 0.0)
-        dv0 = tl.where(live[:, None], dv0, 0.0)
-        if D1 > 0:
-            dk1 = tl.where(live[:, None], dk1, 0.0)
-            dv1 = tl.where(live[:, None], dv1, 0.0)
+        live = offs_n[:, None] < n_keys - col0
+        dk0, dk1, dv0, dv1 = (tl.where(live, dk0, 0.0), tl.where(live, dk1, 0.0), tl.where(live, dv0, 0.0),
+                              tl.where(live, dv1, 0.0))
         if BIAS_GRAD:
-            db = tl.where(live, db, 0.0)
+            db = tl.where(offs_n < n_keys - col0, db, 0.0)
     col0_64 = col0.to(tl.int64)
     if BIAS_GRAD:
         tl.store(DBias + b64 * stride_dbb + h64 * stride_dbh + col0_64 + offs_n, db, mask=offs_n < n_left)
-    dk_at = DK + tl.multiple_of(b64 * stride_dkb + h64 * stride_dkh + col0_64 * stride_dkn, ALIGN)
-    dv_at = DV + tl.multiple_of(b64 * stride_dvb + h64 * stride_dvh + col0_64 * stride_dvn, ALIGN)
-    _store_pieces(dk_at, (dk0 * sm_scale).to(DK.dtype.element_ty), (dk1 * sm_scale).to(DK.dtype.element_ty),
-                  offs_n, offs_d0, offs_d1, stride_dkn, n_left, HEAD_DIM, D0, D1, ALIGN)
-    _store_pieces(dv_at, dv0.to(DV.dtype.element_ty), dv1.to(DV.dtype.element_ty),
-                  offs_n, offs_d0, offs_d1, stride_dvn, n_left, HEAD_DIM, D0, D1, ALIGN)
+    if GRADS != "dv":
+        dk_at = DK + tl.multiple_of(b64 * stride_dkb + h64 * stride_dkh + col0_64 * stride_dkn, ALIGN)
+        _store_pieces(dk_at, (dk0 * sm_scale).to(DK.dtype.element_ty), (dk1 * sm_scale).to(DK.dtype.element_ty),
+                      offs_n, offs_d0, offs_d1, stride_dkn, n_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
+    if GRADS != "dk":
+        dv_at = DV + tl.multiple_of(b64 * stride_dvb + h64 * stride_dvh + col0_64 * stride_dvn, ALIGN)
+        _store_pieces(dv_at, dv0.to(DV.dtype.element_ty), dv1.to(DV.dtype.element_ty),
+                      offs_n, offs_d0, offs_d1, stride_dvn, n_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
 
 
 @triton.jit
@@ -770,7 +808,7 @@ def _dq_tile(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, ro
              BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-             BIAS_GRAD: tl.constexpr, TMA: tl.constexpr):
+             BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr):
     """One K/V tile of the dQ pass; MASK, CAUSAL and the units as in _fwd_tile.
 
     qs, dos = (piece 0, piece 1, source) of the program's Q and dO tiles (loaded here
@@ -813,8 +851,9 @@ def _dq_tile(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, ro
         else:
             tl.store(db_ptrs, ds, mask=offs_m[:, None] < m_left)
     ds = ds.to(k0.dtype)
-    dq0 = _dot(ds, k0, dq0, PRECISION, EMULATE_BF16)
-    if D1 > 0:
+    if PIECE != 1:
+        dq0 = _dot(ds, k0, dq0, PRECISION, EMULATE_BF16)
+    if D1 > 0 and PIECE != 0:
         dq1 = _dot(ds, k1, dq1, PRECISION, EMULATE_BF16)
     return dq0, dq1
 
@@ -825,18 +864,18 @@ def _dq_loops(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, r
               BIAS: tl.constexpr, CAUSAL: tl.constexpr,
               ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-              BIAS_GRAD: tl.constexpr, TMA: tl.constexpr):
+              BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr):
     """The unmasked key tiles, then the masked ones, as in _fwd_loops."""
     for start_n in range(0, n_unmasked, BLOCK_N):
         dq0, dq1 = _dq_tile(
             dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, start_n, m_left, n_hi - start_n,
             row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
     for start_n in range(n_unmasked, n_hi, BLOCK_N):
         dq0, dq1 = _dq_tile(
             dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, start_n, m_left, n_hi - start_n,
             row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
     return dq0, dq1
 
 
@@ -858,7 +897,7 @@ def _attn_bwd_dq(
     BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    BIAS_GRAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr, PIECE: tl.constexpr = -1,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming the keys they see.
 
@@ -887,7 +926,7 @@ def _attn_bwd_dq(
                           RELOAD)
     do0, do1 = _held_pieces(do_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False,
                             RELOAD)
-    dq0, dq1 = _zeros_pieces(BLOCK_M, D0, D1)
+    dq0, dq1 = _zeros_pieces(BLOCK_M, D0, D1, PIECE)
     stat = (b64 * H + h64) * M
     row_stats = _row_stats((Lse + stat, LseShift + stat, Delta + stat), row0, offs_m, m_left, BIAS, True)
 
@@ -899,16 +938,16 @@ def _attn_bwd_dq(
         dq0, dq1 = _dq_loops(
             dq0, dq1, qs, dos, kv, bs, geo, (qk_scale, sm_scale), row_stats, db_src, b, h, row0, OFF, n_unmasked,
             n_hi, m_left, HEAD_DIM, D0, D1, BLOCK_N, 0, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION,
-            EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
     else:
         dq0, dq1 = _dq_loops(
             dq0, dq1, qs, dos, kv, bs, geo, (qk_scale, sm_scale), row_stats, db_src, b, h, row0, OFF, n_unmasked,
             n_hi, m_left, HEAD_DIM, D0, D1, BLOCK_N, BIAS, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION,
-            EMULATE_BF16, RELOAD, BIAS_GRAD, TMA)
+            EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
 
     dq_at = DQ + tl.multiple_of(b64 * stride_dqb + h64 * stride_dqh + row0.to(tl.int64) * stride_dqm, ALIGN)
     _store_pieces(dq_at, (dq0 * sm_scale).to(DQ.dtype.element_ty), (dq1 * sm_scale).to(DQ.dtype.element_ty),
-                  offs_m, offs_d0, offs_d1, stride_dqm, m_left, HEAD_DIM, D0, D1, ALIGN)
+                  offs_m, offs_d0, offs_d1, stride_dqm, m_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
 
 
 # =====================================================================================
@@ -937,149 +976,156 @@ class TileConfig:
     # target, over the head dims, 16-bit dtypes and variants it serves (None: not
     # gated). `python -m attnkit.kernels.inspect` fails above it.
     budget: Optional[float] = None
+    # The causal settings it serves (a tile that spills only with the diagonal's masks
+    # serves the unmasked kernel only).
+    causal: tuple = (False, True)
+    # The loads it serves on sm_90: TMA, and pointers (the fallback for tensors that
+    # are not 16-byte aligned, whose address arithmetic holds more registers).
+    loads: frozenset = frozenset({"tma", "ptr"})
 
     def __str__(self) -> str:
         r = "-r" if self.reload else ""
         return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{r}"
 
 
-# The autotuning candidates, by target, kernel, input width and padded head dim (the
-# smallest bound that holds it). `python -m attnkit.kernels.inspect` compiles every
-# entry for its target (sm_80 for "sm80", sm_90 for "sm90"), with no bias, a key-padding
-# bias and a full bias, and fails if one spills registers or exceeds shared memory; the
-# entries that failed were removed rather than shipped. Hopper gets its own lists: its warp-group
-# MMA reads operands from shared memory, so what spills differs (the reload variant
-# helps on sm_80 and hurts on sm_90). The first entry of each list is the one used
-# without autotuning (ATTNKIT_TRITON_AUTOTUNE=0).
+# The autotuning candidates, by target, kernel, input width and head-dim band (the
+# smallest bound in _BANDS that holds the padded head dim), each entry with the bias
+# variants it serves (default: all) and the causal settings it serves (default: both).
+# The first entry that serves a call is its default (the one used without autotuning,
+# ATTNKIT_TRITON_AUTOTUNE=0); the lists are ordered by the static report (its fastest-
+# looking candidate first). `python -m attnkit.kernels.inspect` compiles every entry for
+# its target (sm_80 for "sm80", sm_90 for "sm90") at the head dims of its band, for the
+# variants it serves, causal or not, TMA and pointer loads on sm_90, and fails if one
+# spills registers, exceeds shared memory, duplicates matrix work or exponentials, or
+# compiles to more main-loop instructions per score than its budget (set a few percent
+# above what bench/results/static/report.md measured, the worst over its head dims,
+# 16-bit dtypes and variants).
 # For the dK/dV kernel, block_n is the key tile the program keeps and block_m the query
 # tile it streams; for the forward and dQ kernels block_m is kept and block_n streamed.
 _C = TileConfig
+_N = frozenset({"none"})
+_K = frozenset({"keypad"})
+_F = frozenset({"full"})
+_KF = frozenset({"keypad", "full"})
+_UNCAUSAL = (False,)
+_CAUSAL = (True,)
+_NF = frozenset({"none", "full"})
+_TMA = frozenset({"tma"})
+_PTR = frozenset({"ptr"})
 # fp32 inputs: exact fp32 dots run on FMA units, whose Triton lowering holds whole
 # head-dim rows of both operands in registers, so fp32 needs 16-row tiles, the reload
 # variant and mostly 8 warps; larger tiles (M32, or M16-N32 on 4 warps at head dim >= 80)
-# spill on both targets. Every entry below compiles with no stack and in shared memory
-# on sm_80 and sm_90 for head dims 40/64/80/128/160/256 and all three bias variants
-# (`python -m attnkit.kernels.inspect --dtype fp32`, part of its default gate). Registers
-# per thread, the most over the three biases, sm_80/sm_90:
-#
-#                     D=40    64      80      128     160     256
-#   fwd  M16-N32-w8  128/134 79/69   -       -       -       188/182
-#   fwd  M16-N16-w4  80/88   80/76   128/128 136/139 142/144 -
-#   fwd  M16-N16-w8  -       -       128/126 80/70   111/134 150/108
-#   dkdv M16-N32-w8  128/111 103/128 -       -       186/180 -
-#   dkdv M16-N16-w8  -       -       139/128 126/122 -       -
-#   dkdv M16-N16-w4  -       -       150/148 168/146 180/182 255/250
-#   dq   M16-N32-w8  128/130 78/86   128/138 128/104 -       176/182
-#   dq   M16-N16-w8  74/78   80/72   128/108 80/82   128/104 128/128
-#   dq   M16-N16-w4  80/84   96/90   -       -       182/149 246/246
-#
-# ("-": not shipped there; some of those spill 8-1800 B on one target.) tf32
-# (allow_tf32=True) uses tensor cores and the 16-bit lists' speed class.
+# spill on both targets. tf32 (allow_tf32=True) uses tensor cores and these tiles too.
 _FP32 = {
     "fwd": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+            96: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
             128: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
             192: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-            256: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True))},
+            256: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
+            320: (_C(16, 16, 4, 2, True),),
+            384: (_C(16, 16, 4, 2, True),),
+            512: (_C(16, 16, 4, 2, True),)},
     "dkdv": {64: (_C(16, 32, 8, 2, True),),
+             96: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
              128: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
              192: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
-             256: (_C(16, 16, 4, 2, True),)},
+             256: (_C(16, 16, 4, 2, True),),
+             320: (_C(16, 16, 4, 2, True),),
+             384: (_C(16, 16, 4, 2, True),),
+             512: (_C(16, 16, 4, 2, True),)},
     "dq": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
+           96: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
            128: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
            192: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
            # M16-N32 first would need 102400 B of shared memory: more than sm_86 has.
-           256: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True))},
+           256: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+           320: (_C(16, 16, 4, 2, True),),
+           384: (_C(16, 16, 4, 2, True),),
+           512: (_C(16, 16, 4, 2, True),)},
+}
+# Head dims above 256 on either target: narrow query tiles on mma.sync (the backward in
+# one launch per head-dim piece and gradient, see _backward_impl).
+_LARGE = {
+    "fwd": {320: (_C(32, 32, 4, 2, True), _C(16, 32, 4, 2, True)),
+            384: (_C(32, 32, 4, 2, True, _NK), _C(16, 32, 4, 2, True)),
+            512: (_C(16, 32, 4, 2, True),)},
+    "dkdv": {320: (_C(32, 16, 4, 1, True),),
+             384: (_C(32, 16, 4, 2, True),),
+             512: (_C(32, 16, 4, 2, True),)},
+    "dq": {320: (_C(16, 32, 4, 2, True),),
+           384: (_C(16, 32, 4, 2, True),),
+           512: (_C(16, 32, 4, 2, True),)},
 }
 CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
+    # sm_80 (mma.sync, pointer loads): the lists of before the static report, which it
+    # finds no worse (head dims up to 256).
     "sm80": {
         "fwd": {"16bit": {
             64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3)),
+            96: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, True)),
             128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, True)),
             192: (_C(64, 32, 4, 2),),
             256: (_C(64, 32, 8, 2, True), _C(32, 32, 4, 2, True)),
+            **_LARGE["fwd"],
         }, "32bit": _FP32["fwd"]},
         "dkdv": {"16bit": {
             64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
+            96: (_C(32, 64, 8, 2, True), _C(32, 32, 4, 2, True)),
             128: (_C(32, 64, 8, 2, True), _C(32, 32, 4, 2, True)),
             192: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
             256: (_C(16, 32, 8, 2, True), _C(32, 16, 4, 2, True), _C(16, 16, 4, 2, True)),
+            **_LARGE["dkdv"],
         }, "32bit": _FP32["dkdv"]},
         "dq": {"16bit": {
             64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
+            96: (_C(64, 32, 8, 2, True), _C(64, 64, 8, 2, True)),
             128: (_C(64, 32, 8, 2, True), _C(64, 64, 8, 2, True)),
             192: (_C(64, 32, 8, 2, True),),
             256: (_C(32, 32, 8, 2, True), _C(64, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
+            **_LARGE["dq"],
         }, "32bit": _FP32["dq"]},
     },
+    # sm_90 (warp-group MMA on 64-row tiles per warp group, TMA loads): 8 warps only
+    # where every MMA has M >= 128 (two warp groups on 64 rows would both compute the
+    # whole score tile and every exponential); a full bias holds a score-sized tile more,
+    # hence its own, smaller tiles. Figures: bench/results/static/report.md.
     "sm90": {
         "fwd": {"16bit": {
-            64: (_C(128, 32, 8, 3), _C(64, 32, 4, 3)),
-            128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3)),
-            192: (_C(128, 32, 8, 2), _C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(64, 32, 8, 3)),
-            256: (_C(64, 32, 8, 2),),
+            64: (_C(128, 128, 8, 2, variants=_NK), _C(128, 64, 8, 3)),
+            96: (_C(128, 128, 8, 2, variants=_NK), _C(64, 64, 4, 2)),
+            128: (_C(128, 128, 8, 2), _C(128, 64, 8, 2, variants=_NK), _C(128, 32, 8, 3, variants=_F)),
+            192: (_C(128, 128, 8, 2, variants=_NK), _C(128, 32, 8, 2, variants=_F), _C(64, 64, 4, 2, variants=_NK)),
+            256: (_C(128, 64, 8, 2, variants=_NK), _C(128, 32, 8, 2)),
+            **_LARGE["fwd"],
         }, "32bit": _FP32["fwd"]},
         "dkdv": {"16bit": {
-            64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
-            128: (_C(32, 64, 8, 2),),
-            192: (_C(16, 64, 8, 2),),
-            256: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+            64: (_C(64, 64, 4, 2, variants=_NK), _C(32, 64, 4, 2, variants=_F), _C(64, 128, 8, 2, variants=_NK)),
+            96: (_C(64, 64, 4, 2, variants=_N), _C(32, 64, 4, 2, variants=_K), _C(32, 128, 8, 2, variants=_KF)),
+            128: (_C(32, 64, 4, 2, variants=_NK), _C(16, 64, 4, 2, variants=_F), _C(32, 128, 8, 2, variants=_NK)),
+            192: (_C(32, 64, 4, 2, variants=_N), _C(32, 16, 4, 2, True)),
+            256: (_C(32, 16, 4, 2, True),),
+            **_LARGE["dkdv"],
         }, "32bit": _FP32["dkdv"]},
         "dq": {"16bit": {
-            64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
-            128: (_C(64, 32, 8, 2), _C(64, 32, 4, 3), _C(128, 32, 8, 2)),
-            192: (_C(64, 32, 8, 2), _C(128, 32, 8, 2)),
-            256: (_C(32, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
+            64: (_C(128, 128, 8, 2, variants=_NK), _C(128, 32, 8, 2, variants=_F), _C(64, 64, 4, 2, variants=_NK)),
+            96: (_C(128, 128, 8, 2, variants=_NK), _C(64, 64, 4, 2)),
+            128: (_C(128, 128, 8, 2, variants=_NK, causal=_UNCAUSAL), _C(64, 64, 4, 2, variants=_NK),
+                  _C(128, 32, 8, 2, variants=_F)),
+            192: (_C(64, 64, 4, 2, variants=_NK), _C(128, 32, 8, 2)),
+            256: (_C(64, 64, 4, 2, variants=_NK), _C(16, 32, 4, 2, True, _F)),
+            **_LARGE["dq"],
         }, "32bit": _FP32["dq"]},
     },
 }
 # With the bias gradient (BIAS_GRAD): dK/dV also sums dS over the queries (BLOCK_N more
-# fp32 registers), dQ also stores dS tiles (their addresses and masks stay live). Built
-# from the lists above, less what spilled that way, plus smaller tiles where nothing
-# was left; checked the same way (the inspector's dkdv_dbias and dq_dbias kernels).
-# fwd_lo: the forward that also stores its rounding residual (STORE_LO, 16-bit only; a
-# store after the loop); the same candidates.
+# fp32 registers), dQ also stores dS tiles (their addresses and masks stay live). They
+# run with a bias only; built from the lists above, checked the same way (the
+# inspector's dkdv_dbias and dq_dbias kernels). fwd_lo: the forward that also stores its
+# rounding residual (STORE_LO, 16-bit only; a store after the loop); the same candidates.
 for _arch in ("sm80", "sm90"):
     CONFIGS[_arch]["fwd_lo"] = CONFIGS[_arch]["fwd"]
-for _arch in ("sm80", "sm90"):
-    for _kern in CONFIGS[_arch].values():
-        for _width in _kern.values():
-            for _band in (320, 384, 512):
-                _width.setdefault(_band, _width[256])
-CONFIGS["sm80"]["dkdv_dbias"] = {
-    "16bit": {64: (_C(32, 64, 4, 3),),
-              **{d: CONFIGS["sm80"]["dkdv"]["16bit"][d] for d in (128, 192, 256)}},
-    "32bit": {64: (_C(16, 16, 4, 2, True),),
-              128: (_C(16, 16, 8, 2, True),),
-              192: (_C(16, 32, 8, 2, True),),
-              256: (_C(16, 16, 4, 2, True),)},
-}
-CONFIGS["sm80"]["dq_dbias"] = {
-    "16bit": {64: CONFIGS["sm80"]["dq"]["16bit"][64],
-              128: (_C(32, 32, 8, 2, True), _C(32, 32, 4, 2, True)),
-              192: (_C(32, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
-              256: (_C(16, 32, 4, 2, True),)},
-    "32bit": {64: (_C(16, 16, 4, 2, True), _C(16, 32, 8, 2, True)),
-              128: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True)),
-              192: (_C(16, 16, 8, 2, True),),
-              256: (_C(16, 16, 8, 2, True),)},
-}
-CONFIGS["sm90"]["dkdv_dbias"] = {
-    "16bit": CONFIGS["sm90"]["dkdv"]["16bit"],
-    "32bit": {64: (_C(16, 32, 8, 2, True),),
-              128: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-              192: (_C(16, 32, 8, 2, True),),
-              256: (_C(16, 16, 4, 2, True),)},
-}
-CONFIGS["sm90"]["dq_dbias"] = {
-    "16bit": {64: (_C(64, 32, 8, 3),),
-              128: (_C(64, 32, 8, 2),),
-              192: (_C(64, 32, 8, 2),),
-              256: (_C(16, 32, 4, 2, True),)},
-    "32bit": {64: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-              128: (_C(16, 16, 8, 2, True),),
-              192: (_C(16, 16, 8, 2, True),),
-              256: (_C(16, 16, 8, 2, True),)},
-}
+    CONFIGS[_arch]["dkdv_dbias"] = CONFIGS[_arch]["dkdv"]
+    CONFIGS[_arch]["dq_dbias"] = CONFIGS[_arch]["dq"]
 del _C
 
 # Under the interpreter, tiles are small so that tests cross many tile boundaries;
@@ -1090,7 +1136,7 @@ INTERPRET_SHIPPED_TILES = False
 ARCHS = ("sm80", "sm90")
 # Head-dim bands of the candidate lists: a head dim uses the first band that holds its
 # padded size (limits.padded_head_dim).
-_BANDS = (64, 128, 192, 256, 320, 384, 512)
+_BANDS = (64, 96, 128, 192, 256, 320, 384, 512)
 
 
 def _band(padded: int) -> int:
@@ -1118,11 +1164,13 @@ def arch_of(device: torch.device) -> str:
 
 
 def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm90",
-                variant: str = "none") -> tuple[TileConfig, ...]:
+                variant: str = "none", causal: bool = False, tma: bool = False) -> tuple[TileConfig, ...]:
     """The autotuning candidates of one kernel ("fwd", "dkdv", "dq", ...) at this head
-    dim for one bias variant ("none", "keypad", "full"), the default first."""
+    dim for one bias variant ("none", "keypad", "full"), causality and kind of loads,
+    the default first."""
     cands = CONFIGS[arch][kernel][_width(dtype)][_band(padded_head_dim(head_dim))]
-    return tuple(c for c in cands if variant in c.variants)
+    loads = "tma" if tma else "ptr"
+    return tuple(c for c in cands if variant in c.variants and causal in c.causal and loads in c.loads)
 
 
 def _autotune_enabled() -> bool:
@@ -1161,17 +1209,18 @@ def _set_boxes(kernel: str):
     return hook
 
 
-def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str):
+def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
+                causal: bool, tma: bool):
     """(callable kernel, fixed config or None): the autotuner, or the plain kernel."""
     arch = arch_of(device)
     if INTERPRET:
         if INTERPRET_SHIPPED_TILES:
-            return _KERNELS[kernel], configs_for(kernel, head_dim, dtype, arch, variant)[0]
+            return _KERNELS[kernel], configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)[0]
         return _KERNELS[kernel], INTERPRET_CONFIG
-    cands = configs_for(kernel, head_dim, dtype, arch, variant)
+    cands = configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)
     if not _autotune_enabled() or len(cands) == 1:
         return _KERNELS[kernel], cands[0]
-    key = (arch, kernel, _width(dtype), _band(padded_head_dim(head_dim)), variant)
+    key = (arch, kernel, _width(dtype), _band(padded_head_dim(head_dim)), variant, causal, tma)
     tuner = _TUNERS.get(key)
     if tuner is None:
         hook = _set_boxes(kernel)
@@ -1181,7 +1230,7 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
                               num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=hook)
                 for c in cands
             ],
-            key=["HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA"],
+            key=["HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA", "PIECE", "GRADS"],
         )(_KERNELS[kernel])
         _TUNERS[key] = tuner
     return tuner, None
@@ -1196,7 +1245,8 @@ _COMPILE_OPTIONS = {} if INTERPRET else {"enable_fp_fusion": True}
 def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows_axis_block: str,
             b: int, h: int, args: dict, constexprs: dict, variant: str) -> None:
     """Launch one kernel over (tiles of grid_rows, h, b); args by name."""
-    fn, cfg = _kernel_for(kernel, head_dim, dtype, args["Q"].device, variant)
+    fn, cfg = _kernel_for(kernel, head_dim, dtype, args["Q"].device, variant, constexprs["CAUSAL"],
+                          constexprs["TMA"])
     if cfg is None:
         def grid(meta):
             return (triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)
@@ -1497,15 +1547,25 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
                 DBias=db, stride_dbb=db.stride(0) if per_key else 0, stride_dbh=db.stride(1) if per_key else 0)
     args.update(zip(("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn"),
                     (*_strides3(dk_), *_strides3(dv_))))
-    _launch("dkdv_dbias" if per_key else "dkdv", D, q.dtype, N, "BLOCK_N", B, H, args,
-            dict(constexprs, BIAS_GRAD=per_key, TMA=tma), variant)
+    # Above a head dim of 256 each gradient is computed one head-dim piece per launch
+    # (the scores again for each): the accumulators and operand tiles of both pieces do
+    # not fit in registers at once; dK/dV also one gradient per launch. The bias
+    # gradient comes with the first dK launch.
+    pieces = (0, 1) if D > limits.MAX_PIECE else (-1,)
+    splits = [(p, g) for p in pieces for g in (("dk", "dv") if p >= 0 else ("dkdv",))]
+    for piece, grads in splits:
+        grad = per_key and piece <= 0 and grads != "dv"
+        _launch("dkdv_dbias" if grad else "dkdv", D, q.dtype, N, "BLOCK_N", B, H, args,
+                dict(constexprs, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=grads), variant)
 
     tma = _use_tma(arch, q.dtype, k, v)
     args = dict(common, **_stream_args(_DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1), DQ=dq_, DBias=db)
     args.update(zip(("stride_dqb", "stride_dqh", "stride_dqm"), _strides3(dq_)))
     args.update(zip(("stride_dbb", "stride_dbh", "stride_dbm"), _strides3(db) if per_query else (0, 0, 0)))
-    _launch("dq_dbias" if per_query else "dq", D, q.dtype, M, "BLOCK_M", B, H, args,
-            dict(constexprs, BIAS_GRAD=per_query, TMA=tma), variant)
+    for piece in pieces:
+        grad = per_query and piece <= 0
+        _launch("dq_dbias" if grad else "dq", D, q.dtype, M, "BLOCK_M", B, H, args,
+                dict(constexprs, BIAS_GRAD=grad, TMA=tma, PIECE=piece), variant)
     for final, tmp in ((dq, dq_), (dk, dk_), (dv, dv_)):
         if final is not tmp:
             final.copy_(tmp)

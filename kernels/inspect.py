@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import hashlib
 import importlib.util
 import json
 import os
@@ -82,7 +83,7 @@ ISSUE_PER_CLOCK = 4
 # MUFU (exp2) results per clock per SM: 16 (4 per scheduler).
 EXP_PER_CLOCK = 16
 
-HEAD_DIMS = (40, 64, 80, 128, 160, 256)
+HEAD_DIMS = (40, 64, 80, 96, 128, 160, 256, 320, 384, 512)
 DTYPES = ("fp16", "bf16", "fp32")
 ARCHS = (80, 90)
 KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias")
@@ -111,6 +112,16 @@ class Job:
     tma: bool = False
     default: bool = False  # first of its list: used when autotuning is off
     budget: float | None = None  # instr/score this variant may not exceed (None: not gated)
+    warp_specialize: bool = False  # the forward's WARP_SPEC (see check_warp_specialization)
+    piece: int = -1  # the backward's PIECE: above head dim 256, one launch per head-dim piece
+    grads: str = "dkdv"  # the dK/dV kernel's GRADS: above head dim 256, one launch per gradient
+
+    @property
+    def band(self) -> int:
+        """The head-dim band of the candidate list this job comes from."""
+        from .limits import padded_head_dim
+
+        return _fa()._band(padded_head_dim(self.head_dim))
 
     @property
     def config_name(self) -> str:
@@ -135,8 +146,28 @@ class Result:
     mma_duplication: float = float("nan")
     tensor_limit: float = float("nan")
     loop_mix: dict = field(default_factory=dict)  # base mnemonic -> count, main loop
+    sass_digest: str = ""  # of the instruction text (addresses and encodings left out)
     seconds: float = 0.0
     error: str = ""
+
+    @property
+    def exp_limit(self) -> float:
+        """The instr/score at which issuing takes as long as the exponentials: MUFU
+        computes EXP_PER_CLOCK exp2 per clock per SM against ISSUE_PER_CLOCK
+        instructions, so below exp/score x ISSUE / EXP the exponentials are the limit."""
+        return self.exp_per_score * ISSUE_PER_CLOCK / EXP_PER_CLOCK
+
+    @property
+    def clocks_per_score(self) -> float:
+        """Static estimate of the SM clocks one score costs in the main loop: the
+        largest of issue (instr/score / 4), tensor work (FLOPs / FLOPs per clock) and
+        exponentials (exp/score / 16). A lower bound: latency, memory and occupancy are
+        not in it. The candidate lists are ordered by it."""
+        issue = self.instr_per_score / ISSUE_PER_CLOCK
+        if self.matrix == "fma":
+            return issue
+        tensor = self.tensor_limit / ISSUE_PER_CLOCK
+        return max(issue, tensor, self.exp_per_score / EXP_PER_CLOCK)
 
     @property
     def gated(self) -> bool:
@@ -244,6 +275,7 @@ def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: 
     res.stack = int(m.group(2)) + int(m.group(4))
     res.smem += int(m.group(3))
     instrs = sass.parse(listing)
+    res.sass_digest = hashlib.sha256("\n".join(i.text for i in instrs).encode()).hexdigest()[:16]
     res.matrix = "wgmma" if sass.kernel_uses(instrs, "HGMMA") else "mma" if sass.kernel_uses(instrs, "HMMA") else "fma"
     res.tma_loads = sass.kernel_uses(instrs, "UTMALDG")
     res.loops = sum(1 for lp in sass.loops(instrs) if lp.matrix_instrs)
@@ -302,8 +334,12 @@ def compile_job(job: Job) -> Result:
         )
         if base == "fwd":
             constexprs["STORE_LO"] = job.kernel == "fwd_lo"
+            constexprs["WARP_SPEC"] = job.warp_specialize
         else:
             constexprs["BIAS_GRAD"] = job.kernel in DBIAS_KERNELS
+            constexprs["PIECE"] = job.piece
+            if base == "dkdv":
+                constexprs["GRADS"] = job.grads
         # Pointers are 16-byte aligned (torch allocations are); Triton's runtime
         # specialises them the same way.
         attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
@@ -325,6 +361,21 @@ def _variants(kernel: str, dtype: str, arch: int, biases, causals) -> list[tuple
             for causal in causals for tma in tmas]
 
 
+def launches(kernel: str, head_dim: int) -> list[tuple[int, str]]:
+    """(PIECE, GRADS) of each launch of a kernel at a head dim (flash_attention's
+    _backward_impl): above 256 the backward runs once per head-dim piece, dK/dV also once
+    per gradient; the bias gradient comes with the first dK (or dQ) launch."""
+    if kernel.startswith("fwd") or head_dim <= 256:
+        return [(-1, "dkdv")]
+    if kernel == "dq":
+        return [(0, "dkdv"), (1, "dkdv")]
+    if kernel == "dq_dbias":
+        return [(0, "dkdv")]
+    if kernel == "dkdv":
+        return [(p, g) for p in (0, 1) for g in ("dk", "dv")]
+    return [(0, "dk")]  # dkdv_dbias
+
+
 def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, configs=None,
              tmas=None, budget=None) -> list[Job]:
     import torch
@@ -344,13 +395,15 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, co
                         if configs:
                             cands = [(c, False, budget) for c in configs]
                         else:
-                            shipped = fa.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias)
+                            shipped = fa.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
                             if quick:
                                 shipped = shipped[:1]
                             cands = [((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), i == 0,
                                       c.budget) for i, c in enumerate(shipped)]
                         for cfg, default, budget in cands:
-                            jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias, causal, tma, default, budget))
+                            for piece, grads in launches(kernel, d):
+                                jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias, causal, tma, default, budget,
+                                                piece=piece, grads=grads))
     return jobs
 
 
@@ -360,7 +413,8 @@ def _row(r: Result) -> str:
     probs = r.problems
     status = "ok" if not probs else "FAIL: " + "; ".join(probs)
     budget = f"{j.budget:.3f}" if j.budget is not None and r.gated else "-"
-    return (f"{j.kernel:10} {j.head_dim:4} {j.dtype:5} {j.bias:6} {'c' if j.causal else '-':1} "
+    kernel = j.kernel + (f"/{j.piece}" if j.piece >= 0 else "") + (f"/{j.grads}" if j.grads != "dkdv" else "")
+    return (f"{kernel:10} {j.head_dim:4} {j.dtype:5} {j.bias:6} {'c' if j.causal else '-':1} "
             f"{'tma' if j.tma else 'ptr':3} {cfg:18} sm_{j.arch}  {r.regs:4} {max(r.stack, 0):6} {r.smem:7} "
             f"{r.matrix:5} {r.instr_per_score:6.3f} {budget:>6} {r.tensor_limit:6.3f} {r.exp_per_score:5.2f} "
             f"{r.mma_duplication:5.2f} {r.seconds:5.1f}  {status}")
@@ -411,6 +465,8 @@ def compile_reference(path: str, head_dim: int, arch: int = 90) -> list[dict]:
     mod = load_reference(path)
     rows = []
     for bm, bn, warps, stages in REFERENCE_FWD:
+        if bn > head_dim:
+            continue  # the tutorial asserts BLOCK_N <= HEAD_DIM
         fn = mod._attn_fwd_tma
         sig = {"sm_scale": "fp32", "M": "*fp32", "Z": "i32", "H": "i32", "N_CTX": "i32"}
         for name, r in (("desc_q", bm), ("desc_k", bn), ("desc_v", bn), ("desc_o", bm)):
@@ -419,7 +475,7 @@ def compile_reference(path: str, head_dim: int, arch: int = 90) -> list[dict]:
             sig.setdefault(p.name, "constexpr")
         consts = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, FP8_OUTPUT=False, STAGE=1)
         attrs = {(fn.arg_names.index("M"),): [["tt.divisibility", 16]]}
-        res = Result(Job("ref_fwd", head_dim, "fp16", (bm, bn, warps, stages, 0), arch, "none"))
+        res = Result(Job("ref_fwd", head_dim, "fp16", (bm, bn, warps, stages, 0), arch, "none", tma=True))
         try:
             kernel = _compile(ASTSource(fn, sig, consts, attrs), arch, warps, stages, {"enable_fp_fusion": True})
             analyse(res, kernel, warps, bm * bn, head_dim, 2, 1.0 + 1.0 / bn)
@@ -462,6 +518,38 @@ def compile_reference(path: str, head_dim: int, arch: int = 90) -> list[dict]:
     return rows
 
 
+# -- warp specialization -----------------------------------------------------------------
+
+
+def check_warp_specialization(jobs: int) -> list[dict]:
+    """Compile the sm_90 forward's default tiles (no bias, TMA, head dims 64 and 128)
+    and a 4-warp tile with the unmasked loop marked for Triton's automatic warp
+    specialization (tl.range(..., warp_specialize=True)), and compare with the plain
+    compile: whether this Triton specialises anything on Hopper."""
+    import torch
+
+    fa = _fa()
+    pairs = []
+    for d in (64, 128):
+        c = fa.configs_for("fwd", d, torch.float16, "sm90", "none")[0]
+        for cfg in ((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), (64, 64, 4, 2, 0)):
+            pairs.append([Job("fwd", d, "fp16", cfg, 90, "none", tma=True, warp_specialize=ws) for ws in (False, True)])
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(compile_job, [j for pair in pairs for j in pair]))
+    out = []
+    for plain, spec in zip(results[::2], results[1::2]):
+        j = spec.job
+        if spec.error:
+            verdict = spec.error
+        elif spec.sass_digest == plain.sass_digest:
+            verdict = "the same machine code"
+        else:
+            verdict = (f"different machine code: instr/score {spec.instr_per_score:.3f} against "
+                       f"{plain.instr_per_score:.3f}, {spec.regs} registers against {plain.regs}")
+        out.append({"head_dim": j.head_dim, "config": j.config_name, "verdict": verdict})
+    return out
+
+
 # -- the report ------------------------------------------------------------------------
 
 
@@ -479,6 +567,10 @@ def _record(r: Result) -> dict:
     out["config"] = r.job.config_name
     out["block_m"], out["block_n"], out["num_warps"], out["num_stages"], out["reload"] = r.job.config
     out["gated"] = r.gated
+    out["exp_limit"] = r.exp_limit
+    out["clocks_per_score"] = r.clocks_per_score
+    for k in ("loop_mix", "sass_digest", "warp_specialize"):
+        out.pop(k, None)  # kept out of the record: its size (rerun with ATTNKIT_INSPECT_SASS to read loops)
     out["problems"] = r.problems
     for k, v in list(out.items()):
         if isinstance(v, float) and v != v:
@@ -486,7 +578,8 @@ def _record(r: Result) -> dict:
     return out
 
 
-def write_report(results: list[Result], reference: list[Result], out_dir: str, argv: list[str]) -> tuple[str, str]:
+def write_report(results: list[Result], reference: list[Result], out_dir: str, argv: list[str],
+                 warp_spec: list[dict] | None = None) -> tuple[str, str]:
     """report.json (every row) and report.md (the tables, the targets) under out_dir."""
     import triton
 
@@ -504,9 +597,10 @@ def write_report(results: list[Result], reference: list[Result], out_dir: str, a
     }
     verdicts = targets.evaluate(results)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump({**meta, "targets": verdicts, "rows": [_record(r) for r in results],
-                   "reference": [_record(r) for r in reference]}, f, indent=1)
-    md = targets.markdown(meta, results, reference, verdicts)
+        json.dump({**meta, "targets": verdicts, "warp_specialization": warp_spec or [],
+                   "rows": [_record(r) for r in results], "reference": [_record(r) for r in reference]}, f,
+                  separators=(",", ":"))
+    md = targets.markdown(meta, results, reference, verdicts, warp_spec or [])
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(md)
     return os.path.join(out_dir, "report.json"), os.path.join(out_dir, "report.md")
@@ -585,7 +679,10 @@ def main(argv=None) -> int:
     print(f"{len(jobs) - failed} ok, {failed} failed, {time.time() - t0:.0f} s")
     out_dir = args.out or (REPORT_DIR if full else None)
     if out_dir:
-        paths = write_report(results, reference, out_dir, argv)
+        warp_spec = check_warp_specialization(args.jobs) if full else []
+        for w in warp_spec:
+            print(f"warp specialization, fwd D={w['head_dim']} {w['config']} sm_90: {w['verdict']}")
+        paths = write_report(results, reference, out_dir, argv, warp_spec)
         print("wrote " + " and ".join(paths))
     return 1 if failed else 0
 

@@ -144,7 +144,32 @@ def _mix(r) -> str:
     return " + ".join(f"{n}x {shape}" for shape, n in sorted(r.mma_mix.items())) or "FFMA"
 
 
-def markdown(meta: dict, results, reference, verdicts: list[dict]) -> str:
+def list_order(results) -> list[dict]:
+    """For each candidate list (target, kernel, bias variant, head-dim band), fp16 and not
+    causal, with the loads the target runs for aligned inputs: whether its first
+    candidate (the default) is the fastest-looking one, by the static clocks per score
+    (the worst over the list's head dims)."""
+    groups: dict = {}
+    for r in results:
+        j = r.job
+        if j.dtype != "fp16" or j.causal or (j.arch == 90) != j.tma or r.problems:
+            continue
+        groups.setdefault((j.arch, j.kernel, j.bias, j.band), {}).setdefault(j.config, []).append(r)
+    out = []
+    for (arch, kernel, bias, band), cands in sorted(groups.items()):
+        worst = {cfg: max(r.clocks_per_score for r in rows) for cfg, rows in cands.items()}
+        default = next((cfg for cfg, rows in cands.items() if rows[0].job.default), None)
+        if default is None:
+            continue
+        best = min(worst, key=worst.get)
+        out.append({"arch": arch, "kernel": kernel, "bias": bias, "band": band,
+                    "default": cands[default][0].job.config_name, "default_clocks": worst[default],
+                    "best": cands[best][0].job.config_name, "best_clocks": worst[best],
+                    "first_is_best": worst[default] <= worst[best] * 1.001})
+    return out
+
+
+def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: list[dict]) -> str:
     lines = [
         "# Static performance report of the flash-attention kernels",
         "",
@@ -187,14 +212,14 @@ def markdown(meta: dict, results, reference, verdicts: list[dict]) -> str:
     def table(rows, title):
         out = ["", f"## {title}", "",
                "| kernel | D | dtype | bias | causal | loads | tile | regs | smem | main loop: matrix instructions per warp "
-               "| length | instr/score | limit | exp/score | MMA dup |",
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+               "| length | instr/score | tensor-bound | exp-bound | exp/score | MMA dup | clocks/score |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             j = r.job
             out.append(f"| {j.kernel} | {j.head_dim} | {j.dtype} | {j.bias} | {'yes' if j.causal else 'no'} | "
                        f"{'TMA' if r.tma_loads else 'ptr'} | {j.config_name} | {r.regs} | {r.smem} | {_mix(r)} | "
-                       f"{r.loop_length} | {_f(r.instr_per_score)} | {_f(r.tensor_limit)} | {_f(r.exp_per_score, 2)} | "
-                       f"{_f(r.mma_duplication, 2)} |")
+                       f"{r.loop_length} | {_f(r.instr_per_score)} | {_f(r.tensor_limit)} | {_f(r.exp_limit)} | "
+                       f"{_f(r.exp_per_score, 2)} | {_f(r.mma_duplication, 2)} | {_f(r.clocks_per_score, 4)} |")
         return out
 
     key = lambda r: (r.job.kernel, r.job.head_dim, r.job.bias, r.job.causal)  # noqa: E731
@@ -208,6 +233,21 @@ def markdown(meta: dict, results, reference, verdicts: list[dict]) -> str:
         lines += ["", "ref_fwd: _attn_fwd_tma, not causal; ref_dkdv / ref_dq: the unmasked loops of _attn_bwd "
                   "(the tutorial's backward is causal only), its fixed tiles. Each is found by the matrix FLOPs "
                   "one iteration issues."]
+    order = list_order(results)
+    if order:
+        wrong = [o for o in order if not o["first_is_best"]]
+        lines += ["", "## Candidate lists", "",
+                  f"{len(order) - len(wrong)} of {len(order)} lists have their fastest-looking candidate first "
+                  "(static clocks per score, the worst over the list's head dims; fp16, not causal)."]
+        for o in wrong:
+            lines.append(f"- sm_{o['arch']} {o['kernel']} {o['bias']} band {o['band']}: first {o['default']} "
+                         f"({_f(o['default_clocks'], 4)}), best {o['best']} ({_f(o['best_clocks'], 4)})")
+    if warp_spec:
+        lines += ["", "## Warp specialization", "",
+                  "The forward's unmasked loop compiled with `tl.range(..., warp_specialize=True)` for sm_90 "
+                  "(no bias, TMA), against the same tile without it:", ""]
+        for w in warp_spec:
+            lines.append(f"- D={w['head_dim']}, {w['config']}: {w['verdict']}")
     failed = [r for r in results if r.problems]
     lines += ["", "## Gate", "", f"{len(results)} compilations, {len(failed)} with problems."]
     for r in failed[:50]:

@@ -95,6 +95,11 @@ def check(q, k, v, bias=None, scale=None, causal=False, offset=0, grads=True, bi
         base_g = torch.autograd.grad(base, base_in, do)
         for name, g, r, b in zip(("dq", "dk", "dv", "dbias"), got, ref_g, base_g):
             assert g.shape == r.shape and g.dtype != torch.float64
+            if r.norm() == 0:
+                # Every row sees one key at most (a short padding length under a causal
+                # mask): the gradient is exactly 0, and only rounding may remain of it.
+                assert g.double().norm() <= eps * do.double().norm(), name
+                continue
             err, tol = rel_error(g, r), 2.0 * rel_error(b, r) + eps
             assert err <= tol, f"{name}: relative error {err:.3e} > tolerance {tol:.3e}"
     return out.detach(), lse.detach()
@@ -122,8 +127,9 @@ def causal_id(case):
 @pytest.mark.parametrize("case", CAUSAL_CASES, ids=causal_id)
 def test_causal_forward_lse_and_gradients(case, seed):
     dt, d, m, n, off, kind, layout = case
-    q, k, v = make_qkv(2, 2, m, n, d, DTYPES[dt], layout=layout)
-    bias = make_bias(kind, 2, 2, m, n, torch.float32)
+    B = 2 if kind == "key_padding" else 1  # two lengths
+    q, k, v = make_qkv(B, 2, m, n, d, DTYPES[dt], layout=layout)
+    bias = make_bias(kind, B, 2, m, n, torch.float32)
     out, lse = check(q, k, v, bias, causal=True, offset=off)
     if off < 0:
         assert torch.all(out[:, :, :-off] == 0) and torch.all(torch.isneginf(lse[:, :, :-off]))
@@ -229,7 +235,7 @@ def test_key_padding_lengths_and_plain_flags():
 
 @pytest.mark.parametrize("kind", ["key_padding", "key_padding_bool", "value_and_padding", "empty_rows"])
 def test_key_padding(kind, seed):
-    B, H, M, N, D = 3, 2, 45, 100, 40
+    B, H, M, N, D = 3, 2, 40, 70, 40
     q, k, v = make_qkv(B, H, M, N, D, torch.float16, layout="bnhd")
     if kind == "value_and_padding":  # a per-key value plus padding: loaded up to the length
         bias = make_bias("perhead", B, 1, M, N) + make_bias("key_padding", B, 1, M, N)
@@ -325,7 +331,8 @@ def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
     monkeypatch.setattr(fa, "INTERPRET_SHIPPED_TILES", True)
     monkeypatch.setattr(fa, "INTERPRET_ARCH", arch)
     variant = {"none": "none", "key_padding": "keypad", "perhead": "keypad", "full": "full"}[kind]
-    tiles = {kernel: fa.configs_for(kernel, 64, torch.float16, arch, variant)[0] for kernel in ("fwd_lo", "dkdv", "dq")}
+    tiles = {kernel: fa.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0]
+             for kernel in ("fwd_lo", "dkdv", "dq")}
     seen = {}
     real = fa._kernel_for
 
@@ -348,6 +355,9 @@ def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
 F32_MIN = torch.finfo(torch.float32).min
 
 
+# The interpreter computes with numpy, which warns where a huge bias times log2(e)
+# overflows to -inf in a score whose weight is 0 anyway; a GPU does the same silently.
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("dt,value,shape", [
     ("fp16", F32_MIN, "full"), ("bf16", F32_MIN, "key"), ("fp32", F32_MIN, "full"), ("fp32", F32_MIN, "key"),
     ("fp16", -1e30, "key"), ("fp32", -1e9, "full"), ("bf16", -1e9, "key")])
@@ -393,6 +403,7 @@ def test_rows_masked_by_a_huge_finite_value_average_v(dt, value, shape, seed):
     assert all(torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_huge_finite_mask_gradients_match_float64(seed):
     """With float32's min the masked rows are uniform in float64 too; the gradients of
     such a bias, and of q, k, v, match the reference by the tolerance rule."""
@@ -438,6 +449,9 @@ def test_default_tiles_exist_for_every_head_dim():
         for kernel in fa._KERNELS:
             for dtype in (torch.float16, torch.float32):
                 for variant in fa.VARIANTS:
-                    for d in (8, 40, 64, 100, 160, 200, 256, 300, 384, 512):
-                        assert fa.configs_for(kernel, d, dtype, arch, variant), (arch, kernel, dtype, variant, d)
+                    for d in (8, 40, 64, 80, 100, 160, 200, 256, 300, 384, 512):
+                        for causal in (False, True):
+                            for tma in (False, True):
+                                assert fa.configs_for(kernel, d, dtype, arch, variant, causal, tma), (
+                                    arch, kernel, variant, d, causal, tma)
     assert math.isclose(fa.padding_waste(320), 0.0)
