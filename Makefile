@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+# e.g. INSPECT_ARGS="--reference /path/to/06-fused-attention.py" (Triton's tutorial kernel, not shipped)
+INSPECT_ARGS ?=
 
 .PHONY: setup setup-bench test bench bench-kernels bench-gpu inspect info clean
 
@@ -27,8 +29,12 @@ bench: $(VENV)/.setup-bench
 bench-kernels: $(VENV)/.setup-test
 	$(PY) -m pytest bench/ --benchmark-only $(PYTEST_ARGS)
 
+# The static performance report of the Triton kernel (no GPU needed): compiles every
+# shipped configuration for sm_80 and sm_90, writes bench/results/static/, fails on
+# spills, duplicated work or an instr/score above its budget. About an hour on two cores
+# without Triton's cache.
 inspect: $(VENV)/.setup-test
-	$(PY) -m attnkit.kernels.inspect
+	$(PY) -m attnkit.kernels.inspect $(INSPECT_ARGS)
 
 info: $(VENV)/.setup-test
 	$(PY) -m attnkit info

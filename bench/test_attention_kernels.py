@@ -6,8 +6,9 @@
 
 Each benchmark calls one attnkit backend's ``forward(q, k, v)`` on (B, H, M, D) tensors
 (random, never zeros) and, for "fwd+bwd", the backward too. TFLOP/s is in each result's
-extra_info, from the FLOP count below. A backend that cannot serve a shape on this
-machine is skipped with its own reasons (the same words `attnkit info` prints).
+extra_info, from attnkit.kernels.limits.attention_flops (which imports without triton).
+A backend that cannot serve a shape on this machine is skipped with its own reasons
+(the same words `attnkit info` prints).
 
 On a CPU the shapes are cut to at most CPU_TOKENS query and key tokens (named
 "...@cpu" in the ids) so the whole file runs in a minute or two; ATTNKIT_BENCH_FULL=1
@@ -24,6 +25,7 @@ import pytest
 import torch
 
 from attnkit.backends import AttentionCall, DeviceInfo, get_backend
+from attnkit.kernels.limits import attention_flops
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -31,17 +33,6 @@ DTYPE = torch.float16 if HAS_CUDA else torch.float32
 FULL = HAS_CUDA or os.environ.get("ATTNKIT_BENCH_FULL", "0") not in ("", "0")
 CPU_TOKENS = 256
 ROUNDS = int(os.environ.get("ATTNKIT_BENCH_ROUNDS", "20" if HAS_CUDA else "5"))
-
-
-def attention_flops(B: int, H: int, M: int, N: int, D: int, backward: bool = False) -> float:
-    """Matrix FLOPs of attention (softmax not counted), FlashAttention's convention.
-
-    Forward: q @ k^T and p @ v, each 2 * M * N * D per (batch, head): 4 * B * H * M * N * D.
-    Backward: five matmuls of that size (s = q k^T again, dV, dP, dQ, dK): 2.5x forward.
-    (The same count as attnkit.kernels.attention_flops.)
-    """
-    fwd = 4.0 * B * H * M * N * D
-    return 2.5 * fwd if backward else fwd
 
 
 @dataclass(frozen=True)
@@ -168,14 +159,3 @@ def test_attention(benchmark, shape: Shape, backend_id: str, mode: str):
         median = stats.stats.median
         benchmark.extra_info["tflops"] = flops / median / 1e12 if median > 0 else None
         benchmark.extra_info["median_ms"] = median * 1e3
-
-
-def test_flop_count_matches_the_kernels():
-    try:
-        from attnkit.kernels import attention_flops as kernel_flops
-    except Exception as exc:  # noqa: BLE001 - triton missing or the kernel module broken
-        pytest.skip(f"attnkit.kernels not importable: {exc}")
-    for s in SHAPES:
-        for bwd in (False, True):
-            assert attention_flops(s.B, s.H, s.M, s.N, s.D, bwd) == kernel_flops(s.B, s.H, s.M, s.N, s.D, backward=bwd)
-    assert attention_flops(2, 8, 4096, 4096, 40) == 4 * 2 * 8 * 4096 * 4096 * 40

@@ -6,9 +6,10 @@ grids, then the torch.library custom ops with their autograd, then the public fu
 The algorithm (Dao, "FlashAttention-2", 2023):
 
 * forward: each program owns BLOCK_M query rows; their Q tile stays in registers while
-  K/V tiles of BLOCK_N keys stream through. The softmax is computed online in fp32 in
-  base 2: the factor log2(e) is folded into the scale, so every exponential is one
-  exp2. The program writes its O rows and their log-sum-exp (LSE, stored in base 2).
+  K/V tiles of BLOCK_N keys stream through. The softmax is computed online in fp32 with
+  exp2 (see _fwd_tile for the units: without a bias the scale folds into one FFMA per
+  score; a bias stays in natural units so that no finite mask overflows). The program
+  writes its O rows and their row statistics (the LSE, see _attn_fwd).
 * backward: delta = rowsum(dO * O) first; then one pass per key tile computes dK and dV
   (streaming Q, dO), and one pass per query tile computes dQ (streaming K, V). Each
   output element is written by exactly one program: no atomics, so the backward is
@@ -18,35 +19,28 @@ The algorithm (Dao, "FlashAttention-2", 2023):
   over the queries inside the dK/dV pass, into (B, H, N); any other bias gets dS whole,
   (B, H, M, N) in fp32, written by the dQ pass, then summed on the host. These variants
   (`dkdv_dbias`, `dq_dbias`) hold more registers and have their own tile candidates.
+* causal (row i sees key j iff j <= i + causal_offset) and a key bias's length decide
+  which tiles each program visits: tiles that need no mask run first in a loop of their
+  own, the masked ones (the diagonal band, the last keys or rows) in a second, and the
+  tiles no row can see are never loaded (_row_range, and the dK/dV kernel's bounds).
+* on sm_90 the tiles a loop streams come through TMA (host-side tensor descriptors)
+  when every tensor is 16-byte aligned, through pointers otherwise (_load_stream).
 
-Head dims. Triton tiles are powers of two, and tensor-core dots need a reduction length
-of at least 16. Padding the head dim to the next power of two wastes a lot at the head
-dims of diffusion models (40 -> 64 is 37.5% of the matrix work). Here the head dim is
-cut into at most two power-of-two pieces D0 >= D1 >= 16 (40 = 32 + 8 -> 32 + 16, 80 =
-64 + 16, 160 = 128 + 32), and each piece is its own dot. Matrix work wasted by padding,
-(padded - D) / padded, both matmuls alike:
-
-    head dim         8    24    40    64    72    80   100   128   160   256
-    next pow2       16    32    64    64   128   128   128   128   256   256
-      waste        50%   25%  37.5%   0%  43.8% 37.5% 21.9%   0%  37.5%   0%
-    FlashAttn-2     32    32    64    64    96    96   128   128   160   256
-      waste        75%   25%  37.5%   0%  25.0% 16.7% 21.9%   0%    0%   0%
-    FlashAttn-3     64    64    64    64    96    96   128   128   192   256
-      waste      87.5% 62.5% 37.5%   0%  25.0% 16.7% 21.9%   0%  16.7%   0%
-    this kernel     16    32    48    64    80    80   128   128   160   256
-      waste        50%   25%  16.7%   0%  10.0%   0%  21.9%   0%    0%   0%
-
-(FlashAttention-2 instantiates its kernels for head dims in multiples of 32,
-FlashAttention-3 for 64, 96, 128, 192 and 256; a head dim runs in the next one up.)
-Head dim 8 still pays 50%: a tensor-core dot cannot reduce over fewer than 16.
+Head dims are cut into at most two power-of-two pieces 256 >= D0 >= D1 >= 16, each its
+own dot (limits.split_head_dim: 40 = 32 + 16, 80 = 64 + 16, 160 = 128 + 32,
+320 = 256 + 64, 512 = 256 + 256), rather than padded to the next power of two;
+limits.py tabulates the waste against FlashAttention-2/3. Head dim 8 still pays 50%: a
+tensor-core dot cannot reduce over fewer than 16.
 
 Everything else the callers of a diffusion model produce:
 
-* M and N from 1 up, any remainder: full tiles run without bounds checks and one last
+* M and N from 1 up, any remainder: full tiles run without bounds checks and the last
   masked tile handles the remainder.
 * attn_bias broadcastable to (B, H, M, N), read through its strides (0 on broadcast
-  dims); a key-padding bias (stride 0 over queries) is loaded as one row per tile.
-  A row whose keys are all -inf outputs zeros (and its LSE is -inf).
+  dims); a key-padding bias (stride 0 over queries) is loaded as one row per tile, or
+  not at all when it is a 0 / -inf mask (then it is a length). A row that sees no key
+  (all -inf, or none under a negative causal offset) outputs zeros (its LSE is -inf);
+  a row masked by a huge finite value is an ordinary row, as in float64.
 * q, k, v, dO with any strides as long as the last dim is contiguous (the (B, N, H, D)
   storage that a diffusers processor produces, viewed as (B, H, N, D)).
 * 64-bit offsets: batch, head and tile-start offsets are computed in int64, so tensors
@@ -67,14 +61,23 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): log(x) == log2(x) * LN2
 
-MIN_HEAD_DIM = 8
-MAX_HEAD_DIM = 256
-# The grid is (query or key tiles, heads, batch); CUDA limits grid dims y and z to 65535.
-MAX_GRID_YZ = 65535
+from . import limits
+from .limits import (  # noqa: F401 - re-exported: the limits live in limits.py only
+    MAX_GRID_YZ,
+    MAX_HEAD_DIM,
+    MIN_HEAD_DIM,
+    _next_pow2,
+    attention_flops,
+    input_problems,
+    padded_head_dim,
+    padding_waste,
+    split_head_dim,
+)
 
 # Triton's interpreter runs the same kernels on CPU tensors (for tests and debugging).
 # It must be chosen before this module defines its kernels, like triton itself does.
@@ -84,6 +87,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # =====================================================================================
 # Kernels
 # =====================================================================================
+
+# Bias kinds the kernels specialise on (the BIAS constexpr).
+NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 2
 
 
 @triton.jit
@@ -132,7 +138,7 @@ def _load_tile(base, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexp
 def _check_tiles(HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Compile-time checks of the tile shapes every attention kernel assumes."""
-    tl.static_assert(D0 >= 16 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two >= 16")
+    tl.static_assert(D0 >= 16 and D0 <= 256 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two in [16, 256]")
     tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
                      "D1 must be 0 or a power of two in [16, D0]")
     tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
@@ -141,15 +147,84 @@ def _check_tiles(HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
 
 
 @triton.jit
+def _tile_offsets(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr):
+    """(offs_m, offs_n, offs_d0, offs_d1): offsets inside a tile of queries, of keys, and
+    of the two head-dim pieces (the second is the first again when there is one piece: a
+    placeholder, never read)."""
+    offs_d0 = tl.arange(0, D0)
+    if D1 > 0:
+        offs_d1 = D0 + tl.arange(0, D1)
+    else:
+        offs_d1 = offs_d0
+    return tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N), offs_d0, offs_d1
+
+
+@triton.jit
+def _zeros_pieces(ROWS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, PIECE: tl.constexpr):
+    """fp32 accumulators for the head-dim pieces of ROWS rows a program computes (PIECE:
+    -1 both, 0 or 1 that one, 2 none); [1, 1] placeholders for the others."""
+    if PIECE == -1 or PIECE == 0:
+        x0 = tl.zeros([ROWS, D0], dtype=tl.float32)
+    else:
+        x0 = tl.zeros([1, 1], dtype=tl.float32)
+    if D1 > 0 and (PIECE == -1 or PIECE == 1):
+        x1 = tl.zeros([ROWS, D1], dtype=tl.float32)
+    else:
+        x1 = tl.zeros([1, 1], dtype=tl.float32)
+    return x0, x1
+
+
+@triton.jit
 def _load_pieces(base, offs_r, offs_d0, offs_d1, stride_r, rows_left, HEAD_DIM: tl.constexpr,
                  D0: tl.constexpr, D1: tl.constexpr, MASK_R: tl.constexpr, ALIGN: tl.constexpr):
-    """Both head-dim pieces of a tile (_load_tile each); the second is the first again
-    when there is one piece (a placeholder, never read)."""
+    """Both head-dim pieces of a tile through pointers (_load_tile each); the second is
+    the first again when there is one piece (a placeholder, never read)."""
     x0 = _load_tile(base, offs_r, offs_d0, stride_r, rows_left, HEAD_DIM, MASK_R, D0 > HEAD_DIM, ALIGN)
     if D1 > 0:
         x1 = _load_tile(base, offs_r, offs_d1, stride_r, rows_left, HEAD_DIM, MASK_R, D0 + D1 > HEAD_DIM, ALIGN)
     else:
         x1 = x0
+    return x0, x1
+
+
+@triton.jit
+def _load_stream(src, b, h, start, offs_r, offs_d0, offs_d1, rows_left,
+                 HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, MASK_R: tl.constexpr,
+                 ALIGN: tl.constexpr, TMA: tl.constexpr):
+    """Both head-dim pieces of the tile of rows start.. of batch b, head h.
+
+    src = (desc0, desc1, base, stride_r). TMA: through the tensor descriptors desc0 /
+    desc1 that the launcher built over the whole (B, H, L, HEAD_DIM) tensor with boxes
+    (1, 1, rows, D0) and (1, 1, rows, D1): one bulk copy per piece, no per-thread
+    addresses, and the copy engine fills rows past L and columns past HEAD_DIM with
+    zeros. Otherwise through pointers from base, which points at row 0 of (b, h)."""
+    desc0, desc1, base, stride_r = src
+    if TMA:
+        x0 = desc0.load([b, h, start, 0])
+        x0 = x0.reshape(x0.shape[2], x0.shape[3])
+        if D1 > 0:
+            x1 = desc1.load([b, h, start, D0])
+            x1 = x1.reshape(x1.shape[2], x1.shape[3])
+        else:
+            x1 = x0
+    else:
+        base = base + tl.multiple_of(tl.cast(start, tl.int64) * stride_r, ALIGN)
+        x0, x1 = _load_pieces(base, offs_r, offs_d0, offs_d1, stride_r, rows_left, HEAD_DIM, D0, D1, MASK_R, ALIGN)
+    return x0, x1
+
+
+@triton.jit
+def _held_pieces(src, b, h, start, offs_r, offs_d0, offs_d1, rows_left,
+                 HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
+                 ALIGN: tl.constexpr, TMA: tl.constexpr, RELOAD: tl.constexpr):
+    """The tile a program holds through its loop (rows masked): loaded now, or [1, 1]
+    placeholders when the loop reloads it every iteration (RELOAD)."""
+    if RELOAD:
+        x0 = tl.zeros([1, 1], dtype=tl.float32)
+        x1 = x0
+    else:
+        x0, x1 = _load_stream(src, b, h, start, offs_r, offs_d0, offs_d1, rows_left, HEAD_DIM, D0, D1, True,
+                              ALIGN, TMA)
     return x0, x1
 
 
@@ -165,20 +240,34 @@ def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.cons
 
 
 @triton.jit
-def _load_bias(base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
-               BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
-               BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr):
-    """The bias tile [len(offs_m), len(offs_n)] in fp32 and base-2 units, 0 outside.
+def _store_pieces(base, x0, x1, offs_r, offs_d0, offs_d1, stride_r, rows_left, HEAD_DIM: tl.constexpr,
+                  D0: tl.constexpr, D1: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr):
+    """Store the head-dim pieces of a tile a program computed (PIECE as in
+    _zeros_pieces), already in the output dtype."""
+    if PIECE == -1 or PIECE == 0:
+        _store_tile(base, x0, offs_r, offs_d0, stride_r, rows_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
+    if D1 > 0 and (PIECE == -1 or PIECE == 1):
+        _store_tile(base, x1, offs_r, offs_d1, stride_r, rows_left, HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
 
-    BIAS_PER_KEY: the bias does not depend on the query (key padding, stride 0 over M):
-    one row is loaded and broadcast, not BLOCK_M copies of it. BIAS_CONTIG: stride_bn
-    is 1 (vector loads along keys); BIAS_ALIGN divides stride_bm.
+
+@triton.jit
+def _load_bias(bs, start_m, start_n, offs_m, offs_n, m_left, n_left,
+               BIAS: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
+               BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr):
+    """The bias tile [len(offs_m), len(offs_n)] at (start_m, start_n), in fp32, 0 outside.
+
+    bs = (base, stride_bm, stride_bn), base at the program's (b, h). BIAS == KEY_BIAS:
+    the bias does not depend on the query (key padding, stride 0 over M): one row is
+    loaded and broadcast, not BLOCK_M copies of it. BIAS_CONTIG: stride_bn is 1 (vector
+    loads along keys); BIAS_ALIGN divides stride_bm.
     """
+    base, stride_bm, stride_bn = bs
+    base = base + tl.cast(start_m, tl.int64) * stride_bm + tl.cast(start_n, tl.int64) * stride_bn
     if BIAS_CONTIG:
         col_off = offs_n
     else:
         col_off = offs_n * stride_bn
-    if BIAS_PER_KEY:
+    if BIAS == 1:
         ptrs = base + col_off
         if MASK_N:
             b = tl.load(ptrs, mask=offs_n < n_left, other=0.0)
@@ -197,160 +286,249 @@ def _load_bias(base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
                 b = tl.load(ptrs, mask=offs_n[None, :] < n_left, other=0.0)
             else:
                 b = tl.load(ptrs)
-    return b.to(tl.float32) * 1.4426950408889634  # natural-log units -> base 2
+    return b.to(tl.float32)
 
 
 @triton.jit
-def _fwd_tile(acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
-              k_base, v_base, b_base, stride_kn, stride_vn, stride_bm, stride_bn,
-              offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
+def _row_range(row0, rows, M, N, n_keys, OFF, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(n_unmasked, n_hi) for query rows row0 .. row0 + rows - 1: key tiles [0, n_unmasked)
+    need no mask, [n_unmasked, n_hi) are masked, keys from n_hi on are skipped.
+
+    n_keys: the keys that can be visible at all (N, or fewer for a key-padding bias:
+    past a row's last unmasked key every score is -inf and the tile is not computed).
+    CAUSAL: row i sees key j iff j <= i + OFF; the last row sees keys below
+    row_end + OFF, and keys up to row0 + OFF are seen by every row."""
+    n_hi = n_keys
+    if CAUSAL:
+        row_end = tl.minimum(row0 + rows, M)
+        n_hi = tl.minimum(n_hi, tl.maximum(row_end + OFF, 0))
+        n_unmasked = tl.minimum(n_hi, tl.maximum(row0 + OFF + 1, 0))
+    else:
+        n_unmasked = n_hi
+    return (n_unmasked // BLOCK_N) * BLOCK_N, n_hi
+
+
+@triton.jit
+def _key_bias_info(Lens, Plain, b, h, stride_lb, stride_lh, N, BIAS: tl.constexpr):
+    """(keys that can be visible, whether the bias reads as zero) of one (batch, head).
+
+    KEY_BIAS: keys from Lens[b, h] on are -inf in every row (the launcher measured it),
+    and Plain[b, h] != 0 when the bias is 0 on every key before that: a key-padding
+    mask, which is then nothing but a length and is never loaded (the callers run
+    their loops of no bias: `if BIAS == 0 or plain`, a branch on a value for a key
+    bias, taken by the whole program, and decided at compile time otherwise)."""
+    if BIAS == 1:
+        n_keys = tl.minimum(N, tl.load(Lens + b * stride_lb + h * stride_lh))
+        plain = tl.load(Plain + b * stride_lb + h * stride_lh) != 0
+    else:
+        n_keys = N
+        plain = BIAS == 0
+    return n_keys, plain
+
+
+@triton.jit
+def _causal_keep(offs_m, offs_n, n_left, diag, CAUSAL: tl.constexpr):
+    """Which scores of a masked [queries, keys] tile are seen: keys below n_left, and
+    with CAUSAL, key offs_n[j] by row offs_m[i] iff offs_n[j] - offs_m[i] <= diag. One
+    compare per score: row i sees the keys below min(n_left, diag + i + 1)."""
+    if CAUSAL:
+        keep = offs_n[None, :] < tl.minimum(diag + 1 + offs_m, n_left)[:, None]
+    else:
+        keep = offs_n[None, :] < n_left
+    return keep
+
+
+@triton.jit
+def _fwd_tile(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n, m_left, n_left, diag,
               HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-              HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
-             ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr):
+              BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
+              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr, TMA: tl.constexpr):
     """One K/V tile of the online softmax: update (acc, m, l) for the program's queries.
 
-    RELOAD: load the Q tile here, every iteration (from L1/L2), instead of holding it in
-    registers across the loop: fewer registers at large head dims (see CONFIGS).
+    qs = (q0, q1, q source), kv = (k source, v source), bs = bias (see _load_bias),
+    geo = _tile_offsets, scales = (qk_scale, sm_scale). MASK: keys from n_left on are
+    masked, and with CAUSAL the keys past the diagonal (_causal_keep). RELOAD: load the
+    Q tile here, every iteration (from L1/L2), instead of holding it in registers across
+    the loop: fewer registers at large head dims (see CONFIGS).
+
+    Units. Without a bias, m is the row max in base-2 units and the scale is folded in:
+    the max is taken on the raw q.k (a scale >= 0 keeps the order; the launcher makes
+    it so) and p = exp2(s * qk_scale - m) is one FFMA per score (masked tiles scale
+    before masking, one instruction more). A bias stays in natural units,
+    s = q.k * sm_scale + bias, m too, and p = exp2((s - m) * log2(e)): the subtraction
+    comes first, so a huge finite bias (float32's min, a common "minus infinity") never
+    overflows to -inf and never turns a row that float64 averages into zeros.
     """
+    q0, q1, q_src = qs
+    k_src, v_src = kv
+    offs_m, offs_n, offs_d0, offs_d1 = geo
+    qk_scale, sm_scale = scales
     if RELOAD:
-        q0, q1 = _load_pieces(q_base, offs_m, offs_d0, offs_d1, stride_qm, m_left, HEAD_DIM, D0, D1, True, ALIGN)
-    # s = q @ k^T over the head-dim pieces, in base-2 units: qk_scale = scale * log2(e).
-    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
-    s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
-             PRECISION, EMULATE_BF16)
+        q0, q1 = _load_stream(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN,
+                              False)
+    k0, k1 = _load_stream(k_src, b, h, start_n, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
+    s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
     if D1 > 0:
-        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM, ALIGN)
         s = _dot(q1, tl.trans(k1), s, PRECISION, EMULATE_BF16)
-    s = s * qk_scale
-    if HAS_BIAS:
+    if BIAS != 0:
         # Rows beyond M are masked (a full bias has no memory there); key columns only
-        # in the last tile.
-        s += _load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
-                        BIAS_PER_KEY, True, MASK_N, BIAS_ALIGN, BIAS_CONTIG)
-    if MASK_N:
-        s = tl.where(offs_n[None, :] < n_left, s, float("-inf"))
+        # in masked tiles.
+        s = s * sm_scale + _load_bias(bs, row0, start_n, offs_m, offs_n, m_left, n_left,
+                                      BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG)
+    elif MASK:
+        s = s * qk_scale  # masked tiles scale first: -inf * qk_scale is NaN when the scale is 0
+    if MASK:
+        s = tl.where(_causal_keep(offs_m, offs_n, n_left, diag, CAUSAL), s, float("-inf"))
 
     # Online softmax. A row that has seen only -inf keeps m = -inf; exponentiate
     # against 0 instead so that exp2(-inf - -inf) never makes a NaN: its p and alpha
     # are 0, and its l stays 0.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m_i - m_ref)
-    p = tl.math.exp2(s - m_ref[:, None])
+    if BIAS != 0:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2((m_i - m_ref) * 1.4426950408889634)
+        p = tl.math.exp2((s - m_ref[:, None]) * 1.4426950408889634)
+    elif not MASK:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_ref)
+        p = tl.math.exp2(s * qk_scale - m_ref[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_ref)
+        p = tl.math.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
 
     # acc = acc * alpha + p @ v; p is rounded to the input dtype for the tensor-core dot,
     # as in FlashAttention (a no-op for fp32 inputs).
-    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
+    v0, v1 = _load_stream(v_src, b, h, start_n, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
     acc0 = _dot(p.to(v0.dtype), v0, acc0 * alpha[:, None], PRECISION, EMULATE_BF16)
     if D1 > 0:
-        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM, ALIGN)
         acc1 = _dot(p.to(v1.dtype), v1, acc1 * alpha[:, None], PRECISION, EMULATE_BF16)
     return acc0, acc1, m_new, l_i
 
 
 @triton.jit
+def _fwd_loops(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, OFF, n_unmasked, n_hi, m_left,
+               HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr,
+               BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+               ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
+               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr, TMA: tl.constexpr,
+               WARP_SPEC: tl.constexpr):
+    """The key tiles that need no mask, then the masked ones (the diagonal band, the
+    last keys); tiles above the diagonal or past the last live key are never loaded.
+
+    WARP_SPEC marks the unmasked loop for Triton's automatic warp specialization. The
+    launcher leaves it off: with triton 3.9 on sm_90 it compiles to the same machine
+    code (8 warps) or fails to compile (4 warps); the static report checks it again on
+    every run (python -m attnkit.kernels.inspect)."""
+    for start_n in tl.range(0, n_unmasked, BLOCK_N, warp_specialize=WARP_SPEC):
+        acc0, acc1, m_i, l_i = _fwd_tile(
+            acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n, m_left, n_hi - start_n,
+            row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16, RELOAD, TMA)
+    for start_n in range(n_unmasked, n_hi, BLOCK_N):
+        acc0, acc1, m_i, l_i = _fwd_tile(
+            acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n, m_left, n_hi - start_n,
+            row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16, RELOAD, TMA)
+    return acc0, acc1, m_i, l_i
+
+
+@triton.jit
 def _attn_fwd(
-    Q, K, V, Bias, Out, Lse, OutLo,
+    Q, K, V, KD0, KD1, VD0, VD1, Bias, Lens, Plain, Out, Lse, LseShift, OutLo,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_lb, stride_lh,
     stride_ob, stride_oh, stride_om,
-    H, M, N, qk_scale,
+    H, M, N, OFF, qk_scale, sm_scale,
     M_KEY, N_KEY,  # autotuning keys only (lengths rounded to powers of two)
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    STORE_LO: tl.constexpr,
+    STORE_LO: tl.constexpr, WARP_SPEC: tl.constexpr = False,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head.
+
+    Row statistics: the row's natural log-sum-exp is LseShift + Lse * ln(2). Without a
+    bias Lse is the whole base-2 LSE (and LseShift is not written); with one, LseShift
+    is the row max in natural units and Lse the base-2 log of the row's sum relative to
+    it: with a huge finite bias (float32's min) the sum is not representable next to the
+    max, and the backward needs both (see _row_stats).
 
     STORE_LO (16-bit outputs that a backward will need): also write what rounding the
     output to its dtype lost, OutLo = (O - O.to(dtype)).to(dtype), with Out's strides,
     so that the backward's delta = rowsum(dO * O) sees O to about 16 more bits."""
     _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
+    b = tl.program_id(2)
+    h = tl.program_id(1)
+    row0 = tl.program_id(0) * BLOCK_M
+    m_left = M - row0
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    geo = _tile_offsets(BLOCK_M, BLOCK_N, D0, D1)
+    offs_m, offs_n, offs_d0, offs_d1 = geo
 
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    row0 = pid_m.to(tl.int64) * BLOCK_M
-    m_left = M - pid_m * BLOCK_M
-
-    q_base = Q + tl.multiple_of(b * stride_qb + h * stride_qh + row0 * stride_qm, ALIGN)
-    k_base = K + tl.multiple_of(b * stride_kb + h * stride_kh, ALIGN)
-    v_base = V + tl.multiple_of(b * stride_vb + h * stride_vh, ALIGN)
-    b_base = Bias + tl.multiple_of(b * stride_bb + h * stride_bh + row0 * stride_bm, BIAS_ALIGN)
-    o_base = Out + tl.multiple_of(b * stride_ob + h * stride_oh + row0 * stride_om, ALIGN)
-
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d0 = tl.arange(0, D0)
-    if D1 > 0:
-        offs_d1 = D0 + tl.arange(0, D1)
-    else:
-        offs_d1 = offs_d0  # placeholder, never read
-
-    # Placeholders ([1, 1]) stand for what does not exist: a second piece when D1 = 0,
-    # a held Q tile when the tiles reload it. They are never read.
-    if RELOAD:
-        q0 = tl.zeros([1, 1], dtype=tl.float32)
-        q1 = q0
-    else:
-        q0, q1 = _load_pieces(q_base, offs_m, offs_d0, offs_d1, stride_qm, m_left, HEAD_DIM, D0, D1, True, ALIGN)
-    acc0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
-    if D1 > 0:
-        acc1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
-    else:
-        acc1 = tl.zeros([1, 1], dtype=tl.float32)
+    q_src = (Q, Q, Q + tl.multiple_of(b64 * stride_qb + h64 * stride_qh, ALIGN), stride_qm)
+    kv = ((KD0, KD1, K + tl.multiple_of(b64 * stride_kb + h64 * stride_kh, ALIGN), stride_kn),
+          (VD0, VD1, V + tl.multiple_of(b64 * stride_vb + h64 * stride_vh, ALIGN), stride_vn))
+    bs = (Bias + tl.multiple_of(b64 * stride_bb + h64 * stride_bh, BIAS_ALIGN), stride_bm, stride_bn)
+    # The Q tile stays in registers through the loop, unless the tiles reload it.
+    q0, q1 = _held_pieces(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False,
+                          RELOAD)
+    qs = (q0, q1, q_src)
+    acc0, acc1 = _zeros_pieces(BLOCK_M, D0, D1, -1)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    # Full key tiles without bounds checks, then the remainder with them.
-    n_full = (N // BLOCK_N) * BLOCK_N
-    for start_n in range(0, n_full, BLOCK_N):
-        acc0, acc1, m_i, l_i = _fwd_tile(
-            acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
-            k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN),
-            v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
-            b_base + tl.cast(start_n, tl.int64) * stride_bn,
-            stride_kn, stride_vn, stride_bm, stride_bn,
-            offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD)
-    if n_full < N:
-        acc0, acc1, m_i, l_i = _fwd_tile(
-            acc0, acc1, m_i, l_i, q0, q1, q_base, stride_qm,
-            k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN),
-            v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
-            b_base + tl.cast(n_full, tl.int64) * stride_bn,
-            stride_kn, stride_vn, stride_bm, stride_bn,
-            offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD)
+    n_keys, plain = _key_bias_info(Lens, Plain, b64, h64, stride_lb, stride_lh, N, BIAS)
+    n_unmasked, n_hi = _row_range(row0, BLOCK_M, M, N, n_keys, OFF, CAUSAL, BLOCK_N)
+    if BIAS == 0 or plain:
+        acc0, acc1, m_i, l_i = _fwd_loops(
+            acc0, acc1, m_i, l_i, qs, kv, bs, geo, (qk_scale, sm_scale), b, h, row0, OFF, n_unmasked, n_hi, m_left,
+            HEAD_DIM, D0, D1, BLOCK_N, 0, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION, EMULATE_BF16,
+            RELOAD, TMA, WARP_SPEC)
+    else:
+        acc0, acc1, m_i, l_i = _fwd_loops(
+            acc0, acc1, m_i, l_i, qs, kv, bs, geo, (qk_scale, sm_scale), b, h, row0, OFF, n_unmasked, n_hi, m_left,
+            HEAD_DIM, D0, D1, BLOCK_N, BIAS, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION, EMULATE_BF16,
+            RELOAD, TMA, WARP_SPEC)
 
-    # Rows whose keys were all masked have l = 0: they output 0 and their LSE is -inf.
+    # Rows that saw no key have l = 0: they output 0 and their LSE is -inf.
     dead = l_i == 0.0
     inv_l = 1.0 / tl.where(dead, 1.0, l_i)
-    lse = tl.where(dead, float("-inf"), m_i + tl.math.log2(tl.where(dead, 1.0, l_i)))
-    tl.store(Lse + (b * H + h) * M + row0 + offs_m, lse, mask=offs_m < m_left)
+    row_ok = offs_m < m_left
+    stat = (b64 * H + h64) * M + row0 + offs_m
+    log2_l = tl.math.log2(tl.where(dead, 1.0, l_i))
+    if BIAS == 0:
+        tl.store(Lse + stat, tl.where(dead, float("-inf"), m_i + log2_l), mask=row_ok)
+    else:
+        lse = log2_l
+        shift = m_i
+        if BIAS == 1:
+            # Base 2 where the loop of no bias ran (plain), as without a bias.
+            lse = tl.where(plain, m_i + log2_l, log2_l)
+            shift = tl.where(plain, 0.0, m_i)
+        tl.store(Lse + stat, tl.where(dead, float("-inf"), lse), mask=row_ok)
+        tl.store(LseShift + stat, tl.where(dead, 0.0, shift), mask=row_ok)
     o0 = acc0 * inv_l[:, None]
+    o1 = acc1 * inv_l[:, None]
     o0_hi = o0.to(Out.dtype.element_ty)
-    _store_tile(o_base, o0_hi, offs_m, offs_d0, stride_om, m_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
-    lo_base = OutLo + tl.multiple_of(b * stride_ob + h * stride_oh + row0 * stride_om, ALIGN)
+    o1_hi = o1.to(Out.dtype.element_ty)
+    out_at = b64 * stride_ob + h64 * stride_oh + row0.to(tl.int64) * stride_om
+    _store_pieces(Out + tl.multiple_of(out_at, ALIGN), o0_hi, o1_hi, offs_m, offs_d0, offs_d1, stride_om, m_left,
+                  HEAD_DIM, D0, D1, ALIGN, -1)
     if STORE_LO:
-        _store_tile(lo_base, (o0 - o0_hi.to(tl.float32)).to(Out.dtype.element_ty), offs_m, offs_d0,
-                    stride_om, m_left, HEAD_DIM, D0 > HEAD_DIM, ALIGN)
-    if D1 > 0:
-        o1 = acc1 * inv_l[:, None]
-        o1_hi = o1.to(Out.dtype.element_ty)
-        _store_tile(o_base, o1_hi, offs_m, offs_d1, stride_om, m_left, HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
-        if STORE_LO:
-            _store_tile(lo_base, (o1 - o1_hi.to(tl.float32)).to(Out.dtype.element_ty), offs_m, offs_d1,
-                        stride_om, m_left, HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
+        _store_pieces(OutLo + tl.multiple_of(out_at, ALIGN), (o0 - o0_hi.to(tl.float32)).to(Out.dtype.element_ty),
+                      (o1 - o1_hi.to(tl.float32)).to(Out.dtype.element_ty), offs_m, offs_d0, offs_d1, stride_om,
+                      m_left, HEAD_DIM, D0, D1, ALIGN, -1)
 
 
 @triton.jit
@@ -390,345 +568,386 @@ def _attn_bwd_delta(
 
 
 @triton.jit
-def _dkdv_tile(dk0, dk1, dv0, dv1, db, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
-               q_base, do_base, b_base, lse_base, delta_base,
-               stride_qm, stride_dom, stride_bm, stride_bn,
-               offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
+def _row_stats(stats, start, offs, rows_left, BIAS: tl.constexpr, MASK: tl.constexpr):
+    """(lse, shift, delta) of query rows start + offs for the backward, from
+    stats = (Lse, LseShift, Delta) at the program's (b, h): p = exp2(s * qk_scale - lse)
+    without a bias, exp2((s - shift) * log2(e) - lse) with one (see _attn_fwd). Rows
+    beyond M load lse = +inf and dead rows (lse -inf) become +inf, so that their p is
+    exactly 0 instead of exp2(-inf - -inf) = NaN."""
+    lse_base, shift_base, delta_base = stats
+    if MASK:
+        lse = tl.load(lse_base + start + offs, mask=offs < rows_left, other=float("inf"))
+        delta = tl.load(delta_base + start + offs, mask=offs < rows_left, other=0.0)
+    else:
+        lse = tl.load(lse_base + start + offs)
+        delta = tl.load(delta_base + start + offs)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    if BIAS != 0:
+        if MASK:
+            shift = tl.load(shift_base + start + offs, mask=offs < rows_left, other=0.0)
+        else:
+            shift = tl.load(shift_base + start + offs)
+    else:
+        shift = lse  # placeholder, never read
+    return lse, shift, delta
+
+
+@triton.jit
+def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
+               m_left, n_left, diag,
                HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-               HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_M: tl.constexpr,
+               BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
                PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-               BIAS_GRAD: tl.constexpr):
+               BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr, GRADS: tl.constexpr):
     """One Q/dO tile of the dK/dV pass, computed transposed (keys x queries).
 
-    RELOAD: load the program's K and V tiles here (see _fwd_tile). BIAS_GRAD: add dS
-    summed over this tile's queries to db (the gradient of a bias that does not depend
-    on the query)."""
+    ks, vs = (piece 0, piece 1, source) of the program's K and V. MASK: query rows from
+    m_left on are masked (their lse is +inf), and with CAUSAL the queries before the
+    diagonal (key offs_n[j] is visible to query offs_m[i] iff offs_n[j] - offs_m[i] <=
+    diag). RELOAD: load the program's K and V tiles here (see _fwd_tile). BIAS_GRAD: add
+    dS summed over this tile's queries to db (the gradient of a bias that does not
+    depend on the query). Units as in _fwd_tile. PIECE (-1 both head-dim pieces, else
+    that one) and GRADS ("dkdv", "dk" or "dv") say which gradients the program
+    accumulates (see _attn_bwd_dkdv)."""
+    k0, k1, k_src = ks
+    v0, v1, v_src = vs
+    offs_m, offs_n, offs_d0, offs_d1 = geo
+    qk_scale, sm_scale = scales
     if RELOAD:
-        k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        if D1 > 0:
-            k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                            ALIGN)
-            v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                            ALIGN)
-    q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM, ALIGN)
-    sT = _dot(k0, tl.trans(q0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32),
-              PRECISION, EMULATE_BF16)
+        # Large head dims: K here, V where dP needs it, neither held across the loop.
+        k0, k1 = _load_stream(k_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN,
+                              False)
+    q0, q1 = _load_stream(q_src, b, h, start_m, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, MASK, ALIGN,
+                          TMA)
+    sT = _dot(k0, tl.trans(q0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
     if D1 > 0:
-        q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM, ALIGN)
         sT = _dot(k1, tl.trans(q1), sT, PRECISION, EMULATE_BF16)
-    sT = sT * qk_scale
-    if HAS_BIAS:
-        # The key rows of this tile may run past N (the tile is the program's own and
-        # is masked on load); the query columns only in the last tile.
-        if BIAS_PER_KEY:
-            if BIAS_CONTIG:
-                bT = tl.load(b_base + offs_n, mask=offs_n < n_left, other=0.0)
-            else:
-                bT = tl.load(b_base + offs_n * stride_bn, mask=offs_n < n_left, other=0.0)
-            sT += (bT.to(tl.float32) * 1.4426950408889634)[:, None]
-        else:
-            sT += tl.trans(_load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
-                                      False, MASK_M, True, BIAS_ALIGN, BIAS_CONTIG))
-    # The forward's LSE, in base 2. Rows beyond M load +inf and dead rows (LSE -inf)
-    # become +inf, so that their p is exactly 0 instead of exp2(-inf - -inf) = NaN.
-    if MASK_M:
-        lse = tl.load(lse_base + offs_m, mask=offs_m < m_left, other=float("inf"))
-        delta = tl.load(delta_base + offs_m, mask=offs_m < m_left, other=0.0)
+    lse, shift, delta = _row_stats(stats, start_m, offs_m, m_left, BIAS, MASK)
+    if BIAS != 0:
+        # The key rows of this tile may run past N (the tile is the program's own and is
+        # masked on load); the query columns only in masked tiles.
+        sT = sT * sm_scale + tl.trans(_load_bias(bs, start_m, col0, offs_m, offs_n, m_left, n_left,
+                                                 BIAS, MASK, True, BIAS_ALIGN, BIAS_CONTIG))
+        arg = (sT - shift[None, :]) * 1.4426950408889634 - lse[None, :]
     else:
-        lse = tl.load(lse_base + offs_m)
-        delta = tl.load(delta_base + offs_m)
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    pT = tl.math.exp2(sT - lse[None, :])
+        arg = sT * qk_scale - lse[None, :]
+    if MASK and CAUSAL:
+        # Key j is seen by the tile's queries from offs_n[j] - diag on.
+        arg = tl.where(offs_m[None, :] >= (offs_n - diag)[:, None], arg, float("-inf"))
+    pT = tl.math.exp2(arg)
 
-    do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, MASK_M, D0 > HEAD_DIM, ALIGN)
-    dv0 = _dot(pT.to(do0.dtype), do0, dv0, PRECISION, EMULATE_BF16)
-    dpT = _dot(v0, tl.trans(do0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32),
-               PRECISION, EMULATE_BF16)
-    if D1 > 0:
-        do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, MASK_M, D0 + D1 > HEAD_DIM, ALIGN)
-        dv1 = _dot(pT.to(do1.dtype), do1, dv1, PRECISION, EMULATE_BF16)
-        dpT = _dot(v1, tl.trans(do1), dpT, PRECISION, EMULATE_BF16)
-    # dS = P * (dP - delta): the gradient of the logits (natural units), which is also
-    # the gradient of an additive bias; the scale of dK is applied once at the end.
-    dsT = pT * (dpT - delta[None, :])
-    if BIAS_GRAD:
-        db += tl.sum(dsT, 1)
-    dsT = dsT.to(q0.dtype)
-    dk0 = _dot(dsT, q0, dk0, PRECISION, EMULATE_BF16)
-    if D1 > 0:
-        dk1 = _dot(dsT, q1, dk1, PRECISION, EMULATE_BF16)
+    do0, do1 = _load_stream(do_src, b, h, start_m, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, MASK, ALIGN,
+                            TMA)
+    if GRADS != "dk":
+        if PIECE != 1:
+            dv0 = _dot(pT.to(do0.dtype), do0, dv0, PRECISION, EMULATE_BF16)
+        if D1 > 0 and PIECE != 0:
+            dv1 = _dot(pT.to(do1.dtype), do1, dv1, PRECISION, EMULATE_BF16)
+    if GRADS != "dv":
+        if RELOAD:
+            v0, v1 = _load_stream(v_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN,
+                                  False)
+        dpT = _dot(v0, tl.trans(do0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32), PRECISION,
+                   EMULATE_BF16)
+        if D1 > 0:
+            dpT = _dot(v1, tl.trans(do1), dpT, PRECISION, EMULATE_BF16)
+        # dS = P * (dP - delta): the gradient of the logits (natural units), which is
+        # also the gradient of an additive bias; the scale of dK is applied once at the end.
+        dsT = pT * (dpT - delta[None, :])
+        if BIAS_GRAD:
+            db += tl.sum(dsT, 1)
+        dsT = dsT.to(q0.dtype)
+        if PIECE != 1:
+            dk0 = _dot(dsT, q0, dk0, PRECISION, EMULATE_BF16)
+        if D1 > 0 and PIECE != 0:
+            dk1 = _dot(dsT, q1, dk1, PRECISION, EMULATE_BF16)
+    return dk0, dk1, dv0, dv1, db
+
+
+@triton.jit
+def _dkdv_loops(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, OFF,
+                m_lo, m_unmasked, m_full, m_hi, n_left,
+                HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr,
+                BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+                ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
+                PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
+                BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr, GRADS: tl.constexpr):
+    """Query tiles [m_unmasked, m_full) unmasked, then [m_lo, m_unmasked) masked (the
+    diagonal band) and [max(m_full, m_lo), m_hi) masked (the last rows). The unmasked
+    loop comes first in the program: it is the one that runs most."""
+    for start_m in range(m_unmasked, m_full, BLOCK_M):
+        dk0, dk1, dv0, dv1, db = _dkdv_tile(
+            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
+            m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN,
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
+    for start_m in range(m_lo, m_unmasked, BLOCK_M):
+        dk0, dk1, dv0, dv1, db = _dkdv_tile(
+            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
+            m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN,
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
+    for start_m in range(tl.maximum(m_full, m_lo), m_hi, BLOCK_M):
+        dk0, dk1, dv0, dv1, db = _dkdv_tile(
+            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
+            m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN,
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
     return dk0, dk1, dv0, dv1, db
 
 
 @triton.jit
 def _attn_bwd_dkdv(
-    Q, K, V, Bias, DO, Lse, Delta, DK, DV, DBias,
+    Q, K, V, QD0, QD1, DOD0, DOD1, KD0, KD1, VD0, VD1, Bias, Lens, Plain, DO, Lse, LseShift, Delta, DK, DV, DBias,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_lb, stride_lh,
     stride_dob, stride_doh, stride_dom,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
     stride_dbb, stride_dbh,
-    H, M, N, qk_scale, sm_scale,
+    H, M, N, OFF, qk_scale, sm_scale,
     M_KEY, N_KEY,
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    BIAS_GRAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr, PIECE: tl.constexpr = -1, GRADS: tl.constexpr = "dkdv",
 ):
-    """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming every query.
+    """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming the queries
+    that see them (with CAUSAL, those from the diagonal on).
+
+    PIECE and GRADS: which head-dim pieces (-1 both, else that one) and which gradients
+    ("dkdv", "dk", "dv") this launch computes and stores. Above a head dim of 256 the
+    launcher splits the pass into four launches, one per piece and gradient: each holds
+    a quarter of the accumulators and recomputes the scores.
 
     BIAS_GRAD: also write dS summed over all queries, DBias[b, h, n] (contiguous in
     n): the gradient of a bias that does not depend on the query, such as key padding.
     (The dQ kernel writes the gradient of any other bias.)"""
     _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
+    b = tl.program_id(2)
+    h = tl.program_id(1)
+    col0 = tl.program_id(0) * BLOCK_N
+    n_left = N - col0
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    geo = _tile_offsets(BLOCK_M, BLOCK_N, D0, D1)
+    offs_m, offs_n, offs_d0, offs_d1 = geo
 
-    pid_n = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    col0 = pid_n.to(tl.int64) * BLOCK_N
-    n_left = N - pid_n * BLOCK_N
-
-    q_base = Q + tl.multiple_of(b * stride_qb + h * stride_qh, ALIGN)
-    do_base = DO + tl.multiple_of(b * stride_dob + h * stride_doh, ALIGN)
-    b_base = Bias + tl.multiple_of(b * stride_bb + h * stride_bh + col0 * stride_bn, BIAS_ALIGN)
-    lse_base = Lse + (b * H + h) * M
-    delta_base = Delta + (b * H + h) * M
-    k_base = K + tl.multiple_of(b * stride_kb + h * stride_kh + col0 * stride_kn, ALIGN)
-    v_base = V + tl.multiple_of(b * stride_vb + h * stride_vh + col0 * stride_vn, ALIGN)
-
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d0 = tl.arange(0, D0)
-    if D1 > 0:
-        offs_d1 = D0 + tl.arange(0, D1)
-    else:
-        offs_d1 = offs_d0  # placeholder, never read
-
-    if RELOAD:
-        k0 = tl.zeros([1, 1], dtype=tl.float32)
-        k1 = k0
-        v0 = k0
-        v1 = k0
-    else:
-        k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        if D1 > 0:
-            k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                            ALIGN)
-            v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                            ALIGN)
-        else:
-            k1 = k0
-            v1 = v0
+    q_src = (QD0, QD1, Q + tl.multiple_of(b64 * stride_qb + h64 * stride_qh, ALIGN), stride_qm)
+    do_src = (DOD0, DOD1, DO + tl.multiple_of(b64 * stride_dob + h64 * stride_doh, ALIGN), stride_dom)
+    k_src = (KD0, KD1, K + tl.multiple_of(b64 * stride_kb + h64 * stride_kh, ALIGN), stride_kn)
+    v_src = (VD0, VD1, V + tl.multiple_of(b64 * stride_vb + h64 * stride_vh, ALIGN), stride_vn)
+    bs = (Bias + tl.multiple_of(b64 * stride_bb + h64 * stride_bh, BIAS_ALIGN), stride_bm, stride_bn)
+    stat = (b64 * H + h64) * M
+    stats = (Lse + stat, LseShift + stat, Delta + stat)
+    # K and V stay in registers through the loop, unless the tiles reload them.
+    k0, k1 = _held_pieces(k_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, ALIGN, TMA, RELOAD)
+    v0, v1 = _held_pieces(v_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, ALIGN, TMA, RELOAD)
     if BIAS_GRAD:
         db = tl.zeros([BLOCK_N], dtype=tl.float32)
     else:
         db = tl.zeros([1], dtype=tl.float32)  # placeholder, never read
-    dk0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
-    dv0 = tl.zeros([BLOCK_N, D0], dtype=tl.float32)
-    if D1 > 0:
-        dk1 = tl.zeros([BLOCK_N, D1], dtype=tl.float32)
-        dv1 = tl.zeros([BLOCK_N, D1], dtype=tl.float32)
+    # Placeholder pieces ([1, 1]) for the gradients this launch does not compute.
+    dk0, dk1 = _zeros_pieces(BLOCK_N, D0, D1, PIECE if GRADS != "dv" else 2)
+    dv0, dv1 = _zeros_pieces(BLOCK_N, D0, D1, PIECE if GRADS != "dk" else 2)
+
+    # The queries that see these keys. Past the last live key (KEY_BIAS) none do. With
+    # CAUSAL, query i sees key j iff i >= j - OFF: none before col0 - OFF, all from
+    # (the tile's last live key) - OFF on.
+    n_keys, plain = _key_bias_info(Lens, Plain, b64, h64, stride_lb, stride_lh, N, BIAS)
+    m_hi = tl.where(col0 < n_keys, M, 0)
+    m_full = (m_hi // BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        m_lo = (tl.maximum(col0 - OFF, 0) // BLOCK_M) * BLOCK_M
+        last_key = tl.minimum(col0 + BLOCK_N, n_keys) - 1
+        m_unmasked = tl.cdiv(tl.maximum(last_key - OFF, 0), BLOCK_M) * BLOCK_M
+        m_unmasked = tl.minimum(tl.maximum(m_unmasked, m_lo), m_full)
     else:
-        dk1 = tl.zeros([1, 1], dtype=tl.float32)
-        dv1 = tl.zeros([1, 1], dtype=tl.float32)
+        m_lo = 0
+        m_unmasked = 0
+    ks = (k0, k1, k_src)
+    vs = (v0, v1, v_src)
+    if BIAS == 0 or plain:
+        dk0, dk1, dv0, dv1, db = _dkdv_loops(
+            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, (qk_scale, sm_scale), b, h, col0, OFF,
+            m_lo, m_unmasked, m_full, m_hi, n_left, HEAD_DIM, D0, D1, BLOCK_M, 0, CAUSAL, ALIGN, BIAS_ALIGN,
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
+    else:
+        dk0, dk1, dv0, dv1, db = _dkdv_loops(
+            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, (qk_scale, sm_scale), b, h, col0, OFF,
+            m_lo, m_unmasked, m_full, m_hi, n_left, HEAD_DIM, D0, D1, BLOCK_M, BIAS, CAUSAL, ALIGN, BIAS_ALIGN,
+            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
 
-    m_full = (M // BLOCK_M) * BLOCK_M
-    for start_m in range(0, m_full, BLOCK_M):
-        dk0, dk1, dv0, dv1, db = _dkdv_tile(
-            dk0, dk1, dv0, dv1, db, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
-            q_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_qm, ALIGN),
-            do_base + tl.multiple_of(tl.cast(start_m, tl.int64) * stride_dom, ALIGN),
-            b_base + tl.cast(start_m, tl.int64) * stride_bm, lse_base + start_m, delta_base + start_m,
-            stride_qm, stride_dom, stride_bm, stride_bn,
-            offs_m, offs_n, offs_d0, offs_d1, M - start_m, n_left, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD)
-    if m_full < M:
-        dk0, dk1, dv0, dv1, db = _dkdv_tile(
-            dk0, dk1, dv0, dv1, db, k0, k1, v0, v1, k_base, v_base, stride_kn, stride_vn,
-            q_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_qm, ALIGN),
-            do_base + tl.multiple_of(tl.cast(m_full, tl.int64) * stride_dom, ALIGN),
-            b_base + tl.cast(m_full, tl.int64) * stride_bm, lse_base + m_full, delta_base + m_full,
-            stride_qm, stride_dom, stride_bm, stride_bn,
-            offs_m, offs_n, offs_d0, offs_d1, M - m_full, n_left, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD)
-
+    if BIAS == 1:
+        # Keys past the last live one have no gradient; the loop of no bias (plain) did
+        # not mask them, and each key's row of dK, dV and the bias gradient is its own.
+        live = offs_n[:, None] < n_keys - col0
+        dk0, dk1, dv0, dv1 = (tl.where(live, dk0, 0.0), tl.where(live, dk1, 0.0), tl.where(live, dv0, 0.0),
+                              tl.where(live, dv1, 0.0))
+        if BIAS_GRAD:
+            db = tl.where(offs_n < n_keys - col0, db, 0.0)
+    col0_64 = col0.to(tl.int64)
     if BIAS_GRAD:
-        tl.store(DBias + b * stride_dbb + h * stride_dbh + col0 + offs_n, db, mask=offs_n < n_left)
-    dk_base = DK + tl.multiple_of(b * stride_dkb + h * stride_dkh + col0 * stride_dkn, ALIGN)
-    dv_base = DV + tl.multiple_of(b * stride_dvb + h * stride_dvh + col0 * stride_dvn, ALIGN)
-    _store_tile(dk_base, (dk0 * sm_scale).to(DK.dtype.element_ty), offs_n, offs_d0, stride_dkn, n_left,
-                HEAD_DIM, D0 > HEAD_DIM, ALIGN)
-    _store_tile(dv_base, dv0.to(DV.dtype.element_ty), offs_n, offs_d0, stride_dvn, n_left,
-                HEAD_DIM, D0 > HEAD_DIM, ALIGN)
-    if D1 > 0:
-        _store_tile(dk_base, (dk1 * sm_scale).to(DK.dtype.element_ty), offs_n, offs_d1, stride_dkn, n_left,
-                    HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
-        _store_tile(dv_base, dv1.to(DV.dtype.element_ty), offs_n, offs_d1, stride_dvn, n_left,
-                    HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
+        tl.store(DBias + b64 * stride_dbb + h64 * stride_dbh + col0_64 + offs_n, db, mask=offs_n < n_left)
+    if GRADS != "dv":
+        dk_at = DK + tl.multiple_of(b64 * stride_dkb + h64 * stride_dkh + col0_64 * stride_dkn, ALIGN)
+        _store_pieces(dk_at, (dk0 * sm_scale).to(DK.dtype.element_ty), (dk1 * sm_scale).to(DK.dtype.element_ty),
+                      offs_n, offs_d0, offs_d1, stride_dkn, n_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
+    if GRADS != "dk":
+        dv_at = DV + tl.multiple_of(b64 * stride_dvb + h64 * stride_dvh + col0_64 * stride_dvn, ALIGN)
+        _store_pieces(dv_at, dv0.to(DV.dtype.element_ty), dv1.to(DV.dtype.element_ty),
+                      offs_n, offs_d0, offs_d1, stride_dvn, n_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
 
 
 @triton.jit
-def _dq_tile(dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
-             k_base, v_base, b_base, db_base, stride_kn, stride_vn, stride_bm, stride_bn, stride_dbm,
-             offs_m, offs_n, offs_d0, offs_d1, m_left, n_left, qk_scale,
+def _dq_tile(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, start_n, m_left, n_left, diag,
              HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-             HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr, MASK_N: tl.constexpr,
+             BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-             BIAS_GRAD: tl.constexpr):
-    """One K/V tile of the dQ pass. RELOAD: load the Q and dO tiles here (see _fwd_tile).
-    BIAS_GRAD: store the dS tile (fp32) at db_base, the gradient of the bias."""
+             BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr):
+    """One K/V tile of the dQ pass; MASK, CAUSAL and the units as in _fwd_tile.
+
+    qs, dos = (piece 0, piece 1, source) of the program's Q and dO tiles (loaded here
+    with RELOAD), row_stats = (lse, shift, delta) of its rows. BIAS_GRAD: store the dS
+    tile (fp32) into db_src = (DBias at the program's rows, row stride), the gradient
+    of the bias."""
+    q0, q1, q_src = qs
+    do0, do1, do_src = dos
+    k_src, v_src = kv
+    offs_m, offs_n, offs_d0, offs_d1 = geo
+    qk_scale, sm_scale = scales
+    lse, shift, delta = row_stats
     if RELOAD:
-        q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        if D1 > 0:
-            q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                            ALIGN)
-            do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                             ALIGN)
-    k0 = _load_tile(k_base, offs_n, offs_d0, stride_kn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
-    v0 = _load_tile(v_base, offs_n, offs_d0, stride_vn, n_left, HEAD_DIM, MASK_N, D0 > HEAD_DIM, ALIGN)
-    s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
-             PRECISION, EMULATE_BF16)
-    dp = _dot(do0, tl.trans(v0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32),
-              PRECISION, EMULATE_BF16)
+        q0, q1 = _load_stream(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN,
+                              False)
+        do0, do1 = _load_stream(do_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN,
+                                False)
+    k0, k1 = _load_stream(k_src, b, h, start_n, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
+    v0, v1 = _load_stream(v_src, b, h, start_n, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
+    s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
+    dp = _dot(do0, tl.trans(v0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
     if D1 > 0:
-        k1 = _load_tile(k_base, offs_n, offs_d1, stride_kn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM, ALIGN)
-        v1 = _load_tile(v_base, offs_n, offs_d1, stride_vn, n_left, HEAD_DIM, MASK_N, D0 + D1 > HEAD_DIM, ALIGN)
         s = _dot(q1, tl.trans(k1), s, PRECISION, EMULATE_BF16)
         dp = _dot(do1, tl.trans(v1), dp, PRECISION, EMULATE_BF16)
-    s = s * qk_scale
-    if HAS_BIAS:
-        s += _load_bias(b_base, offs_m, offs_n, stride_bm, stride_bn, m_left, n_left,
-                        BIAS_PER_KEY, True, MASK_N, BIAS_ALIGN, BIAS_CONTIG)
-    if MASK_N:
-        s = tl.where(offs_n[None, :] < n_left, s, float("-inf"))
-    p = tl.math.exp2(s - lse[:, None])
+    if BIAS != 0:
+        s = s * sm_scale + _load_bias(bs, row0, start_n, offs_m, offs_n, m_left, n_left,
+                                      BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG)
+        arg = (s - shift[:, None]) * 1.4426950408889634 - lse[:, None]
+    else:
+        arg = s * qk_scale - lse[:, None]
+    if MASK:
+        arg = tl.where(_causal_keep(offs_m, offs_n, n_left, diag, CAUSAL), arg, float("-inf"))
+    p = tl.math.exp2(arg)
     ds = p * (dp - delta[:, None])
     if BIAS_GRAD:
-        db_ptrs = db_base + offs_m[:, None] * stride_dbm + offs_n[None, :]
-        if MASK_N:
+        db_base, stride_dbm = db_src
+        db_ptrs = db_base + start_n + offs_m[:, None] * stride_dbm + offs_n[None, :]
+        if MASK:
             tl.store(db_ptrs, ds, mask=(offs_m[:, None] < m_left) & (offs_n[None, :] < n_left))
         else:
             tl.store(db_ptrs, ds, mask=offs_m[:, None] < m_left)
     ds = ds.to(k0.dtype)
-    dq0 = _dot(ds, k0, dq0, PRECISION, EMULATE_BF16)
-    if D1 > 0:
+    if PIECE != 1:
+        dq0 = _dot(ds, k0, dq0, PRECISION, EMULATE_BF16)
+    if D1 > 0 and PIECE != 0:
         dq1 = _dot(ds, k1, dq1, PRECISION, EMULATE_BF16)
     return dq0, dq1
 
 
 @triton.jit
+def _dq_loops(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, OFF, n_unmasked, n_hi, m_left,
+              HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr,
+              BIAS: tl.constexpr, CAUSAL: tl.constexpr,
+              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
+              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
+              BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr):
+    """The unmasked key tiles, then the masked ones, as in _fwd_loops."""
+    for start_n in range(0, n_unmasked, BLOCK_N):
+        dq0, dq1 = _dq_tile(
+            dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, start_n, m_left, n_hi - start_n,
+            row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
+    for start_n in range(n_unmasked, n_hi, BLOCK_N):
+        dq0, dq1 = _dq_tile(
+            dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, start_n, m_left, n_hi - start_n,
+            row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
+            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
+    return dq0, dq1
+
+
+@triton.jit
 def _attn_bwd_dq(
-    Q, K, V, Bias, DO, Lse, Delta, DQ, DBias,
+    Q, K, V, KD0, KD1, VD0, VD1, Bias, Lens, Plain, DO, Lse, LseShift, Delta, DQ, DBias,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_bb, stride_bh, stride_bm, stride_bn,
+    stride_lb, stride_lh,
     stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
     stride_dbb, stride_dbh, stride_dbm,
-    H, M, N, qk_scale, sm_scale,
+    H, M, N, OFF, qk_scale, sm_scale,
     M_KEY, N_KEY,
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BIAS_PER_KEY: tl.constexpr,
+    BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
     PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    BIAS_GRAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr, PIECE: tl.constexpr = -1,
 ):
-    """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming every key.
+    """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming the keys they see.
 
     BIAS_GRAD: also write dS itself, DBias[b, h, m, n] (fp32, contiguous in n), the
-    gradient of a bias that depends on the query; each element has one writer."""
+    gradient of a bias that depends on the query; each element has one writer. Keys a
+    row does not see (skipped tiles) get no write: the launcher zeroes DBias first
+    when tiles can be skipped."""
     _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
+    b = tl.program_id(2)
+    h = tl.program_id(1)
+    row0 = tl.program_id(0) * BLOCK_M
+    m_left = M - row0
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    geo = _tile_offsets(BLOCK_M, BLOCK_N, D0, D1)
+    offs_m, offs_n, offs_d0, offs_d1 = geo
 
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    row0 = pid_m.to(tl.int64) * BLOCK_M
-    m_left = M - pid_m * BLOCK_M
+    q_src = (Q, Q, Q + tl.multiple_of(b64 * stride_qb + h64 * stride_qh, ALIGN), stride_qm)
+    do_src = (DO, DO, DO + tl.multiple_of(b64 * stride_dob + h64 * stride_doh, ALIGN), stride_dom)
+    kv = ((KD0, KD1, K + tl.multiple_of(b64 * stride_kb + h64 * stride_kh, ALIGN), stride_kn),
+          (VD0, VD1, V + tl.multiple_of(b64 * stride_vb + h64 * stride_vh, ALIGN), stride_vn))
+    bs = (Bias + tl.multiple_of(b64 * stride_bb + h64 * stride_bh, BIAS_ALIGN), stride_bm, stride_bn)
+    db_src = (DBias + b64 * stride_dbb + h64 * stride_dbh + row0.to(tl.int64) * stride_dbm, stride_dbm)
+    # The Q and dO tiles stay in registers through the loop, unless the tiles reload them.
+    q0, q1 = _held_pieces(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False,
+                          RELOAD)
+    do0, do1 = _held_pieces(do_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False,
+                            RELOAD)
+    dq0, dq1 = _zeros_pieces(BLOCK_M, D0, D1, PIECE)
+    stat = (b64 * H + h64) * M
+    row_stats = _row_stats((Lse + stat, LseShift + stat, Delta + stat), row0, offs_m, m_left, BIAS, True)
 
-    q_base = Q + tl.multiple_of(b * stride_qb + h * stride_qh + row0 * stride_qm, ALIGN)
-    do_base = DO + tl.multiple_of(b * stride_dob + h * stride_doh + row0 * stride_dom, ALIGN)
-    k_base = K + tl.multiple_of(b * stride_kb + h * stride_kh, ALIGN)
-    v_base = V + tl.multiple_of(b * stride_vb + h * stride_vh, ALIGN)
-    b_base = Bias + tl.multiple_of(b * stride_bb + h * stride_bh + row0 * stride_bm, BIAS_ALIGN)
-    db_base = DBias + b * stride_dbb + h * stride_dbh + row0 * stride_dbm
-
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d0 = tl.arange(0, D0)
-    if D1 > 0:
-        offs_d1 = D0 + tl.arange(0, D1)
+    n_keys, plain = _key_bias_info(Lens, Plain, b64, h64, stride_lb, stride_lh, N, BIAS)
+    n_unmasked, n_hi = _row_range(row0, BLOCK_M, M, N, n_keys, OFF, CAUSAL, BLOCK_N)
+    qs = (q0, q1, q_src)
+    dos = (do0, do1, do_src)
+    if BIAS == 0 or plain:
+        dq0, dq1 = _dq_loops(
+            dq0, dq1, qs, dos, kv, bs, geo, (qk_scale, sm_scale), row_stats, db_src, b, h, row0, OFF, n_unmasked,
+            n_hi, m_left, HEAD_DIM, D0, D1, BLOCK_N, 0, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION,
+            EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
     else:
-        offs_d1 = offs_d0  # placeholder, never read
+        dq0, dq1 = _dq_loops(
+            dq0, dq1, qs, dos, kv, bs, geo, (qk_scale, sm_scale), row_stats, db_src, b, h, row0, OFF, n_unmasked,
+            n_hi, m_left, HEAD_DIM, D0, D1, BLOCK_N, BIAS, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION,
+            EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
 
-    if RELOAD:
-        q0 = tl.zeros([1, 1], dtype=tl.float32)
-        q1 = q0
-        do0 = q0
-        do1 = q0
-    else:
-        q0 = _load_tile(q_base, offs_m, offs_d0, stride_qm, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        do0 = _load_tile(do_base, offs_m, offs_d0, stride_dom, m_left, HEAD_DIM, True, D0 > HEAD_DIM, ALIGN)
-        if D1 > 0:
-            q1 = _load_tile(q_base, offs_m, offs_d1, stride_qm, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                            ALIGN)
-            do1 = _load_tile(do_base, offs_m, offs_d1, stride_dom, m_left, HEAD_DIM, True, D0 + D1 > HEAD_DIM,
-                             ALIGN)
-        else:
-            q1 = q0
-            do1 = do0
-    dq0 = tl.zeros([BLOCK_M, D0], dtype=tl.float32)
-    if D1 > 0:
-        dq1 = tl.zeros([BLOCK_M, D1], dtype=tl.float32)
-    else:
-        dq1 = tl.zeros([1, 1], dtype=tl.float32)
-    lse_ptrs = Lse + (b * H + h) * M + row0 + offs_m
-    lse = tl.load(lse_ptrs, mask=offs_m < m_left, other=float("inf"))
-    # Dead rows (all keys masked, LSE -inf) get p = 0 rather than NaN.
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    delta = tl.load(Delta + (b * H + h) * M + row0 + offs_m, mask=offs_m < m_left, other=0.0)
-
-    n_full = (N // BLOCK_N) * BLOCK_N
-    for start_n in range(0, n_full, BLOCK_N):
-        dq0, dq1 = _dq_tile(
-            dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
-            k_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_kn, ALIGN),
-            v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN),
-            b_base + tl.cast(start_n, tl.int64) * stride_bn, db_base + tl.cast(start_n, tl.int64),
-            stride_kn, stride_vn, stride_bm, stride_bn, stride_dbm,
-            offs_m, offs_n, offs_d0, offs_d1, m_left, N - start_n, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, False, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD)
-    if n_full < N:
-        dq0, dq1 = _dq_tile(
-            dq0, dq1, q0, q1, do0, do1, q_base, do_base, stride_qm, stride_dom, lse, delta,
-            k_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_kn, ALIGN),
-            v_base + tl.multiple_of(tl.cast(n_full, tl.int64) * stride_vn, ALIGN),
-            b_base + tl.cast(n_full, tl.int64) * stride_bn, db_base + tl.cast(n_full, tl.int64),
-            stride_kn, stride_vn, stride_bm, stride_bn, stride_dbm,
-            offs_m, offs_n, offs_d0, offs_d1, m_left, N - n_full, qk_scale,
-            HEAD_DIM, D0, D1, HAS_BIAS, BIAS_PER_KEY, True, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD)
-
-    dq_base = DQ + tl.multiple_of(b * stride_dqb + h * stride_dqh + row0 * stride_dqm, ALIGN)
-    _store_tile(dq_base, (dq0 * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d0, stride_dqm, m_left,
-                HEAD_DIM, D0 > HEAD_DIM, ALIGN)
-    if D1 > 0:
-        _store_tile(dq_base, (dq1 * sm_scale).to(DQ.dtype.element_ty), offs_m, offs_d1, stride_dqm, m_left,
-                    HEAD_DIM, D0 + D1 > HEAD_DIM, ALIGN)
+    dq_at = DQ + tl.multiple_of(b64 * stride_dqb + h64 * stride_dqh + row0.to(tl.int64) * stride_dqm, ALIGN)
+    _store_pieces(dq_at, (dq0 * sm_scale).to(DQ.dtype.element_ty), (dq1 * sm_scale).to(DQ.dtype.element_ty),
+                  offs_m, offs_d0, offs_d1, stride_dqm, m_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
 
 
 # =====================================================================================
@@ -736,36 +955,9 @@ def _attn_bwd_dq(
 # =====================================================================================
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
-def split_head_dim(head_dim: int) -> tuple[int, int]:
-    """The pieces (D0, D1) of a head dim: powers of two >= 16, D0 >= D1, D1 = 0 if one.
-
-    The smallest padded total D0 + D1 >= head_dim wins; on a tie, one piece (fewer
-    instructions). 40 -> (32, 16), 80 -> (64, 16), 160 -> (128, 32), 100 -> (128, 0).
-    """
-    whole = max(16, _next_pow2(head_dim))
-    d0 = max(16, _next_pow2(head_dim) // 2)
-    rest = head_dim - d0
-    if rest <= 0:
-        return whole, 0
-    d1 = max(16, _next_pow2(rest))
-    if d1 <= d0 and d0 + d1 < whole:
-        return d0, d1
-    return whole, 0
-
-
-def padded_head_dim(head_dim: int) -> int:
-    d0, d1 = split_head_dim(head_dim)
-    return d0 + d1
-
-
-def padding_waste(head_dim: int) -> float:
-    """Fraction of the matrix work spent on padding at this head dim."""
-    p = padded_head_dim(head_dim)
-    return (p - head_dim) / p
+VARIANTS = ("none", "keypad", "full")  # the bias kinds the kernels specialise on
+_ALL = frozenset(VARIANTS)
+_NK = frozenset({"none", "keypad"})  # what a tile that spills with a full bias serves
 
 
 @dataclass(frozen=True)
@@ -777,153 +969,178 @@ class TileConfig:
     # Reload the loop-invariant operand tiles (Q; K and V in the dK/dV pass) every
     # iteration instead of holding them in registers: for large head dims.
     reload: bool = False
+    # The bias variants this tile serves (one that spills with a full bias serves the
+    # others only).
+    variants: frozenset = _ALL
+    # The most main-loop warp instructions per score this entry may compile to, on its
+    # target, over the head dims, 16-bit dtypes and variants it serves (None: not
+    # gated). `python -m attnkit.kernels.inspect` fails above it.
+    budget: Optional[float] = None
+    # The causal settings it serves (a tile that spills only with the diagonal's masks
+    # serves the unmasked kernel only).
+    causal: tuple = (False, True)
+    # The loads it serves on sm_90: TMA, and pointers (the fallback for tensors that
+    # are not 16-byte aligned, whose address arithmetic holds more registers).
+    loads: frozenset = frozenset({"tma", "ptr"})
 
     def __str__(self) -> str:
         r = "-r" if self.reload else ""
         return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{r}"
 
 
-# The autotuning candidates, by target, kernel, input width and padded head dim (the
-# smallest bound that holds it). `python -m attnkit.kernels.inspect` compiles every
-# entry for its target (sm_80 for "sm80", sm_90 for "sm90"), with no bias, a key-padding
-# bias and a full bias, and fails if one spills registers or exceeds shared memory; the
-# entries that failed were removed rather than shipped. Hopper gets its own lists: its warp-group
-# MMA reads operands from shared memory, so what spills differs (the reload variant
-# helps on sm_80 and hurts on sm_90). The first entry of each list is the one used
-# without autotuning (ATTNKIT_TRITON_AUTOTUNE=0).
+# The autotuning candidates, by target, kernel, input width and head-dim band (the
+# smallest bound in _BANDS that holds the padded head dim), each entry with the bias
+# variants it serves (default: all) and the causal settings it serves (default: both).
+# The first entry that serves a call is its default (the one used without autotuning,
+# ATTNKIT_TRITON_AUTOTUNE=0); the lists are ordered by the static report (its fastest-
+# looking candidate first). `python -m attnkit.kernels.inspect` compiles every entry for
+# its target (sm_80 for "sm80", sm_90 for "sm90") at the head dims of its band, for the
+# variants it serves, causal or not, TMA and pointer loads on sm_90, and fails if one
+# spills registers, exceeds shared memory, duplicates matrix work or exponentials, or
+# compiles to more main-loop instructions per score than its budget (set a few percent
+# above what bench/results/static/report.md measured, the worst over its head dims,
+# 16-bit dtypes and variants).
 # For the dK/dV kernel, block_n is the key tile the program keeps and block_m the query
 # tile it streams; for the forward and dQ kernels block_m is kept and block_n streamed.
 _C = TileConfig
+_N = frozenset({"none"})
+_K = frozenset({"keypad"})
+_F = frozenset({"full"})
+_KF = frozenset({"keypad", "full"})
+_UNCAUSAL = (False,)
+_CAUSAL = (True,)
+_NF = frozenset({"none", "full"})
+_TMA = frozenset({"tma"})
+_PTR = frozenset({"ptr"})
 # fp32 inputs: exact fp32 dots run on FMA units, whose Triton lowering holds whole
 # head-dim rows of both operands in registers, so fp32 needs 16-row tiles, the reload
 # variant and mostly 8 warps; larger tiles (M32, or M16-N32 on 4 warps at head dim >= 80)
-# spill on both targets. Every entry below compiles with no stack and in shared memory
-# on sm_80 and sm_90 for head dims 40/64/80/128/160/256 and all three bias variants
-# (`python -m attnkit.kernels.inspect --dtype fp32`, part of its default gate). Registers
-# per thread, the most over the three biases, sm_80/sm_90:
-#
-#                     D=40    64      80      128     160     256
-#   fwd  M16-N32-w8  128/134 79/69   -       -       -       188/182
-#   fwd  M16-N16-w4  80/88   80/76   128/128 136/139 142/144 -
-#   fwd  M16-N16-w8  -       -       128/126 80/70   111/134 150/108
-#   dkdv M16-N32-w8  128/111 103/128 -       -       186/180 -
-#   dkdv M16-N16-w8  -       -       139/128 126/122 -       -
-#   dkdv M16-N16-w4  -       -       150/148 168/146 180/182 255/250
-#   dq   M16-N32-w8  128/130 78/86   128/138 128/104 -       176/182
-#   dq   M16-N16-w8  74/78   80/72   128/108 80/82   128/104 128/128
-#   dq   M16-N16-w4  80/84   96/90   -       -       182/149 246/246
-#
-# ("-": not shipped there; some of those spill 8-1800 B on one target.) tf32
-# (allow_tf32=True) uses tensor cores and the 16-bit lists' speed class.
+# spill on both targets. tf32 (allow_tf32=True) uses tensor cores and these tiles too.
 _FP32 = {
     "fwd": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+            96: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
             128: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
             192: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-            256: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True))},
+            256: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
+            320: (_C(16, 16, 4, 2, True),),
+            384: (_C(16, 16, 4, 2, True),),
+            512: (_C(16, 16, 4, 2, True),)},
     "dkdv": {64: (_C(16, 32, 8, 2, True),),
+             96: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
              128: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
              192: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
-             256: (_C(16, 16, 4, 2, True),)},
+             256: (_C(16, 16, 4, 2, True),),
+             320: (_C(16, 16, 4, 2, True),),
+             384: (_C(16, 16, 4, 2, True),),
+             512: (_C(16, 16, 4, 2, True),)},
     "dq": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
+           96: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
            128: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
            192: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
            # M16-N32 first would need 102400 B of shared memory: more than sm_86 has.
-           256: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True))},
+           256: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+           320: (_C(16, 16, 4, 2, True),),
+           384: (_C(16, 16, 4, 2, True),),
+           512: (_C(16, 16, 4, 2, True),)},
+}
+# Head dims above 256 on either target: narrow query tiles on mma.sync (the backward in
+# one launch per head-dim piece and gradient, see _backward_impl).
+_LARGE = {
+    "fwd": {320: (_C(32, 32, 4, 2, True), _C(16, 32, 4, 2, True)),
+            384: (_C(32, 32, 4, 2, True, _NK), _C(16, 32, 4, 2, True)),
+            512: (_C(16, 32, 4, 2, True),)},
+    "dkdv": {320: (_C(32, 16, 4, 1, True),),
+             384: (_C(32, 16, 4, 2, True),),
+             512: (_C(32, 16, 4, 2, True),)},
+    "dq": {320: (_C(16, 32, 4, 2, True),),
+           384: (_C(16, 32, 4, 2, True),),
+           512: (_C(16, 32, 4, 2, True),)},
 }
 CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
+    # sm_80 (mma.sync, pointer loads): the lists of before the static report, which it
+    # finds no worse (head dims up to 256).
     "sm80": {
         "fwd": {"16bit": {
             64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3)),
+            96: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, True)),
             128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, True)),
             192: (_C(64, 32, 4, 2),),
             256: (_C(64, 32, 8, 2, True), _C(32, 32, 4, 2, True)),
+            **_LARGE["fwd"],
         }, "32bit": _FP32["fwd"]},
         "dkdv": {"16bit": {
             64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
+            96: (_C(32, 64, 8, 2, True), _C(32, 32, 4, 2, True)),
             128: (_C(32, 64, 8, 2, True), _C(32, 32, 4, 2, True)),
             192: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
             256: (_C(16, 32, 8, 2, True), _C(32, 16, 4, 2, True), _C(16, 16, 4, 2, True)),
+            **_LARGE["dkdv"],
         }, "32bit": _FP32["dkdv"]},
         "dq": {"16bit": {
             64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
+            96: (_C(64, 32, 8, 2, True), _C(64, 64, 8, 2, True)),
             128: (_C(64, 32, 8, 2, True), _C(64, 64, 8, 2, True)),
             192: (_C(64, 32, 8, 2, True),),
             256: (_C(32, 32, 8, 2, True), _C(64, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
+            **_LARGE["dq"],
         }, "32bit": _FP32["dq"]},
     },
+    # sm_90 (warp-group MMA on 64-row tiles per warp group, TMA loads): 8 warps only
+    # where every MMA has M >= 128 (two warp groups on 64 rows would both compute the
+    # whole score tile and every exponential); a full bias holds a score-sized tile more,
+    # hence its own, smaller tiles. Figures: bench/results/static/report.md.
     "sm90": {
         "fwd": {"16bit": {
-            64: (_C(128, 32, 8, 3), _C(64, 32, 4, 3)),
-            128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3)),
-            192: (_C(128, 32, 8, 2), _C(64, 64, 8, 2), _C(64, 32, 4, 2), _C(64, 32, 8, 3)),
-            256: (_C(64, 32, 8, 2),),
+            64: (_C(128, 128, 8, 2, variants=_NK), _C(128, 64, 8, 3)),
+            96: (_C(128, 128, 8, 2, variants=_NK), _C(64, 64, 4, 2)),
+            128: (_C(128, 128, 8, 2), _C(128, 64, 8, 2, variants=_NK), _C(128, 32, 8, 3, variants=_F)),
+            192: (_C(128, 128, 8, 2, variants=_NK), _C(128, 32, 8, 2, variants=_F), _C(64, 64, 4, 2, variants=_NK)),
+            256: (_C(128, 64, 8, 2, variants=_NK), _C(128, 32, 8, 2)),
+            **_LARGE["fwd"],
         }, "32bit": _FP32["fwd"]},
         "dkdv": {"16bit": {
-            64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
-            128: (_C(32, 64, 8, 2),),
-            192: (_C(16, 64, 8, 2),),
-            256: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
+            64: (_C(64, 64, 4, 2, variants=_NK), _C(32, 64, 4, 2, variants=_F), _C(64, 128, 8, 2, variants=_NK)),
+            96: (_C(64, 64, 4, 2, variants=_N), _C(32, 64, 4, 2, variants=_K), _C(32, 128, 8, 2, variants=_KF)),
+            128: (_C(32, 64, 4, 2, variants=_NK), _C(16, 64, 4, 2, variants=_F), _C(32, 128, 8, 2, variants=_NK)),
+            192: (_C(32, 64, 4, 2, variants=_N), _C(32, 16, 4, 2, True)),
+            256: (_C(32, 16, 4, 2, True),),
+            **_LARGE["dkdv"],
         }, "32bit": _FP32["dkdv"]},
         "dq": {"16bit": {
-            64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
-            128: (_C(64, 32, 8, 2), _C(64, 32, 4, 3), _C(128, 32, 8, 2)),
-            192: (_C(64, 32, 8, 2), _C(128, 32, 8, 2)),
-            256: (_C(32, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
+            64: (_C(128, 128, 8, 2, variants=_NK), _C(128, 32, 8, 2, variants=_F), _C(64, 64, 4, 2, variants=_NK)),
+            96: (_C(128, 128, 8, 2, variants=_NK), _C(64, 64, 4, 2)),
+            128: (_C(128, 128, 8, 2, variants=_NK, causal=_UNCAUSAL), _C(64, 64, 4, 2, variants=_NK),
+                  _C(128, 32, 8, 2, variants=_F)),
+            192: (_C(64, 64, 4, 2, variants=_NK), _C(128, 32, 8, 2)),
+            256: (_C(64, 64, 4, 2, variants=_NK), _C(16, 32, 4, 2, True, _F)),
+            **_LARGE["dq"],
         }, "32bit": _FP32["dq"]},
     },
 }
 # With the bias gradient (BIAS_GRAD): dK/dV also sums dS over the queries (BLOCK_N more
-# fp32 registers), dQ also stores dS tiles (their addresses and masks stay live). Built
-# from the lists above, less what spilled that way, plus smaller tiles where nothing
-# was left; checked the same way (the inspector's dkdv_dbias and dq_dbias kernels).
-# fwd_lo: the forward that also stores its rounding residual (STORE_LO, 16-bit only; a
-# store after the loop); the same candidates.
+# fp32 registers), dQ also stores dS tiles (their addresses and masks stay live). They
+# run with a bias only; built from the lists above, checked the same way (the
+# inspector's dkdv_dbias and dq_dbias kernels). fwd_lo: the forward that also stores its
+# rounding residual (STORE_LO, 16-bit only; a store after the loop); the same candidates.
 for _arch in ("sm80", "sm90"):
     CONFIGS[_arch]["fwd_lo"] = CONFIGS[_arch]["fwd"]
-CONFIGS["sm80"]["dkdv_dbias"] = {
-    "16bit": {64: (_C(32, 64, 4, 3),),
-              **{d: CONFIGS["sm80"]["dkdv"]["16bit"][d] for d in (128, 192, 256)}},
-    "32bit": {64: (_C(16, 16, 4, 2, True),),
-              128: (_C(16, 16, 8, 2, True),),
-              192: (_C(16, 32, 8, 2, True),),
-              256: (_C(16, 16, 4, 2, True),)},
-}
-CONFIGS["sm80"]["dq_dbias"] = {
-    "16bit": {64: CONFIGS["sm80"]["dq"]["16bit"][64],
-              128: (_C(32, 32, 8, 2, True), _C(32, 32, 4, 2, True)),
-              192: (_C(32, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
-              256: (_C(16, 32, 4, 2, True),)},
-    "32bit": {64: (_C(16, 16, 4, 2, True), _C(16, 32, 8, 2, True)),
-              128: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True)),
-              192: (_C(16, 16, 8, 2, True),),
-              256: (_C(16, 16, 8, 2, True),)},
-}
-CONFIGS["sm90"]["dkdv_dbias"] = {
-    "16bit": CONFIGS["sm90"]["dkdv"]["16bit"],
-    "32bit": {64: (_C(16, 32, 8, 2, True),),
-              128: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-              192: (_C(16, 32, 8, 2, True),),
-              256: (_C(16, 16, 4, 2, True),)},
-}
-CONFIGS["sm90"]["dq_dbias"] = {
-    "16bit": {64: (_C(64, 32, 8, 3),),
-              128: (_C(64, 32, 8, 2),),
-              192: (_C(64, 32, 8, 2),),
-              256: (_C(16, 32, 4, 2, True),)},
-    "32bit": {64: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-              128: (_C(16, 16, 8, 2, True),),
-              192: (_C(16, 16, 8, 2, True),),
-              256: (_C(16, 16, 8, 2, True),)},
-}
+    CONFIGS[_arch]["dkdv_dbias"] = CONFIGS[_arch]["dkdv"]
+    CONFIGS[_arch]["dq_dbias"] = CONFIGS[_arch]["dq"]
 del _C
 
-# Under the interpreter, tiles are small so that tests cross many tile boundaries.
+# Under the interpreter, tiles are small so that tests cross many tile boundaries;
+# tests set INTERPRET_SHIPPED_TILES to run each kernel with the default tile the
+# interpreted target (INTERPRET_ARCH) ships for the call's variant instead.
 INTERPRET_CONFIG = TileConfig(32, 32, 4, 1)
+INTERPRET_SHIPPED_TILES = False
 ARCHS = ("sm80", "sm90")
+# Head-dim bands of the candidate lists: a head dim uses the first band that holds its
+# padded size (limits.padded_head_dim).
+_BANDS = (64, 96, 128, 192, 256, 320, 384, 512)
 
 
 def _band(padded: int) -> int:
-    for bound in (64, 128, 192, 256):
+    for bound in _BANDS:
         if padded <= bound:
             return bound
     raise ValueError(f"padded head dim {padded} exceeds {MAX_HEAD_DIM}")
@@ -933,51 +1150,87 @@ def _width(dtype: torch.dtype) -> str:
     return "32bit" if dtype == torch.float32 else "16bit"
 
 
+# Under Triton's interpreter the launcher takes the path of this target (its TMA loads
+# included), so that the CPU tests run what a GPU of that target runs; tests switch it.
+INTERPRET_ARCH = "sm90"
+
+
 def arch_of(device: torch.device) -> str:
     """The CONFIGS target of a device: "sm90" for compute capability 9.0 and newer
-    (newer ones are not checked separately), "sm80" below."""
+    (newer ones are not checked separately), "sm80" below; INTERPRET_ARCH on the CPU."""
     if device.type != "cuda":
-        return "sm80"
+        return INTERPRET_ARCH
     return "sm90" if torch.cuda.get_device_capability(device)[0] >= 9 else "sm80"
 
 
-def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm90") -> tuple[TileConfig, ...]:
-    """The autotuning candidates of one kernel ("fwd", "dkdv", "dq") at this head dim."""
-    return CONFIGS[arch][kernel][_width(dtype)][_band(padded_head_dim(head_dim))]
+def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm90",
+                variant: str = "none", causal: bool = False, tma: bool = False) -> tuple[TileConfig, ...]:
+    """The autotuning candidates of one kernel ("fwd", "dkdv", "dq", ...) at this head
+    dim for one bias variant ("none", "keypad", "full"), causality and kind of loads,
+    the default first."""
+    cands = CONFIGS[arch][kernel][_width(dtype)][_band(padded_head_dim(head_dim))]
+    loads = "tma" if tma else "ptr"
+    return tuple(c for c in cands if variant in c.variants and causal in c.causal and loads in c.loads)
 
 
 def _autotune_enabled() -> bool:
     return os.environ.get("ATTNKIT_TRITON_AUTOTUNE", "1") not in ("0", "")
 
 
-# One triton.autotune wrapper per (target, kernel, width, band), built on first use: each
-# has its own candidates and its own cache of best configs, keyed by head dim and by the
-# query / key lengths rounded up to powers of two (M_KEY, N_KEY).
-_TUNERS: dict[tuple[str, str, str, int], object] = {}
+# One triton.autotune wrapper per (target, kernel, width, band, variant), built on first
+# use: each has its own candidates and its own cache of best configs, keyed by head dim,
+# causality and by the query / key lengths rounded up to powers of two (M_KEY, N_KEY).
+_TUNERS: dict[tuple, object] = {}
 # The *_dbias entries are the same kernels when they also write the bias gradient
 # (BIAS_GRAD): more live registers, so their own candidates.
 _KERNELS = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq,
             "fwd_lo": _attn_fwd, "dkdv_dbias": _attn_bwd_dkdv, "dq_dbias": _attn_bwd_dq}
+# The tensor descriptors of each kernel (TMA), and which block size is their box rows:
+# the operands each kernel streams through its loop, and the dK/dV kernel's K and V,
+# which it holds (loaded once, like the rest of its operands, through TMA too).
+_DESCRIPTORS = {"fwd": ((("KD0", "KD1", "VD0", "VD1"), "BLOCK_N"),),
+                "dq": ((("KD0", "KD1", "VD0", "VD1"), "BLOCK_N"),),
+                "dkdv": ((("QD0", "QD1", "DOD0", "DOD1"), "BLOCK_M"), (("KD0", "KD1", "VD0", "VD1"), "BLOCK_N"))}
+for _k in ("fwd_lo", "dkdv_dbias", "dq_dbias"):
+    _DESCRIPTORS[_k] = _DESCRIPTORS[_k.split("_")[0]]
 
 
-def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device):
+def _set_boxes(kernel: str):
+    """A pre-launch hook that sizes the kernel's tensor descriptors for the tile
+    configuration about to run (the box rows are its block sizes)."""
+
+    def hook(nargs):
+        for names, rows_key in _DESCRIPTORS[kernel]:
+            for name in names:
+                desc = nargs[name]
+                if isinstance(desc, TensorDescriptor):
+                    desc.block_shape = [1, 1, nargs[rows_key], desc.block_shape[3]]
+
+    return hook
+
+
+def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
+                causal: bool, tma: bool):
     """(callable kernel, fixed config or None): the autotuner, or the plain kernel."""
-    if INTERPRET:
-        return _KERNELS[kernel], INTERPRET_CONFIG
     arch = arch_of(device)
-    cands = configs_for(kernel, head_dim, dtype, arch)
-    if not _autotune_enabled():
+    if INTERPRET:
+        if INTERPRET_SHIPPED_TILES:
+            return _KERNELS[kernel], configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)[0]
+        return _KERNELS[kernel], INTERPRET_CONFIG
+    cands = configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)
+    if not _autotune_enabled() or len(cands) == 1:
         return _KERNELS[kernel], cands[0]
-    key = (arch, kernel, _width(dtype), _band(padded_head_dim(head_dim)))
+    key = (arch, kernel, _width(dtype), _band(padded_head_dim(head_dim)), variant, causal, tma)
     tuner = _TUNERS.get(key)
     if tuner is None:
+        hook = _set_boxes(kernel)
         tuner = triton.autotune(
             configs=[
                 triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "RELOAD": c.reload},
-                              num_warps=c.num_warps, num_stages=c.num_stages)
+                              num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=hook)
                 for c in cands
             ],
-            key=["HEAD_DIM", "M_KEY", "N_KEY"],
+            key=["HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA", "PIECE", "GRADS"],
         )(_KERNELS[kernel])
         _TUNERS[key] = tuner
     return tuner, None
@@ -990,18 +1243,21 @@ _COMPILE_OPTIONS = {} if INTERPRET else {"enable_fp_fusion": True}
 
 
 def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows_axis_block: str,
-            b: int, h: int, args: tuple, constexprs: dict) -> None:
-    fn, cfg = _kernel_for(kernel, head_dim, dtype, args[0].device)
+            b: int, h: int, args: dict, constexprs: dict, variant: str) -> None:
+    """Launch one kernel over (tiles of grid_rows, h, b); args by name."""
+    fn, cfg = _kernel_for(kernel, head_dim, dtype, args["Q"].device, variant, constexprs["CAUSAL"],
+                          constexprs["TMA"])
     if cfg is None:
         def grid(meta):
             return (triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)
 
-        fn[grid](*args, **constexprs, **_COMPILE_OPTIONS)
+        fn[grid](**args, **constexprs, **_COMPILE_OPTIONS)
     else:
-        block = cfg.block_m if rows_axis_block == "BLOCK_M" else cfg.block_n
-        fn[(triton.cdiv(grid_rows, block), h, b)](
-            *args, **constexprs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RELOAD=cfg.reload,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_COMPILE_OPTIONS)
+        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RELOAD=cfg.reload)
+        _set_boxes(kernel)({**args, **meta})
+        fn[(triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)](
+            **args, **constexprs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **_COMPILE_OPTIONS)
 
 
 def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
@@ -1022,21 +1278,90 @@ def _align(*strides: int) -> int:
     return a
 
 
-def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tuple:
-    """(pointer, strides (b, h, m, n), constexprs) for a broadcastable bias.
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether a tensor descriptor can address each (B, H, L, D) tensor: 16-byte aligned
+    base and strides (dims of size 1 excepted), contiguous last dim, no empty dim."""
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or t.stride(-1) != 1 or min(t.shape) == 0:
+            return False
+        if any((st * size) % 16 or st < 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+            return False
+    return True
 
-    expand() is a view: broadcast dims get stride 0 and nothing is copied.
+
+def _descriptors(t: torch.Tensor, d0: int, d1: int, rows: int) -> tuple:
+    """Tensor descriptors over the whole (B, H, L, D) tensor t with boxes (1, 1, rows, D0)
+    and (1, 1, rows, D1) (the box rows are set again before each launch). Out-of-bounds
+    rows and columns read as zeros."""
+    strides = [st if n > 1 else 16 // t.element_size() * max(1, n)
+               for n, st in zip(t.shape, t.stride())]
+    strides[-1] = 1
+    desc0 = TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, d0])
+    desc1 = TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, d1]) if d1 else desc0
+    return desc0, desc1
+
+
+def _stream_args(names: tuple, tensors: tuple, use_tma: bool, d0: int, d1: int) -> dict:
+    """The descriptor arguments of a kernel: descriptors with TMA, else placeholders
+    (the tensors themselves, never read)."""
+    out = {}
+    for (n0, n1), t in zip(zip(names[::2], names[1::2]), tensors):
+        out[n0], out[n1] = _descriptors(t, d0, d1, 16) if use_tma else (t, t)
+    return out
+
+
+def _use_tma(arch: str, dtype: torch.dtype, *tensors) -> bool:
+    """TMA loads of the streamed tiles: on Hopper, for 16-bit inputs (fp32 dots run on
+    FMA units, which TMA does not feed faster), where every tensor is aligned for it."""
+    return arch == "sm90" and dtype != torch.float32 and _tma_ok(*tensors)
+
+
+def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tuple:
+    """(pointer, strides (b, h, m, n), lengths, plain, their strides (b, h), constexprs,
+    variant) for a broadcastable bias.
+
+    expand() is a view: broadcast dims get stride 0 and nothing is copied. A bias that
+    does not depend on the query (KEY_BIAS, "keypad") also gets, per (batch, head), its
+    length: one past its last key that is not -inf. Keys from there on are masked in
+    every row, and the kernels skip their tiles instead of computing them. plain is 1
+    where the bias is 0 on every key before that length (a key-padding mask): the
+    kernels then run their loops of no bias over the length, and never load it.
+    Measured on the device, with no synchronisation.
     """
+    placeholder = dict(BIAS=NO_BIAS, BIAS_ALIGN=1, BIAS_CONTIG=False)
     if attn_bias is None:
-        return q, (0, 0, 0, 0), dict(HAS_BIAS=False, BIAS_PER_KEY=False, BIAS_ALIGN=1, BIAS_CONTIG=False)
+        return q, (0, 0, 0, 0), q, q, (0, 0), placeholder, "none"
     bias = attn_bias.expand(shape4)
     if max(bias.stride()[2:]) * (_MAX_TILE_ROWS - 1) >= 2**31:
         # A tile's rows or columns would span 2**31 elements (see _addressable): compact
         # the bias in its own, unexpanded shape.
         bias = attn_bias.contiguous().expand(shape4)
     sb = tuple(bias.stride())
-    return bias, sb, dict(HAS_BIAS=True, BIAS_PER_KEY=sb[2] == 0, BIAS_ALIGN=_align(*sb[:3]),
-                          BIAS_CONTIG=sb[3] == 1)
+    constexprs = dict(BIAS_ALIGN=_align(*sb[:3]), BIAS_CONTIG=sb[3] == 1)
+    if sb[2] != 0:
+        return bias, sb, q, q, (0, 0), dict(constexprs, BIAS=FULL_BIAS), "full"
+    own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))[:, :, 0, :]
+    n = shape4[3]
+    keys = torch.arange(n, device=own.device, dtype=torch.int32)
+    live = own != float("-inf")  # NaN counts as live: it must reach the output
+    lens = ((keys + 1) * live).amax(-1)
+    plain = ((own == 0) | (keys >= lens.unsqueeze(-1))).all(-1)
+    lens, plain = (t.to(torch.int32).expand(own.shape[0], own.shape[1]).contiguous() for t in (lens, plain))
+    sl = tuple(st if size > 1 else 0 for size, st in zip(lens.shape, lens.stride()))
+    return bias, sb, lens, plain, sl, dict(constexprs, BIAS=KEY_BIAS), "keypad"
+
+
+def _causal_args(causal: bool, offset: int, M: int, N: int) -> tuple[bool, int]:
+    """(CAUSAL, OFF) for the kernels. Offsets beyond [-M, N - 1] mean the same as their
+    bound (every row blind, or every key visible), so they are clamped into 32 bits;
+    an offset that hides nothing is no mask at all."""
+    if not causal:
+        return False, 0
+    offset = max(-M, min(int(offset), N - 1))
+    if offset >= N - 1:
+        return False, 0
+    return True, offset
 
 
 def _lengths_key(m: int, n: int) -> tuple[int, int]:
@@ -1077,53 +1402,70 @@ def _kernel_layout(x: torch.Tensor) -> torch.Tensor:
     return x if _addressable(x) else x.contiguous()
 
 
-def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: bool = False):
-    """Launch the forward. Returns (out like q, LSE (B, H, M) fp32 in base 2, out_lo):
-    out_lo, only if store_lo and the dtype is 16-bit (else None), is what rounding out
-    lost, with out's strides (see _attn_fwd)."""
+def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: bool = False,
+                  causal: bool = False, causal_offset: int = 0):
+    """Launch the forward. Returns (out like q, lse, lse_shift, out_lo): lse (B, H, M) is
+    the base-2 log of each row's sum relative to lse_shift, (B, H, M) in natural units
+    with a bias and empty without one (see _attn_fwd): the natural LSE is
+    lse_shift + lse * ln(2). out_lo, only if store_lo and the dtype is 16-bit (else
+    None), is what rounding out lost, with out's strides."""
     B, H, M, D = q.shape
     N = k.shape[2]
     store_lo = store_lo and q.dtype != torch.float32
     out = _new_like(q)  # keeps q's layout, so a (B, M, H, D) view stays one
     out_lo = _new_like(out) if store_lo else None
     lse = _new((B, H, M), q.device)
+    shift = _new((B, H, M) if attn_bias is not None else (0,), q.device)
     if M == 0 or B == 0 or H == 0:
-        return out, lse, out_lo
+        return out, lse, shift, out_lo
+    if scale < 0:
+        # The kernels take the row max on unscaled scores, which needs scale >= 0:
+        # softmax(q k^T * scale) == softmax((-q) k^T * -scale).
+        q, scale = -q, -scale
     q, k, v = (_kernel_layout(t) for t in (q, k, v))
     o = out if _addressable(out) else _new_like(out, memory_format=torch.contiguous_format)
     lo = out_lo if (out_lo is None or o is out) else _new_like(o)
-    bias, sb, bias_constexprs = _bias_args(attn_bias, q, (B, H, M, N))
+    bias, sb, lens, plain, sl, bias_constexprs, variant = _bias_args(attn_bias, q, (B, H, M, N))
+    causal, off = _causal_args(causal, causal_offset, M, N)
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
-    align = _align(*(st for t in (q, k, v, o) for st in t.stride()[:3]))
+    align = _align(*(st for t in (q, k, v, o) for st in _strides3(t)))
     assert lo is None or lo.stride() == o.stride()
-    args = (q, k, v, bias, o, lse, o if lo is None else lo,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            *sb,
-            o.stride(0), o.stride(1), o.stride(2),
-            H, M, N, float(scale) * LOG2E, m_key, n_key)
-    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs,
-                      PRECISION=_precision(q.dtype, allow_tf32),
-                      EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
-    _launch("fwd_lo" if store_lo else "fwd", D, q.dtype, M, "BLOCK_M", B, H, args,
-            dict(constexprs, STORE_LO=store_lo))
+    tma = _use_tma(arch_of(q.device), q.dtype, k, v)
+    args = dict(Q=q, K=k, V=v, **_stream_args(_DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1),
+                Bias=bias, Lens=lens, Plain=plain, Out=o, Lse=lse, LseShift=shift if attn_bias is not None else lse,
+                OutLo=o if lo is None else lo)
+    strides = (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(o))
+    names = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
+             "stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
+             "stride_lb", "stride_lh", "stride_ob", "stride_oh", "stride_om")
+    args.update(zip(names, strides))
+    args.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), M_KEY=m_key,
+                N_KEY=n_key)
+    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
+                      PRECISION=_precision(q.dtype, allow_tf32), EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16,
+                      STORE_LO=store_lo)
+    _launch("fwd_lo" if store_lo else "fwd", D, q.dtype, M, "BLOCK_M", B, H, args, constexprs, variant)
     if o is not out:
         out.copy_(o)
         if store_lo:
             out_lo.copy_(lo)
-    return out, lse, out_lo
+    return out, lse, shift, out_lo
 
 
-def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: bool, dlse=None,
-                   bias_grad: bool = False, out_lo=None):
+def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_tf32: bool, dlse=None,
+                   bias_grad: bool = False, out_lo=None, causal: bool = False, causal_offset: int = 0):
     """Launch the three backward kernels. Returns (dq, dk, dv, dbias): dq, dk, dv like
     their inputs; dbias shaped and typed like attn_bias if bias_grad, else None.
 
-    dlse: the gradient of the base-2 LSE output, or None. Since d lse2 / d s = p * log2(e),
-    it folds into delta: dS = P * (dP - (delta - dlse * log2(e))). out_lo: the forward's
-    rounding residual of out (same shape and strides), or None.
+    lse, shift: the forward's row statistics (see _forward_impl). dlse: the gradient of
+    the natural LSE times ln(2) (the gradient of the base-2 part lse), or None. Since
+    d LSE / d s = p, it folds into delta: dS = P * (dP - (delta - dlse * log2(e))).
+    out_lo: the forward's rounding residual of out (same shape and strides), or None.
 
     The bias gradient is dS, summed over the dims the bias broadcasts over. A bias that
     does not depend on the query (key padding, (B|1, H|1, 1, N)) is summed over the
@@ -1138,23 +1480,29 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: b
     dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
     bias_grad = bias_grad and attn_bias is not None
     if bias_grad and (attn_bias.dim() == 0 or attn_bias.shape[-1] == 1):
-        dq, dk, dv, _ = _backward_impl(do, q, k, v, attn_bias, out, lse, scale, allow_tf32, dlse,
-                                       out_lo=out_lo)
+        dq, dk, dv, _ = _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale, allow_tf32, dlse,
+                                       out_lo=out_lo, causal=causal, causal_offset=causal_offset)
         if dlse is None:
             return dq, dk, dv, torch.zeros_like(attn_bias, memory_format=torch.contiguous_format)
-        # d lse2 / d bias = log2(e) for a bias added to a whole row.
+        # d LSE / d bias = 1 for a bias added to a whole row; dlse is that gradient times ln(2).
         row = (dlse.to(torch.float32) * LOG2E).unsqueeze(-1)  # (B, H, M, 1)
         return dq, dk, dv, row.sum_to_size(attn_bias.shape).to(attn_bias.dtype).contiguous()
+    causal, off = _causal_args(causal, causal_offset, M, N)
     # Which kernel writes the bias gradient: dQ the whole dS (B, H, M, N), or dK/dV dS
     # summed over the queries (B, H, N).
     per_query = bias_grad and attn_bias.dim() >= 2 and attn_bias.shape[-2] != 1
     per_key = bias_grad and not per_query
     if bias_grad:
         dbias_t = _new((B, H, M, N) if per_query else (B, H, N), q.device)
+        if per_query and causal:
+            dbias_t.zero_()  # the dQ kernel writes no dS for tiles above the diagonal
     if B == 0 or H == 0 or M == 0:
         for t in (dq, dk, dv) + ((dbias_t,) if bias_grad else ()):
             t.zero_()
         return dq, dk, dv, _reduce_bias_grad(dbias_t, attn_bias) if bias_grad else None
+    negate = scale < 0
+    if negate:
+        q, scale = -q, -scale  # as in _forward_impl; dQ changes sign back below
     q, k, v, out, do = (_kernel_layout(t) for t in (q, k, v, out, do))
     if out_lo is not None and out_lo.stride() != out.stride():
         out, out_lo = out.contiguous(), out_lo.contiguous()
@@ -1175,37 +1523,54 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, scale: float, allow_tf32: b
     if dlse is not None:
         delta -= dlse.to(torch.float32) * LOG2E
 
-    bias, sb, bias_constexprs = _bias_args(attn_bias, q, (B, H, M, N))
+    bias, sb, lens, plain, sl, bias_constexprs, variant = _bias_args(attn_bias, q, (B, H, M, N))
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
-    align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in t.stride()[:3]))
-    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs,
-                      PRECISION=_precision(q.dtype, allow_tf32),
-                      EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
-    common = (q.stride(0), q.stride(1), q.stride(2),
-              k.stride(0), k.stride(1), k.stride(2),
-              v.stride(0), v.stride(1), v.stride(2),
-              *sb,
-              do.stride(0), do.stride(1), do.stride(2))
-    qk_scale = float(scale) * LOG2E
-    # A kernel that does not write the bias gradient gets a placeholder pointer.
+    align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in _strides3(t)))
+    arch = arch_of(q.device)
+    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,
+                      PRECISION=_precision(q.dtype, allow_tf32), EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
+    # A kernel that does not write the bias gradient gets a placeholder pointer, and so
+    # does a kernel without a bias shift.
     db = dbias_t if bias_grad else lse
-    _launch("dkdv_dbias" if per_key else "dkdv", D, q.dtype, N, "BLOCK_N", B, H,
-            (q, k, v, bias, do, lse, delta, dk_, dv_, db, *common,
-             dk_.stride(0), dk_.stride(1), dk_.stride(2),
-             dv_.stride(0), dv_.stride(1), dv_.stride(2),
-             *((db.stride(0), db.stride(1)) if per_key else (0, 0)),
-             H, M, N, qk_scale, float(scale), m_key, n_key),
-            dict(constexprs, BIAS_GRAD=per_key))
-    _launch("dq_dbias" if per_query else "dq", D, q.dtype, M, "BLOCK_M", B, H,
-            (q, k, v, bias, do, lse, delta, dq_, db, *common,
-             dq_.stride(0), dq_.stride(1), dq_.stride(2),
-             *((db.stride(0), db.stride(1), db.stride(2)) if per_query else (0, 0, 0)),
-             H, M, N, qk_scale, float(scale), m_key, n_key),
-            dict(constexprs, BIAS_GRAD=per_query))
+    common = dict(Q=q, K=k, V=v, Bias=bias, Lens=lens, Plain=plain, DO=do, Lse=lse, LseShift=shift if shift.numel() else lse,
+                  Delta=delta, H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale),
+                  M_KEY=m_key, N_KEY=n_key)
+    names = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
+             "stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
+             "stride_lb", "stride_lh", "stride_dob", "stride_doh", "stride_dom")
+    common.update(zip(names, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(do))))
+
+    tma = _use_tma(arch, q.dtype, q, do, k, v)
+    args = dict(common, **_stream_args(_DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1),
+                **_stream_args(_DESCRIPTORS["dkdv"][1][0], (k, v), tma, d0, d1), DK=dk_, DV=dv_,
+                DBias=db, stride_dbb=db.stride(0) if per_key else 0, stride_dbh=db.stride(1) if per_key else 0)
+    args.update(zip(("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn"),
+                    (*_strides3(dk_), *_strides3(dv_))))
+    # Above a head dim of 256 each gradient is computed one head-dim piece per launch
+    # (the scores again for each): the accumulators and operand tiles of both pieces do
+    # not fit in registers at once; dK/dV also one gradient per launch. The bias
+    # gradient comes with the first dK launch.
+    pieces = (0, 1) if D > limits.MAX_PIECE else (-1,)
+    splits = [(p, g) for p in pieces for g in (("dk", "dv") if p >= 0 else ("dkdv",))]
+    for piece, grads in splits:
+        grad = per_key and piece <= 0 and grads != "dv"
+        _launch("dkdv_dbias" if grad else "dkdv", D, q.dtype, N, "BLOCK_N", B, H, args,
+                dict(constexprs, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=grads), variant)
+
+    tma = _use_tma(arch, q.dtype, k, v)
+    args = dict(common, **_stream_args(_DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1), DQ=dq_, DBias=db)
+    args.update(zip(("stride_dqb", "stride_dqh", "stride_dqm"), _strides3(dq_)))
+    args.update(zip(("stride_dbb", "stride_dbh", "stride_dbm"), _strides3(db) if per_query else (0, 0, 0)))
+    for piece in pieces:
+        grad = per_query and piece <= 0
+        _launch("dq_dbias" if grad else "dq", D, q.dtype, M, "BLOCK_M", B, H, args,
+                dict(constexprs, BIAS_GRAD=grad, TMA=tma, PIECE=piece), variant)
     for final, tmp in ((dq, dq_), (dk, dk_), (dv, dv_)):
         if final is not tmp:
             final.copy_(tmp)
+    if negate:
+        dq.neg_()
     return dq, dk, dv, _reduce_bias_grad(dbias_t, attn_bias) if bias_grad else None
 
 
@@ -1226,56 +1591,67 @@ def _reduce_bias_grad(ds: torch.Tensor, attn_bias: torch.Tensor) -> torch.Tensor
 @torch.library.custom_op("attnkit::flash_attention_forward", mutates_args=())
 def _flash_forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: Optional[torch.Tensor],
-    scale: float, allow_tf32: bool, store_lo: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, lse2, out_lo); out_lo is an empty placeholder unless store_lo (16-bit only)."""
-    out, lse, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo)
-    return out, lse, (q.new_empty(0) if out_lo is None else out_lo)
+    scale: float, allow_tf32: bool, store_lo: bool, causal: bool, causal_offset: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, lse_shift, out_lo): the natural LSE is lse_shift + lse * ln(2) (see
+    _forward_impl); lse_shift is empty without a bias, out_lo an empty placeholder
+    unless store_lo (16-bit only). The row statistics are differentiable only through
+    that sum, the one way this module combines them."""
+    out, lse, shift, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
+                                            causal_offset)
+    return out, lse, shift, (q.new_empty(0) if out_lo is None else out_lo)
 
 
 @_flash_forward_op.register_fake
-def _(q, k, v, attn_bias, scale, allow_tf32, store_lo):
+def _(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
     B, H, M, _ = q.shape
     out_lo = torch.empty_like(q) if store_lo and q.dtype != torch.float32 else q.new_empty(0)
-    return torch.empty_like(q), q.new_empty((B, H, M), dtype=torch.float32), out_lo
+    shift = q.new_empty((B, H, M) if attn_bias is not None else (0,), dtype=torch.float32)
+    return torch.empty_like(q), q.new_empty((B, H, M), dtype=torch.float32), shift, out_lo
 
 
 @torch.library.custom_op("attnkit::flash_attention_backward", mutates_args=())
 def _flash_backward_op(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    attn_bias: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, out_lo: torch.Tensor,
-    dlse: Optional[torch.Tensor], scale: float, allow_tf32: bool, bias_grad: bool,
+    attn_bias: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, lse_shift: torch.Tensor,
+    out_lo: torch.Tensor, dlse: Optional[torch.Tensor], scale: float, allow_tf32: bool, bias_grad: bool,
+    causal: bool, causal_offset: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dbias); dbias is an empty placeholder unless bias_grad. out_lo: the
     forward's placeholder or residual."""
-    dq, dk, dv, dbias = _backward_impl(do, q, k, v, attn_bias, out, lse, scale, allow_tf32, dlse, bias_grad,
-                                       out_lo if out_lo.numel() else None)
+    dq, dk, dv, dbias = _backward_impl(do, q, k, v, attn_bias, out, lse, lse_shift, scale, allow_tf32, dlse,
+                                       bias_grad, out_lo if out_lo.numel() else None, causal, causal_offset)
     return dq, dk, dv, (q.new_empty(0) if dbias is None else dbias)
 
 
 @_flash_backward_op.register_fake
-def _(do, q, k, v, attn_bias, out, lse, out_lo, dlse, scale, allow_tf32, bias_grad):
+def _(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal,
+      causal_offset):
     dbias = (torch.empty(attn_bias.shape, dtype=attn_bias.dtype, device=attn_bias.device)
              if bias_grad and attn_bias is not None else q.new_empty(0))
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_bias, scale, allow_tf32, store_lo = inputs
-    out, lse, out_lo = output
-    ctx.save_for_backward(q, k, v, attn_bias, out, lse, out_lo)
+    q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset = inputs
+    out, lse, shift, out_lo = output
+    ctx.save_for_backward(q, k, v, attn_bias, out, lse, shift, out_lo)
     ctx.scale = scale
     ctx.allow_tf32 = allow_tf32
+    ctx.causal = causal
+    ctx.causal_offset = causal_offset
 
 
-def _backward(ctx, dout, dlse, _dout_lo):
-    q, k, v, attn_bias, out, lse, out_lo = ctx.saved_tensors
+def _backward(ctx, dout, dlse, _dshift, _dout_lo):
+    # The LSE is lse_shift + lse * ln(2): dlse (of the base-2 part) carries its whole
+    # gradient, and _dshift is the same gradient again.
+    q, k, v, attn_bias, out, lse, shift, out_lo = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     bias_grad = attn_bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = _flash_backward_op(dout, q, k, v, attn_bias, out, lse, out_lo, dlse, ctx.scale,
-                                           ctx.allow_tf32, bias_grad)
-    return dq, dk, dv, (dbias if bias_grad else None), None, None, None
+    dq, dk, dv, dbias = _flash_backward_op(dout, q, k, v, attn_bias, out, lse, shift, out_lo, dlse, ctx.scale,
+                                           ctx.allow_tf32, bias_grad, ctx.causal, ctx.causal_offset)
+    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None
 
 
 _flash_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -1310,16 +1686,9 @@ def _prepare(q, k, v, attn_bias, scale):
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} "
                          f"(a value head dim different from the query head dim is not supported)")
-    if D < MIN_HEAD_DIM:
-        raise ValueError(f"head_dim={D} is below {MIN_HEAD_DIM}")
-    if D > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim={D} exceeds {MAX_HEAD_DIM}")
-    if N == 0:
-        raise ValueError("key length N=0: attention over no keys is undefined (need N >= 1)")
-    if B > MAX_GRID_YZ:
-        raise ValueError(f"batch={B} exceeds {MAX_GRID_YZ} (CUDA grid limit)")
-    if H > MAX_GRID_YZ:
-        raise ValueError(f"heads={H} exceeds {MAX_GRID_YZ} (CUDA grid limit)")
+    problems = input_problems(D, batch=B, heads=H, q_len=M, kv_len=N)
+    if problems:
+        raise ValueError("; ".join(problems))
     if q.device.type != "cuda" and not (INTERPRET and q.device.type == "cpu"):
         raise ValueError(
             f"device={q.device.type}: the triton flash attention runs on CUDA; on the CPU it runs "
@@ -1365,47 +1734,58 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _check_causal(causal, causal_offset) -> tuple[bool, int]:
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal={causal!r} must be a bool")
+    if isinstance(causal_offset, bool) or not isinstance(causal_offset, (int, torch.SymInt)):
+        raise ValueError(f"causal_offset={causal_offset!r} must be an int")
+    if causal_offset and not causal:
+        raise ValueError(f"causal_offset={causal_offset} without causal=True would be ignored: "
+                         f"pass causal=True or drop the offset")
+    return causal, int(causal_offset)
+
+
 def flash_attention_with_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     attn_bias: Optional[torch.Tensor] = None, scale: Optional[float] = None, *, allow_tf32: bool = False,
+    causal: bool = False, causal_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): attention and the row log-sum-exp (natural log), both differentiable.
 
-    lse[b, h, m] = log(sum_n exp(scale * q.k + bias)) in float32, shape (B, H, M); -inf
-    for a row whose keys are all masked. Partial results over disjoint key sets combine
-    exactly through it (ring / context-parallel attention).
+    lse[b, h, m] = log(sum_n exp(scale * q.k + bias)) over the keys row m sees, in
+    float32, shape (B, H, M); -inf for a row that sees no key (all masked). Partial
+    results over disjoint key sets combine exactly through it (ring / context-parallel
+    attention). Arguments as in flash_attention.
     """
+    causal, causal_offset = _check_causal(causal, causal_offset)
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, lse2, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias))
-    return out, lse2 * LN2
+    out, lse, shift, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32),
+                                           _needs_grad(q, k, v, attn_bias), causal, causal_offset)
+    lse = lse * LN2
+    return out, (lse + shift if attn_bias is not None else lse)
 
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     attn_bias: Optional[torch.Tensor] = None, scale: Optional[float] = None, *, allow_tf32: bool = False,
+    causal: bool = False, causal_offset: int = 0,
 ) -> torch.Tensor:
     """softmax(q @ k^T * scale + attn_bias) @ v, FlashAttention-2 in Triton; differentiable.
 
-    q: (B, H, M, D), k and v: (B, H, N, D), fp16 / bf16 / fp32, 8 <= D <= 256; any
-    strides with a contiguous last dim. attn_bias: None, an additive float tensor, or a
-    bool mask (True = attend), broadcastable to (B, H, M, N); it is read through its
-    strides, never expanded in memory; a float bias that requires grad gets its gradient
-    (see the module docstring for its memory). scale defaults to D ** -0.5. allow_tf32
-    lets fp32 inputs use tf32 tensor cores (otherwise fp32 is exact fp32). Returns q's
-    dtype and layout. A query row whose keys are all masked outputs zeros.
+    q: (B, H, M, D), k and v: (B, H, N, D), fp16 / bf16 / fp32, 8 <= D <= MAX_HEAD_DIM
+    (limits.py); any strides with a contiguous last dim. attn_bias: None, an additive
+    float tensor, or a bool mask (True = attend), broadcastable to (B, H, M, N); it is
+    read through its strides, never expanded in memory; a float bias that requires grad
+    gets its gradient (see the module docstring for its memory). scale defaults to
+    D ** -0.5. allow_tf32 lets fp32 inputs use tf32 tensor cores (otherwise fp32 is
+    exact fp32). causal: query row i sees key j only if j <= i + causal_offset (offset
+    0: top-left aligned, torch's scaled_dot_product_attention(is_causal=True); N - M:
+    bottom-right); it combines with any bias, and key tiles a row cannot see are
+    skipped, not computed. Returns q's dtype and layout. A query row that sees no key
+    (all masked, or a negative offset) outputs zeros.
     """
+    causal, causal_offset = _check_causal(causal, causal_offset)
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, _, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias))
+    out, _, _, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias),
+                                     causal, causal_offset)
     return out
-
-
-def attention_flops(B: int, H: int, M: int, N: int, D: int, backward: bool = False) -> float:
-    """Matrix FLOPs of attention, the convention FlashAttention's benchmarks use.
-
-    Forward: two matmuls, q @ k^T and p @ v, each M * N * D multiply-adds = 2 * M * N * D
-    FLOPs, per (batch, head): 4 * B * H * M * N * D. The softmax is not counted.
-    Backward: five matmuls (recomputing s = q k^T, then dV = p^T dO, dP = dO v^T,
-    dQ = dS k, dK = dS^T q), 2.5x the forward.
-    """
-    fwd = 4.0 * B * H * M * N * D
-    return 2.5 * fwd if backward else fwd

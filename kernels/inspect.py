@@ -1,30 +1,62 @@
-"""Compile every shipped configuration of the flash-attention kernels for real GPUs.
+"""Compile every shipped configuration of the flash-attention kernels for real GPUs and
+read their machine code: a static performance report, and a gate.
 
-    python -m attnkit.kernels.inspect            # everything, for sm_80 and sm_90
-    python -m attnkit.kernels.inspect --quick    # one config per kernel, head dims 40 / 128
-    python -m attnkit.kernels.inspect --kernel fwd --head-dim 80 --dtype bf16 --arch 90
+    python -m attnkit.kernels.inspect            # everything, sm_80 and sm_90; writes the report
+    python -m attnkit.kernels.inspect --quick    # the default config of each kernel at head dims 40 / 128
+    python -m attnkit.kernels.inspect --kernel fwd --head-dim 80 --dtype bf16 --arch 90 --bias none
+    python -m attnkit.kernels.inspect --reference 06-fused-attention.py   # beside Triton's tutorial kernel
 
 No GPU is needed: Triton compiles for a named target and ships ptxas and cuobjdump.
-For each (kernel, head dim, dtype, tile config, target) it prints registers per thread,
-stack bytes (a non-zero stack is register spilling), shared memory, and the matrix
-instructions in the machine code (mma = HMMA, Ampere's; wgmma = HGMMA, Hopper's
-warp-group MMA; fma = no tensor cores). It exits with status 1 if a configuration spills,
-needs more shared memory than its target has, or fails to compile. Configurations that
-fail are removed from flash_attention.CONFIGS rather than shipped. Each target has its
-own lists there (CONFIGS["sm80"], CONFIGS["sm90"]); each is compiled for its target.
+For each (kernel, head dim, dtype, bias variant, causal or not, TMA or pointer loads,
+tile config, target) it reads from the cubin: registers per thread, stack bytes (a
+non-zero stack is register spilling), shared memory; and from the SASS of the main loop
+(kernels/sass.py says how it is found): its length, the matrix instructions it issues,
+its exponentials. Every figure is static: instructions in the program text.
 
-Each configuration is compiled for the bias variants the kernels specialise on: none,
-key padding (one row per tile) and a full (B, H, M, N) fp32 bias; none is reliably the
-heaviest. The kernels dkdv_dbias and dq_dbias are dkdv and dq when they also write the
-gradient of the bias (the first sums dS over the queries in registers, the second
-stores dS tiles), with their own candidates; they run only with a bias. fwd_lo is the
-forward that also stores its rounding residual for the backward (16-bit only). --quick
-compiles the full bias only.
+Definitions (written into the report too):
+
+* scores per iteration: BLOCK_M x BLOCK_N, the query-key pairs one iteration of the
+  main loop computes;
+* instr/score = (main-loop length x warps) / scores: warp instructions issued per score;
+* exp/score = (MUFU.EX2 in the loop x 32 x warps) / scores; one per score plus the
+  row rescales of the forward (1 / BLOCK_N) is the least; twice that is duplication;
+* MMA duplication = matrix FLOPs the loop issues / the FLOPs its matmuls need
+  (2 x scores x padded head dim per matmul: 2 matmuls forward, 3 for dQ, 4 for dK/dV);
+* tensor-bound limit: the tensor cores are the limit while the warp schedulers can
+  issue the loop's instructions in the time its matrix work takes. An H100 SM issues 4
+  warp instructions and 4096 dense fp16/bf16 FLOPs per clock (989 TFLOP/s at 1.83 GHz
+  boost over 132 SMs), an A100 SM 4 and 2048 (312 TFLOP/s, 1.41 GHz, 108 SMs), so the
+  limit is instr/score <= matmuls x 2 x padded head dim x 4 / FLOPs per clock: D/256
+  for the forward on H100 (D = padded head dim), D/128 on A100.
+
+It exits with status 1 if a configuration spills, needs more shared memory than its
+target has, issues no tensor-core instruction in 16 bits, duplicates matrix work or
+exponentials, compiles to more instr/score than the budget written next to it in
+flash_attention.CONFIGS, or fails to compile.
+
+Compiled variants. The kernels specialise on the bias (none, key padding, a full
+(B, H, M, N) fp32 bias), on causality, and on Hopper on TMA or pointer loads (TMA where
+the tensors are 16-byte aligned; both can run). The budget gates the variant a target
+runs for aligned inputs: TMA loads on sm_90 (16-bit), pointer loads elsewhere; the
+pointer variant on sm_90 is gated for spills, shared memory and duplication, and its
+instr/score is reported. The kernels dkdv_dbias and dq_dbias are dkdv and dq when they
+also write the gradient of the bias (the first sums dS over the queries in registers,
+the second stores dS tiles), with their own candidates; they run only with a bias.
+fwd_lo is the forward that also stores its rounding residual for the backward (16-bit
+only). --quick compiles the default (first) configuration of each list only.
+
+The full run writes bench/results/static/report.json (every figure, with the triton
+version, the commit and the date) and report.md (the tables).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import datetime
+import hashlib
+import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -32,7 +64,9 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+
+from . import sass
 
 # Shared memory per block (opt-in maximum) of each target, bytes.
 SMEM_LIMIT = {80: 166912, 90: 232448}  # A100: 163 KiB, H100: 227 KiB
@@ -42,13 +76,28 @@ SMEM_LIMIT = {80: 166912, 90: 232448}  # A100: 163 KiB, H100: 227 KiB
 SMEM_LIMIT_SM86 = 101376
 # Registers per thread the hardware allows (255 usable); above it ptxas spills.
 MAX_REGS = 255
+# Dense 16-bit tensor-core FLOPs per clock per SM, and warp instructions issued per clock
+# per SM (4 schedulers, one instruction each), by target (see the module docstring).
+TENSOR_FLOPS_PER_CLOCK = {80: 2048, 90: 4096}
+ISSUE_PER_CLOCK = 4
+# MUFU (exp2) results per clock per SM: 16 (4 per scheduler).
+EXP_PER_CLOCK = 16
 
-HEAD_DIMS = (40, 64, 80, 128, 160, 256)
+HEAD_DIMS = (40, 64, 80, 96, 128, 160, 256, 320, 384, 512)
 DTYPES = ("fp16", "bf16", "fp32")
 ARCHS = (80, 90)
 KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias")
 DBIAS_KERNELS = ("dkdv_dbias", "dq_dbias")  # with a bias only
 BIASES = ("none", "keypad", "full")
+# Matmuls per score, by kernel: forward q k^T and p v; dQ recomputes s, dP = dO v^T and
+# dS k; dK/dV recomputes s, dP, dV = p^T dO and dK = dS^T q.
+MATMULS = {"fwd": 2, "fwd_lo": 2, "dq": 3, "dq_dbias": 3, "dkdv": 4, "dkdv_dbias": 4}
+# Exponentials one iteration needs per score: one per score, plus the forward's
+# per-row rescale alpha (1 / BLOCK_N per score, added below).
+DUPLICATION_LIMIT = 1.05  # above this, a loop issues more matrix FLOPs than its matmuls need
+EXP_DUPLICATION = 1.5  # above this times the least, exponentials are computed twice
+
+REPORT_DIR = os.path.join("bench", "results", "static")
 
 
 @dataclass(frozen=True)
@@ -59,7 +108,25 @@ class Job:
     config: tuple  # (block_m, block_n, num_warps, num_stages, reload)
     arch: int
     bias: str
+    causal: bool = False
+    tma: bool = False
     default: bool = False  # first of its list: used when autotuning is off
+    budget: float | None = None  # instr/score this variant may not exceed (None: not gated)
+    warp_specialize: bool = False  # the forward's WARP_SPEC (see check_warp_specialization)
+    piece: int = -1  # the backward's PIECE: above head dim 256, one launch per head-dim piece
+    grads: str = "dkdv"  # the dK/dV kernel's GRADS: above head dim 256, one launch per gradient
+
+    @property
+    def band(self) -> int:
+        """The head-dim band of the candidate list this job comes from."""
+        from .limits import padded_head_dim
+
+        return _fa()._band(padded_head_dim(self.head_dim))
+
+    @property
+    def config_name(self) -> str:
+        bm, bn, w, s, r = self.config
+        return f"M{bm}-N{bn}-w{w}-s{s}" + ("-r" if r else "")
 
 
 @dataclass
@@ -68,23 +135,69 @@ class Result:
     regs: int = -1
     stack: int = -1
     smem: int = -1
-    matrix: str = "?"
+    matrix: str = "?"  # "wgmma" (HGMMA), "mma" (HMMA), "fma" (no tensor cores)
+    tma_loads: bool = False  # UTMALDG in the kernel
+    loop_length: int = 0  # instructions in the main loop (NOPs excluded)
+    loops: int = 0  # loops holding matrix instructions
+    mma_mix: dict = field(default_factory=dict)  # matrix instruction shape -> count per warp
+    instr_per_score: float = float("nan")
+    exp_per_score: float = float("nan")
+    exp_least: float = float("nan")
+    mma_duplication: float = float("nan")
+    tensor_limit: float = float("nan")
+    loop_mix: dict = field(default_factory=dict)  # base mnemonic -> count, main loop
+    sass_digest: str = ""  # of the instruction text (addresses and encodings left out)
     seconds: float = 0.0
     error: str = ""
+
+    @property
+    def exp_limit(self) -> float:
+        """The instr/score at which issuing takes as long as the exponentials: MUFU
+        computes EXP_PER_CLOCK exp2 per clock per SM against ISSUE_PER_CLOCK
+        instructions, so below exp/score x ISSUE / EXP the exponentials are the limit."""
+        return self.exp_per_score * ISSUE_PER_CLOCK / EXP_PER_CLOCK
+
+    @property
+    def clocks_per_score(self) -> float:
+        """Static estimate of the SM clocks one score costs in the main loop: the
+        largest of issue (instr/score / 4), tensor work (FLOPs / FLOPs per clock) and
+        exponentials (exp/score / 16). A lower bound: latency, memory and occupancy are
+        not in it. The candidate lists are ordered by it."""
+        issue = self.instr_per_score / ISSUE_PER_CLOCK
+        if self.matrix == "fma":
+            return issue
+        tensor = self.tensor_limit / ISSUE_PER_CLOCK
+        return max(issue, tensor, self.exp_per_score / EXP_PER_CLOCK)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the budget applies: the variant this target runs for aligned inputs."""
+        j = self.job
+        return j.budget is not None and (j.tma or j.arch != 90 or j.dtype == "fp32")
 
     @property
     def problems(self) -> list[str]:
         if self.error:
             return [self.error]
+        j = self.job
         out = []
         if self.stack > 0:
             out.append(f"spills ({self.stack} B stack)")
-        if self.smem > SMEM_LIMIT[self.job.arch]:
-            out.append(f"shared memory {self.smem} B > {SMEM_LIMIT[self.job.arch]} B")
-        elif self.job.default and self.job.arch == 80 and self.smem > SMEM_LIMIT_SM86:
+        if self.smem > SMEM_LIMIT[j.arch]:
+            out.append(f"shared memory {self.smem} B > {SMEM_LIMIT[j.arch]} B")
+        elif j.default and j.arch == 80 and self.smem > SMEM_LIMIT_SM86:
             out.append(f"default config needs {self.smem} B > sm_86's {SMEM_LIMIT_SM86} B")
-        if self.job.dtype != "fp32" and self.matrix == "fma":
+        if j.dtype != "fp32" and self.matrix == "fma":
             out.append("no tensor-core instructions")
+        if self.loop_length == 0:
+            out.append("no main loop found in the SASS")
+        else:
+            if self.mma_duplication > DUPLICATION_LIMIT:
+                out.append(f"duplicated matrix work ({self.mma_duplication:.2f}x the FLOPs)")
+            if self.exp_per_score > EXP_DUPLICATION * self.exp_least:
+                out.append(f"duplicated exponentials ({self.exp_per_score:.2f} per score)")
+            if self.gated and self.instr_per_score > j.budget + 1e-9:
+                out.append(f"instr/score {self.instr_per_score:.3f} > budget {j.budget}")
         return out
 
 
@@ -102,79 +215,138 @@ def _tool(name: str) -> str:
 
 
 _PTR = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
+_TORCH_NAME = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+_INTS = ("H", "M", "N", "OFF", "M_KEY", "N_KEY")
 
 
-def _signature(fn, dtype: str, pointer_types: dict[str, str]) -> dict[str, str]:
+def _signature(fn, dtype: str, pointer_types: dict[str, str], descriptors: dict[str, str]) -> dict[str, str]:
     sig = {}
     for p in fn.params:
         if p.is_constexpr:
             sig[p.name] = "constexpr"
+        elif p.name in descriptors:
+            sig[p.name] = descriptors[p.name]
         elif p.name in pointer_types:
             sig[p.name] = pointer_types[p.name]
         elif p.name in ("qk_scale", "sm_scale"):
             sig[p.name] = "fp32"
-        elif p.name[0].isupper() and p.name not in ("H", "M", "N", "M_KEY", "N_KEY"):
-            sig[p.name] = _PTR[dtype]  # Q, K, V, Out, DO, DQ, DK, DV
+        elif p.name[0].isupper() and p.name not in _INTS:
+            sig[p.name] = _PTR[dtype]  # Q, K, V, Out, DO, DQ, DK, DV, placeholders
         else:
             sig[p.name] = "i32"
     return sig
 
 
-def compile_job(job: Job) -> Result:
-    """Compile one configuration for its target and read its resources from the cubin."""
-    os.environ.pop("TRITON_INTERPRET", None)
+def _compile(src, arch: int, warps: int, stages: int, options: dict):
     import triton
     from triton.backends.compiler import GPUTarget
+
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": warps, "num_stages": stages, **options})
+
+
+def _read_cubin(kernel) -> tuple[str, str]:
+    """(resource usage, SASS) of a compiled kernel, through cuobjdump."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", path],
+                               capture_output=True, text=True, check=True).stdout
+        listing = subprocess.run([_tool("cuobjdump"), "--dump-sass", path],
+                                 capture_output=True, text=True, check=True).stdout
+    return usage, listing
+
+
+def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: int, exp_least: float) -> Result:
+    """Fill res from a compiled kernel: resources, and the main loop's figures."""
+    usage, listing = _read_cubin(kernel)
+    if os.environ.get("ATTNKIT_INSPECT_SASS"):
+        # A folder to keep each listing in (for reading the loops by hand).
+        j = res.job
+        name = (f"{j.kernel}-d{j.head_dim}-{j.dtype}-{j.bias}{'-causal' if j.causal else ''}-"
+                f"{'tma' if j.tma else 'ptr'}-{j.config_name}-sm{j.arch}.sass")
+        os.makedirs(os.environ["ATTNKIT_INSPECT_SASS"], exist_ok=True)
+        with open(os.path.join(os.environ["ATTNKIT_INSPECT_SASS"], name), "w") as f:
+            f.write(listing)
+    res.smem = int(kernel.metadata.shared)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+    res.regs = int(m.group(1))
+    res.stack = int(m.group(2)) + int(m.group(4))
+    res.smem += int(m.group(3))
+    instrs = sass.parse(listing)
+    res.sass_digest = hashlib.sha256("\n".join(i.text for i in instrs).encode()).hexdigest()[:16]
+    res.matrix = "wgmma" if sass.kernel_uses(instrs, "HGMMA") else "mma" if sass.kernel_uses(instrs, "HMMA") else "fma"
+    res.tma_loads = sass.kernel_uses(instrs, "UTMALDG")
+    res.loops = sum(1 for lp in sass.loops(instrs) if lp.matrix_instrs)
+    loop = sass.main_loop(instrs)
+    if loop is None and res.matrix == "fma":
+        # Exact fp32 dots: FFMA, no matrix instructions; the main loop is the
+        # innermost loop with the most exponentials.
+        cands = [lp for lp in sass.loops(instrs) if lp.count("MUFU.EX2")]
+        loop = min(cands, key=lambda lp: (-lp.count("MUFU.EX2"), lp.start)) if cands else None
+    res.exp_least = exp_least
+    if loop is None:
+        return res
+    res.loop_length = loop.length
+    res.loop_mix = dict(loop.mix().most_common())
+    res.mma_mix = dict(loop.mma_shapes())
+    res.instr_per_score = loop.length * warps / scores
+    res.exp_per_score = loop.count("MUFU.EX2") * 32 * warps / scores
+    needed = matmuls * 2.0 * scores * padded
+    res.mma_duplication = loop.mma_flops(warps) / needed if res.matrix != "fma" else 1.0
+    flops = TENSOR_FLOPS_PER_CLOCK[res.job.arch] if res.matrix != "fma" else float("nan")
+    res.tensor_limit = matmuls * 2 * padded * ISSUE_PER_CLOCK / flops
+    return res
+
+
+def compile_job(job: Job) -> Result:
+    """Compile one configuration for its target and read its cubin."""
+    os.environ.pop("TRITON_INTERPRET", None)
     from triton.compiler import ASTSource
 
     fa = _fa()
-
     res = Result(job)
     t0 = time.time()
     try:
         fn = fa._KERNELS[job.kernel]
-        pointer_types = {"Bias": "*fp32", "Lse": "*fp32", "Delta": "*fp32", "DBias": "*fp32"}
-        # OutLo, like Out, has the inputs' dtype (from _PTR below).
-        sig = _signature(fn, job.dtype, pointer_types)
         d0, d1 = fa.split_head_dim(job.head_dim)
         bm, bn, warps, stages, reload = job.config
+        base = job.kernel.split("_")[0]
+        descriptors = {}
+        if job.tma:
+            t = _PTR[job.dtype][1:]
+            for names, rows_key in fa._DESCRIPTORS[job.kernel]:
+                rows = bm if rows_key == "BLOCK_M" else bn
+                for name in names:
+                    width = d1 if name.endswith("1") and d1 else d0
+                    descriptors[name] = f"tensordesc<{t}[1,1,{rows},{width}]>"
+        pointer_types = {"Bias": "*fp32", "Lse": "*fp32", "LseShift": "*fp32", "Delta": "*fp32",
+                         "DBias": "*fp32", "Lens": "*i32", "Plain": "*i32"}
+        sig = _signature(fn, job.dtype, pointer_types, descriptors)
         constexprs = dict(
             HEAD_DIM=job.head_dim, D0=d0, D1=d1, BLOCK_M=bm, BLOCK_N=bn, RELOAD=bool(reload),
-            HAS_BIAS=job.bias != "none", BIAS_PER_KEY=job.bias == "keypad",
+            BIAS={"none": fa.NO_BIAS, "keypad": fa.KEY_BIAS, "full": fa.FULL_BIAS}[job.bias],
+            CAUSAL=job.causal, TMA=job.tma,
             # A (B, N, H, D) layout: head stride D, row stride H * D.
             ALIGN=fa._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True,
             PRECISION="tf32" if job.dtype != "fp32" else "ieee", EMULATE_BF16=False,
         )
-        if job.kernel.startswith("fwd"):
+        if base == "fwd":
             constexprs["STORE_LO"] = job.kernel == "fwd_lo"
+            constexprs["WARP_SPEC"] = job.warp_specialize
         else:
             constexprs["BIAS_GRAD"] = job.kernel in DBIAS_KERNELS
+            constexprs["PIECE"] = job.piece
+            if base == "dkdv":
+                constexprs["GRADS"] = job.grads
         # Pointers are 16-byte aligned (torch allocations are); Triton's runtime
         # specialises them the same way.
         attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
                  if sig[p.name].startswith("*")}
-        src = ASTSource(fn, sig, constexprs, attrs)
-        kernel = triton.compile(src, target=GPUTarget("cuda", job.arch, 32),
-                                options={"num_warps": warps, "num_stages": stages, **fa._COMPILE_OPTIONS})
-        res.smem = int(kernel.metadata.shared)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.cubin")
-            with open(path, "wb") as f:
-                f.write(kernel.asm["cubin"])
-            usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", path],
-                                   capture_output=True, text=True, check=True).stdout
-            sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", path],
-                                  capture_output=True, text=True, check=True).stdout
-        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
-        res.regs = int(m.group(1))
-        res.stack = int(m.group(2)) + int(m.group(4))
-        res.smem += int(m.group(3))
-        if "HGMMA" in sass:
-            res.matrix = "wgmma"
-        elif "HMMA" in sass:
-            res.matrix = "mma"
-        else:
-            res.matrix = "fma"
+        kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, fa._COMPILE_OPTIONS)
+        exp_least = 1.0 + (1.0 / bn if base == "fwd" else 0.0)
+        analyse(res, kernel, warps, bm * bn, d0 + d1, MATMULS[job.kernel], exp_least)
     except Exception as e:  # noqa: BLE001 - any failure is a failed configuration
         msg = str(e).strip().splitlines()
         res.error = f"compile failed: {type(e).__name__}: {msg[0] if msg else ''}"[:200]
@@ -182,11 +354,33 @@ def compile_job(job: Job) -> Result:
     return res
 
 
-def jobs_for(kernels, head_dims, dtypes, archs, biases, quick: bool, configs=None) -> list[Job]:
+def _variants(kernel: str, dtype: str, arch: int, biases, causals) -> list[tuple[str, bool, bool]]:
+    """(bias, causal, tma) combinations a kernel compiles to on a target."""
+    tmas = (True, False) if arch == 90 and dtype != "fp32" else (False,)
+    return [(bias, causal, tma) for bias in biases if not (bias == "none" and kernel in DBIAS_KERNELS)
+            for causal in causals for tma in tmas]
+
+
+def launches(kernel: str, head_dim: int) -> list[tuple[int, str]]:
+    """(PIECE, GRADS) of each launch of a kernel at a head dim (flash_attention's
+    _backward_impl): above 256 the backward runs once per head-dim piece, dK/dV also once
+    per gradient; the bias gradient comes with the first dK (or dQ) launch."""
+    if kernel.startswith("fwd") or head_dim <= 256:
+        return [(-1, "dkdv")]
+    if kernel == "dq":
+        return [(0, "dkdv"), (1, "dkdv")]
+    if kernel == "dq_dbias":
+        return [(0, "dkdv")]
+    if kernel == "dkdv":
+        return [(p, g) for p in (0, 1) for g in ("dk", "dv")]
+    return [(0, "dk")]  # dkdv_dbias
+
+
+def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, configs=None,
+             tmas=None, budget=None) -> list[Job]:
     import torch
 
     fa = _fa()
-
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     jobs = []
     for kernel in kernels:
@@ -194,92 +388,302 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, quick: bool, configs=Non
             for dtype in dtypes:
                 if kernel == "fwd_lo" and dtype == "fp32":
                     continue  # fp32 outputs are not rounded: no residual
-                if configs:
-                    cands = configs
-                else:
-                    cands = None
                 for arch in archs:
-                    if cands is None:
-                        shipped = fa.configs_for(kernel, d, tdt[dtype], f"sm{arch}")
-                        if quick:
-                            shipped = shipped[:1]
-                        arch_cands = [(c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload))
-                                      for c in shipped]
-                    else:
-                        arch_cands = cands
-                    for i, cfg in enumerate(arch_cands):
-                        for bias in biases:
-                            if bias == "none" and kernel in DBIAS_KERNELS:
-                                continue
-                            jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias,
-                                            default=cands is None and i == 0))
+                    for bias, causal, tma in _variants(kernel, dtype, arch, biases, causals):
+                        if tmas is not None and tma not in tmas:
+                            continue
+                        if configs:
+                            cands = [(c, False, budget) for c in configs]
+                        else:
+                            shipped = fa.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
+                            if quick:
+                                shipped = shipped[:1]
+                            cands = [((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), i == 0,
+                                      c.budget) for i, c in enumerate(shipped)]
+                        for cfg, default, budget in cands:
+                            for piece, grads in launches(kernel, d):
+                                jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias, causal, tma, default, budget,
+                                                piece=piece, grads=grads))
     return jobs
 
 
 def _row(r: Result) -> str:
     j = r.job
-    cfg = "M{}-N{}-w{}-s{}".format(*j.config[:4]) + ("-r" if j.config[4] else "") + ("*" if j.default else "")
+    cfg = j.config_name + ("*" if j.default else "")
     probs = r.problems
     status = "ok" if not probs else "FAIL: " + "; ".join(probs)
-    return (f"{j.kernel:10} {j.head_dim:4} {j.dtype:5} {j.bias:6} {cfg:18} sm_{j.arch}  "
-            f"{r.regs:4} {max(r.stack, 0):6} {r.smem:7} {r.matrix:6} {r.seconds:6.1f}  {status}")
+    budget = f"{j.budget:.3f}" if j.budget is not None and r.gated else "-"
+    kernel = j.kernel + (f"/{j.piece}" if j.piece >= 0 else "") + (f"/{j.grads}" if j.grads != "dkdv" else "")
+    return (f"{kernel:10} {j.head_dim:4} {j.dtype:5} {j.bias:6} {'c' if j.causal else '-':1} "
+            f"{'tma' if j.tma else 'ptr':3} {cfg:18} sm_{j.arch}  {r.regs:4} {max(r.stack, 0):6} {r.smem:7} "
+            f"{r.matrix:5} {r.instr_per_score:6.3f} {budget:>6} {r.tensor_limit:6.3f} {r.exp_per_score:5.2f} "
+            f"{r.mma_duplication:5.2f} {r.seconds:5.1f}  {status}")
+
+
+HEADER = (f"{'kern':10} {'D':>4} {'dtype':5} {'bias':6} c {'ld':3} {'config':18} {'arch':5}  "
+          f"{'regs':>4} {'stack':>6} {'smem':>7} {'mma':5} {'i/sc':>6} {'budget':>6} {'limit':>6} "
+          f"{'exp':>5} {'dup':>5} {'secs':>5}  status")
+
+
+# -- Triton's tutorial kernel, compiled the same way -------------------------------------
+
+
+def load_reference(path: str):
+    """The @triton.jit functions of a copy of Triton's tutorial 06-fused-attention.py,
+    as a module (its autotune decorators and host code left out: they need a GPU at
+    import). The file is not part of attnkit; pass where you keep one."""
+    with open(path) as f:
+        source = f.read()
+    tree = ast.parse(source)
+    parts = ["import triton\nimport triton.language as tl\n"]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+            body = ast.get_source_segment(source, node)
+            parts.append("@triton.jit\n" + body)
+    tmp = tempfile.NamedTemporaryFile("w", suffix="_reference_attention.py", delete=False)
+    tmp.write("\n\n".join(parts))
+    tmp.close()
+    spec = importlib.util.spec_from_file_location("attnkit_reference_attention", tmp.name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The tutorial's tiles: its forward autotunes over these on sm_90 (128 x 64 on 4 warps,
+# 128 x 128 on 8, TMA loads); its backward has one fixed configuration.
+REFERENCE_FWD = ((128, 64, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3))
+REFERENCE_BWD = dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, BLK_SLICE_FACTOR=2, warps=4, stages=5)
+
+
+def compile_reference(path: str, head_dim: int, arch: int = 90) -> list[dict]:
+    """Rows for the tutorial's forward (_attn_fwd_tma, not causal) and backward
+    (_attn_bwd, which is always causal: its unmasked dK/dV and dQ loops are read) at one
+    head dim, fp16, compiled like ours."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    from triton.compiler import ASTSource
+
+    mod = load_reference(path)
+    rows = []
+    for bm, bn, warps, stages in REFERENCE_FWD:
+        if bn > head_dim:
+            continue  # the tutorial asserts BLOCK_N <= HEAD_DIM
+        fn = mod._attn_fwd_tma
+        sig = {"sm_scale": "fp32", "M": "*fp32", "Z": "i32", "H": "i32", "N_CTX": "i32"}
+        for name, r in (("desc_q", bm), ("desc_k", bn), ("desc_v", bn), ("desc_o", bm)):
+            sig[name] = f"tensordesc<fp16[{r},{head_dim}]>"
+        for p in fn.params:
+            sig.setdefault(p.name, "constexpr")
+        consts = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, FP8_OUTPUT=False, STAGE=1)
+        attrs = {(fn.arg_names.index("M"),): [["tt.divisibility", 16]]}
+        res = Result(Job("ref_fwd", head_dim, "fp16", (bm, bn, warps, stages, 0), arch, "none", tma=True))
+        try:
+            kernel = _compile(ASTSource(fn, sig, consts, attrs), arch, warps, stages, {"enable_fp_fusion": True})
+            analyse(res, kernel, warps, bm * bn, head_dim, 2, 1.0 + 1.0 / bn)
+        except Exception as e:  # noqa: BLE001
+            res.error = f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}"
+        rows.append(res)
+    # Backward: one kernel, four loops (dK/dV masked and unmasked, dQ masked and
+    # unmasked); each is told apart by its matrix FLOPs per iteration.
+    fn = mod._attn_bwd
+    cfg = REFERENCE_BWD
+    sig = {p.name: ("constexpr" if p.is_constexpr else "*fp16") for p in fn.params}
+    sig.update(sm_scale="fp32", M="*fp32", D="*fp32", stride_z="i32", stride_h="i32", stride_tok="i32", H="i32",
+               N_CTX="i32", stride_d="constexpr")
+    consts = {k: v for k, v in cfg.items() if k not in ("warps", "stages")}
+    consts.update(HEAD_DIM=head_dim, stride_d=1)  # Triton specialises a stride of 1 into a constant
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name].startswith("*")}
+    kernel = _compile(ASTSource(fn, sig, consts, attrs), arch, cfg["warps"], cfg["stages"], {"enable_fp_fusion": True})
+    usage, listing = _read_cubin(kernel)
+    instrs = sass.parse(listing)
+    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    for name, bm, bn, mm in (("ref_dkdv", cfg["BLOCK_M1"], cfg["BLOCK_N1"], 4),
+                             ("ref_dq", cfg["BLOCK_M2"], cfg["BLOCK_N2"], 3)):
+        need = mm * 2.0 * bm * bn * head_dim
+        loop = next((lp for lp in sass.loops(instrs) if lp.matrix_instrs
+                     and abs(lp.mma_flops(cfg["warps"]) / need - 1) < 0.01), None)
+        res = Result(Job(name, head_dim, "fp16", (bm, bn, cfg["warps"], cfg["stages"], 0), arch, "none", True))
+        res.regs, res.stack, res.smem = int(m.group(1)), int(m.group(2)), int(kernel.metadata.shared)
+        res.matrix = "wgmma" if sass.kernel_uses(instrs, "HGMMA") else "mma"
+        res.tma_loads = sass.kernel_uses(instrs, "UTMALDG")
+        if loop is not None:
+            res.loop_length = loop.length
+            res.mma_mix = dict(loop.mma_shapes())
+            res.loop_mix = dict(loop.mix().most_common())
+            res.instr_per_score = loop.length * cfg["warps"] / (bm * bn)
+            res.exp_per_score = loop.count("MUFU.EX2") * 32 * cfg["warps"] / (bm * bn)
+            res.exp_least = 1.0
+            res.mma_duplication = loop.mma_flops(cfg["warps"]) / need
+            res.tensor_limit = mm * 2 * head_dim * ISSUE_PER_CLOCK / TENSOR_FLOPS_PER_CLOCK[arch]
+        rows.append(res)
+    return rows
+
+
+# -- warp specialization -----------------------------------------------------------------
+
+
+def check_warp_specialization(jobs: int) -> list[dict]:
+    """Compile the sm_90 forward's default tiles (no bias, TMA, head dims 64 and 128)
+    and a 4-warp tile with the unmasked loop marked for Triton's automatic warp
+    specialization (tl.range(..., warp_specialize=True)), and compare with the plain
+    compile: whether this Triton specialises anything on Hopper."""
+    import torch
+
+    fa = _fa()
+    pairs = []
+    for d in (64, 128):
+        c = fa.configs_for("fwd", d, torch.float16, "sm90", "none")[0]
+        for cfg in ((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), (64, 64, 4, 2, 0)):
+            pairs.append([Job("fwd", d, "fp16", cfg, 90, "none", tma=True, warp_specialize=ws) for ws in (False, True)])
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(compile_job, [j for pair in pairs for j in pair]))
+    out = []
+    for plain, spec in zip(results[::2], results[1::2]):
+        j = spec.job
+        if spec.error:
+            verdict = spec.error
+        elif spec.sass_digest == plain.sass_digest:
+            verdict = "the same machine code"
+        else:
+            verdict = (f"different machine code: instr/score {spec.instr_per_score:.3f} against "
+                       f"{plain.instr_per_score:.3f}, {spec.regs} registers against {plain.regs}")
+        out.append({"head_dim": j.head_dim, "config": j.config_name, "verdict": verdict})
+    return out
+
+
+# -- the report ------------------------------------------------------------------------
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _record(r: Result) -> dict:
+    out = asdict(r.job)
+    out.update({k: v for k, v in asdict(r).items() if k != "job"})
+    out["config"] = r.job.config_name
+    out["block_m"], out["block_n"], out["num_warps"], out["num_stages"], out["reload"] = r.job.config
+    out["gated"] = r.gated
+    out["exp_limit"] = r.exp_limit
+    out["clocks_per_score"] = r.clocks_per_score
+    for k in ("loop_mix", "sass_digest", "warp_specialize"):
+        out.pop(k, None)  # kept out of the record: its size (rerun with ATTNKIT_INSPECT_SASS to read loops)
+    out["problems"] = r.problems
+    for k, v in list(out.items()):
+        if isinstance(v, float) and v != v:
+            out[k] = None
+    return out
+
+
+def write_report(results: list[Result], reference: list[Result], out_dir: str, argv: list[str],
+                 warp_spec: list[dict] | None = None) -> tuple[str, str]:
+    """report.json (every row) and report.md (the tables, the targets) under out_dir."""
+    import triton
+
+    from . import targets
+
+    os.makedirs(out_dir, exist_ok=True)
+    meta = {
+        "what": "static figures read from SASS; no kernel was run",
+        "triton": triton.__version__,
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--", "kernels")),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m attnkit.kernels.inspect " + " ".join(argv),
+        "definitions": __doc__.split("Definitions (written into the report too):")[1].split("It exits")[0].strip(),
+    }
+    verdicts = targets.evaluate(results)
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump({**meta, "targets": verdicts, "warp_specialization": warp_spec or [],
+                   "rows": [_record(r) for r in results], "reference": [_record(r) for r in reference]}, f,
+                  separators=(",", ":"))
+    md = targets.markdown(meta, results, reference, verdicts, warp_spec or [])
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(md)
+    return os.path.join(out_dir, "report.json"), os.path.join(out_dir, "report.md")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnkit.kernels.inspect", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="first config of each kernel, head dims 40 and 128, fp16 (a CI-sized check)")
+                    help="the default config of each list only, head dims 40 and 128 (a CI-sized check)")
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="repeatable; default all")
-    ap.add_argument("--head-dim", action="append", type=int, help="repeatable; default 40 64 80 128 160 256")
-    ap.add_argument("--dtype", action="append", choices=("fp16", "bf16", "fp32"),
-                    help="repeatable; default fp16 bf16 fp32")
+    ap.add_argument("--head-dim", action="append", type=int,
+                    help="repeatable; default " + " ".join(map(str, HEAD_DIMS)))
+    ap.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default fp16 bf16 fp32")
     ap.add_argument("--arch", action="append", type=int, choices=ARCHS, help="repeatable; default 80 90")
-    ap.add_argument("--bias", action="append", choices=BIASES,
-                    help="repeatable; default none keypad full (full only with --quick)")
+    ap.add_argument("--bias", action="append", choices=BIASES, help="repeatable; default none keypad full")
+    ap.add_argument("--causal", action="append", type=int, choices=(0, 1), help="repeatable; default 0 1")
+    ap.add_argument("--loads", action="append", choices=("tma", "ptr"),
+                    help="repeatable; default both where a target has TMA")
     ap.add_argument("--config", action="append", metavar="BM,BN,WARPS,STAGES[,RELOAD]",
                     help="compile this tile configuration instead of the shipped ones (repeatable)")
+    ap.add_argument("--budget", type=float, help="with --config: the instr/score budget to gate it on")
+    ap.add_argument("--reference", metavar="FILE",
+                    help="also compile Triton's tutorial fused attention (a copy of "
+                         "python/tutorials/06-fused-attention.py) the same way, at head dims 64 and 128")
+    ap.add_argument("--out", metavar="DIR", help=f"write report.json and report.md here (the full run: {REPORT_DIR})")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compilations")
     args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
 
     fa = _fa()
-
     if fa.INTERPRET:
         # The kernels were defined for Triton's interpreter; compile them in a fresh
         # interpreter-free process instead.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        argv = sys.argv[1:] if argv is None else list(argv)
         return subprocess.run([sys.executable, "-m", "attnkit.kernels.inspect", *argv], env=env).returncode
 
+    full = not any((args.quick, args.kernel, args.head_dim, args.dtype, args.arch, args.bias, args.causal,
+                    args.loads, args.config))
     kernels = args.kernel or list(KERNELS)
     head_dims = args.head_dim or ([40, 128] if args.quick else list(HEAD_DIMS))
-    dtypes = args.dtype or (["fp16"] if args.quick else list(DTYPES))
+    dtypes = args.dtype or list(DTYPES)
     archs = args.arch or list(ARCHS)
-    biases = args.bias or (["full"] if args.quick else list(BIASES))
+    biases = args.bias or list(BIASES)
+    causals = [bool(c) for c in (args.causal or (0, 1))]
+    tmas = None if not args.loads else [x == "tma" for x in args.loads]
     configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [])]
     if any(len(c) not in (4, 5) for c in configs):
         ap.error("--config takes BLOCK_M,BLOCK_N,NUM_WARPS,NUM_STAGES[,RELOAD (0 or 1)]")
     configs = [c if len(c) == 5 else (*c, 0) for c in configs]
-    jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, args.quick, configs)
+    jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, causals, args.quick, configs, tmas, args.budget)
 
-    print(f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; "
-          f"stack > 0 means spilled registers; "
-          f"shared-memory limits: " + ", ".join(f"sm_{a} {SMEM_LIMIT[a]} B" for a in archs))
-    print(f"{'kern':10} {'D':>4} {'dtype':5} {'bias':6} {'config':18} {'arch':5}  "
-          f"{'regs':>4} {'stack':>6} {'smem':>7} {'matrix':6} {'secs':>6}  status")
+    print(f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; c = causal; "
+          f"ld = loads (tma / ptr); i/sc = main-loop warp instructions per score; limit = tensor-bound "
+          f"i/sc; exp = exp2 per score; dup = matrix FLOPs issued / needed; stack > 0 means spilled "
+          f"registers; shared-memory limits: " + ", ".join(f"sm_{a} {SMEM_LIMIT[a]} B" for a in archs))
+    print(HEADER)
     t0 = time.time()
-    failed = 0
+    results = []
     if args.jobs > 1:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            results = pool.map(compile_job, jobs)
-            for r in results:
+            for r in pool.map(compile_job, jobs):
                 print(_row(r), flush=True)
-                failed += bool(r.problems)
+                results.append(r)
     else:
         for job in jobs:
             r = compile_job(job)
             print(_row(r), flush=True)
-            failed += bool(r.problems)
+            results.append(r)
+    failed = sum(bool(r.problems) for r in results)
+    reference = []
+    if args.reference:
+        for d in (64, 128):
+            for r in compile_reference(args.reference, d):
+                print(_row(r), flush=True)
+                reference.append(r)
     print(f"{len(jobs) - failed} ok, {failed} failed, {time.time() - t0:.0f} s")
+    out_dir = args.out or (REPORT_DIR if full else None)
+    if out_dir:
+        warp_spec = check_warp_specialization(args.jobs) if full else []
+        for w in warp_spec:
+            print(f"warp specialization, fwd D={w['head_dim']} {w['config']} sm_90: {w['verdict']}")
+        paths = write_report(results, reference, out_dir, argv, warp_spec)
+        print("wrote " + " and ".join(paths))
     return 1 if failed else 0
 
 

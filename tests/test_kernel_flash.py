@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnkit import testing
 from attnkit.testing import (
     EPSILON,
     assert_close_to_reference,
@@ -45,13 +46,8 @@ from attnkit.testing import (
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from attnkit.kernels import (  # noqa: E402
-    attention_flops,
-    flash_attention,
-    flash_attention_with_lse,
-    padding_waste,
-    split_head_dim,
-)
+from attnkit.kernels import flash_attention, flash_attention_with_lse  # noqa: E402
+from attnkit.kernels.limits import MAX_HEAD_DIM  # noqa: E402
 
 fa = importlib.import_module("attnkit.kernels.flash_attention")
 
@@ -65,51 +61,21 @@ def poison(monkeypatch):
     monkeypatch.setattr(fa, "POISON_OUTPUTS", True)
 
 
-# -- inputs ------------------------------------------------------------------------------
-
-
-def make_bias(kind: str, B, H, M, N, dtype):
-    """A bias of one broadcast kind, random values (and some -inf where masks have them)."""
-    if kind == "none":
-        return None
-    if kind == "keypad":  # (B, 1, 1, N): padded keys at the end of each batch element
-        bias = torch.randn(B, 1, 1, N, dtype=dtype)
-        for b in range(B):
-            keep = int(torch.randint(1, N + 1, ()).item())
-            bias[b, ..., keep:] = float("-inf")
-        return bias
-    if kind == "fewkeys":  # (B, 1, 1, N) keeping 1 to 3 keys: dP and delta nearly cancel
-        bias = torch.randn(B, 1, 1, N, dtype=dtype)
-        for b in range(B):
-            bias[b, ..., int(torch.randint(1, min(3, N) + 1, ()).item()):] = float("-inf")
-        return bias
-    if kind == "perhead":  # (B, H, 1, N)
-        return torch.randn(B, H, 1, N, dtype=dtype)
-    if kind == "headq":  # (1, H, M, N)
-        return torch.randn(1, H, M, N, dtype=dtype)
-    if kind == "full":  # (B, H, M, N)
-        return torch.randn(B, H, M, N, dtype=dtype)
-    if kind == "2d":  # (M, N), broadcast over batch and heads
-        return torch.randn(M, N, dtype=dtype)
-    if kind == "bool":  # (B, 1, M, N) boolean, True = attend; keep key 0 so no row is empty
-        mask = torch.rand(B, 1, M, N) < 0.7
-        mask[..., 0] = True
-        return mask
-    raise ValueError(kind)
+# -- inputs ----------------------------------------------------------------------------
+# attnkit.testing's builders. "keypad" and "fewkeys" here are key biases with random
+# values and a padded tail (-inf), so that the key bias is loaded (a bare 0 / -inf
+# padding mask is a length and never loaded: tests/test_kernel_paths.py covers it).
 
 
 def make_qkv(B, H, M, N, D, dtype, layout="bhnd", requires_grad=False):
-    """q (B, H, M, D), k and v (B, H, N, D); layout "bnhd" gives (B, N, H, D) storage
-    viewed as (B, H, N, D), as the diffusers processor produces."""
+    return testing.make_qkv(B, H, M, N, D, dtype, layout=layout, device=DEVICE, requires_grad=requires_grad)
 
-    def one(L):
-        if layout == "bnhd":
-            x = torch.randn(B, L, H, D, dtype=dtype, device=DEVICE).transpose(1, 2)
-        else:
-            x = torch.randn(B, H, L, D, dtype=dtype, device=DEVICE)
-        return x.requires_grad_(requires_grad)
 
-    return one(M), one(N), one(N)
+def make_bias(kind: str, B, H, M, N, dtype):
+    if kind in ("keypad", "fewkeys"):
+        padding = testing.make_bias("key_padding" if kind == "keypad" else "fewkeys", B, 1, M, N, dtype)
+        return testing.make_bias("perhead", B, 1, M, N, dtype) + padding
+    return testing.make_bias(kind, B, H, M, N, dtype)
 
 
 # (dtype, head dim, M, N, bias kind, bias dtype, layout)
@@ -299,7 +265,7 @@ def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
 
     def spy(kernel, *args):
         if kernel.startswith("fwd"):
-            seen.append((kernel, args[-1]["STORE_LO"]))
+            seen.append((kernel, args[-2]["STORE_LO"]))
         return real(kernel, *args)
 
     monkeypatch.setattr(fa, "_launch", spy)
@@ -311,7 +277,7 @@ def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
         assert seen == [expected], (dtype, grad)
 
     q, k, v = make_qkv(1, 2, 20, 30, 40, torch.bfloat16)
-    out, _, lo = fa._forward_impl(q, k, v, None, 40**-0.5, False, store_lo=True)
+    out, _, _, lo = fa._forward_impl(q, k, v, None, 40**-0.5, False, store_lo=True)
     assert lo.stride() == out.stride() and lo.dtype == out.dtype
     # At most half a unit in the last place of out: the output is rounded to nearest
     # (on a GPU, and here through tests/_interpreter_rounding.py).
@@ -364,7 +330,7 @@ def test_bias_gradient_is_written_by_one_kernel_and_only_when_needed(monkeypatch
 
     def spy(kernel, *args):
         if not kernel.startswith("fwd"):
-            seen.append((kernel, args[-1]["BIAS_GRAD"]))
+            seen.append((kernel, args[-2]["BIAS_GRAD"]))
         return real(kernel, *args)
 
     monkeypatch.setattr(fa, "_launch", spy)
@@ -526,7 +492,7 @@ def test_bf16_emulation_is_interpreter_only():
     """The launcher asks for emulation only under the interpreter."""
     seen = {}
 
-    def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs):
+    def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs, variant):
         seen[kernel] = constexprs["EMULATE_BF16"]
 
     q, k, v = make_qkv(1, 1, 4, 4, 16, torch.bfloat16)
@@ -545,32 +511,6 @@ def test_bf16_emulation_is_interpreter_only():
         mp.undo()
 
 
-# -- head-dim pieces, FLOPs --------------------------------------------------------------
-
-
-def test_head_dim_pieces():
-    assert split_head_dim(40) == (32, 16)
-    assert split_head_dim(80) == (64, 16)
-    assert split_head_dim(160) == (128, 32)
-    assert split_head_dim(64) == (64, 0)
-    assert split_head_dim(8) == (16, 0)
-    assert split_head_dim(100) == (128, 0)
-    # FlashAttention-2/3's padded head dims for these (multiples of 32 / the issue's list).
-    fa_pad = {40: 64, 72: 96, 80: 96, 160: 192}
-    for d in range(8, 257):
-        d0, d1 = split_head_dim(d)
-        assert d0 + d1 >= d and d0 >= 16 and d0 & (d0 - 1) == 0
-        assert d1 == 0 or (16 <= d1 <= d0 and d1 & (d1 - 1) == 0)
-        assert d0 + d1 <= max(16, 1 << (d - 1).bit_length())  # never worse than next pow2
-        if d in fa_pad:
-            assert padding_waste(d) < (fa_pad[d] - d) / fa_pad[d]
-
-
-def test_attention_flops():
-    assert attention_flops(2, 8, 4096, 77, 40) == 4 * 2 * 8 * 4096 * 77 * 40
-    assert attention_flops(1, 1, 10, 10, 64, backward=True) == 2.5 * 4 * 10 * 10 * 64
-
-
 # -- refusals ----------------------------------------------------------------------------
 
 
@@ -579,7 +519,8 @@ def _t(*shape, dtype=torch.float16):
 
 
 BAD_INPUTS = [
-    ("head_dim=320 exceeds 256", lambda: (_t(1, 1, 4, 320), _t(1, 1, 4, 320), _t(1, 1, 4, 320)), {}),
+    (f"head_dim={MAX_HEAD_DIM + 8} exceeds {MAX_HEAD_DIM}",
+     lambda: tuple(_t(1, 1, 4, MAX_HEAD_DIM + 8) for _ in range(3)), {}),
     ("head_dim=4 is below 8", lambda: (_t(1, 1, 4, 4), _t(1, 1, 4, 4), _t(1, 1, 4, 4)), {}),
     ("float64 is not supported",
      lambda: tuple(_t(1, 1, 4, 16, dtype=torch.float64) for _ in range(3)), {}),
@@ -587,7 +528,7 @@ BAD_INPUTS = [
     ("does not match q shape", lambda: (_t(1, 2, 4, 16), _t(1, 1, 4, 16), _t(1, 1, 4, 16)), {}),
     ("must equal k shape", lambda: (_t(1, 1, 4, 16), _t(1, 1, 4, 16), _t(1, 1, 5, 16)), {}),
     ("share a dtype", lambda: (_t(1, 1, 4, 16), _t(1, 1, 4, 16, dtype=torch.float32), _t(1, 1, 4, 16)), {}),
-    ("N=0", lambda: (_t(1, 1, 4, 16), _t(1, 1, 0, 16), _t(1, 1, 0, 16)), {}),
+    ("kv_len=0", lambda: (_t(1, 1, 4, 16), _t(1, 1, 0, 16), _t(1, 1, 0, 16)), {}),
     ("not broadcastable", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
      {"attn_bias": torch.zeros(1, 1, 4, 4, device=DEVICE)}),
     ("expected an additive float bias", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
@@ -646,8 +587,9 @@ def test_backend_reasons_and_forward(monkeypatch, seed):
     backend = get_backend("triton")
     h100 = DeviceInfo("cuda", (9, 0), "H100")
     assert backend.not_supported_reasons(AttentionCall(h100, torch.bfloat16, 40, mask="key_padding")) == []
-    reasons = backend.not_supported_reasons(AttentionCall(h100, torch.float16, 320))
-    assert reasons == ["head_dim=320 > 256"]
+    too_big = backend.capabilities.max_head_dim + 8
+    reasons = backend.not_supported_reasons(AttentionCall(h100, torch.float16, too_big))
+    assert reasons == [f"head_dim={too_big} > {backend.capabilities.max_head_dim}"]
     t4 = DeviceInfo("cuda", (7, 5), "T4")
     assert backend.not_supported_reasons(AttentionCall(t4, torch.float16, 64)) == ["compute capability 7.5 < 8.0"]
 
@@ -669,7 +611,7 @@ def test_backend_tf32_option_reaches_the_kernel(monkeypatch):
 
     seen = {}
 
-    def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs):
+    def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs, variant):
         seen[kernel] = constexprs["PRECISION"]
 
     monkeypatch.setattr(fa, "_launch", fake_launch)

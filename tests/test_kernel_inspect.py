@@ -1,17 +1,19 @@
-"""`python -m attnkit.kernels.inspect` compiles the shipped kernel configurations for
-sm_80 and sm_90 without a GPU and fails on register spills or shared-memory overflow.
+"""`python -m attnkit.kernels.inspect`: the shipped kernel configurations compiled for
+sm_80 and sm_90 without a GPU, their SASS read, and the gate (spills, shared memory,
+duplicated work, instr/score budgets).
 
-The full table (every autotuning config x head dims 40/64/80/128/160/256 x fp16/bf16/fp32
-x three bias variants x six kernels (forward, dK/dV, dQ, and the variants that keep the
-forward's rounding residual or write the bias gradient) x two targets, about 1030
-compilations) takes about 20 minutes on two cores without Triton's cache: run it with
-`make inspect`. Here the quick subset: the first (default) config of each kernel at head
-dims 40 (two head-dim pieces) and 128 with a full bias, fp16, bf16 and fp32 for the
-forward, fp16 and fp32 for the backward, on both targets.
+The full report (every autotuning config x head dims 40-512 x fp16 / bf16 / fp32 x
+three bias variants x causal or not x TMA or pointer loads x six kernels x two targets,
+thousands of compilations) takes an hour on two cores without Triton's cache: run it
+with `make inspect`; it writes bench/results/static/. Here a quick subset: the default
+config of each kernel at head dims 40 (two head-dim pieces) and 128, causal (both of
+its loops), with a full bias (the most registers), fp16 everywhere and fp32 for the
+forward, on both targets; and the gate's refusals.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,8 +22,10 @@ import pytest
 
 pytest.importorskip("triton")
 
+KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias")
 
-def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+
+def _run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     # A process of its own, without TRITON_INTERPRET: the kernels must be defined for the
     # compiler, not the interpreter.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -30,37 +34,70 @@ def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 def _rows(stdout: str) -> list[list[str]]:
-    kernels = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias")
-    return [line.split() for line in stdout.splitlines() if line.split()[:1] and line.split()[0] in kernels]
+    return [line.split() for line in stdout.splitlines() if line.split()[:1] and line.split()[0] in KERNELS]
 
 
-def test_quick_subset_compiles_without_spills_for_sm80_and_sm90():
-    res = _run("--quick", "--dtype", "fp16", "--dtype", "bf16", "--dtype", "fp32", "--kernel", "fwd",
-               "--kernel", "fwd_lo")
-    res_bwd = _run("--quick", "--dtype", "fp16", "--dtype", "fp32", "--kernel", "dkdv", "--kernel", "dq",
-                   "--kernel", "dkdv_dbias", "--kernel", "dq_dbias")
-    for r in (res, res_bwd):
+def test_quick_subset_compiles_without_spills_or_duplicated_work():
+    common = ("--quick", "--bias", "full", "--causal", "1", "--loads", "tma")
+    fwd = _run(*common, "--dtype", "fp16", "--dtype", "fp32", "--kernel", "fwd")
+    rest = _run(*common, "--dtype", "fp16", *(f"--kernel={k}" for k in KERNELS[1:]))
+    for r in (fwd, rest):
         assert r.returncode == 0, r.stdout + r.stderr
-    rows = _rows(res.stdout) + _rows(res_bwd.stdout)
-    # fwd: 2 head dims x 3 dtypes x 2 targets, and the forward that keeps its rounding
-    # residual (16-bit only) 2 x 2 x 2; backward: 4 kernels (dK/dV and dQ, without and
-    # with the bias gradient) x 2 head dims x 2 dtypes x 2 targets
-    assert len(rows) == 12 + 8 + 32
+    rows = _rows(fwd.stdout) + _rows(rest.stdout)
+    # fwd: 2 head dims x 2 dtypes x 2 targets; the other five kernels: 2 x 1 x 2 each.
+    assert len(rows) == 8 + 5 * 4
     for row in rows:
-        kernel, d, dtype, bias, cfg, arch, regs, stack, smem, matrix = row[:10]
+        kernel, d, dtype, bias, causal, loads, cfg, arch, regs, stack, smem, matrix, isc, budget, limit, exp, dup = row[:17]
         assert row[-1] == "ok", row
         assert int(stack) == 0 and int(regs) <= 255
-        # Tensor cores: Ampere's mma.sync on sm_80, Hopper's warp-group MMA on sm_90;
-        # exact fp32 dots run on FMA units.
-        expected = "fma" if dtype == "fp32" else {"sm_80": "mma", "sm_90": "wgmma"}[arch]
-        assert matrix == expected, row
+        # Tensor cores: Ampere's mma.sync on sm_80, Hopper's warp-group MMA on sm_90 (or
+        # mma.sync for tiles too narrow for it); exact fp32 dots run on FMA units.
+        expected = {"fp32": ("fma",), "fp16": {"sm_80": ("mma",), "sm_90": ("wgmma", "mma")}[arch]}[dtype]
+        assert matrix in expected, row
+        assert loads == ("tma" if arch == "sm_90" and dtype != "fp32" else "ptr"), row
+        assert float(dup) <= 1.05 and float(isc) > 0, row
 
 
 def test_a_failing_configuration_makes_it_exit_nonzero():
     """A tile that does not fit in registers (forward, head dim 40, 128 x 64 tiles on 4
-    warps: it spills on sm_90) must be reported and fail the run: the check is not a
-    formality."""
+    warps with a full bias: it spills on sm_90) must be reported and fail the run: the
+    check is not a formality."""
     res = _run("--kernel", "fwd", "--head-dim", "40", "--dtype", "fp16", "--arch", "90", "--bias", "full",
-               "--config=128,64,4,2")
+               "--causal", "0", "--loads", "ptr", "--config=128,64,4,2")
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "FAIL" in res.stdout
+    assert "FAIL: spills" in res.stdout
+
+
+def test_duplicated_work_and_a_budget_fail_the_run():
+    """8 warps on a 64-row score tile on sm_90: both warp groups compute the whole QK^T
+    tile and every exponential (two 64-row warp-group MMAs on 64 rows); and a budget
+    below what a tile compiles to."""
+    res = _run("--kernel", "dq", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--bias", "none",
+               "--causal", "0", "--loads", "tma", "--config=64,32,8,2")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "duplicated matrix work" in res.stdout and "duplicated exponentials" in res.stdout
+    res = _run("--kernel", "dq", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--bias", "none",
+               "--causal", "0", "--loads", "tma", "--config=128,64,8,2", "--budget", "0.1")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "> budget 0.1" in res.stdout
+
+
+def test_report_files(tmp_path):
+    """--out writes the JSON record (triton version, date, commit, definitions, every
+    row) and the markdown report, with the targets the run covers."""
+    res = _run("--kernel", "fwd", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--bias", "none",
+               "--causal", "0", "--loads", "tma", "--quick", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    record = json.loads((tmp_path / "report.json").read_text())
+    import triton
+
+    assert record["triton"] == triton.__version__ and record["date"] and record["commit"]
+    assert "instr/score" in record["definitions"]
+    (row,) = record["rows"]
+    assert row["kernel"] == "fwd" and row["arch"] == 90 and row["tma"] and row["loop_length"] > 0
+    scores = row["block_m"] * row["block_n"]
+    assert row["instr_per_score"] == pytest.approx(row["loop_length"] * row["num_warps"] / scores)
+    (verdict,) = [v for v in record["targets"] if v["id"] == "fwd-d64-fp16-none"]
+    assert verdict["limit"] == pytest.approx(0.25)
+    md = (tmp_path / "report.md").read_text()
+    assert "Static figures read from SASS" in md and triton.__version__ in md and "## Targets" in md

@@ -68,3 +68,33 @@ def test_sdpa_lse_for_inference(seed, dtype, offset):
         local(q, k, v, bias, 0.25, offset)
     auto = local_attention_for(attnkit.auto().chooser)
     auto(q, k, v, bias, 0.25, offset)  # with gradients: sliced
+
+
+@pytest.mark.parametrize("offset", [None, 0, 3, -2], ids=lambda o: f"causal{o}")
+def test_triton_as_the_local_attention(seed, offset):
+    """attnkit's Triton kernel (run by Triton's interpreter here) through the chooser:
+    out and lse, causal offsets included, and gradients through both, within the
+    tolerance rule of float32 math against float64."""
+    local = local_attention_for(attnkit.TritonProcessor().chooser)
+    q, k, v = make_qkv(1, 2, 9, 11, 16, torch.float32, layout="bnhd", requires_grad=True)
+    bias = make_bias("key_padding", 1, 2, 9, 11, torch.float32)
+    out, lse = local(q, k, v, bias, 0.3, offset)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_out, ref_lse = math_attention(q64, k64, v64, bias.double(), 0.3, offset)
+    base_out, base_lse = math_attention(*(t.detach() for t in (q, k, v)), bias, 0.3, offset)
+    alive = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    assert rel_error(out, ref_out) <= 2 * rel_error(base_out, ref_out) + 1e-6
+    assert rel_error(lse[alive], ref_lse[alive]) <= 2 * rel_error(base_lse[alive], ref_lse[alive]) + 1e-6
+    go = torch.randn(out.shape, dtype=torch.float64)
+    gl = torch.randn(lse.shape, dtype=torch.float64).masked_fill(~alive, 0.0)
+    def grads(out, lse, leaves, dtype):
+        loss = (out * go.to(dtype)).sum() + (lse.masked_fill(~alive, 0.0) * gl.to(dtype)).sum()
+        return torch.autograd.grad(loss, leaves)
+
+    got = grads(out, lse, (q, k, v), torch.float32)
+    want = grads(ref_out, ref_lse, (q64, k64, v64), torch.float64)
+    q32, k32, v32 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    base = grads(*math_attention(q32, k32, v32, bias, 0.3, offset), (q32, k32, v32), torch.float32)
+    for g, w, b in zip(got, want, base):  # the tolerance rule: 2x float32 math's error
+        assert torch.isfinite(g).all() and rel_error(g, w) <= 2 * rel_error(b, w) + 1e-6

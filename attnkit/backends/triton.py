@@ -1,9 +1,10 @@
 """triton: attnkit's own FlashAttention-2 kernel (attnkit.kernels.flash_attention).
 
 Takes (B, H, M, D) views with any strides (last dim contiguous) as the processor makes
-them, any head dim from 8 to 256 (split into power-of-two pieces, not padded to the next
-power of two), any M and N, and an additive bias of any broadcast kind read through its
-strides. Forward and backward are deterministic (no atomics; every output element has
+them, any head dim from 8 to 512 (split into power-of-two pieces, not padded to the next
+power of two), any M and N, an additive bias of any broadcast kind read through its
+strides, causal masking at any offset (tiles above the diagonal skipped), and returns the
+log-sum-exp (differentiable) for context parallelism. Forward and backward are deterministic (no atomics; every output element has
 one writer).
 
 Triton is imported only when the backend computes, so asking what it supports works
@@ -18,14 +19,10 @@ from dataclasses import replace
 
 import torch
 
+# attnkit.kernels.limits imports no triton: the submodule import keeps the package's own
+# triton import from raising where triton is missing (see kernels/__init__.py)
+import attnkit.kernels.limits as limits
 from .base import MASK_KINDS, AttentionCall, Backend, Capabilities, DeviceInfo
-
-# The kernels' own limits (attnkit.kernels.flash_attention.MIN_HEAD_DIM / MAX_HEAD_DIM and
-# the CUDA grid limit on its batch and head axes), repeated here so that asking needs no
-# triton import.
-_MIN_HEAD_DIM = 8
-_MAX_HEAD_DIM = 256
-_MAX_GRID_YZ = 65535
 
 CPU_REASON = (
     "device=cpu: the triton backend runs on CUDA; on the CPU it runs only under "
@@ -50,14 +47,16 @@ class TritonBackend(Backend):
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
-        min_head_dim=_MIN_HEAD_DIM,
-        max_head_dim=_MAX_HEAD_DIM,
+        min_head_dim=limits.MIN_HEAD_DIM,
+        max_head_dim=limits.MAX_HEAD_DIM,
         # 8.0: bf16 tensor-core MMA starts with Ampere, and the tile configurations are
         # compiled and checked (registers, shared memory) for sm_80 and sm_90 only
         # (python -m attnkit.kernels.inspect). Turing would need its own fp16-only tiles.
         min_capability=(8, 0),
         masks=frozenset(MASK_KINDS),
         backward=True,
+        causal=True,  # any offset; tiles above the diagonal are skipped
+        lse=True,  # flash_attention_with_lse, differentiable through the log-sum-exp
         # Same inputs, same bits, forward and backward: no atomics. (The autotuner picks
         # a tile configuration per shape once per process; set ATTNKIT_TRITON_AUTOTUNE=0
         # for the same configuration, hence the same bits, in every process.)
@@ -87,17 +86,21 @@ class TritonBackend(Backend):
         return super().device_reason(call)
 
     def extra_reasons(self, call: AttentionCall) -> list[str]:
-        reasons = []
-        if call.batch > _MAX_GRID_YZ:
-            reasons.append(f"batch={call.batch} > {_MAX_GRID_YZ} (CUDA grid limit)")
-        if call.heads > _MAX_GRID_YZ:
-            reasons.append(f"heads={call.heads} > {_MAX_GRID_YZ} (CUDA grid limit)")
-        if call.kv_len < 1:
-            reasons.append(f"kv_len={call.kv_len}: needs at least one key")
-        return reasons
+        # The kernels' own limits beyond the declared ones (grid, keys). The head dim is
+        # given clamped: its range is declared above, and said once.
+        d = min(max(call.head_dim, limits.MIN_HEAD_DIM), limits.MAX_HEAD_DIM)
+        return limits.input_problems(d, call.batch or 1, call.heads or 1, call.q_len or 1,
+                                     1 if call.kv_len is None else call.kv_len)
 
-    def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False):
+    def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None, dropout_p=0.0):
         # upcast is already the case: scores, softmax and accumulators are fp32 on chip.
         from attnkit.kernels import flash_attention
 
-        return flash_attention(q, k, v, attn_bias, scale, allow_tf32=self.allow_tf32)
+        return flash_attention(q, k, v, attn_bias, scale, allow_tf32=self.allow_tf32,
+                               causal=causal_offset is not None, causal_offset=causal_offset or 0)
+
+    def forward_with_lse(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None):
+        from attnkit.kernels import flash_attention_with_lse
+
+        return flash_attention_with_lse(q, k, v, attn_bias, scale, allow_tf32=self.allow_tf32,
+                                        causal=causal_offset is not None, causal_offset=causal_offset or 0)

@@ -1,0 +1,258 @@
+"""The static performance targets of the flash-attention kernels, checked on the figures
+`python -m attnkit.kernels.inspect` reads from SASS, and the tables of its report.
+
+Targets (sm_90 figures are those of the TMA variant, the one aligned inputs run):
+
+* fwd: sm_90, fp16 and bf16, no bias and key padding, not causal: the default tile's
+  main loop at or below the tensor-bound limit at head dims 64 and 128, within 1.2x
+  of it at 40, 80 and 160;
+* dkdv and dq: the same variants: no duplicated matrix work or exponentials, and at
+  most 0.6 instr/score at head dims 64 and 128;
+* full bias (sm_90, 16-bit): the default tile of every kernel is the best spill-free
+  one found (reported: which, and its instr/score);
+* sm_80: nothing worse than before this report existed: the default tile of every
+  kernel, head dim, fp16 / fp32 and bias variant compiles to no more instr/score than
+  the kernels of BASELINE_COMMIT did (their figures, read with the same SASS analysis,
+  are kept in bench/results/static/baseline-<commit>.json).
+
+A target that is not met is reported as such, with the reason written in NOT_MET.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+BASELINE_COMMIT = "fdd42b7"
+BASELINE = os.path.join("bench", "results", "static", f"baseline-{BASELINE_COMMIT}.json")
+
+FWD_EXACT = (64, 128)  # at or below the tensor-bound limit
+FWD_NEAR = (40, 80, 160)  # within FWD_NEAR_FACTOR of it
+FWD_NEAR_FACTOR = 1.2
+BWD_HEAD_DIMS = (64, 128)
+BWD_BUDGET = 0.6
+SM80_SLACK = 1.0  # new <= old * SM80_SLACK
+
+# Why a target is not met, by target id (written from the report's figures).
+NOT_MET: dict[str, str] = {}
+
+
+def _default(results, kernel, head_dim, dtype, bias, arch, tma, causal=False):
+    for r in results:
+        j = r.job
+        if (j.kernel, j.head_dim, j.dtype, j.bias, j.arch, j.tma, j.causal) == (
+                kernel, head_dim, dtype, bias, arch, tma, causal) and j.default:
+            return r
+    return None
+
+
+def _verdict(tid, what, r, value, limit, met, note=""):
+    j = r.job if r is not None else None
+    out = {"id": tid, "target": what, "value": value, "limit": limit, "met": bool(met)}
+    if j is not None:
+        out.update(kernel=j.kernel, head_dim=j.head_dim, dtype=j.dtype, bias=j.bias, arch=j.arch,
+                   config=j.config_name, causal=j.causal, tma=j.tma)
+    if not met and tid in NOT_MET:
+        note = (note + " " if note else "") + NOT_MET[tid]
+    if note:
+        out["note"] = note
+    return out
+
+
+def evaluate(results) -> list[dict]:
+    """The verdict of each target on this run's rows (targets whose rows were not
+    compiled in this run are left out)."""
+    out = []
+    for dtype in ("fp16", "bf16"):
+        for bias in ("none", "keypad"):
+            for d in FWD_EXACT + FWD_NEAR:
+                r = _default(results, "fwd", d, dtype, bias, 90, True)
+                if r is None or r.problems and r.loop_length == 0:
+                    continue
+                factor = 1.0 if d in FWD_EXACT else FWD_NEAR_FACTOR
+                tid = f"fwd-d{d}-{dtype}-{bias}"
+                out.append(_verdict(tid, f"forward instr/score <= {factor:g} x tensor-bound limit", r,
+                                    r.instr_per_score, factor * r.tensor_limit,
+                                    r.instr_per_score <= factor * r.tensor_limit + 1e-9 and not r.problems))
+            for kernel in ("dkdv", "dq"):
+                for d in BWD_HEAD_DIMS:
+                    r = _default(results, kernel, d, dtype, bias, 90, True)
+                    if r is None:
+                        continue
+                    dup = r.mma_duplication > 1.05 or r.exp_per_score > 1.5 * r.exp_least
+                    tid = f"{kernel}-d{d}-{dtype}-{bias}"
+                    out.append(_verdict(tid, f"backward: no duplicated work, instr/score <= {BWD_BUDGET}", r,
+                                        r.instr_per_score, BWD_BUDGET,
+                                        not dup and r.instr_per_score <= BWD_BUDGET + 1e-9 and not r.problems))
+    # Full bias: the default is the best spill-free candidate.
+    seen = set()
+    for r in results:
+        j = r.job
+        if j.arch != 90 or j.bias != "full" or j.dtype == "fp32" or j.causal or not j.tma or not j.default:
+            continue
+        key = (j.kernel, j.head_dim, j.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        ok = [o for o in results if (o.job.kernel, o.job.head_dim, o.job.dtype, o.job.bias, o.job.arch, o.job.tma,
+                                     o.job.causal) == (j.kernel, j.head_dim, j.dtype, "full", 90, True, False)
+              and not o.problems]
+        best = min(ok, key=lambda o: o.instr_per_score) if ok else None
+        met = best is not None and not r.problems and r.instr_per_score <= best.instr_per_score + 1e-9
+        out.append(_verdict(f"full-{j.kernel}-d{j.head_dim}-{j.dtype}", "full bias: the default is the best "
+                            "spill-free tile", r, r.instr_per_score,
+                            best.instr_per_score if best else None, met))
+    out.extend(compare_sm80(results))
+    return out
+
+
+def load_baseline() -> list[dict]:
+    if not os.path.exists(BASELINE):
+        return []
+    with open(BASELINE) as f:
+        return json.load(f)["rows"]
+
+
+def compare_sm80(results) -> list[dict]:
+    """sm_80: each default tile against the baseline's default for the same kernel,
+    head dim, dtype and bias variant (not causal, pointer loads: what existed)."""
+    base = {(b["kernel"], b["head_dim"], b["dtype"], b["bias"]): b for b in load_baseline()
+            if b["arch"] == 80 and b.get("default") and b.get("instr_per_score") is not None}
+    out = []
+    for r in results:
+        j = r.job
+        if j.arch != 80 or j.causal or not j.default:
+            continue
+        b = base.get((j.kernel, j.head_dim, j.dtype, j.bias))
+        if b is None or r.loop_length == 0:
+            continue
+        met = r.instr_per_score <= SM80_SLACK * b["instr_per_score"] + 1e-9 and not r.problems
+        out.append(_verdict(f"sm80-{j.kernel}-d{j.head_dim}-{j.dtype}-{j.bias}",
+                            f"sm_80: instr/score <= {BASELINE_COMMIT}'s", r, r.instr_per_score, b["instr_per_score"],
+                            met, note=f"{BASELINE_COMMIT}: {b['config']}, {b.get('regs')} regs"))
+    return out
+
+
+# -- markdown --------------------------------------------------------------------------
+
+
+def _f(x, digits=3):
+    return "-" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def _mix(r) -> str:
+    return " + ".join(f"{n}x {shape}" for shape, n in sorted(r.mma_mix.items())) or "FFMA"
+
+
+def list_order(results) -> list[dict]:
+    """For each candidate list (target, kernel, bias variant, head-dim band), fp16 and not
+    causal, with the loads the target runs for aligned inputs: whether its first
+    candidate (the default) is the fastest-looking one, by the static clocks per score
+    (the worst over the list's head dims)."""
+    groups: dict = {}
+    for r in results:
+        j = r.job
+        if j.dtype != "fp16" or j.causal or (j.arch == 90) != j.tma or r.problems:
+            continue
+        groups.setdefault((j.arch, j.kernel, j.bias, j.band), {}).setdefault(j.config, []).append(r)
+    out = []
+    for (arch, kernel, bias, band), cands in sorted(groups.items()):
+        worst = {cfg: max(r.clocks_per_score for r in rows) for cfg, rows in cands.items()}
+        default = next((cfg for cfg, rows in cands.items() if rows[0].job.default), None)
+        if default is None:
+            continue
+        best = min(worst, key=worst.get)
+        out.append({"arch": arch, "kernel": kernel, "bias": bias, "band": band,
+                    "default": cands[default][0].job.config_name, "default_clocks": worst[default],
+                    "best": cands[best][0].job.config_name, "best_clocks": worst[best],
+                    "first_is_best": worst[default] <= worst[best] * 1.001})
+    return out
+
+
+def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: list[dict]) -> str:
+    lines = [
+        "# Static performance report of the flash-attention kernels",
+        "",
+        f"**Static figures read from SASS: no kernel was run.** triton {meta['triton']}, commit {meta['commit']}"
+        + (" (with uncommitted changes in kernels/)" if meta.get("dirty") else "") + f", {meta['date']}.",
+        f"Generated by `{meta['command'].strip()}` (`make inspect`).",
+        "",
+        "## Definitions",
+        "",
+        meta["definitions"],
+        "",
+    ]
+    met = [v for v in verdicts if v["met"]]
+    unmet = [v for v in verdicts if not v["met"]]
+    lines += ["## Targets", "", f"{len(met)} of {len(verdicts)} met."]
+    if unmet:
+        lines += ["", "**Not met:**", ""]
+        for v in unmet:
+            lines.append(f"- `{v['id']}` ({v['target']}): {_f(v['value'])} against {_f(v['limit'])}"
+                         + (f" ({v['config']})" if "config" in v else "") + (f". {v['note']}" if v.get("note") else ""))
+    lines += ["", "| target | kernel | D | dtype | bias | tile | instr/score | limit | met |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for v in verdicts:
+        if v["id"].startswith("sm80-"):
+            continue
+        lines.append(f"| {v['target']} | {v.get('kernel', '')} | {v.get('head_dim', '')} | {v.get('dtype', '')} | "
+                     f"{v.get('bias', '')} | {v.get('config', '')} | {_f(v['value'])} | {_f(v['limit'])} | "
+                     f"{'yes' if v['met'] else '**no**'} |")
+    sm80 = [v for v in verdicts if v["id"].startswith("sm80-")]
+    if sm80:
+        worse = [v for v in sm80 if not v["met"]]
+        lines += ["", f"sm_80 against {BASELINE_COMMIT} (default tiles, not causal): {len(sm80) - len(worse)} of "
+                  f"{len(sm80)} no worse."]
+        if worse:
+            lines += ["", "| kernel | D | dtype | bias | tile | instr/score | before | note |", "|---|---|---|---|---|---|---|---|"]
+            for v in worse:
+                lines.append(f"| {v['kernel']} | {v['head_dim']} | {v['dtype']} | {v['bias']} | {v['config']} | "
+                             f"{_f(v['value'])} | {_f(v['limit'])} | {v.get('note', '')} |")
+
+    def table(rows, title):
+        out = ["", f"## {title}", "",
+               "| kernel | D | dtype | bias | causal | loads | tile | regs | smem | main loop: matrix instructions per warp "
+               "| length | instr/score | tensor-bound | exp-bound | exp/score | MMA dup | clocks/score |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            j = r.job
+            out.append(f"| {j.kernel} | {j.head_dim} | {j.dtype} | {j.bias} | {'yes' if j.causal else 'no'} | "
+                       f"{'TMA' if r.tma_loads else 'ptr'} | {j.config_name} | {r.regs} | {r.smem} | {_mix(r)} | "
+                       f"{r.loop_length} | {_f(r.instr_per_score)} | {_f(r.tensor_limit)} | {_f(r.exp_limit)} | "
+                       f"{_f(r.exp_per_score, 2)} | {_f(r.mma_duplication, 2)} | {_f(r.clocks_per_score, 4)} |")
+        return out
+
+    key = lambda r: (r.job.kernel, r.job.head_dim, r.job.bias, r.job.causal)  # noqa: E731
+    for arch, loads in ((90, True), (80, False)):
+        rows = sorted((r for r in results if r.job.arch == arch and r.job.dtype == "fp16" and r.job.default
+                       and r.job.tma == loads), key=key)
+        if rows:
+            lines += table(rows, f"sm_{arch}, fp16, default tiles ({'TMA' if loads else 'pointer'} loads)")
+    if reference:
+        lines += table(reference, "Triton's tutorial fused attention, compiled the same way (sm_90, fp16)")
+        lines += ["", "ref_fwd: _attn_fwd_tma, not causal; ref_dkdv / ref_dq: the unmasked loops of _attn_bwd "
+                  "(the tutorial's backward is causal only), its fixed tiles. Each is found by the matrix FLOPs "
+                  "one iteration issues."]
+    order = list_order(results)
+    if order:
+        wrong = [o for o in order if not o["first_is_best"]]
+        lines += ["", "## Candidate lists", "",
+                  f"{len(order) - len(wrong)} of {len(order)} lists have their fastest-looking candidate first "
+                  "(static clocks per score, the worst over the list's head dims; fp16, not causal)."]
+        for o in wrong:
+            lines.append(f"- sm_{o['arch']} {o['kernel']} {o['bias']} band {o['band']}: first {o['default']} "
+                         f"({_f(o['default_clocks'], 4)}), best {o['best']} ({_f(o['best_clocks'], 4)})")
+    if warp_spec:
+        lines += ["", "## Warp specialization", "",
+                  "The forward's unmasked loop compiled with `tl.range(..., warp_specialize=True)` for sm_90 "
+                  "(no bias, TMA), against the same tile without it:", ""]
+        for w in warp_spec:
+            lines.append(f"- D={w['head_dim']}, {w['config']}: {w['verdict']}")
+    failed = [r for r in results if r.problems]
+    lines += ["", "## Gate", "", f"{len(results)} compilations, {len(failed)} with problems."]
+    for r in failed[:50]:
+        j = r.job
+        lines.append(f"- {j.kernel} D={j.head_dim} {j.dtype} {j.bias} {'causal ' if j.causal else ''}"
+                     f"{'tma' if j.tma else 'ptr'} {j.config_name} sm_{j.arch}: {'; '.join(r.problems)}")
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""attnkit.kernels.limits: the kernels' limits, importable without triton, and the
+ImportError that `import attnkit.kernels` gives without it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import attnkit.kernels.limits as limits  # the submodule form: works without triton
+
+
+def _without_triton(code: str) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter where `import triton` fails as if not installed."""
+    prelude = "import sys\nsys.modules['triton'] = None  # import triton -> ModuleNotFoundError\n"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_limits_import_without_triton():
+    res = _without_triton("""
+        import attnkit.kernels.limits as lim
+        from attnkit.kernels.limits import input_problems
+        assert 'triton' not in sys.modules or sys.modules['triton'] is None
+        print(lim.MAX_HEAD_DIM, input_problems(64))
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [str(limits.MAX_HEAD_DIM), "[]"]
+
+
+def test_kernels_without_triton_name_the_extra():
+    res = _without_triton("""
+        try:
+            import attnkit.kernels
+        except ImportError as e:
+            print('ImportError:', e)
+        else:
+            print('imported')
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("ImportError:"), res.stdout
+    assert "pip install 'attnkit[triton]'" in res.stdout
+
+
+def test_kernels_after_limits_without_triton_still_name_the_extra():
+    """Once the package was imported for its limits, asking it for a kernel gives the
+    same ImportError (not an AttributeError)."""
+    res = _without_triton("""
+        import attnkit.kernels.limits
+        try:
+            from attnkit.kernels import flash_attention
+        except ImportError as e:
+            print('ImportError:', e)
+    """)
+    assert res.returncode == 0, res.stderr
+    assert "pip install 'attnkit[triton]'" in res.stdout, res.stdout
+
+
+def test_head_dim_pieces():
+    split = limits.split_head_dim
+    assert split(40) == (32, 16)
+    assert split(80) == (64, 16)
+    assert split(160) == (128, 32)
+    assert split(64) == (64, 0)
+    assert split(8) == (16, 0)
+    assert split(100) == (128, 0)
+    assert split(256) == (256, 0)
+    # FlashAttention-2/3's padded head dims for these (multiples of 32 / their list).
+    fa_pad = {40: 64, 72: 96, 80: 96, 160: 192}
+    for d in range(limits.MIN_HEAD_DIM, limits.MAX_HEAD_DIM + 1):
+        d0, d1 = split(d)
+        assert d0 + d1 >= d and 16 <= d0 <= limits.MAX_PIECE and d0 & (d0 - 1) == 0
+        assert d1 == 0 or (16 <= d1 <= d0 and d1 & (d1 - 1) == 0)
+        assert d0 + d1 <= max(16, 1 << (d - 1).bit_length())  # never worse than next pow2
+        if d in fa_pad:
+            assert limits.padding_waste(d) < (fa_pad[d] - d) / fa_pad[d]
+    with pytest.raises(ValueError, match="head_dim=4 is outside"):
+        split(4)
+
+
+def test_attention_flops():
+    flops = limits.attention_flops
+    assert flops(2, 8, 4096, 77, 40) == 4 * 2 * 8 * 4096 * 77 * 40
+    assert flops(1, 1, 10, 10, 64, backward=True) == 2.5 * 4 * 10 * 10 * 64
+    assert flops(1, 1, 10, 10, 64, causal=True) == 0.5 * 4 * 10 * 10 * 64
+    assert flops(1, 1, 10, 10, 64, backward=True, causal=True) == 2.5 * 0.5 * 4 * 10 * 10 * 64
+
+
+def test_input_problems_name_limit_value_and_remedy():
+    ip = limits.input_problems
+    assert ip(64, batch=2, heads=8, q_len=4096, kv_len=77) == []
+    too_big = limits.MAX_HEAD_DIM + 8
+    (r,) = ip(too_big)
+    assert r.startswith(f"head_dim={too_big} exceeds {limits.MAX_HEAD_DIM}") and "use another backend" in r
+    (r,) = ip(4)
+    assert r.startswith(f"head_dim=4 is below {limits.MIN_HEAD_DIM}")
+    (r,) = ip(64, kv_len=0)
+    assert r.startswith("kv_len=0")
+    (r,) = ip(64, batch=limits.MAX_GRID_YZ + 1)
+    assert f"batch={limits.MAX_GRID_YZ + 1} exceeds {limits.MAX_GRID_YZ}" in r and "split the batch" in r
+    (r,) = ip(64, heads=limits.MAX_GRID_YZ + 1)
+    assert "split the heads" in r
+    (r,) = ip(64, v_head_dim=32)
+    assert r.startswith("v head_dim=32 differs")
+    assert len(ip(4, kv_len=0, batch=10**6)) == 3

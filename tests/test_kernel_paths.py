@@ -1,0 +1,457 @@
+"""The flash-attention kernel's paths beyond the plain forward, in Triton's interpreter,
+against the float64 reference (attnkit.testing), gradients included:
+
+* causal masking, top-left (torch's is_causal), bottom-right and negative offsets
+  (rows that see no key), alone and with every bias kind; tiles above the diagonal
+  are skipped, not computed;
+* head dims 320, 384 and 512 (two 256-wide pieces at most);
+* key padding as lengths: a 0 / -inf key mask is a length and is never loaded; other
+  key biases are loaded up to their last live key;
+* TMA and pointer loads: the launcher picks TMA on sm_90 where the tensors are
+  16-byte aligned, pointers otherwise, and the interpreter runs whichever it picks;
+* each bias variant's own default tiles (the shipped ones, not the interpreter's);
+* rows fully masked by a huge finite value (float32's min), which float64 averages.
+
+Every buffer a kernel writes starts as NaN (poison), and reruns are bit-identical.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, rel_error, torch_math_attention
+
+triton = pytest.importorskip("triton")
+
+from attnkit.kernels import flash_attention, flash_attention_with_lse  # noqa: E402
+
+fa = importlib.import_module("attnkit.kernels.flash_attention")
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE == "cuda", reason="interpreter paths; tests/test_kernel_flash.py covers a GPU")
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every buffer a kernel writes starts as NaN: an unwritten element fails the test."""
+    monkeypatch.setattr(fa, "POISON_OUTPUTS", True)
+
+
+def causal_mask(M: int, N: int, offset: int) -> torch.Tensor:
+    """(M, N) float64: 0 where row i sees key j (j <= i + offset), -inf elsewhere."""
+    i = torch.arange(M)[:, None]
+    j = torch.arange(N)[None, :]
+    return torch.zeros(M, N, dtype=torch.float64).masked_fill(j > i + offset, float("-inf"))
+
+
+def _additive(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if bias.dtype == torch.bool:
+        return torch.zeros(bias.shape, dtype=dtype).masked_fill(~bias, float("-inf"))
+    return bias.to(dtype)
+
+
+def check(q, k, v, bias=None, scale=None, causal=False, offset=0, grads=True, bias_grad=False):
+    """Output, LSE and gradients of the kernel against the float64 reference (the bias
+    plus the causal mask), with the tolerance rule of attnkit.testing: twice the error
+    of plain torch in the same dtype, plus rounding. Returns the kernel's (out, lse)."""
+    M, N = q.shape[2], k.shape[2]
+    mask = causal_mask(M, N, offset) if causal else None
+
+    def with_mask(b, dtype):
+        out = None if b is None else _additive(b, dtype)
+        if mask is not None:
+            out = mask.to(dtype) if out is None else out + mask.to(dtype)
+        return out
+
+    inputs = [q, k, v] + ([bias] if bias_grad else [])
+    for t in inputs:
+        t.requires_grad_(grads)
+    out, lse = flash_attention_with_lse(q, k, v, bias, scale, causal=causal, causal_offset=offset)
+    ref_in = [t.detach().double().requires_grad_(grads) for t in inputs]
+    ref = reference_attention(*ref_in[:3], with_mask(ref_in[3] if bias_grad else bias, torch.float64), scale)
+    base_in = [t.detach().clone().requires_grad_(grads) for t in inputs]
+    base = torch_math_attention(*base_in[:3], with_mask(base_in[3] if bias_grad else bias, torch.float32), scale)
+    eps = EPSILON[q.dtype]
+    err, tol = rel_error(out, ref), 2.0 * rel_error(base, ref) + eps
+    assert err <= tol, f"out: relative error {err:.3e} > tolerance {tol:.3e}"
+    # The LSE of rows that see a key, and -inf exactly for those that see none.
+    scores = q.detach().double() @ k.detach().double().transpose(-1, -2) * (
+        q.shape[-1] ** -0.5 if scale is None else scale)
+    full = with_mask(None if bias is None else bias.detach(), torch.float64)
+    ref_lse = torch.logsumexp(scores if full is None else scores + full, -1)
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isneginf(lse.detach()), ~seen)
+    assert rel_error(lse[seen], ref_lse[seen]) < 1e-5
+    assert torch.all(out.detach()[~seen] == 0)
+    if grads:
+        do = torch.randn_like(out)
+        got = torch.autograd.grad(out, inputs, do)
+        ref_g = torch.autograd.grad(ref, ref_in, do.double())
+        base_g = torch.autograd.grad(base, base_in, do)
+        for name, g, r, b in zip(("dq", "dk", "dv", "dbias"), got, ref_g, base_g):
+            assert g.shape == r.shape and g.dtype != torch.float64
+            if r.norm() == 0:
+                # Every row sees one key at most (a short padding length under a causal
+                # mask): the gradient is exactly 0, and only rounding may remain of it.
+                assert g.double().norm() <= eps * do.double().norm(), name
+                continue
+            err, tol = rel_error(g, r), 2.0 * rel_error(b, r) + eps
+            assert err <= tol, f"{name}: relative error {err:.3e} > tolerance {tol:.3e}"
+    return out.detach(), lse.detach()
+
+
+# -- causal ------------------------------------------------------------------------------
+
+# (dtype, head dim, M, N, causal offset, bias kind, layout)
+CAUSAL_CASES = [
+    ("fp16", 64, 70, 70, 0, "none", "bhnd"),  # torch's is_causal: top-left
+    ("bf16", 40, 45, 100, 55, "key_padding", "bnhd"),  # bottom-right: offset N - M
+    ("fp32", 80, 50, 40, -10, "none", "bhnd"),  # negative: the first 10 rows see nothing
+    ("fp16", 24, 33, 65, 5, "full", "bnhd"),
+    ("bf16", 100, 65, 31, -3, "perhead", "bhnd"),  # head dim 100: no TMA (200-byte rows)
+    ("fp32", 40, 20, 30, -20, "none", "bhnd"),  # every row blind
+    ("fp16", 160, 17, 96, 80, "bool", "bnhd"),
+]
+
+
+def causal_id(case):
+    dt, d, m, n, off, bias, layout = case
+    return f"{dt}-d{d}-m{m}-n{n}-off{off}-{bias}-{layout}"
+
+
+@pytest.mark.parametrize("case", CAUSAL_CASES, ids=causal_id)
+def test_causal_forward_lse_and_gradients(case, seed):
+    dt, d, m, n, off, kind, layout = case
+    B = 2 if kind == "key_padding" else 1  # two lengths
+    q, k, v = make_qkv(B, 2, m, n, d, DTYPES[dt], layout=layout)
+    bias = make_bias(kind, B, 2, m, n, torch.float32)
+    out, lse = check(q, k, v, bias, causal=True, offset=off)
+    if off < 0:
+        assert torch.all(out[:, :, :-off] == 0) and torch.all(torch.isneginf(lse[:, :, :-off]))
+
+
+def test_causal_is_torch_is_causal(seed):
+    """causal_offset=0 is torch's scaled_dot_product_attention(is_causal=True), M != N."""
+    q, k, v = make_qkv(1, 2, 37, 53, 32, torch.float32)
+    ours = flash_attention(q, k, v, causal=True)
+    theirs = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert rel_error(ours, theirs) < 1e-5
+
+
+def test_causal_with_a_learned_bias_gets_its_gradient(seed):
+    q, k, v = make_qkv(1, 2, 40, 50, 40, torch.float16)
+    bias = make_bias("headq", 1, 2, 40, 50, torch.float32)
+    check(q, k, v, bias, causal=True, offset=10, bias_grad=True)
+
+
+def test_tiles_above_the_diagonal_are_never_read(seed):
+    """Keys no row may see, in tiles of their own, hold NaN: a kernel that loaded and
+    masked them would turn every output into NaN (0 * NaN), one that skips them cannot.
+    (32-key tiles in the interpreter: rows 0-39 see keys 0-39, tiles from key 64 on are
+    skipped.)"""
+    q, k, v = make_qkv(1, 2, 40, 128, 32, torch.float16)
+    k[:, :, 64:] = float("nan")
+    v[:, :, 64:] = float("nan")
+    out = flash_attention(q, k, v, causal=True)
+    ref = reference_attention(q, k[:, :, :64], v[:, :, :64], causal_mask(40, 64, 0))
+    assert rel_error(out, ref) < 2e-3
+    q.requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    out = flash_attention(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert torch.isfinite(dq).all() and torch.isfinite(dk[:, :, :64]).all() and torch.isfinite(dv[:, :, :64]).all()
+    assert torch.all(dk[:, :, 64:] == 0) and torch.all(dv[:, :, 64:] == 0)
+
+
+def test_causal_arguments_are_checked():
+    q, k, v = make_qkv(1, 1, 4, 4, 16, torch.float16)
+    with pytest.raises(ValueError, match="causal_offset=3 without causal=True would be ignored"):
+        flash_attention(q, k, v, causal_offset=3)
+    with pytest.raises(ValueError, match="causal_offset=1.5 must be an int"):
+        flash_attention(q, k, v, causal=True, causal_offset=1.5)
+    with pytest.raises(ValueError, match="causal=1 must be a bool"):
+        flash_attention(q, k, v, causal=1)
+
+
+def test_an_offset_that_hides_nothing_is_no_mask(monkeypatch, seed):
+    """Offsets beyond the last key mean every key is visible: the unmasked kernel runs;
+    offsets before the first row mean none is, and every row is empty."""
+    seen = []
+    real = fa._launch
+
+    def spy(kernel, *args):
+        seen.append(args[-2]["CAUSAL"])
+        return real(kernel, *args)
+
+    monkeypatch.setattr(fa, "_launch", spy)
+    q, k, v = make_qkv(1, 2, 20, 30, 16, torch.float32)
+    out = flash_attention(q, k, v, causal=True, causal_offset=10**12)
+    assert seen == [False] and rel_error(out, reference_attention(q, k, v)) < 1e-5
+    out = flash_attention(q, k, v, causal=True, causal_offset=-(10**12))
+    assert seen == [False, True] and torch.all(out == 0)
+
+
+# -- head dims up to 512 -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt,d,causal", [("fp16", 320, False), ("bf16", 384, True), ("fp16", 512, False),
+                                          ("fp32", 512, True)])
+def test_large_head_dims(dt, d, causal, seed):
+    """Two pieces of at most 256 (320 = 256 + 64, 384 = 256 + 128, 512 = 256 + 256): the
+    SD VAE's single 512-wide head, and the head dims of newer models."""
+    q, k, v = make_qkv(1, 2, 33, 40, d, DTYPES[dt], layout="bnhd")
+    bias = make_bias("key_padding", 1, 2, 33, 40, torch.float32)
+    check(q, k, v, bias, causal=causal, offset=3 if causal else 0)
+
+
+# -- key padding as lengths --------------------------------------------------------------
+
+
+def test_key_padding_lengths_and_plain_flags():
+    """The launcher measures each (batch, head)'s length (one past its last key that is
+    not -inf) and whether the bias is 0 before it (a mask: nothing to load)."""
+    B, H, M, N = 3, 2, 5, 10
+    bias = torch.zeros(B, 1, 1, N)
+    bias[0, ..., 7:] = float("-inf")  # a mask: length 7
+    bias[1, ..., 3] = float("-inf")  # a hole: length 10, not plain
+    bias[2] = float("-inf")  # nothing visible: length 0
+    q = torch.randn(B, H, M, 16)
+    _, _, lens, plain, sl, constexprs, variant = fa._bias_args(bias, q, (B, H, M, N))
+    assert variant == "keypad" and constexprs["BIAS"] == fa.KEY_BIAS
+    assert lens[:, 0].tolist() == [7, 10, 0] and plain[:, 0].tolist() == [1, 0, 1]
+    assert sl == (lens.stride(0), 0)  # broadcast over heads
+    bias[0, ..., 2] = 0.5  # a value: the bias must be loaded
+    _, _, lens, plain, *_ = fa._bias_args(bias, q, (B, H, M, N))
+    assert plain[:, 0].tolist() == [0, 0, 1]
+    _, _, _, _, _, constexprs, variant = fa._bias_args(torch.zeros(B, H, M, N), q, (B, H, M, N))
+    assert variant == "full" and constexprs["BIAS"] == fa.FULL_BIAS
+
+
+@pytest.mark.parametrize("kind", ["key_padding", "key_padding_bool", "value_and_padding", "empty_rows"])
+def test_key_padding(kind, seed):
+    B, H, M, N, D = 3, 2, 40, 70, 40
+    q, k, v = make_qkv(B, H, M, N, D, torch.float16, layout="bnhd")
+    if kind == "value_and_padding":  # a per-key value plus padding: loaded up to the length
+        bias = make_bias("perhead", B, 1, M, N) + make_bias("key_padding", B, 1, M, N)
+    elif kind == "empty_rows":  # one batch item sees no key at all
+        bias = make_bias("key_padding", B, 1, M, N)
+        bias[1] = float("-inf")
+    else:
+        bias = make_bias(kind, B, H, M, N)
+    out, _ = check(q, k, v, bias)
+    if kind == "empty_rows":
+        assert torch.all(out[1] == 0)
+
+
+def test_padded_keys_are_never_read(seed):
+    """Keys past the length, in tiles of their own, hold NaN: they are not loaded."""
+    q, k, v = make_qkv(2, 2, 30, 128, 32, torch.float16)
+    bias = torch.zeros(2, 1, 1, 128)
+    bias[..., 50:] = float("-inf")
+    k[:, :, 64:] = float("nan")
+    v[:, :, 64:] = float("nan")
+    out = flash_attention(q, k, v, bias)
+    assert rel_error(out, reference_attention(q, k[:, :, :50], v[:, :, :50])) < 2e-3
+
+
+def test_key_padding_bias_gradient(seed):
+    """The gradient of a learned key bias with padding (the dK/dV pass sums it), zero
+    on padded keys."""
+    B, H, M, N = 2, 2, 37, 70
+    q, k, v = make_qkv(B, H, M, N, 64, torch.bfloat16)
+    bias = make_bias("key_padding", B, 1, M, N, torch.float32)
+    check(q, k, v, bias, bias_grad=True)
+
+
+# -- TMA and pointer loads ---------------------------------------------------------------
+
+
+def _spy_tma(monkeypatch):
+    seen = []
+    real = fa._launch
+
+    def spy(kernel, *args):
+        seen.append((kernel, args[-2]["TMA"]))
+        return real(kernel, *args)
+
+    monkeypatch.setattr(fa, "_launch", spy)
+    return seen
+
+
+def test_tma_where_aligned_pointers_elsewhere(monkeypatch, seed):
+    """On sm_90 the streamed tiles come through tensor descriptors when every tensor is
+    16-byte aligned; a 200-byte row (head dim 100 in fp16), an odd offset, fp32 inputs
+    or sm_80 take pointers. The interpreter runs the same launcher path either way, and
+    both give the same bits."""
+    seen = _spy_tma(monkeypatch)
+    q, k, v = make_qkv(1, 2, 40, 70, 64, torch.float16, layout="bnhd")
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = flash_attention(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert seen == [("fwd_lo", True), ("dkdv", True), ("dq", True)]
+    seen.clear()
+    monkeypatch.setattr(fa, "INTERPRET_ARCH", "sm80")
+    out_ptr = flash_attention(q, k, v)
+    grads_ptr = torch.autograd.grad(out_ptr, (q, k, v), torch.ones_like(out))
+    assert seen == [("fwd_lo", False), ("dkdv", False), ("dq", False)]
+    assert torch.equal(out, out_ptr) and all(torch.equal(a, b) for a, b in zip(grads, grads_ptr))
+    monkeypatch.setattr(fa, "INTERPRET_ARCH", "sm90")
+
+    seen.clear()
+    q, k, v = make_qkv(1, 2, 40, 70, 100, torch.float16)
+    check(q, k, v, grads=False)
+    assert seen == [("fwd", False)]
+    seen.clear()
+    storage = torch.randn(1 + 2 * 70 * 64, dtype=torch.float16)
+    k_odd = storage[1:].view(1, 2, 70, 64)  # 2 bytes past a 16-byte boundary
+    q, _, v = make_qkv(1, 2, 40, 70, 64, torch.float16)
+    check(q, k_odd, v, grads=False)
+    assert seen == [("fwd", False)]
+    seen.clear()
+    check(*make_qkv(1, 2, 40, 70, 64, torch.float32), grads=False)
+    assert seen == [("fwd", False)]
+
+
+# -- the shipped tiles of each bias variant ----------------------------------------------
+
+
+@pytest.mark.parametrize("arch,kind", [("sm90", "none"), ("sm90", "key_padding"), ("sm90", "perhead"),
+                                       ("sm90", "full"), ("sm80", "none"), ("sm80", "full")])
+def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
+    """Each bias variant has its own candidate lists (a tile that spills with a full
+    bias still serves the others): run the kernels with the default tile the target
+    ships for the call's variant (up to 128 x 128), causal too, in the interpreter."""
+    monkeypatch.setattr(fa, "INTERPRET_SHIPPED_TILES", True)
+    monkeypatch.setattr(fa, "INTERPRET_ARCH", arch)
+    variant = {"none": "none", "key_padding": "keypad", "perhead": "keypad", "full": "full"}[kind]
+    tiles = {kernel: fa.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0]
+             for kernel in ("fwd_lo", "dkdv", "dq")}
+    seen = {}
+    real = fa._kernel_for
+
+    def spy(kernel, *args):
+        fn, cfg = real(kernel, *args)
+        seen[kernel] = cfg
+        return fn, cfg
+
+    monkeypatch.setattr(fa, "_kernel_for", spy)
+    M, N = 150, 140  # crosses a 128-row tile and ends inside one
+    q, k, v = make_qkv(1, 2, M, N, 64, torch.float16, layout="bnhd")
+    bias = make_bias(kind, 1, 2, M, N, torch.float32)
+    check(q, k, v, bias, causal=True, offset=N - M)
+    assert seen == tiles
+
+
+# -- huge finite masks -------------------------------------------------------------------
+
+
+F32_MIN = torch.finfo(torch.float32).min
+
+
+# The interpreter computes with numpy, which warns where a huge bias times log2(e)
+# overflows to -inf in a score whose weight is 0 anyway; a GPU does the same silently.
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("dt,value,shape", [
+    ("fp16", F32_MIN, "full"), ("bf16", F32_MIN, "key"), ("fp32", F32_MIN, "full"), ("fp32", F32_MIN, "key"),
+    ("fp16", -1e30, "key"), ("fp32", -1e9, "full"), ("bf16", -1e9, "key")])
+def test_rows_masked_by_a_huge_finite_value_average_v(dt, value, shape, seed):
+    """A row whose keys all carry the same huge finite bias (float32's min is a common
+    "minus infinity") is an ordinary row to float64: its weights are those of the
+    scores alone, which such a bias swamps in float32 (uniform: the mean of V) for
+    -1e30 and float32's min. Multiplying the bias by log2(e) on its own overflowed to
+    -inf and gave zeros. Only -inf masks give zeros."""
+    B, H, M, N, D = 2, 2, 20, 37, 32
+    q, k, v = make_qkv(B, H, M, N, D, DTYPES[dt])
+    if shape == "full":
+        bias = torch.randn(B, H, M, N)
+        bias[:, :, 3] = value
+        bias[:, 1, 7] = float("-inf")
+        rows = (slice(None), slice(None), 3)
+    else:
+        bias = torch.zeros(B, 1, 1, N)
+        bias[1] = value  # every row of batch item 1
+        rows = (1,)
+    out = flash_attention(q, k, v, bias)
+    ref = reference_attention(q, k, v, bias)
+    assert torch.isfinite(out).all()
+    if value < -1e29:
+        # float64 averages V there: the bias swamps the scores even in float64.
+        mean_v = v.double().mean(2, keepdim=True).expand(B, H, M, D)
+        assert rel_error(ref[rows], mean_v[rows]) < 1e-12
+        err, tol = rel_error(out[rows], ref[rows]), 2.0 * rel_error(v.mean(2, keepdim=True).expand(B, H, M, D)[rows],
+                                                                       mean_v[rows]) + EPSILON[q.dtype]
+        assert err <= tol, f"masked rows: relative error {err:.3e} > {tol:.3e}"
+    else:
+        # -1e9 leaves float64 the scores (softmax of q.k), float32 arithmetic a uniform
+        # row: any float32 kernel gives the mean of V there, as plain torch in float32.
+        fp32 = torch_math_attention(q.float(), k.float(), v.float(), bias)
+        assert rel_error(out[rows], fp32[rows]) <= 2 * EPSILON[q.dtype]
+    if shape == "full":
+        assert torch.all(out[:, 1, 7] == 0)  # -inf rows still give zeros
+    # Gradients stay finite and the scores' rows that float64 and float32 agree on match.
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = flash_attention(q, k, v, bias)
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_huge_finite_mask_gradients_match_float64(seed):
+    """With float32's min the masked rows are uniform in float64 too; the gradients of
+    such a bias, and of q, k, v, match the reference by the tolerance rule."""
+    B, H, M, N = 1, 2, 24, 33
+    q, k, v = make_qkv(B, H, M, N, 40, torch.float32)
+    bias = torch.randn(B, H, M, N)
+    bias[:, :, 5] = torch.finfo(torch.float32).min
+    check(q, k, v, bias, bias_grad=True)
+
+
+# -- scales ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+def test_negative_and_zero_scale(scale, seed):
+    """The max is taken on unscaled scores, which needs scale >= 0: a negative scale
+    runs as -q with -scale; a zero scale gives uniform rows, masks still applied."""
+    q, k, v = make_qkv(1, 2, 30, 45, 40, torch.float32)
+    check(q, k, v, scale=scale)
+    check(q, k, v, make_bias("key_padding", 1, 2, 30, 45), scale=scale, causal=True, offset=2)
+
+
+# -- determinism -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["none", "key_padding", "full"])
+def test_rerun_is_bit_identical(kind, seed):
+    q, k, v = make_qkv(1, 2, 45, 70, 40, torch.bfloat16, layout="bnhd", requires_grad=True)
+    bias = make_bias(kind, 1, 2, 45, 70)
+    do = torch.randn(q.shape, dtype=q.dtype)
+    runs = []
+    for _ in range(2):
+        out = flash_attention(q, k, v, bias, causal=True, causal_offset=20)
+        runs.append((out.detach().clone(), *torch.autograd.grad(out, (q, k, v), do)))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_default_tiles_exist_for_every_head_dim():
+    """Every head dim from 8 to 512 has candidates on both targets, for every kernel,
+    width and bias variant (the inspector compiles each)."""
+    for arch in fa.ARCHS:
+        for kernel in fa._KERNELS:
+            for dtype in (torch.float16, torch.float32):
+                for variant in fa.VARIANTS:
+                    for d in (8, 40, 64, 80, 100, 160, 200, 256, 300, 384, 512):
+                        for causal in (False, True):
+                            for tma in (False, True):
+                                assert fa.configs_for(kernel, d, dtype, arch, variant, causal, tma), (
+                                    arch, kernel, variant, d, causal, tma)
+    assert math.isclose(fa.padding_waste(320), 0.0)
