@@ -982,6 +982,9 @@ class TileConfig:
     # The loads it serves on sm_90: TMA, and pointers (the fallback for tensors that
     # are not 16-byte aligned, whose address arithmetic holds more registers).
     loads: frozenset = frozenset({"tma", "ptr"})
+    # The padded head dims it serves (None: every one of its band): where no tile of a
+    # band compiles clean at all of its head dims for some variant.
+    dims: Optional[frozenset] = None
 
     def __str__(self) -> str:
         r = "-r" if self.reload else ""
@@ -1016,116 +1019,266 @@ _PTR = frozenset({"ptr"})
 # head-dim rows of both operands in registers, so fp32 needs 16-row tiles, the reload
 # variant and mostly 8 warps; larger tiles (M32, or M16-N32 on 4 warps at head dim >= 80)
 # spill on both targets. tf32 (allow_tf32=True) uses tensor cores and these tiles too.
-_FP32 = {
-    "fwd": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
-            96: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-            128: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-            192: (_C(16, 16, 4, 2, True), _C(16, 16, 8, 2, True)),
-            256: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
-            320: (_C(16, 16, 4, 2, True),),
-            384: (_C(16, 16, 4, 2, True),),
-            512: (_C(16, 16, 4, 2, True),)},
-    "dkdv": {64: (_C(16, 32, 8, 2, True),),
-             96: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
-             128: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
-             192: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
-             256: (_C(16, 16, 4, 2, True),),
-             320: (_C(16, 16, 4, 2, True),),
-             384: (_C(16, 16, 4, 2, True),),
-             512: (_C(16, 16, 4, 2, True),)},
-    "dq": {64: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
-           96: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
-           128: (_C(16, 32, 8, 2, True), _C(16, 16, 8, 2, True)),
-           192: (_C(16, 16, 8, 2, True), _C(16, 16, 4, 2, True)),
-           # M16-N32 first would need 102400 B of shared memory: more than sm_86 has.
-           256: (_C(16, 16, 8, 2, True), _C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
-           320: (_C(16, 16, 4, 2, True),),
-           384: (_C(16, 16, 4, 2, True),),
-           512: (_C(16, 16, 4, 2, True),)},
-}
-# Head dims above 256 on either target: narrow query tiles on mma.sync (the backward in
-# one launch per head-dim piece and gradient, see _backward_impl).
-_LARGE = {
-    "fwd": {320: (_C(32, 32, 4, 2, True), _C(16, 32, 4, 2, True)),
-            384: (_C(32, 32, 4, 2, True, _NK), _C(16, 32, 4, 2, True)),
-            512: (_C(16, 32, 4, 2, True),)},
-    "dkdv": {320: (_C(32, 16, 4, 1, True),),
-             384: (_C(32, 16, 4, 2, True),),
-             512: (_C(32, 16, 4, 2, True),)},
-    "dq": {320: (_C(16, 32, 4, 2, True),),
-           384: (_C(16, 32, 4, 2, True),),
-           512: (_C(16, 32, 4, 2, True),)},
-}
+# The lists below were chosen from the static report: for each list (target, kernel,
+# width, head-dim band) the tiles that compile clean (no spill, no duplicated work, within
+# shared memory) at every head dim of the band for a (bias variant, causality, loads)
+# serve it, ordered by the static clocks per score (the fastest-looking first); where no
+# tile of a band is clean at all its head dims, `dims` gives one per padded head dim; a
+# few full-bias lists have pointer tiles only on sm_90 (those calls run pointer loads)
+# or TMA tiles only (misaligned tensors are copied into aligned buffers first). Budgets
+# are 5% above the instr/score measured. Figures: bench/results/static/report.md.
 CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
-    # sm_80 (mma.sync, pointer loads): the lists of before the static report, which it
-    # finds no worse (head dims up to 256).
     "sm80": {
-        "fwd": {"16bit": {
-            64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3)),
-            96: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, True)),
-            128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, True)),
-            192: (_C(64, 32, 4, 2),),
-            256: (_C(64, 32, 8, 2, True), _C(32, 32, 4, 2, True)),
-            **_LARGE["fwd"],
-        }, "32bit": _FP32["fwd"]},
-        "dkdv": {"16bit": {
-            64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
-            96: (_C(32, 64, 8, 2, True), _C(32, 32, 4, 2, True)),
-            128: (_C(32, 64, 8, 2, True), _C(32, 32, 4, 2, True)),
-            192: (_C(16, 32, 8, 2, True), _C(16, 16, 4, 2, True)),
-            256: (_C(16, 32, 8, 2, True), _C(32, 16, 4, 2, True), _C(16, 16, 4, 2, True)),
-            **_LARGE["dkdv"],
-        }, "32bit": _FP32["dkdv"]},
-        "dq": {"16bit": {
-            64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
-            96: (_C(64, 32, 8, 2, True), _C(64, 64, 8, 2, True)),
-            128: (_C(64, 32, 8, 2, True), _C(64, 64, 8, 2, True)),
-            192: (_C(64, 32, 8, 2, True),),
-            256: (_C(32, 32, 8, 2, True), _C(64, 32, 8, 2, True), _C(16, 32, 4, 2, True)),
-            **_LARGE["dq"],
-        }, "32bit": _FP32["dq"]},
+        "fwd": {
+            "16bit": {
+                64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3)),
+                96: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, reload=True)),
+                128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, reload=True)),
+                192: (_C(64, 32, 4, 2),),
+                256: (_C(64, 32, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
+                320: (_C(32, 32, 4, 2, reload=True), _C(16, 32, 4, 2, reload=True)),
+                384: (_C(32, 32, 4, 2, reload=True, variants=_NK), _C(16, 32, 4, 2, reload=True)),
+                512: (_C(16, 32, 4, 2, reload=True),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                96: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                128: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                192: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                256: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
+        "fwd_lo": {
+            "16bit": {
+                64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3)),
+                96: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, reload=True)),
+                128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, reload=True)),
+                192: (_C(64, 32, 4, 2),),
+                256: (_C(64, 32, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
+                320: (_C(32, 32, 4, 2, reload=True), _C(16, 32, 4, 2, reload=True)),
+                384: (_C(32, 32, 4, 2, reload=True, variants=_NK), _C(16, 32, 4, 2, reload=True)),
+                512: (_C(16, 32, 4, 2, reload=True),),
+            },
+            "32bit": {},
+        },
+        "dkdv": {
+            "16bit": {
+                64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
+                96: (_C(32, 64, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
+                128: (_C(32, 64, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
+                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 32, 8, 2, reload=True), _C(32, 16, 4, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                320: (_C(32, 16, 4, 1, reload=True),),
+                384: (_C(32, 16, 4, 2, reload=True),),
+                512: (_C(32, 16, 4, 2, reload=True),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True),),
+                96: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                128: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 16, 4, 2, reload=True),),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
+        "dq": {
+            "16bit": {
+                64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
+                96: (_C(64, 32, 8, 2, reload=True), _C(64, 64, 8, 2, reload=True)),
+                128: (_C(64, 32, 8, 2, reload=True), _C(64, 64, 8, 2, reload=True)),
+                192: (_C(64, 32, 8, 2, reload=True),),
+                256: (_C(32, 32, 8, 2, reload=True), _C(64, 32, 8, 2, reload=True), _C(16, 32, 4, 2, reload=True)),
+                320: (_C(16, 32, 4, 2, reload=True),),
+                384: (_C(16, 32, 4, 2, reload=True),),
+                512: (_C(16, 32, 4, 2, reload=True),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                96: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
+        "dkdv_dbias": {
+            "16bit": {
+                64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
+                96: (_C(32, 64, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
+                128: (_C(32, 64, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
+                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 32, 8, 2, reload=True), _C(32, 16, 4, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                320: (_C(32, 16, 4, 1, reload=True),),
+                384: (_C(32, 16, 4, 2, reload=True),),
+                512: (_C(32, 16, 4, 2, reload=True),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True),),
+                96: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                128: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 16, 4, 2, reload=True),),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
+        "dq_dbias": {
+            "16bit": {
+                64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
+                96: (_C(64, 32, 8, 2, reload=True), _C(64, 64, 8, 2, reload=True)),
+                128: (_C(64, 32, 8, 2, reload=True), _C(64, 64, 8, 2, reload=True)),
+                192: (_C(64, 32, 8, 2, reload=True),),
+                256: (_C(32, 32, 8, 2, reload=True), _C(64, 32, 8, 2, reload=True), _C(16, 32, 4, 2, reload=True)),
+                320: (_C(16, 32, 4, 2, reload=True),),
+                384: (_C(16, 32, 4, 2, reload=True),),
+                512: (_C(16, 32, 4, 2, reload=True),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                96: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
     },
-    # sm_90 (warp-group MMA on 64-row tiles per warp group, TMA loads): 8 warps only
-    # where every MMA has M >= 128 (two warp groups on 64 rows would both compute the
-    # whole score tile and every exponential); a full bias holds a score-sized tile more,
-    # hence its own, smaller tiles. Figures: bench/results/static/report.md.
     "sm90": {
-        "fwd": {"16bit": {
-            64: (_C(128, 128, 8, 2, variants=_NK), _C(128, 64, 8, 3)),
-            96: (_C(128, 128, 8, 2, variants=_NK), _C(64, 64, 4, 2)),
-            128: (_C(128, 128, 8, 2), _C(128, 64, 8, 2, variants=_NK), _C(128, 32, 8, 3, variants=_F)),
-            192: (_C(128, 128, 8, 2, variants=_NK), _C(128, 32, 8, 2, variants=_F), _C(64, 64, 4, 2, variants=_NK)),
-            256: (_C(128, 64, 8, 2, variants=_NK), _C(128, 32, 8, 2)),
-            **_LARGE["fwd"],
-        }, "32bit": _FP32["fwd"]},
-        "dkdv": {"16bit": {
-            64: (_C(64, 64, 4, 2, variants=_NK), _C(32, 64, 4, 2, variants=_F), _C(64, 128, 8, 2, variants=_NK)),
-            96: (_C(64, 64, 4, 2, variants=_N), _C(32, 64, 4, 2, variants=_K), _C(32, 128, 8, 2, variants=_KF)),
-            128: (_C(32, 64, 4, 2, variants=_NK), _C(16, 64, 4, 2, variants=_F), _C(32, 128, 8, 2, variants=_NK)),
-            192: (_C(32, 64, 4, 2, variants=_N), _C(32, 16, 4, 2, True)),
-            256: (_C(32, 16, 4, 2, True),),
-            **_LARGE["dkdv"],
-        }, "32bit": _FP32["dkdv"]},
-        "dq": {"16bit": {
-            64: (_C(128, 128, 8, 2, variants=_NK), _C(128, 32, 8, 2, variants=_F), _C(64, 64, 4, 2, variants=_NK)),
-            96: (_C(128, 128, 8, 2, variants=_NK), _C(64, 64, 4, 2)),
-            128: (_C(128, 128, 8, 2, variants=_NK, causal=_UNCAUSAL), _C(64, 64, 4, 2, variants=_NK),
-                  _C(128, 32, 8, 2, variants=_F)),
-            192: (_C(64, 64, 4, 2, variants=_NK), _C(128, 32, 8, 2)),
-            256: (_C(64, 64, 4, 2, variants=_NK), _C(16, 32, 4, 2, True, _F)),
-            **_LARGE["dq"],
-        }, "32bit": _FP32["dq"]},
+        "fwd": {
+            "16bit": {
+                64: (_C(128, 128, 8, 2, variants=_NK, budget=0.31), _C(128, 64, 8, 2, variants=_F, causal=_CAUSAL, loads=_PTR), _C(128, 64, 8, 3, loads=_TMA, budget=0.71), _C(128, 32, 8, 3, variants=_F, causal=_UNCAUSAL, loads=_PTR)),
+                96: (_C(128, 128, 8, 2, variants=_NK, loads=_TMA, budget=0.33), _C(128, 128, 8, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(64, 64, 4, 2, budget=0.6)),
+                128: (_C(128, 128, 8, 2, loads=_TMA, budget=0.43), _C(128, 64, 8, 2, variants=_NK, budget=0.4), _C(128, 32, 8, 3, budget=0.97)),
+                192: (_C(128, 128, 8, 2, variants=_NK, loads=_TMA, budget=0.36), _C(64, 64, 4, 2, variants=_N, loads=_PTR), _C(128, 32, 8, 2, budget=0.96)),
+                256: (_C(128, 64, 8, 2, variants=_NK, loads=_TMA, budget=0.52), _C(128, 32, 8, 2, variants=_NK, loads=_PTR), _C(128, 32, 8, 2, loads=_TMA, budget=1.24), _C(16, 32, 4, 2, reload=True, variants=_F, loads=_PTR)),
+                320: (_C(32, 32, 4, 2, reload=True, loads=_TMA, budget=2.41), _C(16, 32, 4, 2, reload=True, variants=_NK, loads=_PTR)),
+                384: (_C(32, 32, 4, 2, reload=True, variants=_NK, loads=_TMA, budget=2.22), _C(16, 32, 4, 2, reload=True, loads=_TMA, budget=3.47), _C(16, 32, 4, 1, reload=True, variants=_NK, loads=_PTR)),
+                512: (_C(16, 32, 4, 2, reload=True, variants=_NK, loads=_PTR), _C(16, 32, 4, 2, reload=True, loads=_TMA, budget=3.93)),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                96: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                128: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                192: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                256: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
+        "fwd_lo": {
+            "16bit": {
+                64: (_C(128, 128, 8, 2, variants=_NK, budget=0.31), _C(128, 64, 8, 2, causal=_CAUSAL, loads=_PTR), _C(128, 64, 8, 3, loads=_TMA, budget=0.71), _C(128, 32, 8, 3, budget=0.83)),
+                96: (_C(128, 128, 8, 2, variants=_NK, loads=_TMA, budget=0.33), _C(128, 128, 8, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(64, 64, 4, 2, budget=0.6)),
+                128: (_C(128, 128, 8, 2, loads=_TMA, budget=0.43), _C(128, 64, 8, 2, variants=_NK, budget=0.4), _C(128, 32, 8, 3, budget=0.97)),
+                192: (_C(128, 128, 8, 2, variants=_NK, loads=_TMA, budget=0.36), _C(64, 64, 4, 2, variants=_N, loads=_PTR), _C(128, 32, 8, 2, budget=0.96)),
+                256: (_C(16, 32, 4, 2, reload=True, budget=2.69),),
+                320: (_C(32, 32, 4, 2, reload=True, loads=_TMA, budget=2.39), _C(16, 32, 4, 2, reload=True, variants=_NK, loads=_PTR)),
+                384: (_C(32, 32, 4, 2, reload=True, variants=_NK, loads=_TMA, budget=2.22), _C(16, 32, 4, 1, reload=True, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(16, 32, 4, 2, reload=True, loads=_TMA, budget=3.47), _C(16, 32, 4, 1, reload=True, variants=_NK, causal=_CAUSAL, loads=_PTR)),
+                512: (_C(16, 32, 4, 2, reload=True, variants=_NK, loads=_PTR), _C(16, 32, 4, 2, reload=True, loads=_TMA, budget=3.93)),
+            },
+            "32bit": {},
+        },
+        "dkdv": {
+            "16bit": {
+                64: (_C(64, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(64, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_TMA, budget=0.45), _C(64, 64, 4, 2, variants=_NK, causal=_CAUSAL, loads=_TMA, budget=0.46), _C(64, 128, 8, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_NK, loads=_PTR), _C(32, 128, 8, 2, variants=_F, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, loads=_TMA, budget=0.92), _C(16, 64, 4, 2, variants=_F, causal=_CAUSAL, loads=_PTR)),
+                96: (_C(64, 64, 4, 2, variants=_N, loads=_TMA, budget=0.5), _C(32, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_NK, causal=_CAUSAL, loads=_TMA, budget=0.7), _C(32, 64, 4, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(32, 128, 8, 2, variants=_NK, causal=_CAUSAL, loads=_PTR), _C(32, 128, 8, 2, causal=_UNCAUSAL, loads=_TMA, budget=1.01), _C(16, 64, 4, 2, variants=_F, causal=_CAUSAL, loads=_PTR, dims=frozenset({80})), _C(16, 64, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=frozenset({80})), _C(16, 128, 8, 2, variants=_F, causal=_CAUSAL, loads=_TMA, budget=1.48), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=frozenset({96})), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=frozenset({96}))),
+                128: (_C(32, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_TMA, budget=0.64), _C(32, 64, 4, 2, variants=_N, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_N, causal=_CAUSAL, loads=_TMA, budget=0.62), _C(16, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(16, 64, 4, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(16, 128, 8, 2, variants=_K, causal=_CAUSAL, loads=_PTR), _C(16, 64, 4, 2, loads=_TMA, budget=1.31), _C(32, 16, 4, 2, reload=True, variants=_F, loads=_PTR)),
+                192: (_C(32, 64, 4, 2, variants=_N, causal=_UNCAUSAL, loads=_TMA, budget=0.8), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, variants=_NF, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, loads=_TMA, budget=2.62), _C(32, 16, 4, 2, reload=True, causal=_CAUSAL, loads=_TMA, budget=2.71)),
+                256: (_C(32, 16, 4, 2, reload=True, variants=_N, causal=_UNCAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, loads=_TMA, budget=2.88), _C(32, 16, 4, 1, reload=True, variants=_NK, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_UNCAUSAL, loads=_PTR)),
+                320: (_C(16, 128, 8, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(16, 128, 8, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 1, reload=True, loads=_TMA, budget=3.3)),
+                384: (_C(32, 16, 4, 2, reload=True),),
+                512: (_C(32, 16, 4, 2, reload=True),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True),),
+                96: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                128: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 16, 4, 2, reload=True),),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
+        "dq": {
+            "16bit": {
+                64: (_C(128, 128, 8, 2, variants=_NK, loads=_TMA, budget=0.28), _C(128, 128, 8, 2, variants=_N, loads=_PTR), _C(64, 64, 4, 2, variants=_NK, budget=0.35), _C(128, 32, 8, 2, budget=0.81)),
+                96: (_C(128, 128, 8, 2, variants=_NK, loads=_TMA, budget=0.3), _C(64, 64, 4, 2, budget=0.55)),
+                128: (_C(128, 128, 8, 2, variants=_NK, causal=_UNCAUSAL, loads=_TMA, budget=0.26), _C(64, 64, 4, 2, variants=_NK, budget=0.35), _C(128, 32, 8, 2, budget=0.91)),
+                192: (_C(64, 64, 4, 2, variants=_NK, loads=_TMA, budget=0.45), _C(128, 32, 8, 2, budget=0.88)),
+                256: (_C(64, 64, 4, 2, variants=_NK, loads=_TMA, budget=0.5), _C(16, 32, 4, 2, reload=True, budget=2.2)),
+                320: (_C(16, 32, 4, 2, reload=True, budget=2.8),),
+                384: (_C(16, 32, 4, 2, reload=True, budget=3.02),),
+                512: (_C(16, 32, 4, 2, reload=True, budget=3.35),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                96: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
+        "dkdv_dbias": {
+            "16bit": {
+                64: (_C(64, 64, 4, 2, variants=_NK, loads=_TMA), _C(32, 64, 4, 2, variants=_F, loads=_TMA), _C(64, 128, 8, 2, variants=_NK, loads=_TMA)),
+                96: (_C(64, 64, 4, 2, variants=_N, loads=_TMA), _C(32, 64, 4, 2, variants=_K, loads=_TMA), _C(32, 128, 8, 2, variants=_KF, loads=_TMA)),
+                128: (_C(32, 64, 4, 2, variants=_NK, loads=_TMA), _C(16, 64, 4, 2, variants=_F, loads=_TMA), _C(32, 128, 8, 2, variants=_NK, loads=_TMA)),
+                192: (_C(32, 64, 4, 2, variants=_N, loads=_TMA), _C(32, 16, 4, 2, reload=True, loads=_TMA)),
+                256: (_C(32, 16, 4, 2, reload=True, loads=_TMA),),
+                320: (_C(32, 16, 4, 1, reload=True, loads=_TMA),),
+                384: (_C(32, 16, 4, 2, reload=True, loads=_TMA),),
+                512: (_C(32, 16, 4, 2, reload=True, loads=_TMA),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True),),
+                96: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                128: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 16, 4, 2, reload=True),),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
+        "dq_dbias": {
+            "16bit": {
+                64: (_C(128, 32, 8, 2, variants=_K, budget=0.81), _C(64, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=frozenset({48})), _C(64, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=frozenset({48})), _C(64, 32, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_TMA, dims=frozenset({48}), budget=0.9), _C(64, 32, 4, 2, variants=_F, causal=_CAUSAL, loads=_TMA, dims=frozenset({48}), budget=0.9), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=frozenset({64})), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=frozenset({64})), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_TMA, dims=frozenset({64}), budget=1.38), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_TMA, dims=frozenset({64}), budget=1.38)),
+                96: (_C(128, 32, 8, 2, variants=_K, budget=0.85), _C(128, 32, 8, 1, variants=_F, loads=_TMA, budget=1.29), _C(128, 16, 8, 2, variants=_F, loads=_PTR)),
+                128: (_C(128, 32, 8, 2, variants=_K, budget=0.78), _C(32, 32, 4, 2, reload=True, variants=_F, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, loads=_TMA, budget=2.1)),
+                192: (_C(128, 32, 8, 2, loads=_TMA, budget=1.11), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
+                256: (_C(16, 32, 4, 1, reload=True, variants=_K, loads=_TMA, budget=2.37), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
+                320: (_C(16, 32, 4, 2, reload=True, variants=_K, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, dims=frozenset({320})), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, dims=frozenset({320}))),
+                384: (_C(16, 32, 4, 2, reload=True),),
+                512: (_C(16, 32, 4, 2, reload=True),),
+            },
+            "32bit": {
+                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                96: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                320: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 2, reload=True),),
+                512: (_C(16, 16, 4, 2, reload=True),),
+            },
+        },
     },
 }
-# With the bias gradient (BIAS_GRAD): dK/dV also sums dS over the queries (BLOCK_N more
-# fp32 registers), dQ also stores dS tiles (their addresses and masks stay live). They
-# run with a bias only; built from the lists above, checked the same way (the
-# inspector's dkdv_dbias and dq_dbias kernels). fwd_lo: the forward that also stores its
-# rounding residual (STORE_LO, 16-bit only; a store after the loop); the same candidates.
-for _arch in ("sm80", "sm90"):
-    CONFIGS[_arch]["fwd_lo"] = CONFIGS[_arch]["fwd"]
-    CONFIGS[_arch]["dkdv_dbias"] = CONFIGS[_arch]["dkdv"]
-    CONFIGS[_arch]["dq_dbias"] = CONFIGS[_arch]["dq"]
 del _C
 
 # Under the interpreter, tiles are small so that tests cross many tile boundaries;
@@ -1170,7 +1323,9 @@ def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm9
     the default first."""
     cands = CONFIGS[arch][kernel][_width(dtype)][_band(padded_head_dim(head_dim))]
     loads = "tma" if tma else "ptr"
-    return tuple(c for c in cands if variant in c.variants and causal in c.causal and loads in c.loads)
+    padded = padded_head_dim(head_dim)
+    return tuple(c for c in cands if variant in c.variants and causal in c.causal and loads in c.loads
+                 and (c.dims is None or padded in c.dims))
 
 
 def _autotune_enabled() -> bool:
@@ -1280,12 +1435,13 @@ def _align(*strides: int) -> int:
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
     """Whether a tensor descriptor can address each (B, H, L, D) tensor: 16-byte aligned
-    base and strides (dims of size 1 excepted), contiguous last dim, no empty dim."""
+    base and positive strides (dims of size 1 excepted; a broadcast dim has stride 0),
+    contiguous last dim, no empty dim."""
     for t in tensors:
         size = t.element_size()
         if t.data_ptr() % 16 or t.stride(-1) != 1 or min(t.shape) == 0:
             return False
-        if any((st * size) % 16 or st < 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+        if any((st * size) % 16 or st <= 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
             return False
     return True
 
@@ -1311,10 +1467,37 @@ def _stream_args(names: tuple, tensors: tuple, use_tma: bool, d0: int, d1: int) 
     return out
 
 
-def _use_tma(arch: str, dtype: torch.dtype, *tensors) -> bool:
+def _tma_copy(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a fresh (B, H, L, D) buffer a tensor descriptor can address: rows
+    padded to a multiple of 16 bytes with zeros (the view returned has t's shape)."""
+    per_16 = 16 // t.element_size()
+    padded = -(-t.shape[-1] // per_16) * per_16
+    buf = torch.zeros((*t.shape[:-1], padded), dtype=t.dtype, device=t.device)
+    view = buf[..., :t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+def _ready_for_tma(arch: str, dtype: torch.dtype, tensors: tuple, kernels: tuple, head_dim: int, variant: str,
+                   causal: bool) -> tuple:
+    """On sm_90, 16-bit tensors not aligned for TMA run through pointer loads, unless a
+    kernel has no spill-free pointer tile for the call (a full bias at some head dims):
+    then the misaligned tensors are copied into aligned buffers first (_tma_copy)."""
+    if arch != "sm90" or dtype == torch.float32 or _tma_ok(*tensors):
+        return tensors
+    if all(configs_for(kernel, head_dim, dtype, arch, variant, causal, False) for kernel in kernels):
+        return tensors
+    return tuple(t if _tma_ok(t) else _tma_copy(t) for t in tensors)
+
+
+def _use_tma(arch: str, dtype: torch.dtype, tensors: tuple, kernels: tuple, head_dim: int, variant: str,
+             causal: bool) -> bool:
     """TMA loads of the streamed tiles: on Hopper, for 16-bit inputs (fp32 dots run on
-    FMA units, which TMA does not feed faster), where every tensor is aligned for it."""
-    return arch == "sm90" and dtype != torch.float32 and _tma_ok(*tensors)
+    FMA units, which TMA does not feed faster), where every tensor is aligned for it and
+    every kernel of the call has a TMA tile (a few full-bias lists have pointer tiles only)."""
+    if arch != "sm90" or dtype == torch.float32 or not _tma_ok(*tensors):
+        return False
+    return all(configs_for(kernel, head_dim, dtype, arch, variant, causal, True) for kernel in kernels)
 
 
 def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tuple:
@@ -1431,11 +1614,13 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     lo = out_lo if (out_lo is None or o is out) else _new_like(o)
     bias, sb, lens, plain, sl, bias_constexprs, variant = _bias_args(attn_bias, q, (B, H, M, N))
     causal, off = _causal_args(causal, causal_offset, M, N)
+    kernel = "fwd_lo" if store_lo else "fwd"
+    k, v = _ready_for_tma(arch_of(q.device), q.dtype, (k, v), (kernel,), D, variant, causal)
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
     align = _align(*(st for t in (q, k, v, o) for st in _strides3(t)))
     assert lo is None or lo.stride() == o.stride()
-    tma = _use_tma(arch_of(q.device), q.dtype, k, v)
+    tma = _use_tma(arch_of(q.device), q.dtype, (k, v), (kernel,), D, variant, causal)
     args = dict(Q=q, K=k, V=v, **_stream_args(_DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1),
                 Bias=bias, Lens=lens, Plain=plain, Out=o, Lse=lse, LseShift=shift if attn_bias is not None else lse,
                 OutLo=o if lo is None else lo)
@@ -1449,7 +1634,7 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
                       PRECISION=_precision(q.dtype, allow_tf32), EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16,
                       STORE_LO=store_lo)
-    _launch("fwd_lo" if store_lo else "fwd", D, q.dtype, M, "BLOCK_M", B, H, args, constexprs, variant)
+    _launch(kernel, D, q.dtype, M, "BLOCK_M", B, H, args, constexprs, variant)
     if o is not out:
         out.copy_(o)
         if store_lo:
@@ -1524,10 +1709,16 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
         delta -= dlse.to(torch.float32) * LOG2E
 
     bias, sb, lens, plain, sl, bias_constexprs, variant = _bias_args(attn_bias, q, (B, H, M, N))
+    arch = arch_of(q.device)
+    # The kernels this call launches (above head dim 256 the pieces after the first, and
+    # the dV launches, run without the bias gradient).
+    split = D > limits.MAX_PIECE
+    dkdv_kernels = (("dkdv_dbias",) + (("dkdv",) if split else ())) if per_key else ("dkdv",)
+    dq_kernels = (("dq_dbias",) + (("dq",) if split else ())) if per_query else ("dq",)
+    q, k, v, do = _ready_for_tma(arch, q.dtype, (q, k, v, do), dkdv_kernels + dq_kernels, D, variant, causal)
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
     align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in _strides3(t)))
-    arch = arch_of(q.device)
     constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,
                       PRECISION=_precision(q.dtype, allow_tf32), EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
     # A kernel that does not write the bias gradient gets a placeholder pointer, and so
@@ -1541,7 +1732,7 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
              "stride_lb", "stride_lh", "stride_dob", "stride_doh", "stride_dom")
     common.update(zip(names, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(do))))
 
-    tma = _use_tma(arch, q.dtype, q, do, k, v)
+    tma = _use_tma(arch, q.dtype, (q, do, k, v), dkdv_kernels, D, variant, causal)
     args = dict(common, **_stream_args(_DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1),
                 **_stream_args(_DESCRIPTORS["dkdv"][1][0], (k, v), tma, d0, d1), DK=dk_, DV=dv_,
                 DBias=db, stride_dbb=db.stride(0) if per_key else 0, stride_dbh=db.stride(1) if per_key else 0)
@@ -1558,7 +1749,7 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
         _launch("dkdv_dbias" if grad else "dkdv", D, q.dtype, N, "BLOCK_N", B, H, args,
                 dict(constexprs, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=grads), variant)
 
-    tma = _use_tma(arch, q.dtype, k, v)
+    tma = _use_tma(arch, q.dtype, (k, v), dq_kernels, D, variant, causal)
     args = dict(common, **_stream_args(_DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1), DQ=dq_, DBias=db)
     args.update(zip(("stride_dqb", "stride_dqh", "stride_dqm"), _strides3(dq_)))
     args.update(zip(("stride_dbb", "stride_dbh", "stride_dbm"), _strides3(db) if per_query else (0, 0, 0)))

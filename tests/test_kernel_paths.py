@@ -319,6 +319,23 @@ def test_tma_where_aligned_pointers_elsewhere(monkeypatch, seed):
     assert seen == [("fwd", False)]
 
 
+def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(monkeypatch, seed):
+    """Where a call has no spill-free pointer tile on sm_90 (a full bias at some head
+    dims), the misaligned tensors are copied into aligned buffers (rows padded to 16
+    bytes) and the TMA path runs; the results are those of the aligned call."""
+    seen = _spy_tma(monkeypatch)
+    real = fa.configs_for
+    monkeypatch.setattr(fa, "configs_for", lambda *a, **kw: () if not (a[6] if len(a) > 6 else kw.get("tma"))
+                        else real(*a, **kw))
+    storage = torch.randn(1 + 2 * 70 * 100, dtype=torch.float16)
+    k_odd = storage[1:].view(1, 2, 70, 100)  # 200-byte rows, 2 bytes off: no descriptor can read it
+    q, _, v = make_qkv(1, 2, 40, 70, 100, torch.float16)
+    bias = make_bias("full", 1, 2, 40, 70)
+    check(q, k_odd, v, bias)
+    assert seen == [("fwd_lo", True), ("dkdv", True), ("dq", True)]
+    assert fa._tma_ok(fa._tma_copy(k_odd)) and torch.equal(fa._tma_copy(k_odd), k_odd)
+
+
 # -- the shipped tiles of each bias variant ----------------------------------------------
 
 
@@ -347,6 +364,29 @@ def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
     bias = make_bias(kind, 1, 2, M, N, torch.float32)
     check(q, k, v, bias, causal=True, offset=N - M)
     assert seen == tiles
+
+
+def test_every_call_has_a_tile():
+    """Every call a kernel can receive has a candidate: each target, kernel, width, head-dim
+    band, bias variant and causality; pointer loads on sm_80 and for fp32, TMA or pointer
+    loads for 16-bit on sm_90 (a call with no TMA tile runs pointer loads; one whose
+    tensors are not aligned for TMA and whose list has no pointer tile copies them into
+    aligned buffers: test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma)."""
+    missing = []
+    for arch in fa.ARCHS:
+        for kernel in fa._KERNELS:
+            variants = ("keypad", "full") if kernel.endswith("dbias") else ("none", "keypad", "full")
+            dtypes = (torch.float16, torch.bfloat16) if kernel == "fwd_lo" else (torch.float16, torch.float32)
+            for dtype in dtypes:
+                for band in fa._BANDS:
+                    for d in {band, max(8, band - 24)}:
+                        for variant in variants:
+                            for causal in (False, True):
+                                loads = (True, False) if arch == "sm90" and dtype != torch.float32 else (False,)
+                                if not any(fa.configs_for(kernel, d, dtype, arch, variant, causal, tma)
+                                           for tma in loads):
+                                    missing.append((arch, kernel, str(dtype), d, variant, causal))
+    assert not missing, missing
 
 
 # -- huge finite masks -------------------------------------------------------------------
