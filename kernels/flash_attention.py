@@ -982,9 +982,9 @@ class TileConfig:
     # The loads it serves on sm_90: TMA, and pointers (the fallback for tensors that
     # are not 16-byte aligned, whose address arithmetic holds more registers).
     loads: frozenset = frozenset({"tma", "ptr"})
-    # The padded head dims it serves (None: every one of its band): where no tile of a
-    # band compiles clean at all of its head dims for some variant.
-    dims: Optional[frozenset] = None
+    # The padded head dims it serves, (lo, hi) inclusive (None: every one of its band):
+    # where no tile of a band compiles clean at all of its head dims for some variant.
+    dims: Optional[tuple] = None
 
     def __str__(self) -> str:
         r = "-r" if self.reload else ""
@@ -1023,7 +1023,7 @@ _PTR = frozenset({"ptr"})
 # width, head-dim band) the tiles that compile clean (no spill, no duplicated work, within
 # shared memory) at every head dim of the band for a (bias variant, causality, loads)
 # serve it, ordered by the static clocks per score (the fastest-looking first); where no
-# tile of a band is clean at all its head dims, `dims` gives one per padded head dim; a
+# tile of a band is clean at all its head dims, `dims` splits the band by padded head dim; a
 # few full-bias lists have pointer tiles only on sm_90 (those calls run pointer loads)
 # or TMA tiles only (misaligned tensors are copied into aligned buffers first). Budgets
 # are 5% above the instr/score measured. Figures: bench/results/static/report.md.
@@ -1031,14 +1031,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
     "sm80": {
         "fwd": {
             "16bit": {
-                64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3)),
-                96: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, reload=True)),
-                128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, reload=True)),
-                192: (_C(64, 32, 4, 2),),
-                256: (_C(64, 32, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
-                320: (_C(32, 32, 4, 2, reload=True), _C(16, 32, 4, 2, reload=True)),
-                384: (_C(32, 32, 4, 2, reload=True, variants=_NK), _C(16, 32, 4, 2, reload=True)),
-                512: (_C(16, 32, 4, 2, reload=True),),
+                64: (_C(64, 64, 4, 3, budget=0.69),),
+                96: (_C(128, 32, 8, 3, budget=0.88),),
+                128: (_C(128, 32, 8, 3, budget=1.0),),
+                192: (_C(64, 32, 4, 2, budget=0.99),),
+                256: (_C(32, 32, 4, 2, reload=True, budget=2.15),),
+                320: (_C(32, 32, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=2.1), _C(32, 32, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.14), _C(16, 32, 4, 2, reload=True, budget=3.16)),
+                384: (_C(16, 32, 4, 2, reload=True, budget=3.58),),
+                512: (_C(16, 32, 4, 2, reload=True, variants=_NK, budget=3.3), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
@@ -1053,27 +1053,27 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         },
         "fwd_lo": {
             "16bit": {
-                64: (_C(64, 64, 4, 3), _C(128, 64, 8, 3), _C(128, 32, 8, 3)),
-                96: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, reload=True)),
-                128: (_C(128, 32, 8, 3), _C(64, 32, 4, 3, reload=True)),
-                192: (_C(64, 32, 4, 2),),
-                256: (_C(64, 32, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
-                320: (_C(32, 32, 4, 2, reload=True), _C(16, 32, 4, 2, reload=True)),
-                384: (_C(32, 32, 4, 2, reload=True, variants=_NK), _C(16, 32, 4, 2, reload=True)),
-                512: (_C(16, 32, 4, 2, reload=True),),
+                64: (_C(64, 64, 4, 3, budget=0.69),),
+                96: (_C(128, 32, 8, 3, budget=0.88),),
+                128: (_C(128, 32, 8, 3, budget=1.0),),
+                192: (_C(64, 32, 4, 2, budget=0.99),),
+                256: (_C(32, 32, 4, 2, reload=True, budget=2.15),),
+                320: (_C(32, 32, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=2.1), _C(32, 32, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.14), _C(16, 32, 4, 2, reload=True, budget=3.16)),
+                384: (_C(16, 32, 4, 2, reload=True, budget=3.58),),
+                512: (_C(16, 32, 4, 2, reload=True, variants=_NK, budget=3.3), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {},
         },
         "dkdv": {
             "16bit": {
-                64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
-                96: (_C(32, 64, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
-                128: (_C(32, 64, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
-                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 32, 8, 2, reload=True), _C(32, 16, 4, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                320: (_C(32, 16, 4, 1, reload=True),),
-                384: (_C(32, 16, 4, 2, reload=True),),
-                512: (_C(32, 16, 4, 2, reload=True),),
+                64: (_C(32, 128, 8, 3, variants=_F, causal=_CAUSAL, dims=(1, 48), budget=0.84), _C(32, 64, 4, 3, variants=_NK, causal=_UNCAUSAL, budget=0.6), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, budget=0.6), _C(32, 128, 8, 3, variants=_NK, budget=0.59), _C(32, 64, 4, 2, variants=_F, causal=_UNCAUSAL, budget=0.85), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, dims=(49, 64), budget=1.0)),
+                96: (_C(32, 64, 4, 3, variants=_K, causal=_UNCAUSAL, dims=(65, 80), budget=0.73), _C(32, 128, 8, 3, variants=_N, causal=_CAUSAL, dims=(65, 80), budget=0.7), _C(32, 64, 4, 3, variants=_F, causal=_UNCAUSAL, budget=0.99), _C(32, 128, 8, 3, variants=_F, causal=_CAUSAL, budget=1.06), _C(32, 64, 4, 2, variants=_N, causal=_UNCAUSAL, budget=0.72), _C(32, 128, 8, 3, variants=_K, causal=_UNCAUSAL, dims=(81, 96), budget=0.79), _C(32, 128, 8, 3, variants=_K, causal=_CAUSAL, dims=(81, 96), budget=0.78), _C(32, 64, 4, 2, variants=_N, causal=_CAUSAL, dims=(81, 96), budget=0.72), _C(32, 128, 8, 3, variants=_K, causal=_CAUSAL, dims=(65, 80))),
+                128: (_C(32, 32, 4, 2, reload=True, causal=_UNCAUSAL, budget=1.38), _C(32, 32, 4, 2, reload=True, variants=_NK, causal=_CAUSAL, budget=1.04), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=1.79)),
+                192: (_C(32, 16, 4, 2, reload=True, budget=2.09),),
+                256: (_C(32, 16, 4, 2, reload=True, variants=_NF, causal=_UNCAUSAL, budget=2.79), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.43), _C(32, 16, 4, 1, reload=True, variants=_KF, causal=_CAUSAL, budget=3.02), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_UNCAUSAL, budget=2.57)),
+                320: (_C(32, 16, 4, 1, reload=True, budget=3.12),),
+                384: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.27), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.97), _C(32, 16, 4, 1, reload=True, variants=_KF, causal=_CAUSAL, budget=3.52)),
+                512: (_C(32, 16, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True),),
@@ -1088,14 +1088,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         },
         "dq": {
             "16bit": {
-                64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
-                96: (_C(64, 32, 8, 2, reload=True), _C(64, 64, 8, 2, reload=True)),
-                128: (_C(64, 32, 8, 2, reload=True), _C(64, 64, 8, 2, reload=True)),
-                192: (_C(64, 32, 8, 2, reload=True),),
-                256: (_C(32, 32, 8, 2, reload=True), _C(64, 32, 8, 2, reload=True), _C(16, 32, 4, 2, reload=True)),
-                320: (_C(16, 32, 4, 2, reload=True),),
-                384: (_C(16, 32, 4, 2, reload=True),),
-                512: (_C(16, 32, 4, 2, reload=True),),
+                64: (_C(64, 32, 4, 3, budget=0.74),),
+                96: (_C(64, 32, 4, 3, budget=0.81),),
+                128: (_C(64, 64, 8, 2, reload=True, causal=_CAUSAL, budget=1.06), _C(64, 64, 8, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=0.66), _C(64, 32, 4, 3, variants=_F, causal=_UNCAUSAL, budget=1.01)),
+                192: (_C(64, 32, 4, 3, budget=0.97),),
+                256: (_C(16, 32, 4, 2, reload=True, budget=2.22),),
+                320: (_C(16, 32, 4, 2, reload=True, budget=2.56),),
+                384: (_C(16, 32, 4, 2, reload=True, budget=3.07),),
+                512: (_C(16, 32, 4, 2, reload=True, budget=3.05),),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
@@ -1110,14 +1110,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         },
         "dkdv_dbias": {
             "16bit": {
-                64: (_C(32, 64, 4, 3), _C(32, 128, 8, 3)),
-                96: (_C(32, 64, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
-                128: (_C(32, 64, 8, 2, reload=True), _C(32, 32, 4, 2, reload=True)),
-                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 32, 8, 2, reload=True), _C(32, 16, 4, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                320: (_C(32, 16, 4, 1, reload=True),),
-                384: (_C(32, 16, 4, 2, reload=True),),
-                512: (_C(32, 16, 4, 2, reload=True),),
+                64: (_C(32, 64, 4, 3, variants=_F, causal=_CAUSAL, dims=(1, 48), budget=0.89), _C(32, 64, 4, 3, causal=_UNCAUSAL, budget=0.92), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, budget=0.65), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, dims=(49, 64), budget=1.16)),
+                96: (_C(32, 64, 4, 3, causal=_UNCAUSAL, budget=1.03), _C(32, 64, 4, 3, variants=_F, causal=_CAUSAL, budget=1.02), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, dims=(81, 96), budget=0.83), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, dims=(65, 80))),
+                128: (_C(32, 32, 4, 2, reload=True, causal=_UNCAUSAL, budget=1.55), _C(32, 32, 4, 2, reload=True, variants=_K, causal=_CAUSAL, budget=1.27), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=1.92)),
+                192: (_C(32, 16, 4, 2, reload=True, budget=2.24),),
+                256: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=2.96), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL, budget=2.6), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, budget=3.23)),
+                320: (_C(32, 16, 4, 1, reload=True, causal=_UNCAUSAL, budget=3.32), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, budget=3.33), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL)),
+                384: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.42), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, budget=3.29), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                512: (_C(32, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=3.27), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=2.73), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True),),
@@ -1132,14 +1132,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         },
         "dq_dbias": {
             "16bit": {
-                64: (_C(64, 32, 4, 3), _C(128, 32, 8, 3)),
-                96: (_C(64, 32, 8, 2, reload=True), _C(64, 64, 8, 2, reload=True)),
-                128: (_C(64, 32, 8, 2, reload=True), _C(64, 64, 8, 2, reload=True)),
-                192: (_C(64, 32, 8, 2, reload=True),),
-                256: (_C(32, 32, 8, 2, reload=True), _C(64, 32, 8, 2, reload=True), _C(16, 32, 4, 2, reload=True)),
-                320: (_C(16, 32, 4, 2, reload=True),),
-                384: (_C(16, 32, 4, 2, reload=True),),
-                512: (_C(16, 32, 4, 2, reload=True),),
+                64: (_C(64, 32, 4, 3, budget=0.97),),
+                96: (_C(64, 32, 4, 3, budget=1.07),),
+                128: (_C(64, 64, 8, 2, reload=True, variants=_K, budget=0.99), _C(32, 32, 4, 2, reload=True, variants=_F, budget=1.51)),
+                192: (_C(16, 32, 4, 2, reload=True, budget=2.0),),
+                256: (_C(16, 32, 4, 2, reload=True, budget=2.61),),
+                320: (_C(16, 32, 4, 2, reload=True, budget=3.1),),
+                384: (_C(16, 32, 4, 2, reload=True, variants=_K, budget=3.44), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                512: (_C(16, 32, 4, 2, reload=True, variants=_K, budget=3.56), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
@@ -1192,21 +1192,21 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         "dkdv": {
             "16bit": {
                 64: (_C(64, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(64, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_TMA, budget=0.45), _C(64, 64, 4, 2, variants=_NK, causal=_CAUSAL, loads=_TMA, budget=0.46), _C(64, 128, 8, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_NK, loads=_PTR), _C(32, 128, 8, 2, variants=_F, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, loads=_TMA, budget=0.92), _C(16, 64, 4, 2, variants=_F, causal=_CAUSAL, loads=_PTR)),
-                96: (_C(64, 64, 4, 2, variants=_N, loads=_TMA, budget=0.5), _C(32, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_NK, causal=_CAUSAL, loads=_TMA, budget=0.7), _C(32, 64, 4, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(32, 128, 8, 2, variants=_NK, causal=_CAUSAL, loads=_PTR), _C(32, 128, 8, 2, causal=_UNCAUSAL, loads=_TMA, budget=1.01), _C(16, 64, 4, 2, variants=_F, causal=_CAUSAL, loads=_PTR, dims=frozenset({80})), _C(16, 64, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=frozenset({80})), _C(16, 128, 8, 2, variants=_F, causal=_CAUSAL, loads=_TMA, budget=1.48), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=frozenset({96})), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=frozenset({96}))),
+                96: (_C(64, 64, 4, 2, variants=_N, loads=_TMA, budget=0.5), _C(32, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_NK, causal=_CAUSAL, loads=_TMA, budget=0.7), _C(32, 64, 4, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(32, 128, 8, 2, variants=_NK, causal=_CAUSAL, loads=_PTR), _C(32, 128, 8, 2, causal=_UNCAUSAL, loads=_TMA, budget=1.01), _C(16, 64, 4, 2, variants=_F, causal=_CAUSAL, loads=_PTR, dims=(65, 80)), _C(16, 64, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=(65, 80)), _C(16, 128, 8, 2, variants=_F, causal=_CAUSAL, loads=_TMA, budget=1.48), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=(81, 96)), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=(81, 96))),
                 128: (_C(32, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_TMA, budget=0.64), _C(32, 64, 4, 2, variants=_N, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_N, causal=_CAUSAL, loads=_TMA, budget=0.62), _C(16, 64, 4, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(16, 64, 4, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(16, 128, 8, 2, variants=_K, causal=_CAUSAL, loads=_PTR), _C(16, 64, 4, 2, loads=_TMA, budget=1.31), _C(32, 16, 4, 2, reload=True, variants=_F, loads=_PTR)),
                 192: (_C(32, 64, 4, 2, variants=_N, causal=_UNCAUSAL, loads=_TMA, budget=0.8), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, variants=_NF, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, loads=_TMA, budget=2.62), _C(32, 16, 4, 2, reload=True, causal=_CAUSAL, loads=_TMA, budget=2.71)),
                 256: (_C(32, 16, 4, 2, reload=True, variants=_N, causal=_UNCAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, loads=_TMA, budget=2.88), _C(32, 16, 4, 1, reload=True, variants=_NK, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_UNCAUSAL, loads=_PTR)),
                 320: (_C(16, 128, 8, 2, variants=_NK, causal=_UNCAUSAL, loads=_PTR), _C(16, 128, 8, 2, variants=_N, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 1, reload=True, loads=_TMA, budget=3.3)),
-                384: (_C(32, 16, 4, 2, reload=True),),
-                512: (_C(32, 16, 4, 2, reload=True),),
+                384: (_C(32, 16, 4, 2, reload=True, variants=_N, loads=_PTR), _C(32, 16, 4, 2, reload=True, variants=_NK, causal=_CAUSAL, loads=_TMA, budget=3.21), _C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, loads=_TMA, budget=3.46), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, loads=_TMA, budget=3.49)),
+                512: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.99), _C(32, 16, 4, 2, reload=True, variants=_NF, causal=_CAUSAL, loads=_PTR), _C(32, 16, 4, 2, reload=True, variants=_NK, causal=_CAUSAL, loads=_TMA, budget=3.71), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, loads=_TMA, budget=3.97)),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True),),
-                96: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                128: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 16, 4, 2, reload=True),),
-                320: (_C(16, 16, 4, 2, reload=True),),
+                64: (_C(16, 32, 8, 2, reload=True, variants=_NK, causal=_CAUSAL, budget=11.85), _C(16, 32, 8, 2, reload=True, causal=_UNCAUSAL, budget=12.42), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_CAUSAL, budget=14.48)),
+                96: (_C(16, 16, 4, 2, reload=True, budget=18.69),),
+                128: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_CAUSAL, budget=22.15), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=22.33), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=23.27), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_CAUSAL, budget=25.4), _C(16, 16, 8, 2, reload=True, causal=_UNCAUSAL, budget=25.96)),
+                192: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=28.32), _C(16, 16, 8, 2, reload=True, variants=_KF, causal=_CAUSAL, budget=32.49), _C(16, 16, 8, 2, reload=True, variants=_NF, causal=_UNCAUSAL, budget=32.75), _C(16, 32, 8, 2, reload=True, variants=_N, causal=_CAUSAL)),
+                256: (_C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=47.35), _C(16, 16, 4, 2, reload=True, variants=_N, causal=_UNCAUSAL), _C(16, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                320: (_C(16, 32, 8, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=40.1), _C(16, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
                 384: (_C(16, 16, 4, 2, reload=True),),
                 512: (_C(16, 16, 4, 2, reload=True),),
             },
@@ -1235,46 +1235,46 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         },
         "dkdv_dbias": {
             "16bit": {
-                64: (_C(64, 64, 4, 2, variants=_NK, loads=_TMA), _C(32, 64, 4, 2, variants=_F, loads=_TMA), _C(64, 128, 8, 2, variants=_NK, loads=_TMA)),
-                96: (_C(64, 64, 4, 2, variants=_N, loads=_TMA), _C(32, 64, 4, 2, variants=_K, loads=_TMA), _C(32, 128, 8, 2, variants=_KF, loads=_TMA)),
-                128: (_C(32, 64, 4, 2, variants=_NK, loads=_TMA), _C(16, 64, 4, 2, variants=_F, loads=_TMA), _C(32, 128, 8, 2, variants=_NK, loads=_TMA)),
-                192: (_C(32, 64, 4, 2, variants=_N, loads=_TMA), _C(32, 16, 4, 2, reload=True, loads=_TMA)),
-                256: (_C(32, 16, 4, 2, reload=True, loads=_TMA),),
-                320: (_C(32, 16, 4, 1, reload=True, loads=_TMA),),
-                384: (_C(32, 16, 4, 2, reload=True, loads=_TMA),),
-                512: (_C(32, 16, 4, 2, reload=True, loads=_TMA),),
+                64: (_C(64, 64, 4, 2, variants=_K, loads=_TMA, budget=0.5), _C(64, 128, 8, 2, variants=_K, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_K, loads=_PTR), _C(32, 128, 8, 2, variants=_F, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, loads=_TMA, budget=0.96), _C(16, 64, 4, 2, variants=_F, causal=_CAUSAL, loads=_PTR)),
+                96: (_C(32, 64, 4, 2, variants=_K, causal=_UNCAUSAL, loads=_PTR), _C(32, 64, 4, 2, variants=_K, causal=_UNCAUSAL, loads=_TMA, budget=0.77), _C(32, 64, 4, 2, variants=_K, causal=_CAUSAL, loads=_TMA, budget=0.75), _C(32, 128, 8, 2, variants=_K, causal=_CAUSAL, loads=_PTR), _C(32, 128, 8, 2, causal=_UNCAUSAL, loads=_TMA, budget=1.06), _C(16, 64, 4, 2, variants=_F, causal=_CAUSAL, loads=_PTR, dims=(65, 80)), _C(16, 64, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=(65, 80)), _C(16, 128, 8, 2, variants=_F, causal=_CAUSAL, loads=_TMA, budget=1.55), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=(81, 96)), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=(81, 96))),
+                128: (_C(32, 64, 4, 2, variants=_K, causal=_UNCAUSAL, loads=_TMA, budget=0.7), _C(16, 64, 4, 2, variants=_K, causal=_UNCAUSAL, loads=_PTR), _C(16, 128, 8, 2, variants=_K, causal=_CAUSAL, loads=_PTR), _C(16, 64, 4, 2, loads=_TMA, budget=1.37), _C(32, 16, 4, 2, reload=True, variants=_F, loads=_PTR)),
+                192: (_C(32, 16, 4, 1, reload=True, variants=_K, loads=_PTR), _C(32, 16, 4, 2, reload=True, variants=_F, loads=_PTR), _C(32, 16, 4, 2, reload=True, loads=_TMA, budget=2.85)),
+                256: (_C(32, 16, 4, 2, reload=True, loads=_TMA, budget=3.03), _C(32, 16, 4, 1, reload=True, variants=_K, loads=_PTR)),
+                320: (_C(16, 128, 8, 2, variants=_K, causal=_UNCAUSAL, loads=_PTR), _C(32, 16, 4, 1, reload=True, loads=_TMA, budget=3.52)),
+                384: (_C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, loads=_TMA, budget=3.36), _C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, loads=_TMA, budget=3.66), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_TMA, budget=3.71)),
+                512: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=4.16), _C(32, 16, 4, 1, reload=True, causal=_CAUSAL, loads=_TMA, budget=4.16)),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True),),
-                96: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                128: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 16, 4, 2, reload=True),),
-                320: (_C(16, 16, 4, 2, reload=True),),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                64: (_C(16, 32, 8, 2, reload=True, budget=12.72),),
+                96: (_C(16, 16, 4, 2, reload=True, variants=_F, budget=18.99), _C(16, 16, 8, 2, reload=True, budget=21.3)),
+                128: (_C(16, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=22.91), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=23.29), _C(16, 16, 8, 2, reload=True, variants=_F, budget=26.29), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_CAUSAL)),
+                192: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=28.55), _C(16, 16, 8, 2, reload=True, causal=_CAUSAL, budget=32.75), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=33.05)),
+                256: (_C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=47.65), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                320: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=40.28), _C(16, 16, 8, 2, reload=True, causal=_CAUSAL, budget=45.52), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=46.04)),
+                384: (_C(16, 16, 8, 2, reload=True, budget=52.64),),
+                512: (_C(16, 32, 8, 2, reload=True, budget=58.3),),
             },
         },
         "dq_dbias": {
             "16bit": {
-                64: (_C(128, 32, 8, 2, variants=_K, budget=0.81), _C(64, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=frozenset({48})), _C(64, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=frozenset({48})), _C(64, 32, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_TMA, dims=frozenset({48}), budget=0.9), _C(64, 32, 4, 2, variants=_F, causal=_CAUSAL, loads=_TMA, dims=frozenset({48}), budget=0.9), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=frozenset({64})), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=frozenset({64})), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_TMA, dims=frozenset({64}), budget=1.38), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_TMA, dims=frozenset({64}), budget=1.38)),
+                64: (_C(128, 32, 8, 2, variants=_K, budget=0.81), _C(64, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=(1, 48)), _C(64, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=(1, 48)), _C(64, 32, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_TMA, dims=(1, 48), budget=0.9), _C(64, 32, 4, 2, variants=_F, causal=_CAUSAL, loads=_TMA, dims=(1, 48), budget=0.9), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR, dims=(49, 64)), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR, dims=(49, 64)), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_TMA, dims=(49, 64), budget=1.38), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_TMA, dims=(49, 64), budget=1.38)),
                 96: (_C(128, 32, 8, 2, variants=_K, budget=0.85), _C(128, 32, 8, 1, variants=_F, loads=_TMA, budget=1.29), _C(128, 16, 8, 2, variants=_F, loads=_PTR)),
                 128: (_C(128, 32, 8, 2, variants=_K, budget=0.78), _C(32, 32, 4, 2, reload=True, variants=_F, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, loads=_TMA, budget=2.1)),
                 192: (_C(128, 32, 8, 2, loads=_TMA, budget=1.11), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
                 256: (_C(16, 32, 4, 1, reload=True, variants=_K, loads=_TMA, budget=2.37), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
-                320: (_C(16, 32, 4, 2, reload=True, variants=_K, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, dims=frozenset({320})), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, dims=frozenset({320}))),
-                384: (_C(16, 32, 4, 2, reload=True),),
-                512: (_C(16, 32, 4, 2, reload=True),),
+                320: (_C(16, 32, 4, 2, reload=True, variants=_K, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                384: (_C(16, 32, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                512: (_C(16, 32, 4, 2, reload=True, loads=_PTR),),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                96: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                320: (_C(16, 16, 4, 2, reload=True),),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                64: (_C(16, 16, 4, 2, reload=True, budget=9.85),),
+                96: (_C(16, 32, 8, 2, reload=True, budget=14.72),),
+                128: (_C(16, 32, 8, 2, reload=True, budget=18.68),),
+                192: (_C(16, 16, 8, 2, reload=True, budget=25.53),),
+                256: (_C(16, 16, 8, 2, reload=True, budget=38.53),),
+                320: (_C(16, 16, 8, 2, reload=True, budget=45.42),),
+                384: (_C(16, 16, 8, 2, reload=True, budget=53.06),),
+                512: (_C(16, 16, 8, 2, reload=True, budget=64.78),),
             },
         },
     },
@@ -1325,7 +1325,7 @@ def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm9
     loads = "tma" if tma else "ptr"
     padded = padded_head_dim(head_dim)
     return tuple(c for c in cands if variant in c.variants and causal in c.causal and loads in c.loads
-                 and (c.dims is None or padded in c.dims))
+                 and (c.dims is None or c.dims[0] <= padded <= c.dims[1]))
 
 
 def _autotune_enabled() -> bool:

@@ -217,6 +217,9 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
                      f"{v.get('bias', '')} | {v.get('config', '')} | {_f(v['value'])} | {_f(v['limit'])} | "
                      f"{'yes' if v['met'] else '**no**'} |")
     sm80 = [v for v in verdicts if v["id"].startswith("sm80-")]
+    if not sm80:
+        lines += ["", f"sm_80 against {BASELINE_COMMIT}: not evaluated in this run ({BASELINE} absent: the "
+                  f"kernels of {BASELINE_COMMIT} were not compiled with this analysis)."]
     if sm80:
         worse = [v for v in sm80 if not v["met"]]
         lines += ["", f"sm_80 against {BASELINE_COMMIT} (default tiles, not causal): {len(sm80) - len(worse)} of "
@@ -267,7 +270,25 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
         for w in warp_spec:
             lines.append(f"- D={w['head_dim']}, {w['config']}: {w['verdict']}")
     failed = [r for r in results if r.problems]
-    lines += ["", "## Gate", "", f"{len(results)} compilations, {len(failed)} with problems."]
+    lines += ["", "## Gate", "", f"{len(results)} compilations, {len(failed)} with problems"
+              + (" (`make inspect` exits with status 1)." if failed else ".")]
+    if failed:
+        groups: dict = {}
+        for r in failed:
+            j = r.job
+            kinds = ", ".join(sorted({p.split(" (")[0].split(" ")[0] if p.startswith("instr") else p.split(" (")[0]
+                                      for p in r.problems}))
+            g = groups.setdefault((j.arch, j.kernel, j.dtype, "tma" if j.tma else "ptr", kinds),
+                                  {"n": 0, "dims": set(), "default": 0})
+            g["n"] += 1
+            g["dims"].add(j.head_dim)
+            g["default"] += j.default
+        lines += ["", "| target | kernel | dtype | loads | problem | rows | of them default tiles | head dims |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for (arch, kernel, dtype, loads, kinds), g in sorted(groups.items()):
+            lines.append(f"| sm_{arch} | {kernel} | {dtype} | {loads} | {kinds} | {g['n']} | {g['default']} | "
+                         f"{', '.join(map(str, sorted(g['dims'])))} |")
+        lines += ["", "The first 50 rows:", ""]
     for r in failed[:50]:
         j = r.job
         lines.append(f"- {j.kernel} D={j.head_dim} {j.dtype} {j.bias} {'causal ' if j.causal else ''}"
