@@ -65,6 +65,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -410,7 +411,31 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, co
                             for piece, grads in launches(kernel, d):
                                 jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias, causal, tma, default, budget,
                                                 piece=piece, grads=grads))
-    return jobs
+    return order_jobs(jobs)
+
+
+def _priority(j: Job) -> int:
+    """Rows the targets read first, so an interrupted run still evaluates them: sm_90
+    16-bit TMA defaults of the target variants, then the full-bias candidates, then the
+    sm_80 defaults compared with the baseline, then everything else (fp32 and head dims
+    above 256 last: the slowest to compile)."""
+    from . import targets
+
+    sixteen = j.dtype in ("fp16", "bf16")
+    if j.arch == 90 and sixteen and j.tma and not j.causal and j.bias in ("none", "keypad") and j.default and (
+            (j.kernel == "fwd" and j.head_dim in targets.FWD_EXACT + targets.FWD_NEAR)
+            or (j.kernel in ("dkdv", "dq") and j.head_dim in targets.BWD_HEAD_DIMS)):
+        return 0
+    if j.arch == 90 and sixteen and j.tma and not j.causal and j.bias == "full":
+        return 1
+    if j.arch == 80 and j.default and not j.causal and not j.tma:
+        return 2
+    return 3 if sixteen and j.head_dim <= 256 else 4
+
+
+def order_jobs(jobs: list[Job]) -> list[Job]:
+    """jobs, the targets' rows first (stable within a priority)."""
+    return sorted(jobs, key=_priority)
 
 
 def _row(r: Result) -> str:
@@ -585,8 +610,9 @@ def _record(r: Result) -> dict:
 
 
 def write_report(results: list[Result], reference: list[Result], out_dir: str, argv: list[str],
-                 warp_spec: list[dict] | None = None) -> tuple[str, str]:
-    """report.json (every row) and report.md (the tables, the targets) under out_dir."""
+                 warp_spec: list[dict] | None = None, partial: str | None = None) -> tuple[str, str]:
+    """report.json (every row) and report.md (the tables, the targets) under out_dir.
+    partial: what an interrupted run compiled, said at the top of both."""
     import triton
 
     from . import targets
@@ -596,9 +622,10 @@ def write_report(results: list[Result], reference: list[Result], out_dir: str, a
         "what": "static figures read from SASS; no kernel was run",
         "triton": triton.__version__,
         "commit": _git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--", "kernels")),
+        "dirty": bool(_git("status", "--porcelain", "--", ".")),  # run in kernels/
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m attnkit.kernels.inspect " + " ".join(argv),
+        "partial": partial,
         "definitions": __doc__.split("Definitions (written into the report too):")[1].split("It exits")[0].strip(),
     }
     verdicts = targets.evaluate(results)
@@ -665,32 +692,56 @@ def main(argv=None) -> int:
     print(HEADER)
     t0 = time.time()
     results = []
-    if args.jobs > 1:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            for r in pool.map(compile_job, jobs):
-                print(_row(r), flush=True)
-                results.append(r)
-    else:
-        for job in jobs:
-            r = compile_job(job)
+    # An interrupted run (Ctrl-C, or SIGTERM from a job scheduler) keeps what it compiled:
+    # the report is written for those rows and says it is partial. Rerunning recompiles
+    # nothing that Triton's cache holds.
+    interrupted = False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    pool = ProcessPoolExecutor(max_workers=args.jobs) if args.jobs > 1 else None
+    try:
+        rows = pool.map(compile_job, jobs) if pool else map(compile_job, jobs)
+        for i, r in enumerate(rows, 1):
             print(_row(r), flush=True)
+            if i % 50 == 0 and i < len(jobs):
+                print(_progress(i, len(jobs), t0), file=sys.stderr, flush=True)
             results.append(r)
+    except KeyboardInterrupt:
+        interrupted = True
+        print(f"interrupted: {len(results)} of {len(jobs)} compilations done; "
+              + ("writing a partial report" if (args.out or full) else "no report written"), flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if pool:
+            pool.shutdown(wait=not interrupted, cancel_futures=True)
     failed = sum(bool(r.problems) for r in results)
     reference = []
-    if args.reference:
+    if args.reference and not interrupted:
         for d in (64, 128):
             for r in compile_reference(args.reference, d):
                 print(_row(r), flush=True)
                 reference.append(r)
-    print(f"{len(jobs) - failed} ok, {failed} failed, {time.time() - t0:.0f} s")
+    print(f"{len(results) - failed} ok, {failed} failed, {time.time() - t0:.0f} s")
     out_dir = args.out or (REPORT_DIR if full else None)
     if out_dir:
-        warp_spec = check_warp_specialization(args.jobs) if full else []
+        warp_spec = check_warp_specialization(args.jobs) if full and not interrupted else []
         for w in warp_spec:
             print(f"warp specialization, fwd D={w['head_dim']} {w['config']} sm_90: {w['verdict']}")
-        paths = write_report(results, reference, out_dir, argv, warp_spec)
+        partial = f"{len(results)} of {len(jobs)} compilations (interrupted)" if interrupted else None
+        paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial)
         print("wrote " + " and ".join(paths))
+    if interrupted:
+        return 130
     return 1 if failed else 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _progress(done: int, total: int, t0: float) -> str:
+    """done/total, and the minutes left at this run's pace (the slowest rows come last)."""
+    left = (time.time() - t0) / done * (total - done) / 60
+    return f"[{done}/{total} compiled, at least ~{left:.0f} min left]"
 
 
 if __name__ == "__main__":

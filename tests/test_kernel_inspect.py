@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -105,3 +106,39 @@ def test_report_files(tmp_path):
     assert verdict["limit"] == pytest.approx(0.25)
     md = (tmp_path / "report.md").read_text()
     assert "Static figures read from SASS" in md and triton.__version__ in md and "## Targets" in md
+
+
+def test_an_interrupted_run_writes_a_partial_report(tmp_path):
+    """SIGTERM (a scheduler's time limit) or Ctrl-C: the rows compiled so far are kept in
+    a report that says it is partial, and the exit status says the run did not finish."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.Popen([sys.executable, "-m", "attnkit.kernels.inspect", "--kernel", "fwd", "--head-dim", "64",
+                             "--dtype", "fp16", "--arch", "90", "--jobs", "1", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    for line in proc.stdout:  # wait for the first compiled row, then stop the run
+        lines.append(line)
+        if _rows(line):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, "".join(lines) + out + err
+    record = json.loads((tmp_path / "report.json").read_text())
+    assert record["partial"].endswith("compilations (interrupted)")
+    done, total = (int(x) for x in record["partial"].split(" compilations")[0].split(" of "))
+    assert 1 <= done < total and len(record["rows"]) == done
+    assert "**Partial report:" in (tmp_path / "report.md").read_text()
+
+
+def test_the_targets_rows_compile_first():
+    """An interrupted full run still evaluates the targets: their rows lead the job list."""
+    from attnkit.kernels import inspect as insp
+    from attnkit.kernels import targets
+
+    jobs = insp.jobs_for(["fwd", "dq"], [64, 320], ["fp32", "fp16"], [80, 90], ["full", "none"], [True, False],
+                         quick=False)
+    pri = [insp._priority(j) for j in jobs]
+    assert pri == sorted(pri) and pri[0] == 0 and pri[-1] == 4
+    first = jobs[0]
+    assert (first.arch, first.tma, first.causal, first.default, first.dtype) == (90, True, False, True, "fp16")
+    assert first.head_dim in targets.FWD_EXACT
