@@ -71,7 +71,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from . import sass
 
@@ -639,6 +639,41 @@ def write_report(results: list[Result], reference: list[Result], out_dir: str, a
     return os.path.join(out_dir, "report.json"), os.path.join(out_dir, "report.md")
 
 
+def _from_record(rec: dict) -> Result:
+    """A row of report.json back as a Result (the loop's mix and digest are not kept)."""
+    job_fields = {f.name for f in fields(Job)}
+    job = Job(**{k: (tuple(v) if k == "config" else v) for k, v in rec.items() if k in job_fields and k != "config"},
+              config=(rec["block_m"], rec["block_n"], rec["num_warps"], rec["num_stages"], rec["reload"]))
+    res_fields = {f.name for f in fields(Result)} - {"job", "loop_mix", "sass_digest"}
+    return Result(job, **{k: (float("nan") if v is None else v) for k, v in rec.items() if k in res_fields})
+
+
+def render(out_dir: str) -> tuple[str, str]:
+    """Write report.md (and the targets of report.json) again from the rows of
+    out_dir/report.json, with the targets and notes of this checkout: for a change of
+    wording or of a target, without compiling anything again. The run's own commit,
+    date and command are kept."""
+    import triton
+
+    from . import targets
+
+    path = os.path.join(out_dir, "report.json")
+    with open(path) as f:
+        record = json.load(f)
+    if record.get("triton") != triton.__version__:
+        raise SystemExit(f"{path} was compiled with triton {record.get('triton')}, this is {triton.__version__}: "
+                         "rerun python -m attnkit.kernels.inspect instead")
+    results = [_from_record(r) for r in record["rows"]]
+    reference = [_from_record(r) for r in record.get("reference", [])]
+    record["targets"] = targets.evaluate(results)
+    with open(path, "w") as f:
+        json.dump(record, f, separators=(",", ":"))
+    md = targets.markdown(record, results, reference, record["targets"], record.get("warp_specialization", []))
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(md)
+    return path, os.path.join(out_dir, "report.md")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnkit.kernels.inspect", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -659,10 +694,15 @@ def main(argv=None) -> int:
                     help="also compile Triton's tutorial fused attention (a copy of "
                          "python/tutorials/06-fused-attention.py) the same way, at head dims 64 and 128")
     ap.add_argument("--out", metavar="DIR", help=f"write report.json and report.md here (the full run: {REPORT_DIR})")
+    ap.add_argument("--render", metavar="DIR", help="only write DIR/report.md again from DIR/report.json, "
+                    "with this checkout's targets and notes (no compiling)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compilations")
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
 
+    if args.render:
+        print("wrote " + " and ".join(render(args.render)))
+        return 0
     fa = _fa()
     if fa.INTERPRET:
         # The kernels were defined for Triton's interpreter; compile them in a fresh

@@ -106,6 +106,18 @@ def test_report_files(tmp_path):
     assert verdict["limit"] == pytest.approx(0.25)
     md = (tmp_path / "report.md").read_text()
     assert "Static figures read from SASS" in md and triton.__version__ in md and "## Targets" in md
+    # --render writes the same report again from report.json, compiling nothing; a
+    # changed row changes the verdict it reads.
+    (tmp_path / "report.md").unlink()
+    res = _run("--render", str(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "report.md").read_text() == md
+    record["rows"][0]["instr_per_score"] = 9.0
+    (tmp_path / "report.json").write_text(json.dumps(record))
+    assert _run("--render", str(tmp_path)).returncode == 0
+    again = json.loads((tmp_path / "report.json").read_text())
+    (verdict,) = [v for v in again["targets"] if v["id"] == "fwd-d64-fp16-none"]
+    assert verdict["value"] == 9.0 and not verdict["met"]
 
 
 def test_an_interrupted_run_writes_a_partial_report(tmp_path):
