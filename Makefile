@@ -31,8 +31,8 @@ bench-kernels: $(VENV)/.setup-test
 
 # The static performance report of the Triton kernel (no GPU needed): compiles every
 # shipped configuration for sm_80 and sm_90, writes bench/results/static/, fails on
-# spills, duplicated work or an instr/score above its budget. About 1.5 hours on two cores
-# without Triton's cache (minutes with it); the targets' rows compile first, and an
+# spills, duplicated work or an instr/score above its budget. 3 to 4 hours on two cores
+# without Triton's cache (about half an hour with it); the targets' rows compile first, and an
 # interrupted run (Ctrl-C, SIGTERM) still writes a report, marked partial.
 inspect: $(VENV)/.setup-test
 	$(PY) -m attnkit.kernels.inspect $(INSPECT_ARGS)

@@ -674,6 +674,45 @@ def render(out_dir: str) -> tuple[str, str]:
     return path, os.path.join(out_dir, "report.md")
 
 
+# What a row's figures depend on besides triton: the kernels, their limits, and the
+# analysis (these files whole; of inspect.py, the functions that compile and read a row).
+_ROW_SOURCES = ("flash_attention.py", "limits.py", "sass.py")
+_ROW_FUNCTIONS = ("compile_job", "analyse", "_read_cubin", "_compile", "Result", "Job")
+
+
+def _row_functions(source: str) -> dict[str, str]:
+    tree = ast.parse(source)
+    return {n.name: ast.get_source_segment(source, n) for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in _ROW_FUNCTIONS}
+
+
+def resumable_rows(out_dir: str) -> tuple[list[Result], str]:
+    """The rows of an earlier out_dir/report.json that this checkout would compute the same:
+    same triton, written from a clean commit whose kernels, limits, SASS analysis and
+    row-compiling functions equal this checkout's. ([], why not) otherwise."""
+    import triton
+
+    path = os.path.join(out_dir, "report.json")
+    if not os.path.exists(path):
+        return [], f"no {path} to resume"
+    with open(path) as f:
+        record = json.load(f)
+    commit = record.get("commit", "unknown")
+    if record.get("triton") != triton.__version__:
+        return [], f"{path} was compiled with triton {record.get('triton')}, this is {triton.__version__}"
+    if record.get("dirty") or commit == "unknown":
+        return [], f"{path} was written with uncommitted changes in kernels/ (or outside git)"
+    for name in _ROW_SOURCES:
+        if _git("diff", "--quiet", commit, "--", name) == "unknown":  # exits 1 on a difference
+            return [], f"kernels/{name} differs from commit {commit}, which {path} was compiled at"
+    then = _git("show", f"{commit}:./inspect.py")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspect.py")) as f:
+        now = f.read()
+    if then == "unknown" or _row_functions(then) != _row_functions(now):
+        return [], f"the row analysis of kernels/inspect.py differs from commit {commit}"
+    return [_from_record(r) for r in record["rows"]], f"{len(record['rows'])} rows of {path} (commit {commit})"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnkit.kernels.inspect", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -694,6 +733,9 @@ def main(argv=None) -> int:
                     help="also compile Triton's tutorial fused attention (a copy of "
                          "python/tutorials/06-fused-attention.py) the same way, at head dims 64 and 128")
     ap.add_argument("--out", metavar="DIR", help=f"write report.json and report.md here (the full run: {REPORT_DIR})")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows of the report already in the output folder (a partial run's) when they "
+                         "were compiled from the same kernels and analysis, and compile only the rest")
     ap.add_argument("--render", metavar="DIR", help="only write DIR/report.md again from DIR/report.json, "
                     "with this checkout's targets and notes (no compiling)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compilations")
@@ -712,6 +754,7 @@ def main(argv=None) -> int:
 
     full = not any((args.quick, args.kernel, args.head_dim, args.dtype, args.arch, args.bias, args.causal,
                     args.loads, args.config))
+    out_dir = args.out or (REPORT_DIR if full else None)
     kernels = args.kernel or list(KERNELS)
     head_dims = args.head_dim or ([40, 128] if args.quick else list(HEAD_DIMS))
     dtypes = args.dtype or list(DTYPES)
@@ -724,6 +767,15 @@ def main(argv=None) -> int:
         ap.error("--config takes BLOCK_M,BLOCK_N,NUM_WARPS,NUM_STAGES[,RELOAD (0 or 1)]")
     configs = [c if len(c) == 5 else (*c, 0) for c in configs]
     jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, causals, args.quick, configs, tmas, args.budget)
+    kept: dict[Job, Result] = {}
+    if args.resume:
+        if not out_dir:
+            ap.error("--resume needs the report folder: the full run's, or --out DIR")
+        rows, why = resumable_rows(out_dir)
+        wanted = set(jobs)
+        kept = {r.job: r for r in rows if r.job in wanted}
+        print(f"resuming: {len(kept)} of {len(jobs)} rows kept from {why}" if rows else f"not resuming: {why}")
+    todo = [j for j in jobs if j not in kept]
 
     print(f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; c = causal; "
           f"ld = loads (tma / ptr); i/sc = main-loop warp instructions per score; limit = tensor-bound "
@@ -739,20 +791,23 @@ def main(argv=None) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     pool = ProcessPoolExecutor(max_workers=args.jobs) if args.jobs > 1 else None
     try:
-        rows = pool.map(compile_job, jobs) if pool else map(compile_job, jobs)
+        rows = pool.map(compile_job, todo) if pool else map(compile_job, todo)
         for i, r in enumerate(rows, 1):
             print(_row(r), flush=True)
-            if i % 50 == 0 and i < len(jobs):
-                print(_progress(i, len(jobs), t0), file=sys.stderr, flush=True)
+            if i % 50 == 0 and i < len(todo):
+                print(_progress(i, len(todo), t0), file=sys.stderr, flush=True)
             results.append(r)
     except KeyboardInterrupt:
         interrupted = True
-        print(f"interrupted: {len(results)} of {len(jobs)} compilations done; "
-              + ("writing a partial report" if (args.out or full) else "no report written"), flush=True)
+        print(f"interrupted: {len(results)} of {len(todo)} compilations done; "
+              + ("writing a partial report" if out_dir else "no report written"), flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if pool:
             pool.shutdown(wait=not interrupted, cancel_futures=True)
+    if kept:  # in the order of the jobs
+        fresh = {r.job: r for r in results}
+        results = [kept.get(j) or fresh[j] for j in jobs if j in kept or j in fresh]
     failed = sum(bool(r.problems) for r in results)
     reference = []
     if args.reference and not interrupted:
@@ -761,12 +816,13 @@ def main(argv=None) -> int:
                 print(_row(r), flush=True)
                 reference.append(r)
     print(f"{len(results) - failed} ok, {failed} failed, {time.time() - t0:.0f} s")
-    out_dir = args.out or (REPORT_DIR if full else None)
     if out_dir:
         warp_spec = check_warp_specialization(args.jobs) if full and not interrupted else []
         for w in warp_spec:
             print(f"warp specialization, fwd D={w['head_dim']} {w['config']} sm_90: {w['verdict']}")
         partial = f"{len(results)} of {len(jobs)} compilations (interrupted)" if interrupted else None
+        if kept:
+            argv = [a for a in argv if a != "--resume"] + [f"(resumed: {len(kept)} rows from an earlier run)"]
         paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial)
         print("wrote " + " and ".join(paths))
     if interrupted:

@@ -140,6 +140,34 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
     done, total = (int(x) for x in record["partial"].split(" compilations")[0].split(" of "))
     assert 1 <= done < total and len(record["rows"]) == done
     assert "**Partial report:" in (tmp_path / "report.md").read_text()
+    # --resume keeps those rows (same commit, kernels and analysis) and compiles the rest.
+    res = _run("--kernel", "fwd", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--jobs", "1",
+               "--out", str(tmp_path), "--resume")
+    if "not resuming" in res.stdout and record["dirty"] or record["commit"] == "unknown":
+        pytest.skip("--resume needs a git checkout without uncommitted changes in kernels/: " + res.stdout[:200])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"resuming: {done} of {total} rows kept" in res.stdout
+    assert len(_rows(res.stdout)) == total - done
+    final = json.loads((tmp_path / "report.json").read_text())
+    assert final["partial"] is None and len(final["rows"]) == total
+    assert final["rows"][:done] == record["rows"]
+
+
+def test_resume_refuses_a_report_of_other_kernels(tmp_path):
+    """Rows compiled from other kernels, another triton or a dirty tree are not reused."""
+    import triton
+
+    from attnkit.kernels import inspect as insp
+
+    (tmp_path / "report.json").write_text(json.dumps(
+        {"triton": triton.__version__, "commit": "0000000", "dirty": False, "rows": []}))
+    rows, why = insp.resumable_rows(str(tmp_path))
+    assert rows == [] and "differs from commit 0000000" in why
+    (tmp_path / "report.json").write_text(json.dumps({"triton": "0.0", "commit": "abc", "rows": []}))
+    assert "compiled with triton 0.0" in insp.resumable_rows(str(tmp_path))[1]
+    (tmp_path / "report.json").write_text(json.dumps(
+        {"triton": triton.__version__, "commit": "abc", "dirty": True, "rows": []}))
+    assert "uncommitted changes" in insp.resumable_rows(str(tmp_path))[1]
 
 
 def test_the_targets_rows_compile_first():
