@@ -686,6 +686,15 @@ def _row_functions(source: str) -> dict[str, str]:
             if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in _ROW_FUNCTIONS}
 
 
+def _without_tile_lists(source: str) -> str:
+    """The source with the CONFIGS tile lists left out: a row is keyed by its own tile
+    and budget, so editing the lists changes which rows a run needs, not their figures."""
+    tree = ast.parse(source)
+    tree.body = [n for n in tree.body if not (isinstance(n, (ast.Assign, ast.AnnAssign)) and "CONFIGS" in {
+        t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)})]
+    return ast.dump(tree)
+
+
 def resumable_rows(out_dir: str) -> tuple[list[Result], str]:
     """The rows of an earlier out_dir/report.json that this checkout would compute the same:
     same triton, written from a clean commit whose kernels, limits, SASS analysis and
@@ -702,11 +711,15 @@ def resumable_rows(out_dir: str) -> tuple[list[Result], str]:
         return [], f"{path} was compiled with triton {record.get('triton')}, this is {triton.__version__}"
     if record.get("dirty") or commit == "unknown":
         return [], f"{path} was written with uncommitted changes in kernels/ (or outside git)"
+    here = os.path.dirname(os.path.abspath(__file__))
     for name in _ROW_SOURCES:
-        if _git("diff", "--quiet", commit, "--", name) == "unknown":  # exits 1 on a difference
+        then = _git("show", f"{commit}:./{name}")
+        with open(os.path.join(here, name)) as f:
+            now = f.read()
+        if then == "unknown" or _without_tile_lists(then) != _without_tile_lists(now):
             return [], f"kernels/{name} differs from commit {commit}, which {path} was compiled at"
     then = _git("show", f"{commit}:./inspect.py")
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "inspect.py")) as f:
+    with open(os.path.join(here, "inspect.py")) as f:
         now = f.read()
     if then == "unknown" or _row_functions(then) != _row_functions(now):
         return [], f"the row analysis of kernels/inspect.py differs from commit {commit}"

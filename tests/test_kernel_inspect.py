@@ -182,3 +182,17 @@ def test_the_targets_rows_compile_first():
     first = jobs[0]
     assert (first.arch, first.tma, first.causal, first.default, first.dtype) == (90, True, False, True, "fp16")
     assert first.head_dim in targets.FWD_EXACT
+
+
+def test_resume_ignores_tile_list_edits_but_not_kernel_code():
+    """A row is keyed by its own tile and budget: editing CONFIGS keeps the other rows
+    resumable; a change to the kernels' code does not."""
+    from attnkit.kernels import inspect as insp
+
+    path = os.path.join(os.path.dirname(insp.__file__), "flash_attention.py")
+    with open(path) as f:
+        src = f.read()
+    first_tile = src.index("_C(", src.index("CONFIGS:"))
+    edited = src[:first_tile] + "_C(16, 16, 4, 1), " + src[first_tile:]
+    assert insp._without_tile_lists(edited) == insp._without_tile_lists(src)
+    assert insp._without_tile_lists(src.replace("    return ", "    return 1 + ", 1)) != insp._without_tile_lists(src)
