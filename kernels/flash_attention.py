@@ -1262,8 +1262,8 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 128: (_C(128, 32, 8, 2, variants=_K, budget=0.78), _C(32, 32, 4, 2, reload=True, variants=_F, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, loads=_TMA, budget=2.1)),
                 192: (_C(128, 32, 8, 2, loads=_TMA, budget=1.11), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
                 256: (_C(16, 32, 4, 1, reload=True, variants=_K, loads=_TMA, budget=2.37), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
-                320: (_C(16, 32, 4, 2, reload=True, variants=_K, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
-                384: (_C(16, 32, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                320: (_C(16, 32, 4, 2, reload=True, variants=_K, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR)),
+                384: (_C(16, 32, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR)),
                 512: (_C(16, 32, 4, 2, reload=True, loads=_PTR),),
             },
             "32bit": {
