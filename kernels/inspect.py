@@ -618,6 +618,9 @@ def write_report(results: list[Result], reference: list[Result], out_dir: str, a
     from . import targets
 
     os.makedirs(out_dir, exist_ok=True)
+    for name in ("report.json", "report.md"):  # the last report is kept, never lost to a shorter run
+        if os.path.exists(os.path.join(out_dir, name)):
+            os.replace(os.path.join(out_dir, name), os.path.join(out_dir, name.replace("report.", "report.previous.")))
     meta = {
         "what": "static figures read from SASS; no kernel was run",
         "triton": triton.__version__,
@@ -806,10 +809,10 @@ def main(argv=None) -> int:
     try:
         rows = pool.map(compile_job, todo) if pool else map(compile_job, todo)
         for i, r in enumerate(rows, 1):
+            results.append(r)  # before it is shown: a row on screen is a row in the report
             print(_row(r), flush=True)
             if i % 50 == 0 and i < len(todo):
                 print(_progress(i, len(todo), t0), file=sys.stderr, flush=True)
-            results.append(r)
     except KeyboardInterrupt:
         interrupted = True
         print(f"interrupted: {len(results)} of {len(todo)} compilations done; "

@@ -140,6 +140,7 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
     done, total = (int(x) for x in record["partial"].split(" compilations")[0].split(" of "))
     assert 1 <= done < total and len(record["rows"]) == done
     assert "**Partial report:" in (tmp_path / "report.md").read_text()
+    assert not (tmp_path / "report.previous.json").exists()
     # --resume keeps those rows (same commit, kernels and analysis) and compiles the rest.
     res = _run("--kernel", "fwd", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--jobs", "1",
                "--out", str(tmp_path), "--resume")
@@ -151,6 +152,8 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
     final = json.loads((tmp_path / "report.json").read_text())
     assert final["partial"] is None and len(final["rows"]) == total
     assert final["rows"][:done] == record["rows"]
+    # The report it replaced is kept beside it.
+    assert json.loads((tmp_path / "report.previous.json").read_text()) == record
 
 
 def test_resume_refuses_a_report_of_other_kernels(tmp_path):
