@@ -54,6 +54,32 @@ NOT_MET: dict[str, str] = {
 }
 
 
+# Why an sm_80 default compiles to more than BASELINE_COMMIT's (the row's note adds its
+# own loop lengths and spills), by input width; read from the SASS of both commits.
+SM80_NOT_MET: dict[str, str] = {
+    "16bit": (
+        "A bias now stays in natural units (the scores q.k x scale + bias, their max and the "
+        "subtraction come before the base-2 scaling; see _fwd_tile), so that a row masked with a "
+        "huge finite value (float32's min) gives float64's answer, the mean of V, where "
+        f"{BASELINE_COMMIT}'s kernels gave zeros: a silent wrong answer fixed, at a price only "
+        "the biased variants pay. The forward and dQ loops are 1-9 instructions per iteration "
+        "longer (0.3-2.2%: integer address and predicate instructions, two FMUL); the dK/dV loop, which streams query tiles, "
+        "also loads each tile's LSE shift (one more cp.async, four shared-memory loads and their "
+        "addresses: +18, 4.6%), and with the key-summed bias gradient 19 more LOP3 (+28 and +30, "
+        "7%)."),
+    "32bit": (
+        "Exact fp32 dots run on the FMA units in 16-row tiles that reload their operands every "
+        "iteration; since the kernels gained causal masking, key lengths and the natural-unit bias, "
+        "ptxas allocates their registers differently: the loops are from 21 instructions shorter "
+        "to 26 longer per iteration (register moves, address arithmetic and, with a bias, the LSE "
+        "shift's load), and some defaults spill 8-40 B where "
+        f"{BASELINE_COMMIT}'s did not (the gate lists them). No 16-row fp32 tile tried was both "
+        "spill-free and as short (M16-N16-w8 is spill-free at the forward's head dims 128 and 160, "
+        "and longer). fp32 is the accuracy path, not the speed path: 16-bit inputs run on tensor "
+        "cores at more than ten times fewer instructions per score."),
+}
+
+
 def _default(results, kernel, head_dim, dtype, bias, arch, tma, causal=False):
     for r in results:
         j = r.job
@@ -146,9 +172,15 @@ def compare_sm80(results) -> list[dict]:
         if b is None or r.loop_length == 0:
             continue
         met = r.instr_per_score <= SM80_SLACK * b["instr_per_score"] + 1e-9 and not r.problems
+        note = f"{BASELINE_COMMIT}: {b['config']}, {b.get('regs')} regs"
+        if not met:
+            note += (f", loop of {b['loop_length']} instructions; now {j.config_name}, {r.regs} regs, loop of "
+                     f"{r.loop_length} ({r.loop_length - b['loop_length']:+d} per iteration)"
+                     + (f", spills {r.stack} B" if r.stack > 0 else "") + ". "
+                     + SM80_NOT_MET["32bit" if j.dtype == "fp32" else "16bit"])
         out.append(_verdict(f"sm80-{j.kernel}-d{j.head_dim}-{j.dtype}-{j.bias}",
                             f"sm_80: instr/score <= {BASELINE_COMMIT}'s", r, r.instr_per_score, b["instr_per_score"],
-                            met, note=f"{BASELINE_COMMIT}: {b['config']}, {b.get('regs')} regs"))
+                            met, note=note))
     return out
 
 
