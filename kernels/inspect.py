@@ -729,6 +729,13 @@ def resumable_rows(out_dir: str) -> tuple[list[Result], str]:
     return [_from_record(r) for r in record["rows"]], f"{len(record['rows'])} rows of {path} (commit {commit})"
 
 
+def resumable_reference(out_dir: str) -> list[Result]:
+    """The tutorial kernel's rows (--reference) of out_dir/report.json; call it only
+    where resumable_rows kept that report's rows."""
+    with open(os.path.join(out_dir, "report.json")) as f:
+        return [_from_record(r) for r in json.load(f).get("reference", [])]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnkit.kernels.inspect", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -826,6 +833,10 @@ def main(argv=None) -> int:
         results = [kept.get(j) or fresh[j] for j in jobs if j in kept or j in fresh]
     failed = sum(bool(r.problems) for r in results)
     reference = []
+    if kept and not args.reference:
+        # The tutorial's rows of the report resumed from: the same triton and analysis
+        # compiled them (resumable_rows checked), and its file need not be at hand again.
+        reference = resumable_reference(out_dir)
     if args.reference and not interrupted:
         for d in (64, 128):
             for r in compile_reference(args.reference, d):
@@ -838,7 +849,9 @@ def main(argv=None) -> int:
             print(f"warp specialization, fwd D={w['head_dim']} {w['config']} sm_90: {w['verdict']}")
         partial = f"{len(results)} of {len(jobs)} compilations (interrupted)" if interrupted else None
         if kept:
-            argv = [a for a in argv if a != "--resume"] + [f"(resumed: {len(kept)} rows from an earlier run)"]
+            argv = [a for a in argv if a != "--resume"] + [
+                f"(resumed: {len(kept)} rows from an earlier run"
+                + ("; the tutorial's rows kept from it" if reference and not args.reference else "") + ")"]
         paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial)
         print("wrote " + " and ".join(paths))
     if interrupted:

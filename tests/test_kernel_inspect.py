@@ -141,6 +141,10 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
     assert 1 <= done < total and len(record["rows"]) == done
     assert "**Partial report:" in (tmp_path / "report.md").read_text()
     assert not (tmp_path / "report.previous.json").exists()
+    # A row standing for the tutorial kernel's (--reference): resuming without the
+    # tutorial's file keeps it.
+    record["reference"] = [dict(record["rows"][0], kernel="ref_fwd")]
+    (tmp_path / "report.json").write_text(json.dumps(record))
     # --resume keeps those rows (same commit, kernels and analysis) and compiles the rest.
     res = _run("--kernel", "fwd", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--jobs", "1",
                "--out", str(tmp_path), "--resume")
@@ -152,6 +156,7 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
     final = json.loads((tmp_path / "report.json").read_text())
     assert final["partial"] is None and len(final["rows"]) == total
     assert final["rows"][:done] == record["rows"]
+    assert final["reference"] == record["reference"] and "the tutorial's rows kept" in final["command"]
     # The report it replaced is kept beside it.
     assert json.loads((tmp_path / "report.previous.json").read_text()) == record
 
