@@ -1038,7 +1038,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 256: (_C(32, 32, 4, 2, reload=True, budget=2.15),),
                 320: (_C(32, 32, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=2.1), _C(32, 32, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.14), _C(16, 32, 4, 2, reload=True, budget=3.16)),
                 384: (_C(16, 32, 4, 2, reload=True, budget=3.58),),
-                512: (_C(16, 32, 4, 2, reload=True, variants=_NK, budget=3.3), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                512: (_C(16, 32, 4, 2, reload=True, variants=_NK, budget=3.3), _C(16, 32, 4, 1, reload=True, variants=_F, budget=4.71)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
@@ -1060,20 +1060,20 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 256: (_C(32, 32, 4, 2, reload=True, budget=2.15),),
                 320: (_C(32, 32, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=2.1), _C(32, 32, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.14), _C(16, 32, 4, 2, reload=True, budget=3.16)),
                 384: (_C(16, 32, 4, 2, reload=True, budget=3.58),),
-                512: (_C(16, 32, 4, 2, reload=True, variants=_NK, budget=3.3), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                512: (_C(16, 32, 4, 2, reload=True, variants=_NK, budget=3.3), _C(16, 32, 4, 1, reload=True, variants=_F, budget=4.71)),
             },
             "32bit": {},
         },
         "dkdv": {
             "16bit": {
                 64: (_C(32, 128, 8, 3, variants=_F, causal=_CAUSAL, dims=(1, 48), budget=0.84), _C(32, 64, 4, 3, variants=_NK, causal=_UNCAUSAL, budget=0.6), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, budget=0.6), _C(32, 128, 8, 3, variants=_NK, budget=0.59), _C(32, 64, 4, 2, variants=_F, causal=_UNCAUSAL, budget=0.85), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, dims=(49, 64), budget=1.0)),
-                96: (_C(32, 64, 4, 3, variants=_K, causal=_UNCAUSAL, dims=(65, 80), budget=0.73), _C(32, 128, 8, 3, variants=_N, causal=_CAUSAL, dims=(65, 80), budget=0.7), _C(32, 64, 4, 3, variants=_F, causal=_UNCAUSAL, budget=0.99), _C(32, 128, 8, 3, variants=_F, causal=_CAUSAL, budget=1.06), _C(32, 64, 4, 2, variants=_N, causal=_UNCAUSAL, budget=0.72), _C(32, 128, 8, 3, variants=_K, causal=_UNCAUSAL, dims=(81, 96), budget=0.79), _C(32, 128, 8, 3, variants=_K, causal=_CAUSAL, dims=(81, 96), budget=0.78), _C(32, 64, 4, 2, variants=_N, causal=_CAUSAL, dims=(81, 96), budget=0.72), _C(32, 128, 8, 3, variants=_K, causal=_CAUSAL, dims=(65, 80))),
+                96: (_C(32, 64, 4, 3, variants=_K, causal=_UNCAUSAL, dims=(65, 80), budget=0.73), _C(32, 128, 8, 3, variants=_N, causal=_CAUSAL, dims=(65, 80), budget=0.7), _C(32, 64, 4, 3, variants=_F, causal=_UNCAUSAL, budget=0.99), _C(32, 128, 8, 3, variants=_F, causal=_CAUSAL, dims=(65, 80), budget=1.06), _C(16, 32, 4, 2, variants=_F, causal=_CAUSAL, dims=(81, 96), budget=1.96), _C(32, 128, 8, 3, variants=_F, causal=_CAUSAL, dims=(81, 96)), _C(32, 64, 4, 2, variants=_N, causal=_UNCAUSAL, budget=0.72), _C(32, 128, 8, 3, variants=_K, causal=_UNCAUSAL, dims=(81, 96), budget=0.79), _C(32, 128, 8, 3, variants=_K, causal=_CAUSAL, dims=(81, 96), budget=0.78), _C(32, 64, 4, 2, variants=_N, causal=_CAUSAL, dims=(81, 96), budget=0.72), _C(16, 64, 4, 2, variants=_K, causal=_CAUSAL, dims=(65, 80), budget=0.71)),
                 128: (_C(32, 32, 4, 2, reload=True, causal=_UNCAUSAL, budget=1.38), _C(32, 32, 4, 2, reload=True, variants=_NK, causal=_CAUSAL, budget=1.04), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=1.79)),
                 192: (_C(32, 16, 4, 2, reload=True, budget=2.09),),
                 256: (_C(32, 16, 4, 2, reload=True, variants=_NF, causal=_UNCAUSAL, budget=2.79), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.43), _C(32, 16, 4, 1, reload=True, variants=_KF, causal=_CAUSAL, budget=3.02), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_UNCAUSAL, budget=2.57)),
                 320: (_C(32, 16, 4, 1, reload=True, budget=3.12),),
                 384: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.27), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.97), _C(32, 16, 4, 1, reload=True, variants=_KF, causal=_CAUSAL, budget=3.52)),
-                512: (_C(32, 16, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                512: (_C(32, 16, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=3.11), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_CAUSAL, budget=6.7), _C(16, 16, 4, 2, reload=True, variants=_F, budget=5.6), _C(32, 16, 4, 2, reload=True, variants=_F)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True),),
@@ -1111,13 +1111,13 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
         "dkdv_dbias": {
             "16bit": {
                 64: (_C(32, 64, 4, 3, variants=_F, causal=_CAUSAL, dims=(1, 48), budget=0.89), _C(32, 64, 4, 3, causal=_UNCAUSAL, budget=0.92), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, budget=0.65), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, dims=(49, 64), budget=1.16)),
-                96: (_C(32, 64, 4, 3, causal=_UNCAUSAL, budget=1.03), _C(32, 64, 4, 3, variants=_F, causal=_CAUSAL, budget=1.02), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, dims=(81, 96), budget=0.83), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, dims=(65, 80))),
+                96: (_C(32, 64, 4, 3, causal=_UNCAUSAL, budget=1.03), _C(32, 64, 4, 3, variants=_F, causal=_CAUSAL, budget=1.02), _C(32, 64, 4, 3, variants=_K, causal=_CAUSAL, dims=(81, 96), budget=0.83), _C(16, 64, 4, 2, variants=_K, causal=_CAUSAL, dims=(65, 80), budget=0.78)),
                 128: (_C(32, 32, 4, 2, reload=True, causal=_UNCAUSAL, budget=1.55), _C(32, 32, 4, 2, reload=True, variants=_K, causal=_CAUSAL, budget=1.27), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=1.92)),
                 192: (_C(32, 16, 4, 2, reload=True, budget=2.24),),
                 256: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=2.96), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL, budget=2.6), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, budget=3.23)),
-                320: (_C(32, 16, 4, 1, reload=True, causal=_UNCAUSAL, budget=3.32), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, budget=3.33), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL)),
-                384: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.42), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, budget=3.29), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
-                512: (_C(32, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=3.27), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=2.73), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                320: (_C(32, 16, 4, 1, reload=True, causal=_UNCAUSAL, budget=3.32), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, budget=3.33), _C(16, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, budget=4.24)),
+                384: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.42), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, budget=3.29), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=5.0)),
+                512: (_C(32, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=3.27), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL, budget=4.8), _C(16, 16, 4, 2, reload=True, variants=_F, budget=5.88), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True),),
@@ -1138,8 +1138,8 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 192: (_C(16, 32, 4, 2, reload=True, budget=2.0),),
                 256: (_C(16, 32, 4, 2, reload=True, budget=2.61),),
                 320: (_C(16, 32, 4, 2, reload=True, budget=3.1),),
-                384: (_C(16, 32, 4, 2, reload=True, variants=_K, budget=3.44), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
-                512: (_C(16, 32, 4, 2, reload=True, variants=_K, budget=3.56), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                384: (_C(16, 32, 4, 2, reload=True, variants=_K, budget=3.44), _C(16, 16, 4, 2, reload=True, variants=_F, budget=5.3)),
+                512: (_C(16, 32, 4, 2, reload=True, variants=_K, budget=3.56), _C(16, 16, 4, 2, reload=True, variants=_F, budget=5.93), _C(16, 32, 4, 2, reload=True, variants=_F)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
@@ -1262,8 +1262,8 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 128: (_C(128, 32, 8, 2, variants=_K, budget=0.78), _C(32, 32, 4, 2, reload=True, variants=_F, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, loads=_TMA, budget=2.1)),
                 192: (_C(128, 32, 8, 2, loads=_TMA, budget=1.11), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
                 256: (_C(16, 32, 4, 1, reload=True, variants=_K, loads=_TMA, budget=2.37), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
-                320: (_C(16, 32, 4, 2, reload=True, variants=_K, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR)),
-                384: (_C(16, 32, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, loads=_PTR), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL, loads=_PTR)),
+                320: (_C(16, 32, 4, 2, reload=True, variants=_K, loads=_PTR), _C(16, 16, 4, 2, reload=True, variants=_F, loads=_PTR, budget=4.89)),
+                384: (_C(16, 16, 4, 2, reload=True, variants=_K, loads=_PTR, budget=5.24), _C(16, 16, 4, 2, reload=True, variants=_F, loads=_PTR, budget=5.78)),
                 512: (_C(16, 32, 4, 2, reload=True, loads=_PTR),),
             },
             "32bit": {
