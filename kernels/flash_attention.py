@@ -1016,9 +1016,12 @@ _NF = frozenset({"none", "full"})
 _TMA = frozenset({"tma"})
 _PTR = frozenset({"ptr"})
 # fp32 inputs: exact fp32 dots run on FMA units, whose Triton lowering holds whole
-# head-dim rows of both operands in registers, so fp32 needs 16-row tiles, the reload
-# variant and mostly 8 warps; larger tiles (M32, or M16-N32 on 4 warps at head dim >= 80)
-# spill on both targets. tf32 (allow_tf32=True) uses tensor cores and these tiles too.
+# head-dim rows of both operands in registers, so fp32 needs 16-row tiles; M32 tiles spill
+# on both targets. Which 16-row tile is clean depends on the variant and head dim in ways
+# no rule predicts (M16-N32 on 4 warps with one stage is the fastest forward on sm_80 at
+# head dims 40-160 and spills on sm_90 at 256 and above, most variants); the forward's lists were searched
+# per variant over reload or not, 4 or 8 warps, one or two stages. tf32 (allow_tf32=True)
+# uses tensor cores and these tiles too.
 # The lists below were chosen from the static report: for each list (target, kernel,
 # width, head-dim band) the tiles that compile clean (no spill, no duplicated work, within
 # shared memory) at every head dim of the band for a (bias variant, causality, loads)
@@ -1041,14 +1044,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 512: (_C(16, 32, 4, 2, reload=True, variants=_NK, budget=3.3), _C(16, 32, 4, 2, variants=_F, budget=3.53)),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                96: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                128: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                192: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                256: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                64: (_C(16, 32, 4, 1, reload=True, variants=_NF, budget=7.4), _C(16, 16, 4, 1, reload=True, variants=_K, budget=7.3)),
+                96: (_C(16, 16, 4, 1, reload=True, budget=10.8),),
+                128: (_C(16, 32, 4, 1, reload=True, budget=12.4),),
+                192: (_C(16, 32, 4, 1, reload=True, budget=14.8),),
+                256: (_C(16, 16, 4, 1, reload=True, variants=_NF, budget=24.4), _C(16, 32, 8, 2, reload=True, variants=_K, budget=24.3), _C(16, 16, 8, 2, budget=26.2)),
                 320: (_C(16, 16, 4, 2, reload=True),),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                384: (_C(16, 16, 4, 1, reload=True, budget=36.3),),
+                512: (_C(16, 16, 4, 1, reload=True, budget=45.8),),
             },
         },
         "fwd_lo": {
@@ -1166,14 +1169,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 512: (_C(16, 32, 4, 2, reload=True, variants=_NK, loads=_PTR), _C(16, 32, 4, 2, reload=True, loads=_TMA, budget=3.93)),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                64: (_C(16, 32, 4, 1, reload=True, budget=7.2),),
                 96: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
                 128: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
                 192: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                256: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                320: (_C(16, 16, 4, 2, reload=True),),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                256: (_C(16, 32, 8, 2, budget=25.0),),
+                320: (_C(16, 16, 4, 1, reload=True, budget=30.7),),
+                384: (_C(16, 32, 8, 2, variants=_N, budget=36.8), _C(16, 32, 8, 2, variants=_K, causal=_UNCAUSAL, budget=36.6), _C(16, 16, 8, 2, budget=40.6)),
+                512: (_C(16, 32, 8, 2, budget=46.5),),
             },
         },
         "fwd_lo": {
