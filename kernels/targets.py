@@ -68,15 +68,15 @@ SM80_NOT_MET: dict[str, str] = {
         "addresses: +18, 4.6%), and with the key-summed bias gradient 19 more LOP3 (+28 and +30, "
         "7%)."),
     "32bit": (
-        "Exact fp32 dots run on the FMA units in 16-row tiles that reload their operands every "
-        "iteration; since the kernels gained causal masking, key lengths and the natural-unit bias, "
-        "ptxas allocates their registers differently: the loops are from 21 instructions shorter "
-        "to 26 longer per iteration (register moves, address arithmetic and, with a bias, the LSE "
-        "shift's load), and some defaults spill 8-40 B where "
-        f"{BASELINE_COMMIT}'s did not (the gate lists them). No 16-row fp32 tile tried was both "
-        "spill-free and as short (M16-N16-w8 is spill-free at the forward's head dims 128 and 160, "
-        "and longer). fp32 is the accuracy path, not the speed path: 16-bit inputs run on tensor "
-        "cores at more than ten times fewer instructions per score."),
+        "Exact fp32 dots run on the FMA units in 16-row tiles; since the kernels gained causal masking, "
+        "key lengths and the natural-unit bias, ptxas allocates their registers differently: the "
+        "backward's loops are from 21 instructions shorter to 26 longer per iteration (register moves, "
+        "address arithmetic and, with a bias, the LSE shift's load), and some defaults spill 8-40 B "
+        f"where {BASELINE_COMMIT}'s did not (the gate lists them). The forward's fp32 lists were "
+        "searched again per variant (all are spill-free; only head dim 256 without a bias reads one "
+        "instruction per iteration more); the backward's were not, on sm_80. fp32 is the accuracy "
+        "path, not the speed path: 16-bit inputs run on tensor cores at more than ten times fewer "
+        "instructions per score."),
 }
 
 
