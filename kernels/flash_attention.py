@@ -1231,7 +1231,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
                 192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
                 256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                320: (_C(16, 16, 4, 2, reload=True),),
+                320: (_C(16, 32, 8, 2, budget=41.2),),
                 384: (_C(16, 32, 8, 2, budget=47.5),),
                 512: (_C(16, 16, 4, 1, reload=True, budget=58.6),),
             },
