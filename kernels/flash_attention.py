@@ -1019,9 +1019,9 @@ _PTR = frozenset({"ptr"})
 # head-dim rows of both operands in registers, so fp32 needs 16-row tiles; M32 tiles spill
 # on both targets. Which 16-row tile is clean depends on the variant and head dim in ways
 # no rule predicts (M16-N32 on 4 warps with one stage is the fastest forward on sm_80 at
-# head dims 40-160 and spills on sm_90 at 256 and above, most variants); the forward's lists were searched
-# per variant over reload or not, 4 or 8 warps, one or two stages. tf32 (allow_tf32=True)
-# uses tensor cores and these tiles too.
+# head dims 40-160, and spills on sm_90 at 256 and above for most variants); the
+# forward's lists were searched per variant over reload or not, 4 or 8 warps, one or two
+# stages. tf32 (allow_tf32=True) uses tensor cores and these tiles too.
 # The lists below were chosen from the static report: for each list (target, kernel,
 # width, head-dim band) the tiles that compile clean (no spill, no duplicated work, within
 # shared memory) at every head dim of the band for a (bias variant, causality, loads)
