@@ -1021,7 +1021,12 @@ _PTR = frozenset({"ptr"})
 # no rule predicts (M16-N32 on 4 warps with one stage is the fastest forward on sm_80 at
 # head dims 40-160, and spills on sm_90 at 256 and above for most variants); the
 # forward's lists were searched per variant over reload or not, 4 or 8 warps, one or two
-# stages. tf32 (allow_tf32=True) uses tensor cores and these tiles too.
+# stages, and so were the backward's where a tile spilled. For a few backward variants at
+# head dims 256-512 no 16-row tile is clean: 4-warp tiles spill at 255 registers, and ptxas
+# often stops 8-warp tiles at 128 registers and spills 8-56 B (a maxnreg of 255 removes
+# that spill in a probe; the launcher does not pass one). Those variants get the
+# least-spilling tile that fits sm_86's shared memory, or the least-spilling one where
+# none fits (sm_80 at 512). tf32 (allow_tf32=True) uses tensor cores and these tiles too.
 # The lists below were chosen from the static report: for each list (target, kernel,
 # width, head-dim band) the tiles that compile clean (no spill, no duplicated work, within
 # shared memory) at every head dim of the band for a (bias variant, causality, loads)
@@ -1079,14 +1084,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 512: (_C(32, 16, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True),),
-                96: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                128: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 16, 4, 2, reload=True),),
-                320: (_C(16, 16, 4, 2, reload=True),),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                64: (_C(16, 32, 8, 2, reload=True, variants=_NF), _C(16, 16, 8, 2, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL)),
+                96: (_C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_N), _C(16, 16, 8, 2, reload=True, variants=_KF, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL)),
+                128: (_C(16, 16, 4, 2, reload=True, variants=_F), _C(16, 16, 4, 2, reload=True, variants=_N, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_UNCAUSAL)),
+                192: (_C(16, 32, 8, 2, reload=True, variants=_NF), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_N), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                256: (_C(16, 16, 4, 2, reload=True, variants=_NF, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_NF, causal=_CAUSAL)),
+                320: (_C(16, 16, 4, 2, reload=True, variants=_NF, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_NF, causal=_CAUSAL)),
+                384: (_C(16, 16, 4, 2, reload=True, variants=_NF, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_NF, causal=_CAUSAL)),
+                512: (_C(16, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_NF), _C(16, 16, 8, 2, variants=_K, causal=_CAUSAL)),
             },
         },
         "dq": {
@@ -1101,14 +1106,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 512: (_C(16, 32, 4, 2, reload=True, budget=3.05),),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                96: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                320: (_C(16, 16, 4, 2, reload=True),),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                64: (_C(16, 16, 4, 2, reload=True, variants=_NF), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 32, 8, 2, reload=True, variants=_NF), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_NF)),
+                96: (_C(16, 32, 8, 2, reload=True, variants=_KF), _C(16, 32, 8, 2, reload=True, variants=_N, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F), _C(16, 16, 8, 2, reload=True, variants=_NK, causal=_CAUSAL)),
+                128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True, variants=_NF)),
+                192: (_C(16, 16, 4, 2, reload=True, variants=_NF), _C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_NF)),
+                256: (_C(16, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 32, 8, 2, reload=True, variants=_NF), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_NF, causal=_UNCAUSAL), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                320: (_C(16, 16, 4, 2, reload=True, variants=_K), _C(16, 16, 4, 2, reload=True, variants=_N, causal=_UNCAUSAL), _C(16, 16, 8, 1, reload=True, variants=_F), _C(16, 16, 8, 1, reload=True, variants=_N, causal=_CAUSAL)),
+                384: (_C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_CAUSAL), _C(16, 16, 8, 1, reload=True, variants=_F), _C(16, 16, 8, 1, reload=True, variants=_N, causal=_UNCAUSAL)),
+                512: (_C(16, 16, 8, 1, reload=True, variants=_F), _C(16, 16, 8, 2, variants=_NK)),
             },
         },
         "dkdv_dbias": {
@@ -1123,14 +1128,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 512: (_C(32, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=3.27), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=2.73), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True),),
-                96: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                128: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                192: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 16, 4, 2, reload=True),),
-                320: (_C(16, 16, 4, 2, reload=True),),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                64: (_C(16, 32, 8, 2, reload=True, variants=_F), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL)),
+                96: (_C(16, 16, 4, 2, reload=True, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL)),
+                128: (_C(16, 16, 4, 2, reload=True, variants=_F), _C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_F)),
+                192: (_C(16, 32, 8, 2, reload=True, variants=_F), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL)),
+                256: (_C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                320: (_C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, causal=_CAUSAL)),
+                384: (_C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                512: (_C(16, 16, 8, 2, reload=True, variants=_F, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_F, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_K, causal=_CAUSAL)),
             },
         },
         "dq_dbias": {
@@ -1145,14 +1150,14 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 512: (_C(16, 32, 4, 2, reload=True, variants=_K, budget=3.56), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 32, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
-                64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                64: (_C(16, 16, 4, 2, reload=True, variants=_F), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 32, 8, 2, reload=True, variants=_F), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True)),
                 96: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
                 128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
                 192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                320: (_C(16, 16, 4, 2, reload=True),),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                256: (_C(16, 16, 4, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                320: (_C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL)),
+                384: (_C(16, 16, 8, 2, reload=True),),
+                512: (_C(16, 16, 8, 2),),
             },
         },
     },
@@ -1207,11 +1212,11 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 64: (_C(16, 32, 8, 2, reload=True, variants=_NK, causal=_CAUSAL, budget=11.85), _C(16, 32, 8, 2, reload=True, causal=_UNCAUSAL, budget=12.42), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_CAUSAL, budget=14.48)),
                 96: (_C(16, 16, 4, 2, reload=True, budget=18.69),),
                 128: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_CAUSAL, budget=22.15), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=22.33), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=23.27), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_CAUSAL, budget=25.4), _C(16, 16, 8, 2, reload=True, causal=_UNCAUSAL, budget=25.96)),
-                192: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=28.32), _C(16, 16, 8, 2, reload=True, variants=_KF, causal=_CAUSAL, budget=32.49), _C(16, 16, 8, 2, reload=True, variants=_NF, causal=_UNCAUSAL, budget=32.75), _C(16, 32, 8, 2, reload=True, variants=_N, causal=_CAUSAL)),
-                256: (_C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=47.35), _C(16, 16, 4, 2, reload=True, variants=_N, causal=_UNCAUSAL), _C(16, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
-                320: (_C(16, 32, 8, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=40.1), _C(16, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
-                384: (_C(16, 16, 4, 2, reload=True),),
-                512: (_C(16, 16, 4, 2, reload=True),),
+                192: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_N, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_UNCAUSAL)),
+                256: (_C(16, 16, 8, 2, variants=_NK, causal=_CAUSAL), _C(16, 16, 8, 1, reload=True, variants=_F), _C(16, 16, 8, 1, reload=True, variants=_N, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL)),
+                320: (_C(16, 32, 8, 2, reload=True, variants=_NK, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_F), _C(16, 16, 8, 2, variants=_NK, causal=_CAUSAL)),
+                384: (_C(16, 16, 8, 2, variants=_NK), _C(16, 16, 8, 2, reload=True, variants=_F)),
+                512: (_C(16, 16, 8, 2, reload=True),),
             },
         },
         "dq": {
@@ -1228,9 +1233,9 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
                 96: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
-                128: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True)),
+                128: (_C(16, 32, 8, 2, reload=True, variants=_K), _C(16, 32, 8, 2, reload=True, variants=_F, causal=_CAUSAL), _C(16, 32, 8, 2, reload=True, variants=_N, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_UNCAUSAL)),
                 192: (_C(16, 16, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
-                256: (_C(16, 16, 8, 2, reload=True), _C(16, 32, 8, 2, reload=True), _C(16, 16, 4, 2, reload=True)),
+                256: (_C(16, 32, 8, 2, reload=True), _C(16, 16, 8, 2, reload=True, variants=_N), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL)),
                 320: (_C(16, 32, 8, 2, budget=41.2),),
                 384: (_C(16, 32, 8, 2, budget=47.5),),
                 512: (_C(16, 16, 4, 1, reload=True, budget=58.6),),
@@ -1250,9 +1255,9 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True, budget=12.72),),
                 96: (_C(16, 16, 4, 2, reload=True, variants=_F, budget=18.99), _C(16, 16, 8, 2, reload=True, budget=21.3)),
-                128: (_C(16, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=22.91), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=23.29), _C(16, 16, 8, 2, reload=True, variants=_F, budget=26.29), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_CAUSAL)),
+                128: (_C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL), _C(16, 16, 8, 2, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_CAUSAL)),
                 192: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=28.55), _C(16, 16, 8, 2, reload=True, causal=_CAUSAL, budget=32.75), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=33.05)),
-                256: (_C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=47.65), _C(16, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(16, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                256: (_C(16, 16, 8, 1, reload=True, variants=_F), _C(16, 16, 8, 1, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL)),
                 320: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=40.28), _C(16, 16, 8, 2, reload=True, causal=_CAUSAL, budget=45.52), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=46.04)),
                 384: (_C(16, 16, 8, 2, reload=True, budget=52.64),),
                 512: (_C(16, 32, 8, 2, reload=True, budget=58.3),),
