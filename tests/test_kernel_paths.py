@@ -339,6 +339,36 @@ def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(monkeypatch
 # -- the shipped tiles of each bias variant ----------------------------------------------
 
 
+@pytest.mark.parametrize("arch,kind,d,bias_grad", [("sm80", "key_padding", 320, False), ("sm80", "full", 512, True),
+                                                   ("sm90", "none", 384, False), ("sm90", "full", 320, True)])
+def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad, monkeypatch, seed):
+    """The exact-fp32 backward lists above head dim 256 ship 16-row tiles on 8 warps, with
+    and without reloading the held tiles, per variant and causality: run each call with
+    the default its target ships (every head-dim piece and gradient launch), causal, in
+    the interpreter, against float64."""
+    monkeypatch.setattr(fa, "INTERPRET_SHIPPED_TILES", True)
+    monkeypatch.setattr(fa, "INTERPRET_ARCH", arch)
+    variant = {"none": "none", "key_padding": "keypad", "full": "full"}[kind]
+    seen = {}
+    real = fa._kernel_for
+
+    def spy(kernel, *args):
+        fn, cfg = real(kernel, *args)
+        seen[kernel] = cfg
+        return fn, cfg
+
+    monkeypatch.setattr(fa, "_kernel_for", spy)
+    M, N = 37, 45  # more than two 16-row tiles, ending inside one
+    q, k, v = make_qkv(1, 1, M, N, d, torch.float32, layout="bnhd")
+    bias = make_bias(kind, 1, 1, M, N, torch.float32)
+    check(q, k, v, bias, causal=True, offset=N - M, bias_grad=bias_grad)
+    # Above 256 the backward runs once per head-dim piece (dK/dV once per gradient too); a
+    # full bias's gradient comes with the first dQ launch.
+    assert {"fwd", "dkdv", "dq"} <= set(seen) and bias_grad == ("dq_dbias" in seen)
+    for kernel, cfg in seen.items():
+        assert cfg == fa.configs_for(kernel, d, torch.float32, arch, variant, True, False)[0], kernel
+
+
 @pytest.mark.parametrize("arch,kind", [("sm90", "none"), ("sm90", "key_padding"), ("sm90", "perhead"),
                                        ("sm90", "full"), ("sm80", "none"), ("sm80", "full")])
 def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
