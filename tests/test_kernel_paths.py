@@ -339,16 +339,11 @@ def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(monkeypatch
 # -- the shipped tiles of each bias variant ----------------------------------------------
 
 
-@pytest.mark.parametrize("arch,kind,d,bias_grad", [("sm80", "key_padding", 320, False), ("sm80", "full", 512, True),
-                                                   ("sm90", "none", 384, False), ("sm90", "full", 320, True)])
-def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad, monkeypatch, seed):
-    """The exact-fp32 backward lists above head dim 256 ship 16-row tiles on 8 warps, with
-    and without reloading the held tiles, per variant and causality: run each call with
-    the default its target ships (every head-dim piece and gradient launch), causal, in
-    the interpreter, against float64."""
+def _shipped_tiles(monkeypatch, arch: str) -> dict:
+    """Make the interpreter run the default tile `arch` ships for each call (instead of
+    its own small tile); returns the dict that records, per kernel, the tile it ran."""
     monkeypatch.setattr(fa, "INTERPRET_SHIPPED_TILES", True)
     monkeypatch.setattr(fa, "INTERPRET_ARCH", arch)
-    variant = {"none": "none", "key_padding": "keypad", "full": "full"}[kind]
     seen = {}
     real = fa._kernel_for
 
@@ -358,6 +353,18 @@ def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad
         return fn, cfg
 
     monkeypatch.setattr(fa, "_kernel_for", spy)
+    return seen
+
+
+@pytest.mark.parametrize("arch,kind,d,bias_grad", [("sm80", "key_padding", 320, False), ("sm80", "full", 512, True),
+                                                   ("sm90", "none", 384, False), ("sm90", "full", 320, True)])
+def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad, monkeypatch, seed):
+    """The exact-fp32 backward lists above head dim 256 ship 16-row tiles on 8 warps, with
+    and without reloading the held tiles, per variant and causality: run each call with
+    the default its target ships (every head-dim piece and gradient launch), causal, in
+    the interpreter, against float64."""
+    variant = {"none": "none", "key_padding": "keypad", "full": "full"}[kind]
+    seen = _shipped_tiles(monkeypatch, arch)
     M, N = 37, 45  # more than two 16-row tiles, ending inside one
     q, k, v = make_qkv(1, 1, M, N, d, torch.float32, layout="bnhd")
     bias = make_bias(kind, 1, 1, M, N, torch.float32)
@@ -375,20 +382,10 @@ def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
     """Each bias variant has its own candidate lists (a tile that spills with a full
     bias still serves the others): run the kernels with the default tile the target
     ships for the call's variant (up to 128 x 128), causal too, in the interpreter."""
-    monkeypatch.setattr(fa, "INTERPRET_SHIPPED_TILES", True)
-    monkeypatch.setattr(fa, "INTERPRET_ARCH", arch)
     variant = {"none": "none", "key_padding": "keypad", "perhead": "keypad", "full": "full"}[kind]
     tiles = {kernel: fa.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0]
              for kernel in ("fwd_lo", "dkdv", "dq")}
-    seen = {}
-    real = fa._kernel_for
-
-    def spy(kernel, *args):
-        fn, cfg = real(kernel, *args)
-        seen[kernel] = cfg
-        return fn, cfg
-
-    monkeypatch.setattr(fa, "_kernel_for", spy)
+    seen = _shipped_tiles(monkeypatch, arch)
     M, N = 150, 140  # crosses a 128-row tile and ends inside one
     q, k, v = make_qkv(1, 2, M, N, 64, torch.float16, layout="bnhd")
     bias = make_bias(kind, 1, 2, M, N, torch.float32)
