@@ -1372,6 +1372,10 @@ def _set_boxes(kernel: str):
     return hook
 
 
+# What an autotuner's choice depends on (of the arguments each kernel has).
+_TUNE_KEY = ("HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA", "PIECE", "GRADS")
+
+
 def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
                 causal: bool, tma: bool):
     """(callable kernel, fixed config or None): the autotuner, or the plain kernel."""
@@ -1393,7 +1397,9 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
                               num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=hook)
                 for c in cands
             ],
-            key=["HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA", "PIECE", "GRADS"],
+            # Triton refuses a key that is not an argument: the forward has no PIECE or
+            # GRADS, the dQ kernel no GRADS.
+            key=[k for k in _TUNE_KEY if k in _KERNELS[kernel].arg_names],
         )(_KERNELS[kernel])
         _TUNERS[key] = tuner
     return tuner, None

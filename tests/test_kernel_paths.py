@@ -416,6 +416,33 @@ def test_every_call_has_a_tile():
     assert not missing, missing
 
 
+
+def test_every_list_builds_its_autotuner(monkeypatch):
+    """On a GPU with autotuning on (the default), a call whose list has more than one
+    candidate runs through a triton.autotune wrapper: build each one, as a GPU would on
+    first use (Triton checks its key against the kernel's arguments), with one candidate
+    per entry of the list."""
+    monkeypatch.setattr(fa, "INTERPRET", False)
+    monkeypatch.setattr(fa, "_TUNERS", {})
+    built = 0
+    for arch in fa.ARCHS:
+        monkeypatch.setattr(fa, "INTERPRET_ARCH", arch)
+        for kernel in fa._KERNELS:
+            for dtype in (torch.float16, torch.float32):
+                for band in fa.CONFIGS[arch][kernel][fa._width(dtype)]:  # no fp32 fwd_lo
+                    for variant in fa.VARIANTS:
+                        for causal in (False, True):
+                            for tma in (False, True):
+                                cands = fa.configs_for(kernel, band, dtype, arch, variant, causal, tma)
+                                if len(cands) < 2:
+                                    continue
+                                tuner, fixed = fa._kernel_for(kernel, band, dtype, torch.device("cpu"), variant,
+                                                              causal, tma)
+                                assert fixed is None and len(tuner.configs) == len(cands)
+                                assert "HEAD_DIM" in tuner.keys and "CAUSAL" in tuner.keys
+                                built += 1
+    assert built > 100
+
 # -- huge finite masks -------------------------------------------------------------------
 
 
