@@ -66,7 +66,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): log(x) == log2(x) * LN2
 
-from . import limits
+from . import devices, limits
 from .limits import (  # noqa: F401 - re-exported: the limits live in limits.py only
     MAX_GRID_YZ,
     MAX_HEAD_DIM,
@@ -985,10 +985,14 @@ class TileConfig:
     # The padded head dims it serves, (lo, hi) inclusive (None: every one of its band):
     # where no tile of a band compiles clean at all of its head dims for some variant.
     dims: Optional[tuple] = None
+    # ptxas's register cap per thread (None: its own choice). With 8 warps it often
+    # stops at 128 registers and spills; 255 lets such a tile hold what it needs.
+    maxnreg: Optional[int] = None
 
     def __str__(self) -> str:
         r = "-r" if self.reload else ""
-        return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{r}"
+        n = f"-reg{self.maxnreg}" if self.maxnreg else ""
+        return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{r}{n}"
 
 
 # The autotuning candidates, by target, kernel, input width and head-dim band (the
@@ -1297,7 +1301,7 @@ INTERPRET_SHIPPED_TILES = False
 ARCHS = ("sm80", "sm90")
 # Head-dim bands of the candidate lists: a head dim uses the first band that holds its
 # padded size (limits.padded_head_dim).
-_BANDS = (64, 96, 128, 192, 256, 320, 384, 512)
+_BANDS = limits.BANDS
 
 
 def _band(padded: int) -> int:
@@ -1317,11 +1321,12 @@ INTERPRET_ARCH = "sm90"
 
 
 def arch_of(device: torch.device) -> str:
-    """The CONFIGS target of a device: "sm90" for compute capability 9.0 and newer
-    (newer ones are not checked separately), "sm80" below; INTERPRET_ARCH on the CPU."""
+    """The CONFIGS target of a device (devices.target): "sm90" for Hopper and datacenter
+    Blackwell, "sm80" for Ampere, Ada and consumer Blackwell (99 KiB of shared memory per
+    block, no warp-group MMA); INTERPRET_ARCH on the CPU."""
     if device.type != "cuda":
         return INTERPRET_ARCH
-    return "sm90" if torch.cuda.get_device_capability(device)[0] >= 9 else "sm80"
+    return devices.target(torch.cuda.get_device_capability(device))
 
 
 def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm90",
@@ -1394,7 +1399,7 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
         tuner = triton.autotune(
             configs=[
                 triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "RELOAD": c.reload},
-                              num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=hook)
+                              num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg, pre_hook=hook)
                 for c in cands
             ],
             # Triton refuses a key that is not an argument: the forward has no PIECE or
@@ -1424,9 +1429,10 @@ def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows
     else:
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RELOAD=cfg.reload)
         _set_boxes(kernel)({**args, **meta})
+        regs = {} if INTERPRET or cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
         fn[(triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)](
             **args, **constexprs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **_COMPILE_OPTIONS)
+            **_COMPILE_OPTIONS, **regs)
 
 
 def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
@@ -1939,6 +1945,22 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], causal: bool, grads: bool) -> None:
+    """ValueError, before anything runs, where this GPU has less shared memory per block
+    than the call's default tiles need, the backward's included if it will run
+    (devices.NEEDS): rather than a forward that runs and a backward that cannot launch."""
+    if q.device.type != "cuda":
+        return
+    if attn_bias is None:
+        variants = ("none",)
+    else:
+        variants = ("keypad",) if attn_bias.expand(q.shape[0], q.shape[1], q.shape[2], -1).stride(2) == 0 else ("full",)
+    problem = devices.shared_memory_problem(torch.cuda.get_device_capability(q.device), q.dtype, q.shape[3],
+                                            variants, causal, grads)
+    if problem:
+        raise ValueError(problem)
+
+
 def _check_causal(causal, causal_offset) -> tuple[bool, int]:
     if not isinstance(causal, bool):
         raise ValueError(f"causal={causal!r} must be a bool")
@@ -1964,8 +1986,10 @@ def flash_attention_with_lse(
     """
     causal, causal_offset = _check_causal(causal, causal_offset)
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, lse, shift, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32),
-                                           _needs_grad(q, k, v, attn_bias), causal, causal_offset)
+    grads = _needs_grad(q, k, v, attn_bias)
+    _check_shared_memory(q, attn_bias, causal, grads)
+    out, lse, shift, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), grads, causal,
+                                           causal_offset)
     lse = lse * LN2
     return out, (lse + shift if attn_bias is not None else lse)
 
@@ -1991,6 +2015,7 @@ def flash_attention(
     """
     causal, causal_offset = _check_causal(causal, causal_offset)
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, _, _, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias),
-                                     causal, causal_offset)
+    grads = _needs_grad(q, k, v, attn_bias)
+    _check_shared_memory(q, attn_bias, causal, grads)
+    out, _, _, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), grads, causal, causal_offset)
     return out

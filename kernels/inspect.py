@@ -73,14 +73,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 
-from . import sass
+from . import devices, sass
 
 # Shared memory per block (opt-in maximum) of each target, bytes.
 SMEM_LIMIT = {80: 166912, 90: 232448}  # A100: 163 KiB, H100: 227 KiB
-# The sm80 lists also serve sm_86 / sm_89 (RTX 30xx / 40xx, A10, L4, L40) with 99 KiB:
-# the autotuner skips candidates that do not fit there, and the first candidate of each
-# list (the one used when autotuning is off) must fit.
-SMEM_LIMIT_SM86 = 101376
+# The sm80 lists also serve sm_86 / sm_89 / sm_120 (RTX 30xx / 40xx / 50xx, A10, L4, L40)
+# with 99 KiB: the autotuner skips candidates that do not fit there, and the first
+# candidate of each list (the one used when autotuning is off) must fit, or the call be
+# refused up front on those GPUs (devices.NEEDS).
+SMEM_LIMIT_SM86 = devices.SM80_LEAST
 # Registers per thread the hardware allows (255 usable); above it ptxas spills.
 MAX_REGS = 255
 # Dense 16-bit tensor-core FLOPs per clock per SM, and warp instructions issued per clock
@@ -122,6 +123,7 @@ class Job:
     warp_specialize: bool = False  # the forward's WARP_SPEC (see check_warp_specialization)
     piece: int = -1  # the backward's PIECE: above head dim 256, one launch per head-dim piece
     grads: str = "dkdv"  # the dK/dV kernel's GRADS: above head dim 256, one launch per gradient
+    maxnreg: int | None = None  # the tile's register cap (TileConfig.maxnreg)
 
     @property
     def band(self) -> int:
@@ -133,7 +135,7 @@ class Job:
     @property
     def config_name(self) -> str:
         bm, bn, w, s, r = self.config
-        return f"M{bm}-N{bn}-w{w}-s{s}" + ("-r" if r else "")
+        return f"M{bm}-N{bn}-w{w}-s{s}" + ("-r" if r else "") + (f"-reg{self.maxnreg}" if self.maxnreg else "")
 
 
 @dataclass
@@ -192,8 +194,10 @@ class Result:
             out.append(f"spills ({self.stack} B stack)")
         if self.smem > SMEM_LIMIT[j.arch]:
             out.append(f"shared memory {self.smem} B > {SMEM_LIMIT[j.arch]} B")
-        elif j.default and j.arch == 80 and self.smem > SMEM_LIMIT_SM86:
-            out.append(f"default config needs {self.smem} B > sm_86's {SMEM_LIMIT_SM86} B")
+        elif j.default and j.arch == 80 and self.smem > SMEM_LIMIT_SM86 and self.smem > devices.NEEDS.get(
+                needs_key(j), 0):
+            out.append(f"default config needs {self.smem} B > sm_86's {SMEM_LIMIT_SM86} B, and "
+                       "devices.NEEDS does not refuse the call on such GPUs")
         if j.dtype != "fp32" and self.matrix == "fma":
             out.append("no tensor-core instructions")
         if self.loop_length == 0:
@@ -206,6 +210,22 @@ class Result:
             if self.gated and self.instr_per_score > j.budget + 1e-9:
                 out.append(f"instr/score {self.instr_per_score:.3f} > budget {j.budget}")
         return out
+
+
+def needs_key(j: Job) -> tuple:
+    """The devices.NEEDS key of a row."""
+    return (f"sm{j.arch}", j.kernel, "32bit" if j.dtype == "fp32" else "16bit", j.band, j.bias, j.causal)
+
+
+def shared_memory_needs(results) -> dict:
+    """What devices.NEEDS must hold for these rows: the default tiles of the sm80 lists
+    above SMEM_LIMIT_SM86, the most bytes per key."""
+    needs: dict = {}
+    for r in results:
+        j = r.job
+        if j.default and j.arch == 80 and r.smem > SMEM_LIMIT_SM86 and not r.error:
+            needs[needs_key(j)] = max(needs.get(needs_key(j), 0), r.smem)
+    return needs
 
 
 def _fa():
@@ -351,7 +371,8 @@ def compile_job(job: Job) -> Result:
         # specialises them the same way.
         attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
                  if sig[p.name].startswith("*")}
-        kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, fa._COMPILE_OPTIONS)
+        options = {**fa._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}
+        kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, options)
         exp_least = 1.0 + (1.0 / bn if base == "fwd" else 0.0)
         analyse(res, kernel, warps, bm * bn, d0 + d1, MATMULS[job.kernel], exp_least)
     except Exception as e:  # noqa: BLE001 - any failure is a failed configuration
@@ -400,17 +421,17 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, co
                         if tmas is not None and tma not in tmas:
                             continue
                         if configs:
-                            cands = [(c, False, budget) for c in configs]
+                            cands = [(c[:5], (c[5] if len(c) > 5 else 0) or None, False, budget) for c in configs]
                         else:
                             shipped = fa.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
                             if quick:
                                 shipped = shipped[:1]
-                            cands = [((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), i == 0,
-                                      c.budget) for i, c in enumerate(shipped)]
-                        for cfg, default, budget in cands:
+                            cands = [((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), c.maxnreg,
+                                      i == 0, c.budget) for i, c in enumerate(shipped)]
+                        for cfg, maxnreg, default, budget in cands:
                             for piece, grads in launches(kernel, d):
                                 jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias, causal, tma, default, budget,
-                                                piece=piece, grads=grads))
+                                                piece=piece, grads=grads, maxnreg=maxnreg))
     return order_jobs(jobs)
 
 
@@ -446,12 +467,12 @@ def _row(r: Result) -> str:
     budget = f"{j.budget:.3f}" if j.budget is not None and r.gated else "-"
     kernel = j.kernel + (f"/{j.piece}" if j.piece >= 0 else "") + (f"/{j.grads}" if j.grads != "dkdv" else "")
     return (f"{kernel:10} {j.head_dim:4} {j.dtype:5} {j.bias:6} {'c' if j.causal else '-':1} "
-            f"{'tma' if j.tma else 'ptr':3} {cfg:18} sm_{j.arch}  {r.regs:4} {max(r.stack, 0):6} {r.smem:7} "
+            f"{'tma' if j.tma else 'ptr':3} {cfg:24} sm_{j.arch}  {r.regs:4} {max(r.stack, 0):6} {r.smem:7} "
             f"{r.matrix:5} {r.instr_per_score:6.3f} {budget:>6} {r.tensor_limit:6.3f} {r.exp_per_score:5.2f} "
             f"{r.mma_duplication:5.2f} {r.seconds:5.1f}  {status}")
 
 
-HEADER = (f"{'kern':10} {'D':>4} {'dtype':5} {'bias':6} c {'ld':3} {'config':18} {'arch':5}  "
+HEADER = (f"{'kern':10} {'D':>4} {'dtype':5} {'bias':6} c {'ld':3} {'config':24} {'arch':5}  "
           f"{'regs':>4} {'stack':>6} {'smem':>7} {'mma':5} {'i/sc':>6} {'budget':>6} {'limit':>6} "
           f"{'exp':>5} {'dup':>5} {'secs':>5}  status")
 
@@ -749,7 +770,7 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="append", type=int, choices=(0, 1), help="repeatable; default 0 1")
     ap.add_argument("--loads", action="append", choices=("tma", "ptr"),
                     help="repeatable; default both where a target has TMA")
-    ap.add_argument("--config", action="append", metavar="BM,BN,WARPS,STAGES[,RELOAD]",
+    ap.add_argument("--config", action="append", metavar="BM,BN,WARPS,STAGES[,RELOAD[,MAXNREG]]",
                     help="compile this tile configuration instead of the shipped ones (repeatable)")
     ap.add_argument("--budget", type=float, help="with --config: the instr/score budget to gate it on")
     ap.add_argument("--reference", metavar="FILE",
@@ -786,9 +807,10 @@ def main(argv=None) -> int:
     causals = [bool(c) for c in (args.causal or (0, 1))]
     tmas = None if not args.loads else [x == "tma" for x in args.loads]
     configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [])]
-    if any(len(c) not in (4, 5) for c in configs):
-        ap.error("--config takes BLOCK_M,BLOCK_N,NUM_WARPS,NUM_STAGES[,RELOAD (0 or 1)]")
-    configs = [c if len(c) == 5 else (*c, 0) for c in configs]
+    if any(len(c) not in (4, 5, 6) for c in configs):
+        ap.error("--config takes BLOCK_M,BLOCK_N,NUM_WARPS,NUM_STAGES[,RELOAD (0 or 1)[,MAXNREG (registers per "
+                 "thread, up to 255)]]")
+    configs = [c if len(c) >= 5 else (*c, 0) for c in configs]
     jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, causals, args.quick, configs, tmas, args.budget)
     kept: dict[Job, Result] = {}
     if args.resume:

@@ -35,6 +35,9 @@ MAX_HEAD_DIM = 512
 MAX_PIECE = 256
 # The grid is (query or key tiles, heads, batch); CUDA limits grid dims y and z to 65535.
 MAX_GRID_YZ = 65535
+# The tile lists are kept per head-dim band: the smallest of these bounds that holds the
+# padded head dim (flash_attention.CONFIGS).
+BANDS = (64, 96, 128, 192, 256, 320, 384, 512)
 
 
 def _next_pow2(x: int) -> int:

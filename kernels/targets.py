@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 
+from . import devices
+
 BASELINE_COMMIT = "fdd42b7"
 BASELINE = os.path.join("bench", "results", "static", f"baseline-{BASELINE_COMMIT}.json")
 
@@ -207,7 +209,7 @@ def list_order(results) -> list[dict]:
         j = r.job
         if j.dtype != "fp16" or j.causal or (j.arch == 90) != j.tma or r.problems:
             continue
-        groups.setdefault((j.arch, j.kernel, j.bias, j.band), {}).setdefault(j.config, []).append(r)
+        groups.setdefault((j.arch, j.kernel, j.bias, j.band), {}).setdefault(j.config_name, []).append(r)
     out = []
     for (arch, kernel, bias, band), cands in sorted(groups.items()):
         worst = {cfg: max(r.clocks_per_score for r in rows) for cfg, rows in cands.items()}
@@ -313,6 +315,18 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
                   "(no bias, TMA), against the same tile without it:", ""]
         for w in warp_spec:
             lines.append(f"- D={w['head_dim']}, {w['config']}: {w['verdict']}")
+    needs = sorted(devices.NEEDS.items())
+    if needs:
+        lines += ["", "## Calls refused on GPUs with 99 KiB of shared memory per block", "",
+                  "sm_86, sm_89 and sm_120 (RTX 30xx / 40xx / 50xx, A10, L4, L40) run the sm80 lists with "
+                  f"{devices.SM80_LEAST:,} B of shared memory per block. Where no tile of a list both fits "
+                  "that and compiles clean, the default is the best tile for A100, and the backend refuses "
+                  "the call on those GPUs before it runs (auto() picks another backend; flash_attention "
+                  "raises ValueError), for the forward or, when gradients are needed, the backward "
+                  "(`kernels/devices.py`, NEEDS):", "",
+                  "| kernel | width | head-dim band | bias | causal | shared memory |", "|---|---|---|---|---|---|"]
+        for (arch, kernel, width, band, bias, causal), need in needs:
+            lines.append(f"| {kernel} | {width} | {band} | {bias} | {'yes' if causal else 'no'} | {need:,} B |")
     failed = [r for r in results if r.problems]
     lines += ["", "## Gate", "", f"{len(results)} compilations, {len(failed)} with problems"
               + (" (`make inspect` exits with status 1)." if failed else ".")]

@@ -87,6 +87,18 @@ def test_duplicated_work_and_a_budget_fail_the_run():
     assert "> budget 0.1" in res.stdout
 
 
+def test_a_register_cap_is_compiled_and_recorded(tmp_path):
+    """A sixth --config field caps ptxas's registers per thread (TileConfig.maxnreg): the
+    row is named for it, compiles within it (here a cap far below what the tile needs,
+    so it spills and fails), and the JSON record keeps it."""
+    res = _run("--kernel", "fwd", "--head-dim", "64", "--dtype", "fp16", "--arch", "80", "--bias", "none",
+               "--causal", "0", "--config=64,64,4,2,0,64", "--out", str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    (row,) = _rows(res.stdout)
+    assert row[6] == "M64-N64-w4-s2-reg64" and 0 < int(row[8]) <= 64 and int(row[9]) > 0, row
+    (rec,) = json.loads((tmp_path / "report.json").read_text())["rows"]
+    assert rec["maxnreg"] == 64 and rec["config"] == "M64-N64-w4-s2-reg64" and rec["stack"] > 0
+
 def test_report_files(tmp_path):
     """--out writes the JSON record (triton version, date, commit, definitions, every
     row) and the markdown report, with the targets the run covers."""

@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-import attnkit.kernels.limits as limits  # the submodule form: works without triton
+import attnkit.kernels.devices as devices  # the submodule form: works without triton
+import attnkit.kernels.limits as limits
 
 
 def _without_triton(code: str) -> subprocess.CompletedProcess:
@@ -107,3 +108,45 @@ def test_input_problems_name_limit_value_and_remedy():
     (r,) = ip(64, v_head_dim=32)
     assert r.startswith("v head_dim=32 differs")
     assert len(ip(4, kv_len=0, batch=10**6)) == 3
+
+
+def test_devices_import_without_triton():
+    res = _without_triton("""
+        import attnkit.kernels.devices as dev
+        print(dev.target((8, 9)), dev.shared_memory_problem((8, 9), 'torch.float16', 64, ('none',), False, True))
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["sm80", "None"]
+
+
+def test_which_tile_lists_a_gpu_runs():
+    """Ampere, Ada and consumer Blackwell (99 KiB of shared memory per block, no
+    warp-group MMA) run the sm80 lists; Hopper and datacenter Blackwell the sm90 ones."""
+    for cap in ((8, 0), (8, 6), (8, 7), (8, 9), (12, 0)):
+        assert devices.target(cap) == "sm80", cap
+    for cap in ((9, 0), (10, 0)):
+        assert devices.target(cap) == "sm90", cap
+    assert [devices.band(d) for d in (8, 40, 64, 80, 96, 100, 160, 256, 320, 384, 400, 512)] == [
+        64, 64, 64, 96, 96, 128, 192, 256, 320, 384, 512, 512]
+
+
+def test_a_call_the_gpus_shared_memory_cannot_hold_is_named(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(devices, "NEEDS", {("sm80", "dkdv", "32bit", 512, "full", False): 133_312,
+                                           ("sm80", "fwd", "16bit", 96, "keypad", True): 110_000})
+    why = devices.shared_memory_problem((8, 9), torch.float32, 480, ("keypad", "full"), False, backward=True)
+    assert why is not None
+    for part in ("backward (dkdv)", "head dim 480", "133,312 B", "8.9 has 101,376 B", "ATTNKIT_BACKEND=sdpa"):
+        assert part in why, (part, why)
+    fwd = devices.shared_memory_problem((12, 0), torch.float16, 96, ("keypad",), True, backward=False)
+    assert fwd is not None and "forward (fwd)" in fwd
+    # What fits, or is not in the table: the forward alone, an A100, the other causality,
+    # band, width or variant, a GPU that runs the sm90 lists, an unknown capability.
+    for cap, dtype, d, variants, causal, backward in (
+            ((8, 9), torch.float32, 512, ("full",), False, False), ((8, 0), torch.float32, 512, ("full",), False, True),
+            ((8, 9), torch.float32, 512, ("full",), True, True), ((8, 9), torch.float32, 384, ("full",), False, True),
+            ((8, 9), torch.float16, 512, ("full",), False, True), ((8, 9), torch.float32, 512, ("none",), False, True),
+            ((9, 0), torch.float32, 512, ("full",), False, True), ((11, 5), torch.float32, 512, ("full",), False, True),
+            (None, torch.float32, 512, ("full",), False, True)):
+        assert devices.shared_memory_problem(cap, dtype, d, variants, causal, backward) is None, (cap, d, causal)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import types
 
 import pytest
 import torch
@@ -415,6 +416,57 @@ def test_every_call_has_a_tile():
                                     missing.append((arch, kernel, str(dtype), d, variant, causal))
     assert not missing, missing
 
+
+
+def test_a_tiles_register_cap_reaches_the_compiler(monkeypatch):
+    """A tile with a register cap (TileConfig.maxnreg) is compiled with it on a GPU, fixed
+    or autotuned: the cap is what keeps some 8-warp tiles from spilling, and the inspector
+    compiles with it. The interpreter has no such option and gets none."""
+    cap = fa.TileConfig(16, 16, 8, 2, maxnreg=255)
+    assert str(cap) == "M16-N16-w8-s2-reg255"
+    calls = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda **kw: calls.append(kw)
+
+    monkeypatch.setattr(fa, "_kernel_for", lambda *a: (Kernel(), cap))
+    args = {"Q": torch.randn(1), **{n: None for n in ("KD0", "KD1", "VD0", "VD1")}}
+    for interpret in (False, True):
+        monkeypatch.setattr(fa, "INTERPRET", interpret)
+        fa._launch("fwd", 64, torch.float32, 40, "BLOCK_M", 1, 1, args, {"CAUSAL": False, "TMA": False}, "none")
+    assert calls[0]["maxnreg"] == 255 and calls[0]["num_warps"] == 8
+    assert "maxnreg" not in calls[1]
+    # Autotuned: each candidate's triton.Config carries its own cap.
+    monkeypatch.undo()
+    monkeypatch.setattr(fa, "INTERPRET", False)
+    monkeypatch.setattr(fa, "_TUNERS", {})
+    monkeypatch.setitem(fa.CONFIGS["sm90"]["fwd"]["32bit"], 64, (fa.TileConfig(16, 16, 4, 1), cap))
+    tuner, fixed = fa._kernel_for("fwd", 64, torch.float32, torch.device("cpu"), "none", False, False)
+    assert fixed is None and [c.maxnreg for c in tuner.configs] == [None, 255]
+
+
+def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeypatch):
+    """flash_attention refuses, before the forward, a call whose default tiles (the
+    backward's, when gradients will be needed) need more shared memory than the GPU has
+    (devices.NEEDS): not a forward that runs and a backward that cannot launch."""
+    seen = []
+    monkeypatch.setattr(fa, "_check_shared_memory", lambda q, bias, causal, grads: seen.append((causal, grads)))
+    q, k, v = make_qkv(1, 1, 8, 8, 16, torch.float32, requires_grad=True)
+    flash_attention(q, k, v, causal=True)
+    with torch.no_grad():
+        flash_attention_with_lse(q, k, v)
+    assert seen == [(True, True), (False, False)]
+    monkeypatch.undo()
+    # On an RTX 4090 (compute capability 8.9), with a table entry for the key-padding dQ:
+    monkeypatch.setattr(fa.devices, "NEEDS", {("sm80", "dq", "32bit", 512, "keypad", False): 132_160})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    gpu_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(1, 2, 16, 512), dtype=torch.float32)
+    keypad = torch.zeros(1, 1, 1, 32)
+    with pytest.raises(ValueError, match=r"backward \(dq\) at head dim 512 .* needs 132,160 B"):
+        fa._check_shared_memory(gpu_q, keypad, False, True)
+    fa._check_shared_memory(gpu_q, keypad, False, False)  # the forward alone fits
+    fa._check_shared_memory(gpu_q, torch.zeros(16, 32), False, True)  # a full bias: not in the table
 
 
 def test_every_list_builds_its_autotuner(monkeypatch):

@@ -247,6 +247,25 @@ def test_triton_serves_what_the_fused_kernels_before_it_cannot():
     assert label == "sliced" and "compute capability 7.5 < 8.0" in table["triton"]
 
 
+def test_triton_is_not_chosen_where_the_gpus_shared_memory_cannot_hold_the_call(monkeypatch):
+    """A call whose default tiles need more shared memory than the GPU has (here the
+    fp32 backward at head dim 512 with a bias on an RTX 4090) is refused up front: the
+    walk goes on to the next backend rather than a backward that cannot launch. The
+    A100, with 163 KiB, and the forward alone keep the Triton kernel."""
+    import attnkit.kernels.devices as devices
+
+    monkeypatch.setattr(devices, "NEEDS", {("sm80", "dq", "32bit", 512, "full", False): 133_120})
+    only_triton = {"triton": "3.1.0"}
+    label, table = choose(call(RTX4090, torch.float32, 512, "bias", grad=True, packages=only_triton),
+                          backends={"sdpa": _Refuses()})
+    assert label == "sliced"
+    assert any("133,120 B of shared memory per block" in r and "8.9 has 101,376 B" in r for r in table["triton"])
+    for device, grad in ((A100, True), (RTX4090, False)):
+        label, _ = choose(call(device, torch.float32, 512, "bias", grad=grad, packages=only_triton),
+                          backends={"sdpa": _Refuses()})
+        assert label == "triton"
+
+
 def test_no_backend_at_all_raises_with_every_reason():
     with pytest.raises(BackendUnavailable, match="device=hpu") as err:
         choose(call(DeviceInfo("hpu"), packages=NONE))

@@ -21,6 +21,7 @@ import torch
 
 # attnkit.kernels.limits imports no triton: the submodule import keeps the package's own
 # triton import from raising where triton is missing (see kernels/__init__.py)
+import attnkit.kernels.devices as devices
 import attnkit.kernels.limits as limits
 from .base import MASK_KINDS, AttentionCall, Backend, Capabilities, DeviceInfo
 
@@ -89,8 +90,17 @@ class TritonBackend(Backend):
         # The kernels' own limits beyond the declared ones (grid, keys). The head dim is
         # given clamped: its range is declared above, and said once.
         d = min(max(call.head_dim, limits.MIN_HEAD_DIM), limits.MAX_HEAD_DIM)
-        return limits.input_problems(d, call.batch or 1, call.heads or 1, call.q_len or 1,
-                                     1 if call.kv_len is None else call.kv_len)
+        reasons = limits.input_problems(d, call.batch or 1, call.heads or 1, call.q_len or 1,
+                                        1 if call.kv_len is None else call.kv_len)
+        # A GPU with less shared memory per block than the call's tiles need (the
+        # backward's too if it will run): refused here, not at a backward that cannot launch.
+        if call.device.type == "cuda" and call.device.capability is not None:
+            why = devices.shared_memory_problem(call.device.capability, call.dtype, d,
+                                                devices.VARIANTS_OF_MASK[call.mask], call.causal,
+                                                call.requires_grad)
+            if why:
+                reasons.append(why)
+        return reasons
 
     def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None, dropout_p=0.0):
         # upcast is already the case: scores, softmax and accumulators are fp32 on chip.
