@@ -630,10 +630,18 @@ def _record(r: Result) -> dict:
     return out
 
 
+def source_state() -> tuple[str, bool]:
+    """(commit, whether kernels/ has uncommitted changes): what a run compiles, taken when
+    it starts (a commit made while it runs is not what it compiled)."""
+    return _git("rev-parse", "--short", "HEAD"), bool(_git("status", "--porcelain", "--", "."))  # run in kernels/
+
+
 def write_report(results: list[Result], reference: list[Result], out_dir: str, argv: list[str],
-                 warp_spec: list[dict] | None = None, partial: str | None = None) -> tuple[str, str]:
+                 warp_spec: list[dict] | None = None, partial: str | None = None,
+                 source: tuple[str, bool] | None = None) -> tuple[str, str]:
     """report.json (every row) and report.md (the tables, the targets) under out_dir.
-    partial: what an interrupted run compiled, said at the top of both."""
+    partial: what an interrupted run compiled, said at the top of both. source: the
+    run's source_state() (default: now)."""
     import triton
 
     from . import targets
@@ -642,11 +650,12 @@ def write_report(results: list[Result], reference: list[Result], out_dir: str, a
     for name in ("report.json", "report.md"):  # the last report is kept, never lost to a shorter run
         if os.path.exists(os.path.join(out_dir, name)):
             os.replace(os.path.join(out_dir, name), os.path.join(out_dir, name.replace("report.", "report.previous.")))
+    commit, dirty = source or source_state()
     meta = {
         "what": "static figures read from SASS; no kernel was run",
         "triton": triton.__version__,
-        "commit": _git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--", ".")),  # run in kernels/
+        "commit": commit,
+        "dirty": dirty,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m attnkit.kernels.inspect " + " ".join(argv),
         "partial": partial,
@@ -821,6 +830,7 @@ def main(argv=None) -> int:
         kept = {r.job: r for r in rows if r.job in wanted}
         print(f"resuming: {len(kept)} of {len(jobs)} rows kept from {why}" if rows else f"not resuming: {why}")
     todo = [j for j in jobs if j not in kept]
+    source = source_state()
 
     print(f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; c = causal; "
           f"ld = loads (tma / ptr); i/sc = main-loop warp instructions per score; limit = tensor-bound "
@@ -874,7 +884,7 @@ def main(argv=None) -> int:
             argv = [a for a in argv if a != "--resume"] + [
                 f"(resumed: {len(kept)} rows from an earlier run"
                 + ("; the tutorial's rows kept from it" if reference and not args.reference else "") + ")"]
-        paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial)
+        paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial, source=source)
         print("wrote " + " and ".join(paths))
     if interrupted:
         return 130

@@ -216,3 +216,14 @@ def test_resume_ignores_tile_list_edits_but_not_kernel_code():
     edited = src[:first_tile] + "_C(16, 16, 4, 1), " + src[first_tile:]
     assert insp._without_tile_lists(edited) == insp._without_tile_lists(src)
     assert insp._without_tile_lists(src.replace("    return ", "    return 1 + ", 1)) != insp._without_tile_lists(src)
+
+
+def test_the_report_is_stamped_with_what_the_run_compiled(tmp_path):
+    """The commit (and whether kernels/ had changes) is taken when a run starts and
+    passed to the report: a commit made during an hours-long run is not what it compiled."""
+    from attnkit.kernels import inspect as ni
+
+    ni.write_report([], [], str(tmp_path), ["--jobs", "2"], source=("abc1234", True))
+    record = json.loads((tmp_path / "report.json").read_text())
+    assert (record["commit"], record["dirty"]) == ("abc1234", True)
+    assert "commit abc1234 (with uncommitted changes in kernels/)" in (tmp_path / "report.md").read_text()
