@@ -1025,12 +1025,13 @@ _PTR = frozenset({"ptr"})
 # no rule predicts (M16-N32 on 4 warps with one stage is the fastest forward on sm_80 at
 # head dims 40-160, and spills on sm_90 at 256 and above for most variants); the
 # forward's lists were searched per variant over reload or not, 4 or 8 warps, one or two
-# stages, and so were the backward's where a tile spilled. For a few backward variants at
-# head dims 256-512 no 16-row tile is clean: 4-warp tiles spill at 255 registers, and ptxas
-# often stops 8-warp tiles at 128 registers and spills 8-56 B (a maxnreg of 255 removes
-# that spill in a probe; the launcher does not pass one). Those variants get the
-# least-spilling tile that fits sm_86's shared memory, or the least-spilling one where
-# none fits (sm_80 at 512). tf32 (allow_tf32=True) uses tensor cores and these tiles too.
+# stages, and so were the backward's where a tile spilled. At head dims 256-512 4-warp
+# tiles spill at 255 registers, and ptxas often stops 8-warp tiles at 128 registers and
+# spills 8-56 B: those get a register cap of 255 (maxnreg), clean for most variants. For
+# the few left no 16-row tile is clean; they get the least-spilling tile that fits sm_86's
+# shared memory, or the least-spilling one where none fits (sm_80 at 512, whose calls
+# kernels/devices.py refuses on GPUs with 99 KiB). tf32 (allow_tf32=True) uses tensor
+# cores and these tiles too.
 # The lists below were chosen from the static report: for each list (target, kernel,
 # width, head-dim band) the tiles that compile clean (no spill, no duplicated work, within
 # shared memory) at every head dim of the band for a (bias variant, causality, loads)
@@ -1808,6 +1809,8 @@ def _flash_forward_op(
     _forward_impl); lse_shift is empty without a bias, out_lo an empty placeholder
     unless store_lo (16-bit only). The row statistics are differentiable only through
     that sum, the one way this module combines them."""
+    # Here rather than in the Python wrappers: torch.compile traces those, and runs this.
+    _check_shared_memory(q, attn_bias, causal, store_lo)
     out, lse, shift, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
                                             causal_offset)
     return out, lse, shift, (q.new_empty(0) if out_lo is None else out_lo)
@@ -1947,14 +1950,16 @@ def _needs_grad(*tensors) -> bool:
 
 def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], causal: bool, grads: bool) -> None:
     """ValueError, before anything runs, where this GPU has less shared memory per block
-    than the call's default tiles need, the backward's included if it will run
-    (devices.NEEDS): rather than a forward that runs and a backward that cannot launch."""
+    than the call's default tiles need, the backward's included if it will run (grads;
+    the forward op's store_lo): rather than a forward that runs and a backward that
+    cannot launch (devices.NEEDS)."""
     if q.device.type != "cuda":
         return
     if attn_bias is None:
         variants = ("none",)
     else:
-        variants = ("keypad",) if attn_bias.expand(q.shape[0], q.shape[1], q.shape[2], -1).stride(2) == 0 else ("full",)
+        rows = attn_bias.expand(q.shape[0], q.shape[1], q.shape[2], -1).stride(2)
+        variants = ("keypad",) if rows == 0 else ("full",)
     problem = devices.shared_memory_problem(torch.cuda.get_device_capability(q.device), q.dtype, q.shape[3],
                                             variants, causal, grads)
     if problem:
@@ -1986,10 +1991,8 @@ def flash_attention_with_lse(
     """
     causal, causal_offset = _check_causal(causal, causal_offset)
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    grads = _needs_grad(q, k, v, attn_bias)
-    _check_shared_memory(q, attn_bias, causal, grads)
-    out, lse, shift, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), grads, causal,
-                                           causal_offset)
+    out, lse, shift, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32),
+                                           _needs_grad(q, k, v, attn_bias), causal, causal_offset)
     lse = lse * LN2
     return out, (lse + shift if attn_bias is not None else lse)
 
@@ -2015,7 +2018,6 @@ def flash_attention(
     """
     causal, causal_offset = _check_causal(causal, causal_offset)
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    grads = _needs_grad(q, k, v, attn_bias)
-    _check_shared_memory(q, attn_bias, causal, grads)
-    out, _, _, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), grads, causal, causal_offset)
+    out, _, _, _ = _flash_forward_op(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias),
+                                     causal, causal_offset)
     return out
