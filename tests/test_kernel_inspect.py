@@ -218,6 +218,20 @@ def test_resume_ignores_tile_list_edits_but_not_kernel_code():
     assert insp._without_tile_lists(src.replace("    return ", "    return 1 + ", 1)) != insp._without_tile_lists(src)
 
 
+def test_the_shared_memory_table_is_what_the_committed_report_measured():
+    """devices.NEEDS (the calls refused on GPUs with 99 KiB of shared memory per block)
+    lists exactly the sm80 default tiles above 101,376 B in the committed report, with
+    their bytes: a stale entry would refuse a call that fits, a missing one let a
+    backward fail to launch on an RTX 4090."""
+    from attnkit.kernels import devices
+    from attnkit.kernels import inspect as ni
+
+    path = os.path.join(os.path.dirname(__file__), "..", ni.REPORT_DIR, "report.json")
+    with open(path) as f:
+        rows = [ni._from_record(r) for r in json.load(f)["rows"]]
+    assert devices.NEEDS == ni.shared_memory_needs(rows)
+
+
 def test_the_report_is_stamped_with_what_the_run_compiled(tmp_path):
     """The commit (and whether kernels/ had changes) is taken when a run starts and
     passed to the report: a commit made during an hours-long run is not what it compiled."""
