@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""Every shipped tile of the Triton flash-attention kernel on this GPU, against the
+float64 reference; then the kernel's speed beside torch's SDPA.
+
+    python bench/gpu_tiles.py OUTDIR [--seconds 240] [--workers 10] [--timing-seconds 90]
+
+The CPU tests run the kernel's paths in Triton's interpreter and the static report reads
+what the compiler makes of each tile; neither runs the machine code. This does:
+
+* **tiles** (OUTDIR/tiles.jsonl, one line per run): for every tile list this GPU runs
+  (its own target, and the sm_80 lists too on a Hopper GPU, which runs them),
+  every dtype, one head dim per band (40 ... 512), each bias variant (none, key padding,
+  full, full with its gradient), causal or not, TMA or pointer loads: the forward alone,
+  then forward and backward, with the i-th candidate of every list forced (i = 0 is
+  the default, what runs with ATTNKIT_TRITON_AUTOTUNE=0), against the float64
+  reference under the tolerance rule of attnkit.testing (twice plain torch's error in
+  the same dtype, plus rounding); every buffer a kernel writes starts as NaN. Defaults
+  first, then the other candidates, until the time is up: the summary says how many of
+  the shipped tiles ran.
+* **timing** (OUTDIR/timing.json): milliseconds and TFLOP/s of flash_attention (default
+  tiles, and autotuned where marked) and of torch's scaled_dot_product_attention on the
+  same inputs, forward and forward+backward, at head dims 40-512, causal and with
+  key padding; the ratio is measured in one process, one case after the other.
+
+OUTDIR/summary.md holds both tables. Needs a CUDA GPU, torch and triton; attnkit must be
+importable as installed (kernels/ as attnkit.kernels: bench/gpu_suite.sh stages it so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+import traceback
+
+DTYPES = ("fp16", "bf16", "fp32")
+HEAD_DIMS = (40, 80, 128, 160, 256, 320, 384, 512)  # one per band of limits.BANDS but 64
+VARIANTS = ("none", "keypad", "full", "full_grad")
+
+
+def kernels_fwd(dt: str) -> tuple:
+    return ("fwd",) if dt == "fp32" else ("fwd", "fwd_lo")  # fwd_lo: a 16-bit forward for a backward
+KERNELS_BWD = {"none": ("dkdv", "dq"), "keypad": ("dkdv", "dq"), "full": ("dkdv", "dq"),
+               "full_grad": ("dkdv_dbias", "dq_dbias")}
+
+
+def _torch_dtype(name):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def _fa():
+    return importlib.import_module("attnkit.kernels.flash_attention")
+
+
+def list_lengths(lists: str, dt: str, D: int, variant: str, causal: bool, loads: str) -> dict:
+    """{kernel: number of candidates} of the lists a call of this kind uses."""
+    fa = _fa()
+    v = "full" if variant == "full_grad" else variant
+    return {k: len(fa.configs_for(k, D, _torch_dtype(dt), lists, v, causal, loads == "tma"))
+            for k in kernels_fwd(dt) + KERNELS_BWD[variant]}
+
+
+def plan(native: str) -> list[dict]:
+    """Every job, defaults first: (lists, dtype, head dim, variant, causal, loads, index)."""
+    combos = []
+    for lists in [native] + (["sm80"] if native == "sm90" else []):
+        for dt in DTYPES:
+            for D in HEAD_DIMS:
+                for variant in VARIANTS:
+                    for causal in (False, True):
+                        for loads in (("tma", "ptr") if lists == "sm90" and dt != "fp32" else ("ptr",)):
+                            n = max(list_lengths(lists, dt, D, variant, causal, loads).values())
+                            combos.append((lists, dt, D, variant, causal, loads, n))
+    jobs = []
+    for index in range(max(c[-1] for c in combos)):
+        for lists in [native, "sm80"]:
+            for c in combos:
+                if c[0] == lists and index < c[-1]:
+                    jobs.append(dict(zip(("lists", "dtype", "D", "variant", "causal", "loads"), c[:-1]), index=index))
+    # each (lists, index) once: the native lists' defaults, then sm80's, then index 1 ...
+    # and within each, the diffusion models' cases first: 16-bit, head dims up to 160.
+    order = {(native, 0): 0, ("sm80", 0): 1}
+    jobs.sort(key=lambda j: (order.get((j["lists"], j["index"]), 2 + 2 * j["index"] + (j["lists"] != native)),
+                             j["dtype"] == "fp32", j["D"] > 160))
+    return jobs
+
+
+def _check(out, ref, base, eps, name):
+    from attnkit.testing import rel_error
+
+    if ref.norm() == 0:
+        err, tol = float(out.double().norm()), eps
+    else:
+        err, tol = rel_error(out, ref), 2.0 * rel_error(base, ref) + eps
+    ok = math.isfinite(err) and err <= tol
+    return {"what": name, "err": err, "tol": tol, "ok": ok}
+
+
+def run_job(job: dict) -> dict:
+    """Run one job in this process; returns its record (checks, tiles used, error)."""
+    import torch
+
+    from attnkit.kernels import flash_attention_with_lse
+    from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, torch_math_attention
+
+    fa = _fa()
+    dev = torch.device(job.get("device", "cuda"))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    dt = _torch_dtype(job["dtype"])
+    D, variant, causal, index = job["D"], job["variant"], job["causal"], job["index"]
+    used = set()
+    orig_configs, orig_arch, orig_tma = fa.configs_for, fa.arch_of, fa._tma_ok
+
+    def configs_for(kernel, head_dim, dtype, arch="sm90", variant="none", causal=False, tma=False):
+        cands = orig_configs(kernel, head_dim, dtype, arch, variant, causal, tma)
+        if not cands:
+            return cands
+        c = cands[index % len(cands)]
+        used.add(f"{kernel}:{'tma' if tma else 'ptr'}:{c}")
+        return (c,)
+
+    fa.configs_for = configs_for
+    fa.arch_of = lambda device: job["lists"]
+    if job["loads"] == "ptr":
+        fa._tma_ok = lambda *t: False
+    fa.POISON_OUTPUTS = True
+    rec = dict(job, checks=[], tiles=[], error=None)
+    try:
+        B, H = 2, 2
+        M, N = (300, 300) if causal else (257, 300)
+        q, k, v = make_qkv(B, H, M, N, D, dt, device=dev)
+        kind = {"none": "none", "keypad": "key_padding", "full": "full", "full_grad": "full"}[variant]
+        bias = make_bias(kind, B, H, M, N, dt, device=dev)
+        mask = None
+        if causal:
+            i = torch.arange(M, device=dev)[:, None]
+            j = torch.arange(N, device=dev)[None, :]
+            mask = torch.zeros(M, N, dtype=torch.float64, device=dev).masked_fill(j > i, float("-inf"))
+
+        def full_bias(b, dtype):
+            out = None if b is None else b.to(dtype)
+            if mask is not None:
+                out = mask.to(dtype) if out is None else out + mask.to(dtype)
+            return out
+
+        eps = EPSILON[dt]
+        for grads in (False, True):
+            bias_grad = grads and variant == "full_grad"
+            inputs = [q, k, v] + ([bias] if bias_grad else [])
+            inputs = [t.detach().clone().requires_grad_(grads) for t in inputs]
+            b_in = inputs[3] if bias_grad else bias
+            out, lse = flash_attention_with_lse(*inputs[:3], b_in, causal=causal)
+            sync()
+            ref_in = [t.detach().double().requires_grad_(grads) for t in inputs]
+            ref = reference_attention(*ref_in[:3], full_bias(ref_in[3] if bias_grad else bias, torch.float64))
+            base_in = [t.detach().clone().requires_grad_(grads) for t in inputs]
+            base = torch_math_attention(*base_in[:3], full_bias(base_in[3] if bias_grad else bias, torch.float32))
+            tag = "fwd+bwd" if grads else "fwd"
+            rec["checks"].append(_check(out.detach(), ref.detach(), base.detach(), eps, f"{tag} out"))
+            scores = ref_in[0].detach() @ ref_in[1].detach().transpose(-1, -2) * D ** -0.5
+            fb = full_bias(None if bias is None else bias.detach(), torch.float64)
+            ref_lse = torch.logsumexp(scores if fb is None else scores + fb, -1)
+            seen = torch.isfinite(ref_lse)
+            lse_ok = bool(torch.equal(torch.isneginf(lse.detach()), ~seen))
+            from attnkit.testing import rel_error
+
+            lse_err = rel_error(lse.detach()[seen], ref_lse[seen])
+            rec["checks"].append({"what": f"{tag} lse", "err": lse_err, "tol": 1e-5,
+                                  "ok": lse_ok and lse_err < 1e-5})
+            if grads:
+                do = torch.randn_like(out)
+                got = torch.autograd.grad(out, inputs, do)
+                ref_g = torch.autograd.grad(ref, ref_in, do.double())
+                base_g = torch.autograd.grad(base, base_in, do)
+                sync()
+                for name, g, r, bg in zip(("dq", "dk", "dv", "dbias"), got, ref_g, base_g):
+                    rec["checks"].append(_check(g, r, bg, eps, name))
+    except Exception as e:  # noqa: BLE001: the error is the result
+        rec["error"] = f"{type(e).__name__}: {str(e)[:600]}"
+        rec["trace"] = traceback.format_exc()[-1500:]
+    finally:
+        fa.configs_for, fa.arch_of, fa._tma_ok = orig_configs, orig_arch, orig_tma
+    rec["tiles"] = sorted(used)
+    rec["ok"] = rec["error"] is None and all(c["ok"] for c in rec["checks"])
+    return rec
+
+
+def _worker(jobs, results):
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    import torch  # noqa: F401
+
+    while True:
+        try:
+            job = jobs.get(timeout=1)
+        except queue.Empty:
+            return
+        t0 = time.time()
+        rec = run_job(job)
+        rec["seconds"] = round(time.time() - t0, 2)
+        results.put(rec)
+        if rec["error"] and ("CUDA" in rec["error"] or "illegal" in rec["error"]):
+            return  # this process's CUDA context may be broken: a fresh worker takes over
+
+
+def sweep(outdir: str, seconds: float, workers: int) -> list[dict]:
+    import torch
+
+    native = _fa().arch_of(torch.device("cuda"))
+    jobs = plan(native)
+    ctx = mp.get_context("spawn")
+    jq, rq = ctx.Queue(), ctx.Queue()
+    for j in jobs:
+        jq.put(j)
+    procs = [ctx.Process(target=_worker, args=(jq, rq), daemon=True) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + seconds
+    records = []
+    path = os.path.join(outdir, "tiles.jsonl")
+    with open(path, "w") as f:
+        while time.time() < deadline and len(records) < len(jobs):
+            try:
+                rec = rq.get(timeout=2)
+            except queue.Empty:
+                procs = [p for p in procs if p.is_alive()] or procs
+                alive = [p for p in procs if p.is_alive()]
+                if len(alive) < workers and not jq.empty():
+                    for _ in range(workers - len(alive)):
+                        p = ctx.Process(target=_worker, args=(jq, rq), daemon=True)
+                        p.start()
+                        procs.append(p)
+                elif not alive:
+                    break
+                continue
+            records.append(rec)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            if len(records) % 25 == 0:
+                bad = sum(not r["ok"] for r in records)
+                print(f"[tiles] {len(records)}/{len(jobs)} runs, {bad} failing, "
+                      f"{deadline - time.time():.0f} s left", flush=True)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    print(f"[tiles] {len(records)} of {len(jobs)} runs done", flush=True)
+    return records, jobs, native
+
+
+def shipped_tiles(native: str) -> set:
+    """Every (lists, kernel, loads, tile) the lists hold for the dtypes, head dims and
+    variants the sweep runs."""
+    fa = _fa()
+    out = set()
+    for lists in [native] + (["sm80"] if native == "sm90" else []):
+        for dt in DTYPES:
+            for D in HEAD_DIMS:
+                for v in ("none", "keypad", "full"):
+                    for causal in (False, True):
+                        for tma in ((True, False) if lists == "sm90" and dt != "fp32" else (False,)):
+                            for kern in kernels_fwd(dt) + ("dkdv", "dq", "dkdv_dbias", "dq_dbias"):
+                                for c in fa.configs_for(kern, D, _torch_dtype(dt), lists, v, causal, tma):
+                                    out.add((lists, dt, D, v, causal, f"{kern}:{'tma' if tma else 'ptr'}:{c}"))
+    return out
+
+
+# -- timing -----------------------------------------------------------------------------------
+# (name, B, H, M, N, D, causal, bias kind, backward)
+TIMING = [
+    ("d64", 4, 16, 4096, 4096, 64, False, "none", False),
+    ("d64 bwd", 4, 16, 4096, 4096, 64, False, "none", True),
+    ("d128", 4, 16, 4096, 4096, 128, False, "none", False),
+    ("d128 bwd", 4, 16, 4096, 4096, 128, False, "none", True),
+    ("d128 causal", 4, 16, 4096, 4096, 128, True, "none", False),
+    ("d128 causal bwd", 4, 16, 4096, 4096, 128, True, "none", True),
+    ("d128 keypad (Flux text)", 2, 24, 4608, 4608, 128, False, "key_padding", False),
+    ("d128 keypad bwd", 2, 24, 4608, 4608, 128, False, "key_padding", True),
+    ("sd15 d40", 2, 8, 4096, 4096, 40, False, "none", False),
+    ("sd15 d40 cross77", 2, 8, 4096, 77, 40, False, "none", False),
+    ("sd15 d80", 2, 8, 1024, 1024, 80, False, "none", False),
+    ("sd15 d160", 2, 8, 256, 256, 160, False, "none", False),
+    ("vae d512", 1, 1, 4096, 4096, 512, False, "none", False),
+    ("d128 full bias", 2, 8, 4096, 4096, 128, False, "full", False),
+]
+
+
+def timing(outdir: str, seconds: float, autotune: bool) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from attnkit.kernels import flash_attention
+    from attnkit.kernels.limits import attention_flops
+    from attnkit.testing import make_bias, make_qkv, rel_error
+
+    os.environ["ATTNKIT_TRITON_AUTOTUNE"] = "1" if autotune else "0"
+    deadline = time.time() + seconds
+    rows = []
+    for name, B, H, M, N, D, causal, kind, bwd in TIMING:
+        if time.time() > deadline:
+            rows.append({"case": name, "skipped": "time budget"})
+            continue
+        torch.manual_seed(0)
+        q, k, v = make_qkv(B, H, M, N, D, torch.float16, device="cuda", requires_grad=bwd)
+        bias = make_bias(kind, B, H, M, N, torch.float16, device="cuda")
+        flops = attention_flops(B, H, M, N, D, backward=False, causal=causal)
+        if bwd:
+            flops += attention_flops(B, H, M, N, D, backward=True, causal=causal)
+        do = torch.randn(B, H, M, D, device="cuda", dtype=torch.float16)
+
+        def ours():
+            o = flash_attention(q, k, v, bias, causal=causal)
+            if bwd:
+                torch.autograd.grad(o, (q, k, v), do)
+            return o
+
+        def sdpa():
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+            if bwd:
+                torch.autograd.grad(o, (q, k, v), do)
+            return o
+
+        row = {"case": name, "shape": [B, H, M, N, D], "causal": causal, "bias": kind, "backward": bwd,
+               "autotune": autotune}
+        try:
+            t0 = time.time()
+            a, b = ours(), sdpa()
+            row["first_call_s"] = round(time.time() - t0, 2)
+            row["rel_diff_vs_sdpa"] = rel_error(a.detach(), b.detach())
+            for label, fn in (("attnkit", ours), ("sdpa", sdpa)):
+                ms = do_bench(fn, warmup=25, rep=100)
+                row[f"{label}_ms"] = ms
+                row[f"{label}_tflops"] = flops / ms / 1e9
+            row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["attnkit_ms"]
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        print(f"[timing] {json.dumps(row)}", flush=True)
+        rows.append(row)
+        del q, k, v, bias, do
+        torch.cuda.empty_cache()
+    return rows
+
+
+def summarize(outdir, records, jobs, native, timings):
+    import torch
+
+    lines = [f"# The Triton kernel on {torch.cuda.get_device_name()} (target lists: {native})", ""]
+    import triton
+
+    lines += [f"torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
+    bad = [r for r in records if not r["ok"]]
+    ran = {(r["lists"], r["dtype"], r["D"], "full" if r["variant"] == "full_grad" else r["variant"], r["causal"], t)
+           for r in records if r["ok"] for t in r["tiles"]}
+    shipped = shipped_tiles(native)
+    lines += ["## Every shipped tile against float64", "",
+              f"- runs: {len(records)} of {len(jobs)} planned, {len(bad)} failing",
+              f"- (lists, dtype, head dim, variant, causal, kernel, loads, tile) combinations that ran and "
+              f"passed: {len(ran & shipped)} of {len(shipped)} shipped", ""]
+    for lists in sorted({j["lists"] for j in jobs}):
+        mine = [r for r in records if r["lists"] == lists]
+        sh = {s for s in shipped if s[0] == lists}
+        lines.append(f"- {lists} lists: {len(mine)} runs, {sum(not r['ok'] for r in mine)} failing; "
+                     f"tiles covered {len({s for s in ran if s[0] == lists} & sh)} of {len(sh)}")
+    if bad:
+        lines += ["", "| lists | dtype | D | variant | causal | loads | index | what failed |", "|" + "---|" * 8]
+        for r in bad[:80]:
+            what = r["error"] or "; ".join(f"{c['what']} {c['err']:.2e} > {c['tol']:.2e}" for c in r["checks"]
+                                          if not c["ok"])
+            lines.append(f"| {r['lists']} | {r['dtype']} | {r['D']} | {r['variant']} | {int(r['causal'])} | "
+                         f"{r['loads']} | {r['index']} | {what[:300]} |")
+    lines += ["", "## Speed beside torch's SDPA (fp16)", "",
+              "| case | B, H, M, N, D | autotune | attnkit ms | TFLOP/s | SDPA ms | TFLOP/s | SDPA / attnkit | first call s |",
+              "|" + "---|" * 9]
+    for t in timings:
+        if "attnkit_ms" in t:
+            lines.append(f"| {t['case']} | {', '.join(map(str, t['shape']))} | {'on' if t['autotune'] else 'off'} | "
+                         f"{t['attnkit_ms']:.3f} | {t['attnkit_tflops']:.0f} | {t['sdpa_ms']:.3f} | "
+                         f"{t['sdpa_tflops']:.0f} | {t['speedup_vs_sdpa']:.2f} | {t['first_call_s']} |")
+        else:
+            lines.append(f"| {t['case']} | | | {t.get('error') or t.get('skipped')} | | | | | |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(outdir, "summary.md"), "w") as f:
+        f.write(text)
+    print(text, flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--seconds", type=float, default=240, help="time for the tile sweep")
+    ap.add_argument("--workers", type=int, default=min(10, max(1, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--timing-seconds", type=float, default=90)
+    ap.add_argument("--skip-tiles", action="store_true")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("gpu_tiles: needs a CUDA GPU; on a CPU, tests/test_kernel_paths.py runs these paths in "
+                 "Triton's interpreter")
+    os.makedirs(args.outdir, exist_ok=True)
+    records, jobs, native = ([], [], _fa().arch_of(torch.device("cuda")))
+    if not args.skip_tiles:
+        records, jobs, native = sweep(args.outdir, args.seconds, args.workers)
+    timings = []
+    if args.timing_seconds > 0:
+        timings = timing(args.outdir, args.timing_seconds * 0.7, autotune=False)
+        timings += timing(args.outdir, args.timing_seconds * 0.3, autotune=True)
+        with open(os.path.join(args.outdir, "timing.json"), "w") as f:
+            json.dump(timings, f, indent=1)
+    summarize(args.outdir, records, jobs, native, timings)
+
+
+if __name__ == "__main__":
+    main()
