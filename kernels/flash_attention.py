@@ -37,7 +37,7 @@ Everything else the callers of a diffusion model produce:
 * M and N from 1 up, any remainder: full tiles run without bounds checks and the last
   masked tile handles the remainder.
 * attn_bias broadcastable to (B, H, M, N), read through its strides (0 on broadcast
-  dims); a key-padding bias (stride 0 over queries) is loaded as one row per tile, or
+  dims), in float32 (a bool or 16-bit bias is converted once, in its own shape); a key-padding bias (stride 0 over queries) is loaded as one row per tile, or
   not at all when it is a 0 / -inf mask (then it is a length). A row that sees no key
   (all -inf, or none under a negative causal offset) outputs zeros (its LSE is -inf);
   a row masked by a huge finite value is an ordinary row, as in float64.
@@ -1937,8 +1937,13 @@ def _prepare(q, k, v, attn_bias, scale):
                                     ).masked_fill(~attn_bias, float("-inf"))
         elif not attn_bias.is_floating_point():
             raise ValueError(f"attn_bias.dtype={attn_bias.dtype}: expected an additive float bias or a bool mask")
-        elif attn_bias.dtype not in (torch.float32, q.dtype):
-            attn_bias = attn_bias.to(torch.float32)  # differentiable: a gradient flows back
+        elif attn_bias.dtype != torch.float32:
+            # The kernels read the bias in float32, the one bias type the static report
+            # compiles and the shipped tiles are chosen for: a 16-bit bias pointer changes
+            # the compiled code (on sm_90 the key-padding tile at head dim 128 then needs
+            # 296,000 bytes of shared memory, above the GPU's 232,448). One copy in the
+            # bias's own (broadcast) shape; differentiable: a gradient flows back.
+            attn_bias = attn_bias.to(torch.float32)
     return attn_bias, scale
 
 
@@ -2007,7 +2012,8 @@ def flash_attention(
     q: (B, H, M, D), k and v: (B, H, N, D), fp16 / bf16 / fp32, 8 <= D <= MAX_HEAD_DIM
     (limits.py); any strides with a contiguous last dim. attn_bias: None, an additive
     float tensor, or a bool mask (True = attend), broadcastable to (B, H, M, N); it is
-    read through its strides, never expanded in memory; a float bias that requires grad
+    read through its strides, never expanded in memory (a bool or 16-bit bias as a float32
+    copy in its own shape); a float bias that requires grad
     gets its gradient (see the module docstring for its memory). scale defaults to
     D ** -0.5. allow_tf32 lets fp32 inputs use tf32 tensor cores (otherwise fp32 is
     exact fp32). causal: query row i sees key j only if j <= i + causal_offset (offset

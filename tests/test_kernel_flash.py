@@ -38,6 +38,7 @@ from attnkit import testing
 from attnkit.testing import (
     EPSILON,
     assert_close_to_reference,
+    assert_grads_close_to_reference,
     reference_attention,
     rel_error,
     torch_math_attention,
@@ -244,8 +245,9 @@ def test_bias_gradient_with_few_keys_per_row_beats_plain_torch(dtype, seed):
     B, H, M, N, D = 1, 2, 64, 16, 64
     dt = DTYPES[dtype]
     q, k, v = make_qkv(B, H, M, N, D, dt, requires_grad=True)
-    keep = torch.randint(2, 4, (B, H, M, 1))
-    bias = torch.randn(B, H, M, N, dtype=dt).masked_fill(torch.arange(N) >= keep, float("-inf"))
+    keep = torch.randint(2, 4, (B, H, M, 1), device=DEVICE)
+    bias = torch.randn(B, H, M, N, dtype=dt, device=DEVICE).masked_fill(torch.arange(N, device=DEVICE) >= keep,
+                                                                         float("-inf"))
     bias.requires_grad_()
     out = flash_attention(q, k, v, bias)
     do = torch.randn_like(out)
@@ -295,13 +297,13 @@ def test_bias_gradient_of_row_biases_and_through_the_lse(seed):
     B, H, M, N, D = 2, 2, 21, 35, 40
     q, k, v = make_qkv(B, H, M, N, D, torch.float32)
     for shape in ((B, 1, M, 1), ()):
-        bias = torch.randn(shape).requires_grad_()
+        bias = torch.randn(shape, device=DEVICE).requires_grad_()
         out = flash_attention(q, k, v, bias)
         (g,) = torch.autograd.grad(out, (bias,), torch.randn_like(out))
         assert g.shape == bias.shape and torch.count_nonzero(g) == 0
 
     for shape in ((B, 1, M, 1), (), (B, H, M, N), (1, H, 1, N)):
-        bias = torch.randn(shape, dtype=torch.float64).requires_grad_()
+        bias = torch.randn(shape, dtype=torch.float64, device=DEVICE).requires_grad_()
         out, lse = flash_attention_with_lse(q, k, v, bias)
         do, dlse = torch.randn_like(out), torch.randn_like(lse)
         (g,) = torch.autograd.grad((out, lse), (bias,), (do, dlse))
@@ -347,6 +349,49 @@ def test_bias_gradient_is_written_by_one_kernel_and_only_when_needed(monkeypatch
         assert seen == expected, (kind, grad)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_16_bit_bias_reaches_the_kernels_as_float32(dtype, monkeypatch, seed):
+    """The kernels are compiled (and their tiles chosen, by the static report) for a
+    float32 bias: a 16-bit pointer compiles to other code, which on sm_90 needed more
+    shared memory than the GPU has (a key-padding mask at head dim 128). So a bias in
+    the model's dtype, as diffusers passes it, is converted first, and its gradient
+    comes back in its own dtype."""
+    biases = []
+    real = fa._launch
+
+    def spy(kernel, *args):
+        biases.append((kernel, args[-3]["Bias"].dtype))
+        return real(kernel, *args)
+
+    monkeypatch.setattr(fa, "_launch", spy)
+    dt = DTYPES[dtype]
+    for kind in ("key_padding", "full"):
+        q, k, v = make_qkv(2, 2, 33, 47, 128, dt, requires_grad=True)
+        bias = testing.make_bias(kind, 2, 2, 33, 47, dt, device=DEVICE).requires_grad_(kind == "full")
+        biases.clear()
+        out = flash_attention(q, k, v, bias)
+        grads = torch.autograd.grad(out, (q, k, v, bias) if kind == "full" else (q, k, v), torch.randn_like(out))
+        assert {kernel.split("_")[0] for kernel, _ in biases} == {"fwd", "dkdv", "dq"}
+        assert all(b == torch.float32 for _, b in biases), biases
+        assert_close_to_reference(out.detach(), q.detach(), k.detach(), v.detach(), bias.detach())
+        if kind == "full":
+            assert grads[3].dtype == dt and grads[3].shape == bias.shape
+
+
+@pytest.mark.cuda
+def test_a_16_bit_key_padding_mask_runs_on_the_gpu_at_every_band(monkeypatch, seed):
+    """Found on an H200: an fp16 key-padding mask (Flux's variable-length text) at head
+    dims 128-256 stopped the default sm_90 forward tile with OutOfResources (296,000 bytes
+    of shared memory). The default tile of every band, forward and backward."""
+    monkeypatch.setenv("ATTNKIT_TRITON_AUTOTUNE", "0")
+    for D in (40, 64, 80, 128, 160, 256, 320, 512):
+        q, k, v = make_qkv(2, 2, 130, 300, D, torch.float16, requires_grad=True)
+        bias = testing.make_bias("key_padding", 2, 2, 130, 300, torch.float16, device=DEVICE)
+        out = flash_attention(q, k, v, bias)
+        assert_close_to_reference(out.detach(), q.detach(), k.detach(), v.detach(), bias)
+        assert_grads_close_to_reference(flash_attention, q.detach(), k.detach(), v.detach(), bias)
+
+
 # -- determinism -------------------------------------------------------------------------
 
 
@@ -354,7 +399,7 @@ def test_bias_gradient_is_written_by_one_kernel_and_only_when_needed(monkeypatch
 def test_rerun_is_bit_identical(dtype, seed):
     case = (dtype, 40, 45, 70, "keypad", "fp32", "bnhd")
     q, k, v, bias = build(case, requires_grad=True, B=1)
-    do = torch.randn(q.shape, dtype=q.dtype)
+    do = torch.randn(q.shape, dtype=q.dtype, device=DEVICE)
     runs = []
     for _ in range(2):
         out = flash_attention(q, k, v, bias)
@@ -391,7 +436,7 @@ def test_fully_masked_rows_give_zeros(dtype, seed):
     nothing turns into NaN, in the forward or the backward."""
     B, H, M, N, D = 1, 2, 40, 37, 64
     q, k, v = make_qkv(B, H, M, N, D, DTYPES[dtype], requires_grad=True)
-    bias = torch.randn(B, H, M, N)
+    bias = torch.randn(B, H, M, N, device=DEVICE)
     bias[:, :, 3] = float("-inf")
     bias[:, 1, 35:] = float("-inf")
     out, lse = flash_attention_with_lse(q, k, v, bias)
@@ -645,7 +690,7 @@ def test_views_a_tile_cannot_address_are_compacted(seed):
     q, k, v = make_qkv(1, 2, 5, 6, 16, torch.float32)
     assert fa._addressable(q)
     row_stride = 2**31 // (rows - 1) + 1
-    huge = torch.empty(4 * row_stride + 32).as_strided(q.shape, (16, 16, row_stride, 1))  # lazily allocated
+    huge = torch.empty(4 * row_stride + 32, device=DEVICE).as_strided(q.shape, (16, 16, row_stride, 1))  # lazily allocated
     huge.copy_(q)
     assert not fa._addressable(huge)
     assert fa._kernel_layout(huge).is_contiguous()
