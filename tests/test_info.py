@@ -23,16 +23,20 @@ def test_collect_has_every_section():
         assert name in data["versions"]
     assert data["devices"][0]["device"] == "cpu"
     assert [b["name"] for b in data["backends"]] == list(CANDIDATES)
+    # the backends are judged on the primary device (a GPU where there is one): fp32 on
+    # the CPU, fp16 on a GPU
+    device = data["primary_device"]
+    dtype = torch.float32 if device == "cpu" else torch.float16
     for b in data["backends"]:
         # what info calls available really runs here, and what it does not says why
         backend = policy.make_backend(b["name"])
         if b["available"]:
-            q, k, v = make_qkv(1, 2, 8, 8, 64)
+            q, k, v = make_qkv(1, 2, 8, 8, 64, dtype, device=device)
             assert_close_to_reference(backend.forward(q, k, v), q, k, v)
         else:
             assert b["reasons"], b
             with pytest.raises(Exception):
-                backend.forward(*make_qkv(1, 2, 8, 8, 64))
+                backend.forward(*make_qkv(1, 2, 8, 8, 64, dtype, device=device))
     assert data["hardware_class"] in ("cpu", "sm_90", "sm_80", "sm_86-89", "sm_75-", "sm_100+", "rocm", "mps")
     # SD1.5's head dims, fp16 and fp32, with and without a mask, self and cross
     rows = {(r["head_dim"], r["dtype"], r["mask"]) for r in data["sd15"]}
