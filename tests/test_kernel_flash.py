@@ -392,6 +392,28 @@ def test_a_16_bit_key_padding_mask_runs_on_the_gpu_at_every_band(monkeypatch, se
         assert_grads_close_to_reference(flash_attention, q.detach(), k.detach(), v.detach(), bias)
 
 
+def test_eager_inference_skips_the_ops_dispatch_and_gives_the_same_answer(monkeypatch, seed):
+    """Eager inference calls the op's body directly (torch.library's dispatch was most of
+    a small call's host time); with a gradient to record, or under a dispatch mode (a
+    FLOP counter, fake tensors), the op itself runs, and the answer is the same."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    calls = []
+    real = fa._flash_forward_op
+    monkeypatch.setattr(fa, "_flash_forward_op", lambda *a: calls.append(1) or real(*a))
+    q, k, v = make_qkv(1, 2, 20, 30, 64, torch.float32)
+    bias = testing.make_bias("full", 1, 2, 20, 30, torch.float32, device=DEVICE)
+    with torch.no_grad():
+        direct = flash_attention(q, k, v, bias)
+    assert calls == []
+    assert_close_to_reference(direct, q, k, v, bias)
+    out = flash_attention(q.clone().requires_grad_(), k, v, bias)
+    assert calls == [1] and torch.equal(out.detach(), direct)
+    with FlopCounterMode(display=False):
+        flash_attention(q, k, v, bias)
+    assert calls == [1, 1]
+
+
 # -- determinism -------------------------------------------------------------------------
 
 
