@@ -68,13 +68,13 @@ def list_lengths(lists: str, dt: str, D: int, variant: str, causal: bool, loads:
             for k in kernels_fwd(dt) + KERNELS_BWD[variant]}
 
 
-def plan(native: str) -> list[dict]:
+def plan(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lists_too=True) -> list[dict]:
     """Every job, defaults first: (lists, dtype, head dim, variant, causal, loads, index)."""
     combos = []
-    for lists in [native] + (["sm80"] if native == "sm90" else []):
-        for dt in DTYPES:
-            for D in HEAD_DIMS:
-                for variant in VARIANTS:
+    for lists in [native] + (["sm80"] if native == "sm90" and lists_too else []):
+        for dt in dtypes:
+            for D in head_dims:
+                for variant in variants:
                     for causal in (False, True):
                         for loads in (("tma", "ptr") if lists == "sm90" and dt != "fp32" else ("ptr",)):
                             n = max(list_lengths(lists, dt, D, variant, causal, loads).values())
@@ -220,11 +220,11 @@ def _worker(jobs, results):
             return  # this process's CUDA context may be broken: a fresh worker takes over
 
 
-def sweep(outdir: str, seconds: float, workers: int) -> list[dict]:
+def sweep(outdir: str, seconds: float, workers: int, **only) -> list[dict]:
     import torch
 
     native = _fa().arch_of(torch.device("cuda"))
-    jobs = plan(native)
+    jobs = plan(native, **only)
     ctx = mp.get_context("spawn")
     jq, rq = ctx.Queue(), ctx.Queue()
     for j in jobs:
@@ -264,15 +264,15 @@ def sweep(outdir: str, seconds: float, workers: int) -> list[dict]:
     return records, jobs, native
 
 
-def shipped_tiles(native: str) -> set:
+def shipped_tiles(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lists_too=True) -> set:
     """Every (lists, kernel, loads, tile) the lists hold for the dtypes, head dims and
     variants the sweep runs."""
     fa = _fa()
     out = set()
-    for lists in [native] + (["sm80"] if native == "sm90" else []):
-        for dt in DTYPES:
-            for D in HEAD_DIMS:
-                for v in ("none", "keypad", "full"):
+    for lists in [native] + (["sm80"] if native == "sm90" and lists_too else []):
+        for dt in dtypes:
+            for D in head_dims:
+                for v in sorted({"full" if v == "full_grad" else v for v in variants}):
                     for causal in (False, True):
                         for tma in ((True, False) if lists == "sm90" and dt != "fp32" else (False,)):
                             for kern in kernels_fwd(dt) + ("dkdv", "dq", "dkdv_dbias", "dq_dbias"):
@@ -284,18 +284,18 @@ def shipped_tiles(native: str) -> set:
 # -- timing -----------------------------------------------------------------------------------
 # (name, B, H, M, N, D, causal, bias kind, backward)
 TIMING = [
-    ("d64", 4, 16, 4096, 4096, 64, False, "none", False),
-    ("d64 bwd", 4, 16, 4096, 4096, 64, False, "none", True),
-    ("d128", 4, 16, 4096, 4096, 128, False, "none", False),
-    ("d128 bwd", 4, 16, 4096, 4096, 128, False, "none", True),
-    ("d128 causal", 4, 16, 4096, 4096, 128, True, "none", False),
-    ("d128 causal bwd", 4, 16, 4096, 4096, 128, True, "none", True),
-    ("d128 keypad (Flux text)", 2, 24, 4608, 4608, 128, False, "key_padding", False),
-    ("d128 keypad bwd", 2, 24, 4608, 4608, 128, False, "key_padding", True),
     ("sd15 d40", 2, 8, 4096, 4096, 40, False, "none", False),
     ("sd15 d40 cross77", 2, 8, 4096, 77, 40, False, "none", False),
     ("sd15 d80", 2, 8, 1024, 1024, 80, False, "none", False),
     ("sd15 d160", 2, 8, 256, 256, 160, False, "none", False),
+    ("d128 keypad (Flux text)", 2, 24, 4608, 4608, 128, False, "key_padding", False),
+    ("d128 keypad bwd", 2, 24, 4608, 4608, 128, False, "key_padding", True),
+    ("d128", 4, 16, 4096, 4096, 128, False, "none", False),
+    ("d128 bwd", 4, 16, 4096, 4096, 128, False, "none", True),
+    ("d64", 4, 16, 4096, 4096, 64, False, "none", False),
+    ("d64 bwd", 4, 16, 4096, 4096, 64, False, "none", True),
+    ("d128 causal", 4, 16, 4096, 4096, 128, True, "none", False),
+    ("d128 causal bwd", 4, 16, 4096, 4096, 128, True, "none", True),
     ("vae d512", 1, 1, 4096, 4096, 512, False, "none", False),
     ("d128 full bias", 2, 8, 4096, 4096, 128, False, "full", False),
 ]
@@ -358,7 +358,51 @@ def timing(outdir: str, seconds: float, autotune: bool) -> list[dict]:
     return rows
 
 
-def summarize(outdir, records, jobs, native, timings):
+def overhead(outdir: str) -> list[dict]:
+    """Host time per call where the GPU work is tiny (2 x 8 heads x 64 x 77 x 40): what a
+    call costs the CPU, which bounds small calls (cross-attention to text). Wall time of
+    many calls with one synchronisation at the end; then a profile of the launcher."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    import torch.nn.functional as F
+
+    from attnkit.kernels import flash_attention
+    from attnkit.testing import make_qkv
+
+    q, k, v = make_qkv(2, 8, 64, 77, 40, torch.float16, device="cuda")
+    rows = []
+    for label, autotune, fn in (("attnkit, autotune off", "0", lambda: flash_attention(q, k, v)),
+                                ("attnkit, autotune on", "1", lambda: flash_attention(q, k, v)),
+                                ("sdpa", "1", lambda: F.scaled_dot_product_attention(q, k, v))):
+        os.environ["ATTNKIT_TRITON_AUTOTUNE"] = autotune
+        with torch.no_grad():
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(500):
+                fn()
+            torch.cuda.synchronize()
+        rows.append({"case": f"host overhead: {label}", "us_per_call": (time.perf_counter() - t0) / 500 * 1e6})
+        print(f"[overhead] {rows[-1]}", flush=True)
+    os.environ["ATTNKIT_TRITON_AUTOTUNE"] = "1"
+    prof = cProfile.Profile()
+    with torch.no_grad():
+        prof.enable()
+        for _ in range(300):
+            flash_attention(q, k, v)
+        prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    with open(os.path.join(outdir, "overhead_profile.txt"), "w") as f:
+        f.write(buf.getvalue())
+    return rows
+
+
+def summarize(outdir, records, jobs, native, timings, only):
     import torch
 
     lines = [f"# The Triton kernel on {torch.cuda.get_device_name()} (target lists: {native})", ""]
@@ -368,7 +412,7 @@ def summarize(outdir, records, jobs, native, timings):
     bad = [r for r in records if not r["ok"]]
     ran = {(r["lists"], r["dtype"], r["D"], "full" if r["variant"] == "full_grad" else r["variant"], r["causal"], t)
            for r in records if r["ok"] for t in r["tiles"]}
-    shipped = shipped_tiles(native)
+    shipped = shipped_tiles(native, **only)
     lines += ["## Every shipped tile against float64", "",
               f"- runs: {len(records)} of {len(jobs)} planned, {len(bad)} failing",
               f"- (lists, dtype, head dim, variant, causal, kernel, loads, tile) combinations that ran and "
@@ -389,7 +433,9 @@ def summarize(outdir, records, jobs, native, timings):
               "| case | B, H, M, N, D | autotune | attnkit ms | TFLOP/s | SDPA ms | TFLOP/s | SDPA / attnkit | first call s |",
               "|" + "---|" * 9]
     for t in timings:
-        if "attnkit_ms" in t:
+        if "us_per_call" in t:
+            lines.append(f"| {t['case']} | | | {t['us_per_call']:.1f} us per call | | | | | |")
+        elif "attnkit_ms" in t:
             lines.append(f"| {t['case']} | {', '.join(map(str, t['shape']))} | {'on' if t['autotune'] else 'off'} | "
                          f"{t['attnkit_ms']:.3f} | {t['attnkit_tflops']:.0f} | {t['sdpa_ms']:.3f} | "
                          f"{t['sdpa_tflops']:.0f} | {t['speedup_vs_sdpa']:.2f} | {t['first_call_s']} |")
@@ -408,7 +454,13 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=min(10, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--timing-seconds", type=float, default=90)
     ap.add_argument("--skip-tiles", action="store_true")
+    ap.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default all")
+    ap.add_argument("--head-dim", action="append", type=int, help=f"repeatable; default {HEAD_DIMS}")
+    ap.add_argument("--variant", action="append", choices=VARIANTS, help="repeatable; default all")
+    ap.add_argument("--native-only", action="store_true", help="on sm_90, leave out the sm_80 lists")
     args = ap.parse_args(argv)
+    only = dict(dtypes=tuple(args.dtype or DTYPES), head_dims=tuple(args.head_dim or HEAD_DIMS),
+                variants=tuple(args.variant or VARIANTS), lists_too=not args.native_only)
     import torch
 
     if not torch.cuda.is_available():
@@ -417,14 +469,18 @@ def main(argv=None):
     os.makedirs(args.outdir, exist_ok=True)
     records, jobs, native = ([], [], _fa().arch_of(torch.device("cuda")))
     if not args.skip_tiles:
-        records, jobs, native = sweep(args.outdir, args.seconds, args.workers)
+        records, jobs, native = sweep(args.outdir, args.seconds, args.workers, **only)
     timings = []
     if args.timing_seconds > 0:
         timings = timing(args.outdir, args.timing_seconds * 0.7, autotune=False)
         timings += timing(args.outdir, args.timing_seconds * 0.3, autotune=True)
+        try:
+            timings += overhead(args.outdir)
+        except Exception as e:  # noqa: BLE001: the rest of the record still counts
+            timings.append({"case": "host overhead", "error": f"{type(e).__name__}: {e}"[:300]})
         with open(os.path.join(args.outdir, "timing.json"), "w") as f:
             json.dump(timings, f, indent=1)
-    summarize(args.outdir, records, jobs, native, timings)
+    summarize(args.outdir, records, jobs, native, timings, only)
 
 
 if __name__ == "__main__":
