@@ -262,7 +262,7 @@ def assert_grads_close_to_reference(
     accurate: a bias of 1e9 leaves q.k about 1e9 * 2.2e-16 of absolute precision)."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = fn(*leaves, attn_bias, scale)
-    grad_out = torch.randn(out.shape, dtype=torch.float32).to(out.dtype)
+    grad_out = torch.randn(out.shape, dtype=torch.float32).to(device=out.device, dtype=out.dtype)
     got = torch.autograd.grad(out, leaves, grad_out)
     ref, base = reference_grads(tuple(leaves), grad_out, attn_bias, scale)
     for name, g, r, b in zip("qkv", got, ref, base):

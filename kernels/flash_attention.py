@@ -1981,7 +1981,10 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     if attn_bias is None:
         variants = ("none",)
     else:
-        rows = attn_bias.expand(q.shape[0], q.shape[1], q.shape[2], -1).stride(2)
+        # As _bias_args decides it: a bias that does not vary over the queries is a key
+        # bias. Leading dims added first: a scalar or 1-D bias has no query dim at all.
+        own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
+        rows = own.stride(2) if own.shape[2] > 1 else 0
         variants = ("keypad",) if rows == 0 else ("full",)
     problem = devices.shared_memory_problem(torch.cuda.get_device_capability(q.device), q.dtype, q.shape[3],
                                             variants, causal, grads)

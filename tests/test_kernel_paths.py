@@ -467,6 +467,19 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeyp
         fa._check_shared_memory(gpu_q, keypad, False, True)
     fa._check_shared_memory(gpu_q, keypad, False, False)  # the forward alone fits
     fa._check_shared_memory(gpu_q, torch.zeros(16, 32), False, True)  # a full bias: not in the table
+    # Every broadcast shape is judged as the launcher runs it (found on an H200: a scalar
+    # bias raised "numel: integer multiplication overflow" here): a bias that does not
+    # vary over the queries is a key bias, whatever its rank.
+    for bias, variant in ((torch.tensor(0.5), "keypad"), (torch.zeros(32), "keypad"),
+                          (torch.zeros(2, 1, 32), "keypad"), (torch.zeros(1, 16, 1).expand(1, 16, 32), "full"),
+                          (torch.zeros(1, 16, 32)[:, :1].expand(1, 16, 32), "keypad"),
+                          (torch.zeros(16, 32), "full")):
+        assert fa._bias_args(bias, torch.zeros(1, 2, 16, 512), (1, 2, 16, 32))[-1] == variant
+        if variant == "keypad":
+            with pytest.raises(ValueError, match="needs 132,160 B"):
+                fa._check_shared_memory(gpu_q, bias, False, True)
+        else:
+            fa._check_shared_memory(gpu_q, bias, False, True)
 
 
 def test_every_list_builds_its_autotuner(monkeypatch):
