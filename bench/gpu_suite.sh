@@ -10,7 +10,8 @@
 # attnkit itself is staged from this checkout (kernels/ as attnkit.kernels) without pip.
 #
 # Writes OUTDIR/{results.json, table.md, *.png} (all tables merged), OUTDIR/kernels.json
-# (pytest-benchmark), OUTDIR/tableN/ (each table's own run), OUTDIR/info.txt,
+# (pytest-benchmark), OUTDIR/tableN/ (each table's own run), OUTDIR/tiles/ (gpu_tiles.py:
+# the Triton kernel's tiles against float64, and its speed beside SDPA), OUTDIR/info.txt,
 # OUTDIR/nvidia-smi.txt and OUTDIR/suite.log. Every step has its share of the time budget
 # (ATTNKIT_SUITE_SECONDS, default 540) and a hard timeout; a step that fails or runs out
 # of time is logged and the suite goes on, so what finished is always kept.
@@ -110,6 +111,11 @@ run_step kernels 110 "$PY" -m pytest "$REPO/bench" --benchmark-only -q -rs -p no
     --benchmark-json="$OUT/kernels.json" --benchmark-storage="file://$DEPS/benchmarks" \
     --benchmark-columns=median,iqr,rounds --benchmark-sort=name \
     "${KERNEL_FILTER[@]}"
+# Every shipped Triton tile against float64 on this GPU (defaults first), then its speed
+# beside SDPA and its host time per call: bench/gpu_tiles.py.
+if [ $SMOKE = 0 ]; then
+    run_step tiles 120 "$PY" "$REPO/bench/gpu_tiles.py" "$OUT/tiles" --seconds 70 --timing-seconds 35
+fi
 run_step table2 110 "$PY" -m attnkit bench "${COMMON[@]}" --tables 2 --processors "$ORDER" \
     --budget 110 --out "$OUT/table2"
 SWEEP=(--sweep-dtypes float16,float32 --sweep-max-batch 32 --sweep-steps 3 --sweep-repeats 2)

@@ -355,6 +355,11 @@ def timing(outdir: str, seconds: float, autotune: bool) -> list[dict]:
         rows.append(row)
         del q, k, v, bias, do
         torch.cuda.empty_cache()
+    if autotune:
+        # What the autotuner chose, per list and tuning key (the default is each list's first).
+        rows.append({"case": "autotuner choices", "choices": {
+            "/".join(map(str, key)): {str(k): str(c) for k, c in getattr(t, "cache", {}).items()}
+            for key, t in _fa()._TUNERS.items()}})
     return rows
 
 
@@ -433,6 +438,8 @@ def summarize(outdir, records, jobs, native, timings, only):
               "| case | B, H, M, N, D | autotune | attnkit ms | TFLOP/s | SDPA ms | TFLOP/s | SDPA / attnkit | first call s |",
               "|" + "---|" * 9]
     for t in timings:
+        if "choices" in t:
+            continue
         if "us_per_call" in t:
             lines.append(f"| {t['case']} | | | {t['us_per_call']:.1f} us per call | | | | | |")
         elif "attnkit_ms" in t:
