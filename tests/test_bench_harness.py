@@ -395,6 +395,36 @@ def test_work_is_admitted_only_where_it_fits_the_budget():
     assert [n for n, w in calls if not w] == ["a", "b", "b", "a", "a", "b"]
 
 
+def test_a_warm_up_whose_first_step_compiles_does_not_inflate_the_prediction():
+    """On a GPU the warm-up's first step holds compilation (2 s here) and the others take
+    0.1 s: a 30-step timed run is predicted at 0.3 + 30 x 0.1 = 3.3 s, not 10 x 2.5 s, so
+    the second configuration is admitted (found on an H200, where table 1 skipped the
+    triton processor this way); the third is not, within a 20 s budget."""
+    from attnkit.bench.measure import Deadline
+
+    now = [0.0]
+    calls = []
+
+    def make(name):
+        def run(warmup):
+            calls.append((name, warmup))
+            if warmup:
+                now[0] += 2.5
+                return LoopTiming([2.0, 0.1, 0.1])
+            now[0] += 3.0
+            return LoopTiming([0.1] * 30)
+
+        return Config(name, run)
+
+    clock = lambda: now[0]  # noqa: E731
+    cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False,
+                                deadline=Deadline(20.0, clock), sample_factor=10.0, clock=clock)
+    # b: 3.3 promised + 2.5 + 3.3 = 9.1, x 1.5 < 17.5 left; c: 6.6 + 2.5 + 3.3 = 12.4, x 1.5 > 15
+    assert cells["b"].status == STATUS_OK and cells["b"].warmup_seconds == 2.5
+    assert cells["c"].status == "skipped" and cells["c"].reason == "time budget"
+    assert [n for n, w in calls if not w][:2] == ["a", "b"]
+
+
 def test_a_table_predicted_not_to_fit_is_skipped_with_its_reason(tiny):
     """Table 4's processes would rebuild the model (predicted 22 s) in a 5 s budget: skipped,
     not run; after a spent budget, a later table is skipped at its turn (the first still runs)."""

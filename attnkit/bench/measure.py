@@ -268,6 +268,19 @@ def measure_interleaved(
     bar = progress_bar(len(live) * (repeats + 1), desc, progress)
     sample_cost: dict[str, float] = {}  # seconds of a configuration's last timed run (predicted before it)
     warmups: list[float] = []
+    predicted: list[float] = []  # a timed run's seconds, as each warm-up predicted it
+
+    def predict_sample(seconds: float, timing: LoopTiming) -> float:
+        """A timed run's seconds from its warm-up's: sample_factor times them, or less where
+        the warm-up has steps after its first. The first step carries the one-time work
+        (Triton's compilation, cuDNN's search: seconds on a GPU, where a step takes
+        milliseconds), so the warm-up's other time plus its fastest later step for each step
+        of the timed run is nearer; never more than the plain ratio."""
+        rough = seconds * sample_factor
+        steps = timing.step_seconds
+        if len(steps) < 2:
+            return rough
+        return min(rough, seconds - sum(steps) + sample_factor * len(steps) * min(steps[1:]))
 
     def fits(seconds: float) -> bool:
         left = deadline.left() if deadline is not None else None
@@ -290,10 +303,12 @@ def measure_interleaved(
     def warm_up(config: Config) -> None:
         bar.set_postfix_str(f"warm-up {config.name}")
         start = clock()
-        if attempt(config, True) is not None:
+        timing = attempt(config, True)
+        if timing is not None:
             cells[config.name].warmup_seconds = seconds = clock() - start
             warmups.append(seconds)
-            sample_cost[config.name] = seconds * sample_factor
+            sample_cost[config.name] = predict_sample(seconds, timing)
+            predicted.append(sample_cost[config.name])
         bar.update(1)
 
     def timed(config: Config, rnd: int) -> None:
@@ -309,9 +324,10 @@ def measure_interleaved(
     for i, config in enumerate(live):
         if i >= always and deadline is not None:
             warm = statistics.median(warmups) if warmups else (first_warmup or 0.0)
+            sample = statistics.median(predicted) if predicted else warm * sample_factor
             promised = 0.0 if strict else sum(sample_cost.get(c.name, 0.0) for c in live[:i]
                                               if cells[c.name].status == STATUS_OK)
-            if deadline.expired() or not fits(promised + warm * (1 + sample_factor)):
+            if deadline.expired() or not fits(promised + warm + sample):
                 cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
                 continue
         warm_up(config)
