@@ -719,12 +719,43 @@ def _row_functions(source: str) -> dict[str, str]:
             if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in _ROW_FUNCTIONS}
 
 
-def _without_tile_lists(source: str) -> str:
+# The host functions of flash_attention.py that compile_job calls (the test
+# test_resume_compares_everything_a_row_is_compiled_from holds this to the code).
+_ROW_HELPERS = ("_align",)
+
+
+def _assigned(node: ast.AST) -> set[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return {x.id for t in targets for x in ast.walk(t) if isinstance(x, ast.Name)}  # a, b = ... too
+
+
+def _without_tile_lists(source: str, kernels_only: bool = False) -> str:
     """The source with the CONFIGS tile lists left out: a row is keyed by its own tile
-    and budget, so editing the lists changes which rows a run needs, not their figures."""
+    and budget, so editing the lists changes which rows a run needs, not their figures.
+
+    kernels_only (flash_attention.py): only what a row is compiled from: the @triton.jit
+    functions, the module-level assignments and classes, the host helpers compile_job
+    calls (_ROW_HELPERS), and the imports of names these use. The launcher's other host
+    functions (argument checks, dispatch) cannot change a compiled kernel."""
     tree = ast.parse(source)
-    tree.body = [n for n in tree.body if not (isinstance(n, (ast.Assign, ast.AnnAssign)) and "CONFIGS" in {
-        t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)})]
+    body = [n for n in tree.body if not (isinstance(n, (ast.Assign, ast.AnnAssign)) and "CONFIGS" in _assigned(n))]
+    if kernels_only:
+        def kept(n):
+            if isinstance(n, ast.FunctionDef):
+                return n.name in _ROW_HELPERS or any("jit" in ast.dump(d) for d in n.decorator_list)
+            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant):
+                return False  # the module's docstring
+            return not isinstance(n, (ast.Import, ast.ImportFrom))  # assignments, classes, loops
+
+        code = [n for n in body if kept(n)]
+        used = {x.id for n in code for x in ast.walk(n) if isinstance(x, ast.Name)}
+        imports = []
+        for n in body:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                n.names = [a for a in n.names if (a.asname or a.name).split(".")[0] in used]
+                imports += [n] if n.names else []
+        body = imports + code
+    tree.body = body
     return ast.dump(tree)
 
 
@@ -749,7 +780,8 @@ def resumable_rows(out_dir: str) -> tuple[list[Result], str]:
         then = _git("show", f"{commit}:./{name}")
         with open(os.path.join(here, name)) as f:
             now = f.read()
-        if then == "unknown" or _without_tile_lists(then) != _without_tile_lists(now):
+        only = name == "flash_attention.py"
+        if then == "unknown" or _without_tile_lists(then, only) != _without_tile_lists(now, only):
             return [], f"kernels/{name} differs from commit {commit}, which {path} was compiled at"
     then = _git("show", f"{commit}:./inspect.py")
     with open(os.path.join(here, "inspect.py")) as f:

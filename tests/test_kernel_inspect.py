@@ -218,6 +218,52 @@ def test_resume_ignores_tile_list_edits_but_not_kernel_code():
     assert insp._without_tile_lists(src.replace("    return ", "    return 1 + ", 1)) != insp._without_tile_lists(src)
 
 
+def test_resume_compares_everything_a_row_is_compiled_from():
+    """Of flash_attention.py, resume compares what a row is compiled from (the jit
+    functions, module-level assignments and classes, the host helpers compile_job calls,
+    their imports) and not the launcher's other host code: an argument check edited after
+    an hours-long report does not make its rows stale; a kernel, a constant or _align
+    edited does. And everything compile_job reads of the module is in what is compared."""
+    import ast
+
+    from attnkit.kernels import inspect as insp
+
+    path = os.path.join(os.path.dirname(insp.__file__), "flash_attention.py")
+    with open(path) as f:
+        src = f.read()
+
+    def same(edited):
+        return insp._without_tile_lists(edited, True) == insp._without_tile_lists(src, True)
+
+    def edit(old, new):
+        assert src.count(old) >= 1, old
+        return src.replace(old, new, 1)
+
+    assert same(edit('            raise ValueError(f"scale={scale} must be finite")',
+                     '            raise ValueError(f"scale={scale} is not finite")'))  # _prepare
+    assert same(edit('"""FlashAttention-2 in Triton', '"""FlashAttention 2 in Triton'))  # the docstring
+    assert not same(edit("        out = tl.dot(a, b, acc, ", "        out = 1 + tl.dot(a, b, acc, "))  # a jit function
+    assert not same(edit("    a = 16\n", "    a = 8\n"))  # _align
+    assert not same(edit("_TUNE_KEY = (", "_TUNE_KEY = (\"X\", "))  # a module-level assignment
+
+    tree = ast.parse(src)
+    compared = set(insp._ROW_HELPERS)
+    for n in tree.body:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            compared |= insp._assigned(n)
+        elif isinstance(n, ast.ClassDef) or (isinstance(n, ast.FunctionDef) and any(
+                "jit" in ast.dump(d) for d in n.decorator_list)):
+            compared.add(n.name)
+        elif isinstance(n, ast.ImportFrom) and n.module == "limits":  # limits.py is compared whole
+            compared |= {a.asname or a.name for a in n.names}
+    with open(insp.__file__) as f:
+        inspect_tree = ast.parse(f.read())
+    read = {x.attr for n in inspect_tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            and n.name in insp._ROW_FUNCTIONS for x in ast.walk(n)
+            if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == "fa"}
+    assert read and read <= compared, read - compared
+
+
 def test_the_shared_memory_table_is_what_the_committed_report_measured():
     """devices.NEEDS (the calls refused on GPUs with 99 KiB of shared memory per block)
     lists exactly the sm80 default tiles above 101,376 B in the committed report, with
