@@ -1307,10 +1307,7 @@ _BANDS = limits.BANDS
 
 
 def _band(padded: int) -> int:
-    for bound in _BANDS:
-        if padded <= bound:
-            return bound
-    raise ValueError(f"padded head dim {padded} exceeds {MAX_HEAD_DIM}")
+    return devices.band(padded)  # padding a padded head dim leaves it as it is
 
 
 def _width(dtype: torch.dtype) -> str:
