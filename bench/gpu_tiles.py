@@ -10,7 +10,7 @@ what the compiler makes of each tile; neither runs the machine code. This does:
 * **tiles** (OUTDIR/tiles.jsonl, one line per run): for every tile list this GPU runs
   (its own target, and the sm_80 lists too on a Hopper GPU, which runs them),
   every dtype, one head dim per band (40 ... 512), each bias variant (none, key padding,
-  full, full with its gradient), causal or not, TMA or pointer loads: the forward alone,
+  full, and the last two with the bias's gradient), causal or not, TMA or pointer loads: the forward alone,
   then forward and backward, with the i-th candidate of every list forced (i = 0 is
   the default, what runs with ATTNKIT_TRITON_AUTOTUNE=0), against the float64
   reference under the tolerance rule of attnkit.testing (twice plain torch's error in
@@ -41,13 +41,13 @@ import traceback
 
 DTYPES = ("fp16", "bf16", "fp32")
 HEAD_DIMS = (40, 80, 128, 160, 256, 320, 384, 512)  # one per band of limits.BANDS but 64
-VARIANTS = ("none", "keypad", "full", "full_grad")
+VARIANTS = ("none", "keypad", "full", "full_grad", "keypad_grad")  # _grad: the bias needs its gradient
 
 
 def kernels_fwd(dt: str) -> tuple:
     return ("fwd",) if dt == "fp32" else ("fwd", "fwd_lo")  # fwd_lo: a 16-bit forward for a backward
 KERNELS_BWD = {"none": ("dkdv", "dq"), "keypad": ("dkdv", "dq"), "full": ("dkdv", "dq"),
-               "full_grad": ("dkdv_dbias", "dq_dbias")}
+               "full_grad": ("dq_dbias", "dkdv"), "keypad_grad": ("dkdv_dbias", "dq")}
 
 
 def _torch_dtype(name):
@@ -63,7 +63,7 @@ def _fa():
 def list_lengths(lists: str, dt: str, D: int, variant: str, causal: bool, loads: str) -> dict:
     """{kernel: number of candidates} of the lists a call of this kind uses."""
     fa = _fa()
-    v = "full" if variant == "full_grad" else variant
+    v = variant.removesuffix("_grad")
     return {k: len(fa.configs_for(k, D, _torch_dtype(dt), lists, v, causal, loads == "tma"))
             for k in kernels_fwd(dt) + KERNELS_BWD[variant]}
 
@@ -135,7 +135,7 @@ def run_job(job: dict) -> dict:
         B, H = 2, 2
         M, N = (300, 300) if causal else (257, 300)
         q, k, v = make_qkv(B, H, M, N, D, dt, device=dev)
-        kind = {"none": "none", "keypad": "key_padding", "full": "full", "full_grad": "full"}[variant]
+        kind = {"none": "none", "keypad": "key_padding", "full": "full"}[variant.removesuffix("_grad")]
         bias = make_bias(kind, B, H, M, N, dt, device=dev)
         mask = None
         if causal:
@@ -163,7 +163,7 @@ def run_job(job: dict) -> dict:
             view.copy_(t)
             return view
         for grads in (False, True):
-            bias_grad = grads and variant == "full_grad"
+            bias_grad = grads and variant.endswith("_grad")
             inputs = [q, k, v] + ([bias] if bias_grad else [])
             inputs = [place(t.detach()).requires_grad_(grads) for t in inputs]
             b_in = inputs[3] if bias_grad else bias
@@ -272,7 +272,7 @@ def shipped_tiles(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARI
     for lists in [native] + (["sm80"] if native == "sm90" and lists_too else []):
         for dt in dtypes:
             for D in head_dims:
-                for v in sorted({"full" if v == "full_grad" else v for v in variants}):
+                for v in sorted({v.removesuffix("_grad") for v in variants}):
                     for causal in (False, True):
                         for tma in ((True, False) if lists == "sm90" and dt != "fp32" else (False,)):
                             for kern in kernels_fwd(dt) + ("dkdv", "dq", "dkdv_dbias", "dq_dbias"):
@@ -415,7 +415,7 @@ def summarize(outdir, records, jobs, native, timings, only):
 
     lines += [f"torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
     bad = [r for r in records if not r["ok"]]
-    ran = {(r["lists"], r["dtype"], r["D"], "full" if r["variant"] == "full_grad" else r["variant"], r["causal"], t)
+    ran = {(r["lists"], r["dtype"], r["D"], r["variant"].removesuffix("_grad"), r["causal"], t)
            for r in records if r["ok"] for t in r["tiles"]}
     shipped = shipped_tiles(native, **only)
     lines += ["## Every shipped tile against float64", "",
