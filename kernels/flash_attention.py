@@ -36,11 +36,11 @@ Everything else the callers of a diffusion model produce:
 
 * M and N from 1 up, any remainder: full tiles run without bounds checks and the last
   masked tile handles the remainder.
-* attn_bias broadcastable to (B, H, M, N), read through its strides (0 on broadcast
-  dims), in float32 (a bool or 16-bit bias is converted once, in its own shape); a key-padding bias (stride 0 over queries) is loaded as one row per tile, or
-  not at all when it is a 0 / -inf mask (then it is a length). A row that sees no key
-  (all -inf, or none under a negative causal offset) outputs zeros (its LSE is -inf);
-  a row masked by a huge finite value is an ordinary row, as in float64.
+* attn_bias broadcastable to (B, H, M, N), in float32 (a bool or 16-bit bias is converted
+  once, in its own shape), read through its strides (0 on broadcast dims); a key-padding
+  bias (stride 0 over queries) is loaded as one row per tile, or not at all when it is a
+  0 / -inf mask (then it is a length). A row that sees no key (all -inf, or none under a
+  negative causal offset) outputs zeros (LSE -inf); a huge finite mask acts as in float64.
 * q, k, v, dO with any strides as long as the last dim is contiguous (the (B, N, H, D)
   storage that a diffusers processor produces, viewed as (B, H, N, D)).
 * 64-bit offsets: batch, head and tile-start offsets are computed in int64, so tensors
