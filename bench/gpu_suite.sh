@@ -15,6 +15,9 @@
 # OUTDIR/nvidia-smi.txt and OUTDIR/suite.log. Every step has its share of the time budget
 # (ATTNKIT_SUITE_SECONDS, default 540) and a hard timeout; a step that fails or runs out
 # of time is logged and the suite goes on, so what finished is always kept.
+# ATTNKIT_SUITE_STEPS picks steps by name for a shorter run (comma-separated, e.g.
+# table1,table5-flux,table3; default all): table1 table4 kernels tiles table2
+# table5-flux table5-sd3 table5-wan table3.
 set -uo pipefail
 
 usage() { echo "usage: $0 OUTDIR [--smoke]" >&2; exit 2; }
@@ -87,9 +90,15 @@ fi
 # Most telling first: a step cut short by its budget loses the processors at the end.
 ORDER=vanilla,sdpa,triton,xformers,flash_attn,auto,sliced
 
+STEPS=${ATTNKIT_SUITE_STEPS:-all}
+
 # run_step NAME SHARE_SECONDS CMD...: soft budget = share (or what is left), hard timeout +90 s
 run_step() {
     local name=$1 share=$2; shift 2
+    if [ "$STEPS" != all ] && [[ ",$STEPS," != *",$name,"* ]]; then
+        say "$name: not in ATTNKIT_SUITE_STEPS ($STEPS)"
+        return
+    fi
     local rest; rest=$(left)
     if [ "$rest" -lt 30 ]; then
         say "$name: skipped (suite budget spent)"

@@ -68,8 +68,11 @@ def list_lengths(lists: str, dt: str, D: int, variant: str, causal: bool, loads:
             for k in kernels_fwd(dt) + KERNELS_BWD[variant]}
 
 
-def plan(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lists_too=True) -> list[dict]:
-    """Every job, defaults first: (lists, dtype, head dim, variant, causal, loads, index)."""
+def plan(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lists_too=True,
+         min_index=0) -> list[dict]:
+    """Every job, defaults first: (lists, dtype, head dim, variant, causal, loads, index);
+    min_index leaves out each list's first candidates (a run that follows one which
+    checked the defaults)."""
     combos = []
     for lists in [native] + (["sm80"] if native == "sm90" and lists_too else []):
         for dt in dtypes:
@@ -80,7 +83,7 @@ def plan(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lis
                             n = max(list_lengths(lists, dt, D, variant, causal, loads).values())
                             combos.append((lists, dt, D, variant, causal, loads, n))
     jobs = []
-    for index in range(max(c[-1] for c in combos)):
+    for index in range(min_index, max(c[-1] for c in combos)):
         for lists in [native, "sm80"]:
             for c in combos:
                 if c[0] == lists and index < c[-1]:
@@ -220,11 +223,11 @@ def _worker(jobs, results):
             return  # this process's CUDA context may be broken: a fresh worker takes over
 
 
-def sweep(outdir: str, seconds: float, workers: int, **only) -> list[dict]:
+def sweep(outdir: str, seconds: float, workers: int, min_index: int = 0, **only) -> list[dict]:
     import torch
 
     native = _fa().arch_of(torch.device("cuda"))
-    jobs = plan(native, **only)
+    jobs = plan(native, min_index=min_index, **only)
     ctx = mp.get_context("spawn")
     jq, rq = ctx.Queue(), ctx.Queue()
     for j in jobs:
@@ -465,6 +468,8 @@ def main(argv=None):
     ap.add_argument("--head-dim", action="append", type=int, help=f"repeatable; default {HEAD_DIMS}")
     ap.add_argument("--variant", action="append", choices=VARIANTS, help="repeatable; default all")
     ap.add_argument("--native-only", action="store_true", help="on sm_90, leave out the sm_80 lists")
+    ap.add_argument("--min-index", type=int, default=0,
+                    help="leave out each list's first N candidates (1: all but the defaults)")
     args = ap.parse_args(argv)
     only = dict(dtypes=tuple(args.dtype or DTYPES), head_dims=tuple(args.head_dim or HEAD_DIMS),
                 variants=tuple(args.variant or VARIANTS), lists_too=not args.native_only)
@@ -476,7 +481,7 @@ def main(argv=None):
     os.makedirs(args.outdir, exist_ok=True)
     records, jobs, native = ([], [], _fa().arch_of(torch.device("cuda")))
     if not args.skip_tiles:
-        records, jobs, native = sweep(args.outdir, args.seconds, args.workers, **only)
+        records, jobs, native = sweep(args.outdir, args.seconds, args.workers, args.min_index, **only)
     timings = []
     if args.timing_seconds > 0:
         timings = timing(args.outdir, args.timing_seconds * 0.7, autotune=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -441,3 +442,31 @@ def test_a_table_predicted_not_to_fit_is_skipped_with_its_reason(tiny):
                                    "preset": {"name": "tiny", "label": "tiny"}, "model": {"source": "s"},
                                    "tables": tables, "budget_seconds": 1.0, "elapsed_seconds": 2.0})
     assert "### 3. batch-size sweep\n\nskipped (time budget" in md and "table(s) 3 skipped for the budget" in md
+
+
+def test_the_gpu_tile_sweep_plans_every_candidate_once_defaults_first():
+    """bench/gpu_tiles.py on a GPU runs a prefix of its plan in its time: the plan must hold
+    each (lists, dtype, head dim, variant, causal, loads, candidate) once, every default
+    before any other candidate, and --min-index 1 must leave out exactly the defaults."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_tiles.py"
+    spec = importlib.util.spec_from_file_location("gpu_tiles", path)
+    gt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gt)
+    only = dict(dtypes=("fp16", "fp32"), head_dims=(64, 384), variants=("none", "keypad_grad"))
+    jobs = gt.plan("sm90", **only)
+    keys = [tuple(sorted(j.items())) for j in jobs]
+    assert len(keys) == len(set(keys))
+    first_other = next(i for i, j in enumerate(jobs) if j["index"] > 0)
+    assert all(j["index"] == 0 for j in jobs[:first_other])
+    assert {j["lists"] for j in jobs[:first_other]} == {"sm90", "sm80"}
+    # every candidate of the longest list a job's kernels use is planned
+    for lists, dt, D, variant, causal, loads in {(j["lists"], j["dtype"], j["D"], j["variant"], j["causal"],
+                                                   j["loads"]) for j in jobs}:
+        n = max(gt.list_lengths(lists, dt, D, variant, causal, loads).values())
+        mine = sorted(j["index"] for j in jobs if (j["lists"], j["dtype"], j["D"], j["variant"], j["causal"],
+                                                     j["loads"]) == (lists, dt, D, variant, causal, loads))
+        assert mine == list(range(n))
+    rest = gt.plan("sm90", min_index=1, **only)
+    assert sorted(tuple(sorted(j.items())) for j in rest) == sorted(k for k in keys if dict(k)["index"] >= 1)
