@@ -378,6 +378,39 @@ def test_a_16_bit_bias_reaches_the_kernels_as_float32(dtype, monkeypatch, seed):
             assert grads[3].dtype == dt and grads[3].shape == bias.shape
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bool"])
+def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, monkeypatch, seed):
+    """A (B, 1, 1, N) key mask expanded to (B, H, M, N) is a stride-0 view. Converting it
+    with .to() wrote it out in full: M times the memory (4 GB for Flux's 2 x 24 x 4608^2)
+    and a full bias to the kernels, which then skip no tiles. It must reach them as the
+    same broadcast view in float32, as a key bias, with the same answer."""
+    seen = []
+    real = fa._launch
+
+    def spy(kernel, *args):
+        bias = args[-3]["Bias"]
+        seen.append((kernel, args[-1], bias.dtype, bias.untyped_storage().nbytes()))
+        return real(kernel, *args)
+
+    monkeypatch.setattr(fa, "_launch", spy)
+    B, H, M, N, D = 2, 3, 40, 70, 64
+    q, k, v = make_qkv(B, H, M, N, D, torch.float16)
+    lengths = torch.randint(1, N + 1, (B,))
+    keep = torch.arange(N)[None, :] < lengths[:, None]
+    if dtype == "bool":
+        mask = keep.to(DEVICE)
+    else:
+        mask = torch.zeros(B, N, dtype=torch.float16).masked_fill(~keep, float("-inf")).to(DEVICE)
+    expanded = mask[:, None, None, :].expand(B, H, M, N)
+    assert expanded.stride()[1:3] == (0, 0)
+    out = flash_attention(q, k, v, expanded)
+    (kernel, variant, bias_dtype, nbytes), = seen
+    assert (kernel, variant, bias_dtype) == ("fwd", "keypad", torch.float32)
+    assert nbytes <= B * N * 4, f"the converted mask holds {nbytes} bytes: it was written out in full"
+    ref_bias = torch.zeros(B, 1, 1, N, dtype=torch.float64).masked_fill(~keep[:, None, None, :], float("-inf"))
+    assert_close_to_reference(out, q, k, v, ref_bias.to(DEVICE))
+
+
 @pytest.mark.cuda
 def test_a_16_bit_key_padding_mask_runs_on_the_gpu_at_every_band(monkeypatch, seed):
     """Found on an H200: an fp16 key-padding mask (Flux's variable-length text) at head
