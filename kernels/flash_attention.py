@@ -1457,10 +1457,10 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
     base and positive strides (dims of size 1 excepted; a broadcast dim has stride 0),
     contiguous last dim, no empty dim."""
     for t in tensors:
-        size = t.element_size()
-        if t.data_ptr() % 16 or t.stride(-1) != 1 or min(t.shape) == 0:
+        size, shape, strides = t.element_size(), t.shape, t.stride()
+        if t.data_ptr() % 16 or strides[-1] != 1 or min(shape) == 0:
             return False
-        if any((st * size) % 16 or st <= 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]) if n > 1):
+        if any((st * size) % 16 or st <= 0 for n, st in zip(shape[:-1], strides[:-1]) if n > 1):
             return False
     return True
 
@@ -1597,7 +1597,8 @@ def _addressable(x: torch.Tensor) -> bool:
     tile's rows span fewer than 2**31 elements. The second holds for every layout a
     diffusion model makes (row stride D or H * D); a view with a row stride of 2**24 or
     more is copied to a compact layout rather than indexed wrongly."""
-    return x.stride(-1) == 1 and x.stride(-2) * (_MAX_TILE_ROWS - 1) < 2**31
+    strides = x.stride()
+    return strides[-1] == 1 and strides[-2] * (_MAX_TILE_ROWS - 1) < 2**31
 
 
 def _kernel_layout(x: torch.Tensor) -> torch.Tensor:
@@ -1605,7 +1606,7 @@ def _kernel_layout(x: torch.Tensor) -> torch.Tensor:
 
 
 def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
+    return t.stride()[:3]
 
 
 def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: bool = False,
@@ -1634,12 +1635,13 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     bias, sb, lens, plain, sl, bias_constexprs, variant = _bias_args(attn_bias, q, (B, H, M, N))
     causal, off = _causal_args(causal, causal_offset, M, N)
     kernel = "fwd_lo" if store_lo else "fwd"
-    k, v = _ready_for_tma(arch_of(q.device), q.dtype, (k, v), (kernel,), D, variant, causal)
+    arch = arch_of(q.device)
+    k, v = _ready_for_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
     d0, d1 = split_head_dim(D)
     m_key, n_key = _lengths_key(M, N)
     align = _align(*(st for t in (q, k, v, o) for st in _strides3(t)))
     assert lo is None or lo.stride() == o.stride()
-    tma = _use_tma(arch_of(q.device), q.dtype, (k, v), (kernel,), D, variant, causal)
+    tma = _use_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
     args = dict(Q=q, K=k, V=v, **_stream_args(_DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1),
                 Bias=bias, Lens=lens, Plain=plain, Out=o, Lse=lse, LseShift=shift if attn_bias is not None else lse,
                 OutLo=o if lo is None else lo)
