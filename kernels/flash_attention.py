@@ -1221,7 +1221,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 192: (_C(16, 32, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=28.32), _C(16, 16, 8, 2, variants=_N, causal=_CAUSAL, budget=31.67), _C(16, 16, 8, 2, reload=True, variants=_F, budget=32.75), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_CAUSAL, budget=31.96), _C(16, 16, 8, 2, reload=True, variants=_N, causal=_UNCAUSAL, budget=31.87)),
                 256: (_C(16, 16, 8, 1, variants=_N, causal=_CAUSAL, maxnreg=255, budget=46.49), _C(16, 16, 8, 1, reload=True, variants=_N, causal=_UNCAUSAL, maxnreg=255, budget=46.6), _C(16, 16, 8, 2, variants=_K, causal=_CAUSAL, budget=47.29), _C(16, 16, 8, 1, reload=True, variants=_F, budget=48.01), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=47.35)),
                 320: (_C(16, 32, 8, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=40.1), _C(16, 16, 8, 2, variants=_F, budget=45.45), _C(16, 16, 8, 2, variants=_NK, causal=_CAUSAL, budget=44.63)),
-                384: (_C(16, 16, 8, 2, variants=_N, causal=_CAUSAL, maxnreg=255, budget=50.53), _C(16, 16, 8, 2, variants=_K, budget=51.78), _C(16, 16, 8, 2, variants=_N, causal=_UNCAUSAL, budget=51.78), _C(16, 16, 8, 2, reload=True, variants=_F, budget=52.87)),
+                384: (_C(16, 16, 8, 2, variants=_N, causal=_CAUSAL, maxnreg=255, budget=50.53), _C(16, 16, 8, 2, variants=_K, causal=_UNCAUSAL, budget=51.78), _C(16, 16, 8, 3, variants=_K, causal=_CAUSAL, budget=51.78), _C(16, 16, 8, 2, variants=_N, causal=_UNCAUSAL, budget=51.78), _C(16, 16, 8, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=52.87), _C(16, 16, 8, 3, variants=_F, causal=_CAUSAL, budget=52.87)),
                 512: (_C(16, 16, 8, 2, reload=True, budget=65.3),),
             },
         },
@@ -1277,7 +1277,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 192: (_C(128, 32, 8, 2, loads=_TMA, budget=1.11), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
                 256: (_C(16, 32, 4, 1, reload=True, variants=_K, loads=_TMA, budget=2.37), _C(16, 32, 4, 2, reload=True, loads=_PTR)),
                 320: (_C(16, 32, 4, 2, reload=True, variants=_K, loads=_PTR), _C(16, 32, 4, 2, variants=_F, loads=_PTR, budget=2.94)),
-                384: (_C(16, 32, 4, 2, variants=_K, loads=_TMA, budget=2.71), _C(16, 32, 4, 2, variants=_K, loads=_PTR, budget=3.08), _C(16, 32, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_TMA, budget=3.22), _C(16, 32, 4, 2, variants=_F, causal=_CAUSAL, loads=_TMA)),
+                384: (_C(16, 32, 4, 2, variants=_K, loads=_TMA, budget=2.71), _C(16, 32, 4, 2, variants=_K, loads=_PTR, budget=3.08), _C(16, 32, 4, 2, variants=_F, causal=_UNCAUSAL, loads=_TMA, budget=3.22), _C(16, 32, 4, 3, variants=_F, causal=_CAUSAL, loads=_TMA)),
                 512: (_C(16, 32, 4, 2, reload=True, loads=_PTR),),
             },
             "32bit": {
