@@ -84,6 +84,26 @@ SM80_NOT_MET: dict[str, str] = {
 }
 
 
+# Why the rows the gate still lists fail, per (target, kernel, width): from a search of
+# the tiles around each default (each tile compiled for every row of its list).
+_SM80_CAUSAL_BWD = (
+    "Why the sm_80 rows remain: the causal dK/dV loop at head dims 320-512 (16-bit, sm80 lists) "
+    "spills 8-112 B per thread on its default tile. The tiles searched around it (16, 32 or 64 "
+    "queries by 16 or 32 keys, 4 or 8 warps, 1-4 stages, reload on and off, register caps "
+    "168-255) either spill as well, or duplicate work (16-row and 8-warp tiles: 1.12-1.56x the "
+    "matrix FLOPs, two exponentials per score), or, with a third stage (dK/dV at 512 with key "
+    "padding, dK/dV with the bias gradient at 384), need 128,768-165,760 B of shared memory. "
+    "That fits A100's 166,912 B, but GPUs with 99 KiB per block (which run the sm80 lists) "
+    "would then refuse these backward calls, which they run today with the spilling tile. "
+    "For dK/dV with the bias gradient at 320 and at 512 with key padding, nothing searched is "
+    "spill-free. A spill costs speed (its bytes go through L1 in the loop), never the answer."
+)
+GATE_NOTES = {
+    (80, "dkdv", "16bit"): _SM80_CAUSAL_BWD,
+    (80, "dkdv_dbias", "16bit"): _SM80_CAUSAL_BWD,
+}
+
+
 def _default(results, kernel, head_dim, dtype, bias, arch, tma, causal=False):
     for r in results:
         j = r.job
@@ -346,6 +366,10 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
         for (arch, kernel, dtype, loads, kinds), g in sorted(groups.items()):
             lines.append(f"| sm_{arch} | {kernel} | {dtype} | {loads} | {kinds} | {g['n']} | {g['default']} | "
                          f"{', '.join(map(str, sorted(g['dims'])))} |")
+        notes = [GATE_NOTES[(arch, kernel, "16bit" if dtype != "fp32" else "32bit")]
+                 for arch, kernel, dtype, _, _ in sorted(groups)
+                 if (arch, kernel, "16bit" if dtype != "fp32" else "32bit") in GATE_NOTES]
+        lines += [f"\n{n}" for n in dict.fromkeys(notes)]
         lines += ["", "The first 50 rows:", ""]
     for r in failed[:50]:
         j = r.job

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -287,3 +288,24 @@ def test_the_report_is_stamped_with_what_the_run_compiled(tmp_path):
     record = json.loads((tmp_path / "report.json").read_text())
     assert (record["commit"], record["dirty"]) == ("abc1234", True)
     assert "commit abc1234 (with uncommitted changes in kernels/)" in (tmp_path / "report.md").read_text()
+
+
+def test_the_gate_says_why_its_known_rows_fail(tmp_path):
+    """The gate's table names the rows that fail; for the ones a search found no way
+    to mend (targets.GATE_NOTES) the report says why, and only while they fail.
+    Rendered from the committed record, compiling nothing."""
+    from attnkit.kernels import targets
+
+    repo = Path(__file__).resolve().parents[1]
+    record = json.loads((repo / "bench" / "results" / "static" / "report.json").read_text())
+    (tmp_path / "report.json").write_text(json.dumps(record))
+    _run("--render", str(tmp_path))
+    gate = (tmp_path / "report.md").read_text().split("## Gate")[1]
+    failing = [r for r in record["rows"] if r["stack"] > 0]
+    noted = {(r["arch"], r["kernel"], "16bit" if r["dtype"] != "fp32" else "32bit") for r in failing}
+    assert (targets._SM80_CAUSAL_BWD in gate) == bool(noted & set(targets.GATE_NOTES))
+    for r in record["rows"]:
+        r["stack"] = 0
+    (tmp_path / "report.json").write_text(json.dumps(record))
+    _run("--render", str(tmp_path))
+    assert targets._SM80_CAUSAL_BWD not in (tmp_path / "report.md").read_text()
