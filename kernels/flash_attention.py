@@ -1972,13 +1972,15 @@ def _to_float32(bias: torch.Tensor) -> torch.Tensor:
     lengths, no skipped tiles). Converted once per stored element, then expanded again.
     A bias that needs a gradient is converted as it is: its gradient must keep one value
     per element of the view it is, as torch gives it."""
-    if bias.requires_grad:
+    if bias.requires_grad or 0 not in bias.stride():
         return bias.to(torch.float32)
     return _stored(bias).to(torch.float32).expand(bias.shape)
 
 
 def _stored(t: torch.Tensor) -> torch.Tensor:
     """The view of t without its broadcast dims (stride 0, size > 1: size 1 instead)."""
+    if 0 not in t.stride():
+        return t
     return t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(t.shape, t.stride()))]
 
 

@@ -411,6 +411,23 @@ def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, monkeypatch
     assert_close_to_reference(out, q, k, v, ref_bias.to(DEVICE))
 
 
+def test_an_expanded_16_bit_bias_that_needs_its_gradient_gets_one_per_element(seed):
+    """A stride-0 view that is itself a leaf needing its gradient: torch gives each of its
+    elements its own gradient, so it must be converted as the view it is, not through
+    its stored row (which would put every row's gradient into row 0)."""
+    B, H, M, N, D = 2, 2, 24, 40, 32
+    q, k, v = make_qkv(B, H, M, N, D, torch.float16, requires_grad=True)
+    bias = torch.randn(B, 1, 1, N, dtype=torch.float16).to(DEVICE).expand(B, H, M, N).requires_grad_()
+    assert bias.is_leaf and bias.stride()[1:3] == (0, 0)
+    out = flash_attention(q, k, v, bias)
+    do = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, bias), do)
+    ref, base = reference_grads((q, k, v, bias), do)
+    for name, g, r, b in zip(("dq", "dk", "dv", "dbias"), got, ref, base):
+        err, tol = rel_error(g, r), 2.0 * rel_error(b, r) + EPSILON[q.dtype]
+        assert err <= tol, f"{name}: relative error {err:.3e} > tolerance {tol:.3e}"
+
+
 @pytest.mark.cuda
 def test_a_16_bit_key_padding_mask_runs_on_the_gpu_at_every_band(monkeypatch, seed):
     """Found on an H200: an fp16 key-padding mask (Flux's variable-length text) at head
