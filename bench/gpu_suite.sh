@@ -17,7 +17,8 @@
 # of time is logged and the suite goes on, so what finished is always kept.
 # ATTNKIT_SUITE_STEPS picks steps by name for a shorter run (comma-separated, e.g.
 # table1,table5-flux,table3; default all): table1 table4 kernels tiles table2
-# table5-flux table5-sd3 table5-wan table3.
+# table5-flux table5-sd3 table5-wan table3 (with --smoke: table5-flux-cpu, and no tiles).
+# A name that is not a step stops the suite before it runs anything.
 set -uo pipefail
 
 usage() { echo "usage: $0 OUTDIR [--smoke]" >&2; exit 2; }
@@ -26,6 +27,17 @@ OUT=$1
 SMOKE=0
 [ "${2:-}" = "--smoke" ] && SMOKE=1
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+STEPS=${ATTNKIT_SUITE_STEPS:-all}
+STEPS=${STEPS// /}
+KNOWN_STEPS=",table1,table4,kernels,tiles,table2,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,table3,"
+if [ "$STEPS" != all ]; then
+    for step in ${STEPS//,/ }; do
+        if [[ "$KNOWN_STEPS" != *",$step,"* ]]; then
+            echo "ATTNKIT_SUITE_STEPS: no step named '$step'; the steps: ${KNOWN_STEPS//,/ }" >&2
+            exit 2
+        fi
+    done
+fi
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -90,7 +102,6 @@ fi
 # Most telling first: a step cut short by its budget loses the processors at the end.
 ORDER=vanilla,sdpa,triton,xformers,flash_attn,auto,sliced
 
-STEPS=${ATTNKIT_SUITE_STEPS:-all}
 
 # run_step NAME SHARE_SECONDS CMD...: soft budget = share (or what is left), hard timeout +90 s
 run_step() {

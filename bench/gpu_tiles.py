@@ -410,7 +410,7 @@ def overhead(outdir: str) -> list[dict]:
     return rows
 
 
-def summarize(outdir, records, jobs, native, timings, only):
+def summarize(outdir, records, jobs, native, timings, only, min_index=0):
     import torch
 
     lines = [f"# The Triton kernel on {torch.cuda.get_device_name()} (target lists: {native})", ""]
@@ -422,7 +422,8 @@ def summarize(outdir, records, jobs, native, timings, only):
            for r in records if r["ok"] for t in r["tiles"]}
     shipped = shipped_tiles(native, **only)
     lines += ["## Every shipped tile against float64", "",
-              f"- runs: {len(records)} of {len(jobs)} planned, {len(bad)} failing",
+              f"- runs: {len(records)} of {len(jobs)} planned, {len(bad)} failing"
+              + (f" (each list's first {min_index} candidates left out: --min-index)" if min_index else ""),
               f"- (lists, dtype, head dim, variant, causal, kernel, loads, tile) combinations that ran and "
               f"passed: {len(ran & shipped)} of {len(shipped)} shipped", ""]
     for lists in sorted({j["lists"] for j in jobs}):
@@ -471,6 +472,8 @@ def main(argv=None):
     ap.add_argument("--min-index", type=int, default=0,
                     help="leave out each list's first N candidates (1: all but the defaults)")
     args = ap.parse_args(argv)
+    if args.min_index < 0:
+        ap.error(f"--min-index {args.min_index}: must be 0 or more")
     only = dict(dtypes=tuple(args.dtype or DTYPES), head_dims=tuple(args.head_dim or HEAD_DIMS),
                 variants=tuple(args.variant or VARIANTS), lists_too=not args.native_only)
     import torch
@@ -492,7 +495,7 @@ def main(argv=None):
             timings.append({"case": "host overhead", "error": f"{type(e).__name__}: {e}"[:300]})
         with open(os.path.join(args.outdir, "timing.json"), "w") as f:
             json.dump(timings, f, indent=1)
-    summarize(args.outdir, records, jobs, native, timings, only)
+    summarize(args.outdir, records, jobs, native, timings, only, args.min_index)
 
 
 if __name__ == "__main__":
