@@ -153,9 +153,15 @@ run_step table3 "$share3" "$PY" -m attnkit bench "${COMMON[@]}" --tables 3 \
     --processors vanilla,sdpa,triton,xformers,flash_attn "${SWEEP[@]}" --budget "$share3" --out "$OUT/table3"
 
 # -- one record -----------------------------------------------------------------------------
+# Only what this run wrote: an OUTDIR used before keeps the earlier run's tables, which
+# are left where they are but not merged into this run's record.
 parts=()
 for part in "$OUT"/table[1-4]/results.json "$OUT"/table5-*/results.json; do
-    [ -f "$part" ] && parts+=("$part")
+    if [ -f "$part" ] && [ "$(stat -c %Y "$part")" -ge "$START" ]; then
+        parts+=("$part")
+    elif [ -f "$part" ]; then
+        say "not merged (written before this run): $part"
+    fi
 done
 if [ ${#parts[@]} -gt 0 ]; then
     "$PY" -m attnkit.bench.report --merge "$OUT" "${parts[@]}" > /dev/null 2>> "$LOG" \
