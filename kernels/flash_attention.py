@@ -1947,41 +1947,35 @@ def _prepare(q, k, v, attn_bias, scale):
         if not ok:
             raise ValueError(f"attn_bias shape {tuple(attn_bias.shape)} is not broadcastable to "
                              f"(B, H, M, N) = {(B, H, M, N)}")
-        if attn_bias.dtype == torch.bool:
-            # True = attend, as in torch's scaled_dot_product_attention. Converted once per
-            # stored element, broadcast dims kept (see _to_float32).
-            stored = _stored(attn_bias)
-            attn_bias = torch.zeros(stored.shape, dtype=torch.float32, device=attn_bias.device
-                                    ).masked_fill(~stored, float("-inf")).expand(attn_bias.shape)
-        elif not attn_bias.is_floating_point():
+        if not (attn_bias.dtype == torch.bool or attn_bias.is_floating_point()):
             raise ValueError(f"attn_bias.dtype={attn_bias.dtype}: expected an additive float bias or a bool mask")
-        elif attn_bias.dtype != torch.float32:
+        if attn_bias.dtype != torch.float32:
             # The kernels read the bias in float32, the one bias type the static report
             # compiles and the shipped tiles are chosen for: a 16-bit bias pointer changes
             # the compiled code (on sm_90 the key-padding tile at head dim 128 then needs
-            # 296,000 bytes of shared memory, above the GPU's 232,448). One copy in the
-            # bias's own (broadcast) shape; differentiable: a gradient flows back.
-            attn_bias = _to_float32(attn_bias)
+            # 296,000 bytes of shared memory, above the GPU's 232,448).
+            attn_bias = _float32_bias(attn_bias)
     return attn_bias, scale
 
 
-def _to_float32(bias: torch.Tensor) -> torch.Tensor:
-    """bias in float32, its broadcast dims kept broadcast: .to() would write an expanded
-    (stride 0) dim out in full, which turns a (B, 1, 1, N) key mask expanded to (B, H, M, N)
-    into an M-times-larger copy that the kernels then read as a full bias (no key
-    lengths, no skipped tiles). Converted once per stored element, then expanded again.
-    A bias that needs a gradient is converted as it is: its gradient must keep one value
-    per element of the view it is, as torch gives it."""
-    if bias.requires_grad or 0 not in bias.stride():
+def _float32_bias(bias: torch.Tensor) -> torch.Tensor:
+    """A bool mask (True = attend, as in torch's scaled_dot_product_attention) or a 16-bit
+    bias as an additive float32 bias, its broadcast dims kept broadcast: .to() would write
+    an expanded (stride 0) dim out in full, which turns a (B, 1, 1, N) key mask expanded to
+    (B, H, M, N) into an M-times-larger copy that the kernels then read as a full bias (no
+    key lengths, no skipped tiles). Converted once per stored element, then expanded
+    again. A bias that needs a gradient is converted as it is (differentiable): its
+    gradient must keep one value per element of the view it is, as torch gives it."""
+    if bias.requires_grad:
         return bias.to(torch.float32)
-    return _stored(bias).to(torch.float32).expand(bias.shape)
-
-
-def _stored(t: torch.Tensor) -> torch.Tensor:
-    """The view of t without its broadcast dims (stride 0, size > 1: size 1 instead)."""
-    if 0 not in t.stride():
-        return t
-    return t[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(t.shape, t.stride()))]
+    strides = bias.stride()
+    stored = bias if 0 not in strides else bias[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None)
+                                                       for n, st in zip(bias.shape, strides))]
+    if bias.dtype == torch.bool:
+        out = torch.zeros(stored.shape, dtype=torch.float32, device=bias.device).masked_fill(~stored, float("-inf"))
+    else:
+        out = stored.to(torch.float32)
+    return out if stored is bias else out.expand(bias.shape)
 
 
 def _needs_grad(*tensors) -> bool:

@@ -84,8 +84,8 @@ SM80_NOT_MET: dict[str, str] = {
 }
 
 
-# Why the rows the gate still lists fail, per (target, kernel, width): from a search of
-# the tiles around each default (each tile compiled for every row of its list).
+# Why the rows the gate still lists fail: from a search of the tiles around each default
+# (each tile compiled for every row of its list).
 _SM80_CAUSAL_BWD = (
     "Why the sm_80 rows remain: the causal dK/dV loop at head dims 320-512 (16-bit, sm80 lists) "
     "spills 8-112 B per thread on its default tile. The tiles searched around it (16, 32 or 64 "
