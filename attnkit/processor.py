@@ -30,6 +30,7 @@ from .protocol import (  # noqa: F401  (UnsupportedModule and the checks are par
     _norm_width,
     _PROTOCOL_FIELDS,
     _PROTOCOL_MODULES,
+    _holds,
     advertised_signature,
     check_module,
     check_module_problem,
@@ -219,7 +220,7 @@ class AttnkitProcessor:
         # Submodules straight from the module's registry: nn.Module.__getattr__ is a Python
         # call per lookup, and this runs on every attention call of the model.
         mods, attrs = attn._modules, attn.__dict__
-        if not _PROTOCOL_FIELDS <= attrs.keys() or not _PROTOCOL_MODULES <= mods.keys():
+        if not _holds(attrs, _PROTOCOL_FIELDS) or not _holds(mods, _PROTOCOL_MODULES):
             mods, attrs = _fields_of(attn)  # a module that keeps some of them as properties
         residual = hidden_states
         spatial_norm = mods.get("spatial_norm")

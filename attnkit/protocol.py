@@ -66,10 +66,20 @@ def check_module(attn: nn.Module, encoder_hidden_states: Any) -> None:
         raise UnsupportedModule(f"attnkit's processor cannot serve {describe_module(attn)}: {problem}. {APPLY_HINT}.")
 
 
-_PROTOCOL_FIELDS = frozenset({"heads", "scale", "upcast_attention", "upcast_softmax", "residual_connection",
-                              "rescale_output_factor"})
-_PROTOCOL_MODULES = frozenset({"to_q", "to_out"})
+# Tuples, tested one name at a time (_holds): torch.compile (dynamo of torch 2.11) fails on a
+# set compared with a dict's keys.
+_PROTOCOL_FIELDS = ("heads", "scale", "upcast_attention", "upcast_softmax", "residual_connection",
+                    "rescale_output_factor")
+_PROTOCOL_MODULES = ("to_q", "to_out")
 _PROTOCOL_OPTIONAL = ("spatial_norm", "group_norm", "norm_cross", "to_k", "to_v", "to_qkv", "to_kv", "norm_q", "norm_k")
+
+
+def _holds(registry: dict, names: tuple[str, ...]) -> bool:
+    """Whether every one of these names is a key of the registry."""
+    for name in names:
+        if name not in registry:
+            return False
+    return True
 
 
 def _fields_of(attn: nn.Module) -> tuple[dict, dict]:
