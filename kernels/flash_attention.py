@@ -954,6 +954,7 @@ def _attn_bwd_dq(
 # =====================================================================================
 # Launchers: head-dim pieces, tile configurations, grids
 # =====================================================================================
+import functools  # noqa: E402 - here, not above the kernels, whose line numbers key Triton's cache
 
 
 VARIANTS = ("none", "keypad", "full")  # the bias kinds the kernels specialise on
@@ -1310,6 +1311,19 @@ def _band(padded: int) -> int:
     return devices.band(padded)  # padding a padded head dim leaves it as it is
 
 
+# The launchers ask for these on every call; they depend on the head dim only.
+@functools.lru_cache(maxsize=None)
+def _pieces(head_dim: int) -> tuple[int, int]:
+    """limits.split_head_dim, remembered."""
+    return split_head_dim(head_dim)
+
+
+@functools.lru_cache(maxsize=None)
+def _padded(head_dim: int) -> int:
+    """limits.padded_head_dim, remembered."""
+    return padded_head_dim(head_dim)
+
+
 def _width(dtype: torch.dtype) -> str:
     return "32bit" if dtype == torch.float32 else "16bit"
 
@@ -1325,7 +1339,13 @@ def arch_of(device: torch.device) -> str:
     block, no warp-group MMA); INTERPRET_ARCH on the CPU."""
     if device.type != "cuda":
         return INTERPRET_ARCH
-    return devices.target(torch.cuda.get_device_capability(device))
+    return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_target(index: int) -> str:
+    """devices.target of CUDA device `index` (a capability does not change)."""
+    return devices.target(torch.cuda.get_device_capability(index))
 
 
 def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm90",
@@ -1333,9 +1353,9 @@ def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm9
     """The autotuning candidates of one kernel ("fwd", "dkdv", "dq", ...) at this head
     dim for one bias variant ("none", "keypad", "full"), causality and kind of loads,
     the default first."""
-    cands = CONFIGS[arch][kernel][_width(dtype)][_band(padded_head_dim(head_dim))]
+    padded = _padded(head_dim)
+    cands = CONFIGS[arch][kernel][_width(dtype)][_band(padded)]
     loads = "tma" if tma else "ptr"
-    padded = padded_head_dim(head_dim)
     return tuple(c for c in cands if variant in c.variants and causal in c.causal and loads in c.loads
                  and (c.dims is None or c.dims[0] <= padded <= c.dims[1]))
 
@@ -1391,7 +1411,7 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
     cands = configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)
     if not _autotune_enabled() or len(cands) == 1:
         return _KERNELS[kernel], cands[0]
-    key = (arch, kernel, _width(dtype), _band(padded_head_dim(head_dim)), variant, causal, tma)
+    key = (arch, kernel, _width(dtype), _band(_padded(head_dim)), variant, causal, tma)
     tuner = _TUNERS.get(key)
     if tuner is None:
         hook = _set_boxes(kernel)
@@ -1405,6 +1425,8 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
             # GRADS, the dQ kernel no GRADS.
             key=[k for k in _TUNE_KEY if k in _KERNELS[kernel].arg_names],
         )(_KERNELS[kernel])
+        # The config the tuner chose, per value of its key and input dtype (_launch).
+        tuner.attnkit_chosen = {}
         _TUNERS[key] = tuner
     return tuner, None
 
@@ -1421,10 +1443,26 @@ def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows
     fn, cfg = _kernel_for(kernel, head_dim, dtype, args["Q"].device, variant, constexprs["CAUSAL"],
                           constexprs["TMA"])
     if cfg is None:
-        def grid(meta):
-            return (triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)
+        # Once the tuner has chosen for this key, launch its choice directly: what the
+        # tuner's wrapper does on every call (a dict of ~60 arguments, its key with the
+        # dtype of each tensor, the pre-hook) costs as much host time as the rest of
+        # the launcher. Its key is HEAD_DIM, the length buckets, CAUSAL, TMA, PIECE and
+        # GRADS with the arguments' dtypes; in one tuner (a target, kernel, width and
+        # bias variant) those dtypes follow from Q's.
+        key = (*(args[k] if k in args else constexprs[k] for k in fn.keys), args["Q"].dtype)
+        chosen = fn.attnkit_chosen.get(key)
+        if chosen is None:
+            def grid(meta):
+                return (triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)
 
-        fn[grid](**args, **constexprs, **_COMPILE_OPTIONS)
+            fn[grid](**args, **constexprs, **_COMPILE_OPTIONS)
+            fn.attnkit_chosen[key] = fn.best_config
+            return
+        meta = chosen.all_kwargs()
+        if chosen.pre_hook is not None:
+            chosen.pre_hook({**args, **meta})
+        fn.fn[(triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)](**args, **constexprs, **meta,
+                                                                      **_COMPILE_OPTIONS)
     else:
         meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RELOAD=cfg.reload)
         _set_boxes(kernel)({**args, **meta})
@@ -1637,7 +1675,7 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     kernel = "fwd_lo" if store_lo else "fwd"
     arch = arch_of(q.device)
     k, v = _ready_for_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
-    d0, d1 = split_head_dim(D)
+    d0, d1 = _pieces(D)
     m_key, n_key = _lengths_key(M, N)
     align = _align(*(st for t in (q, k, v, o) for st in _strides3(t)))
     assert lo is None or lo.stride() == o.stride()
@@ -1737,7 +1775,7 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
     dkdv_kernels = (("dkdv_dbias",) + (("dkdv",) if split else ())) if per_key else ("dkdv",)
     dq_kernels = (("dq_dbias",) + (("dq",) if split else ())) if per_query else ("dq",)
     q, k, v, do = _ready_for_tma(arch, q.dtype, (q, k, v, do), dkdv_kernels + dq_kernels, D, variant, causal)
-    d0, d1 = split_head_dim(D)
+    d0, d1 = _pieces(D)
     m_key, n_key = _lengths_key(M, N)
     align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in _strides3(t)))
     constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,

@@ -605,3 +605,55 @@ def test_head_dims_above_256_are_not_padded():
     """320 = 256 + 64 and 512 = 256 + 256: the pieces hold the head dim exactly. (That
     every call has a tile is test_every_call_has_a_tile.)"""
     assert math.isclose(fa.padding_waste(320), 0.0) and math.isclose(fa.padding_waste(512), 0.0)
+
+
+# -- the launcher and Triton's autotuner ----------------------------------------------------
+
+
+def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monkeypatch):
+    """With autotuning on, a call goes through the tuner's wrapper until the tuner has
+    chosen for its key; later calls with that key launch the chosen tile on the plain
+    kernel (its grid, block sizes, warps, stages and pre-launch hook), and a call with
+    another key (another length bucket, another dtype) goes back to the tuner. The
+    tuner's wrapper cannot run on the CPU, so it is a stand-in that records launches."""
+    launches, hooked = [], []
+    chosen = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32, "RELOAD": False}, num_warps=4, num_stages=3,
+                           pre_hook=lambda nargs: hooked.append((nargs["BLOCK_M"], nargs["Q"].dtype)))
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda **kw: launches.append(("kernel", grid, kw))
+
+    class Tuner:
+        keys = ["HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA"]
+        fn = Kernel()
+        attnkit_chosen = {}
+        best_config = None
+
+        def __getitem__(self, grid):
+            def run(**kw):
+                self.best_config = chosen
+                launches.append(("tuner", grid(chosen.kwargs), kw))
+            return run
+
+    tuner = Tuner()
+    monkeypatch.setattr(fa, "_kernel_for", lambda *a: (tuner, None))
+
+    def launch(dtype=torch.float16, m_key=128):
+        q = torch.randn(2, 3, 100, 64, dtype=dtype)
+        fa._launch("fwd", 64, dtype, 100, "BLOCK_M", 2, 3, dict(Q=q, M_KEY=m_key, N_KEY=128),
+                   dict(HEAD_DIM=64, CAUSAL=False, TMA=False), "none")
+
+    launch()
+    launch()
+    assert [x[0] for x in launches] == ["tuner", "kernel"]
+    assert launches[0][1] == launches[1][1] == (2, 3, 2)  # cdiv(100 rows, 64), heads, batch
+    direct = launches[1][2]
+    assert (direct["BLOCK_M"], direct["BLOCK_N"], direct["RELOAD"]) == (64, 32, False)
+    assert (direct["num_warps"], direct["num_stages"], direct["M_KEY"], direct["HEAD_DIM"]) == (4, 3, 128, 64)
+    assert hooked == [(64, torch.float16)]  # the tuner runs its own hook; the direct launch runs it too
+    launch(m_key=256)
+    launch(dtype=torch.bfloat16)
+    launch(dtype=torch.bfloat16)
+    assert [x[0] for x in launches] == ["tuner", "kernel", "tuner", "tuner", "kernel"]
+    assert hooked == [(64, torch.float16), (64, torch.bfloat16)]
