@@ -9,6 +9,8 @@ guards and force recompiles), and the selection costs nothing at run time.
 from __future__ import annotations
 
 import importlib
+import itertools
+import weakref
 from typing import Callable, TypeVar
 
 import torch
@@ -40,4 +42,40 @@ def mark_compile_constant(fn: F) -> F:
     return fn
 
 
-__all__ = ["is_compiling", "mark_compile_constant"]
+class CompileOwner:
+    """A mixin for an object whose trace-time constants (mark_compile_constant) need it:
+    they get its ``compile_token``, an int, in its stead.
+
+    torch.compile calls a trace-time constant with constant arguments only, and before
+    torch 2.13 an object of a user class is not one (InternalTorchDynamoError:
+    "UserDefinedObjectVariable(...) is not a constant"). An int is, and
+    :func:`compile_owner` finds the object again. A copy or an unpickled object gets a
+    token of its own. Call ``_take_compile_token()`` in ``__init__``.
+    """
+
+    compile_token: int
+
+    def _take_compile_token(self) -> None:
+        self.compile_token = next(_TOKENS)
+        _OWNERS[self.compile_token] = self
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("compile_token", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._take_compile_token()
+
+
+_TOKENS = itertools.count(1)
+_OWNERS: "weakref.WeakValueDictionary[int, CompileOwner]" = weakref.WeakValueDictionary()
+
+
+def compile_owner(token: int) -> CompileOwner:
+    """The object whose compile_token this is."""
+    return _OWNERS[token]
+
+
+__all__ = ["CompileOwner", "compile_owner", "is_compiling", "mark_compile_constant"]

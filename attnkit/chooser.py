@@ -55,7 +55,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 
 from . import policy, tuning
-from ._compile import is_compiling, mark_compile_constant
+from ._compile import CompileOwner, compile_owner, is_compiling, mark_compile_constant
 from ._text import describe_exception
 from .backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from .backends.base import compile_key
@@ -91,7 +91,7 @@ class _Slot:
         self.backend = backend
 
 
-class AutoChooser:
+class AutoChooser(CompileOwner):
     """The decision behind :func:`auto`: per signature, the first backend of the walk."""
 
     def __init__(
@@ -141,6 +141,7 @@ class AutoChooser:
         self._compiled: dict[Signature, str] = {}  # signature without lengths -> label
         self._warned: set = set()
         self._disk: dict[str, dict] | None = None
+        self._take_compile_token()
         mark_compile_constant(_compiled_choice)
 
     # -- the per-call path ----------------------------------------------------------
@@ -149,7 +150,7 @@ class AutoChooser:
         flags = (causal_offset is not None, dropout_p > 0.0, return_lse)
         args = (q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
         if is_compiling():
-            label = _compiled_choice(self, compile_key(q, k, v, attn_bias, *flags))
+            label = _compiled_choice(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
             return run_backend(self._slots[label].backend, *args)
         sig = signature(q, k, v, attn_bias, *flags)
         backend = self._decisions.get(sig)
@@ -380,11 +381,11 @@ class AutoChooser:
         return f"AutoProcessor({', '.join(opts)})"
 
 
-def _compiled_choice(chooser: AutoChooser, key: tuple) -> str:
-    """Run by torch.compile while tracing, in plain Python: the label of the backend for
-    a signature (a compile_key). The result is a constant of the graph; no selection
-    code is traced."""
-    return chooser.choose_for_compile(Signature(*key))
+def _compiled_choice(token: int, key: tuple) -> str:
+    """Run by torch.compile while tracing, in plain Python: the label of the backend the
+    AutoChooser with this compile_token takes for a signature (a compile_key). The result
+    is a constant of the graph; no selection code is traced."""
+    return compile_owner(token).choose_for_compile(Signature(*key))
 
 
 def log_line(record: Decision) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ._compile import is_compiling, mark_compile_constant
+from ._compile import CompileOwner, compile_owner, is_compiling, mark_compile_constant
 from .protocol import (  # noqa: F401  (UnsupportedModule and the checks are part of this module's API)
     APPLY_HINT,
     CHECK_FINITE_VAR,
@@ -64,20 +64,21 @@ def run_backend(backend: Backend, q, k, v, attn_bias, scale, upcast, causal_offs
     return backend.forward(q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p)
 
 
-class FixedChooser:
+class FixedChooser(CompileOwner):
     """One named backend. A call it cannot serve raises :class:`BackendUnavailable` with
     every reason; it never silently hands the call to another backend."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self._reasons: dict[Signature, list[str]] = {}
+        self._take_compile_token()
         mark_compile_constant(_fixed_problem)
 
     def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                   return_lse=False):
         flags = (causal_offset is not None, dropout_p > 0.0, return_lse)
         if is_compiling():
-            problem = _fixed_problem(self, compile_key(q, k, v, attn_bias, *flags))
+            problem = _fixed_problem(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
             if problem:
                 raise BackendUnavailable(problem, reasons={self.backend.name: [problem]})
         else:
@@ -102,9 +103,11 @@ class FixedChooser:
         return repr(self.backend)
 
 
-def _fixed_problem(chooser: FixedChooser, key: tuple) -> str:
-    """Run by torch.compile while tracing (a trace-time constant): "" when the backend
-    can serve calls of this signature (a compile_key), else the refusal message."""
+def _fixed_problem(token: int, key: tuple) -> str:
+    """Run by torch.compile while tracing (a trace-time constant): "" when the backend of
+    the FixedChooser with this compile_token can serve calls of this signature (a
+    compile_key), else the refusal message."""
+    chooser = compile_owner(token)
     reasons = chooser.backend.not_supported_reasons(AttentionCall.from_signature(Signature(*key)))
     return chooser.refusal(None, reasons) if reasons else ""
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ast
 import dis
-import functools
 import inspect
 import itertools
 import textwrap
@@ -341,7 +340,7 @@ def bind_module(module: nn.Module, chooser) -> None:
     that computes attention by hand, set on the instance."""
     adapter = _adapter(module)
     if adapter is not None:
-        module.forward = types.MethodType(functools.partial(adapter, chooser=chooser), module)
+        module.forward = types.MethodType(_with_chooser(adapter, chooser), module)
         return
     for key, fn in _own_methods(type(module)).items():
         if SDPA in fn.__code__.co_names:
@@ -349,6 +348,19 @@ def bind_module(module: nn.Module, chooser) -> None:
 
 
 _UNIQUE = itertools.count()
+
+
+def _with_chooser(adapter: Callable, chooser) -> Callable:
+    """A module's forward: ``adapter`` with its chooser bound. A plain function, not a
+    functools.partial: torch.compile before torch 2.13 cannot trace a method made of a
+    partial ("can't handle functions not implemented in python")."""
+
+    def forward(self, *args, **kwargs):
+        return adapter(self, *args, chooser=chooser, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = adapter.__name__
+    forward.__doc__ = adapter.__doc__
+    return forward
 
 
 def _rebind(fn: types.FunctionType, chooser) -> types.FunctionType:
@@ -392,6 +404,16 @@ def _self_attention_1d(self, hidden_states: torch.Tensor, *, chooser) -> torch.T
     return out + residual
 
 
+def _perceiver_attention(self, image_embeds: torch.Tensor, latents: torch.Tensor, *, chooser) -> torch.Tensor:
+    """diffusers' ConsisID PerceiverAttention: see _perceiver."""
+    return _perceiver(self, image_embeds, latents, chooser=chooser, cross=False)
+
+
+def _perceiver_cross_attention(self, image_embeds: torch.Tensor, latents: torch.Tensor, *, chooser) -> torch.Tensor:
+    """diffusers' ConsisID PerceiverCrossAttention: see _perceiver."""
+    return _perceiver(self, image_embeds, latents, chooser=chooser, cross=True)
+
+
 def _ltx2_audio_attention(self, x: torch.Tensor, *, chooser) -> torch.Tensor:
     """diffusers' LTX2AudioAttnBlock: one head over H*W positions, scale channels ** -1/2."""
     h_ = self.norm(x)
@@ -422,10 +444,8 @@ def _perceiver(self, image_embeds: torch.Tensor, latents: torch.Tensor, *, choos
 FORWARD_ADAPTERS: dict[str, Callable] = {
     "diffusers.models.unets.unet_1d_blocks.SelfAttention1d": _self_attention_1d,
     "diffusers.models.autoencoders.autoencoder_kl_ltx2_audio.LTX2AudioAttnBlock": _ltx2_audio_attention,
-    "diffusers.models.transformers.consisid_transformer_3d.PerceiverAttention":
-        functools.partial(_perceiver, cross=False),
-    "diffusers.models.transformers.consisid_transformer_3d.PerceiverCrossAttention":
-        functools.partial(_perceiver, cross=True),
+    "diffusers.models.transformers.consisid_transformer_3d.PerceiverAttention": _perceiver_attention,
+    "diffusers.models.transformers.consisid_transformer_3d.PerceiverCrossAttention": _perceiver_cross_attention,
 }
 
 

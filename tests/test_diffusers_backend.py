@@ -353,7 +353,18 @@ def test_compile_fullgraph_through_stock_processors_and_modules(seed, case_id):
     try:
         with torch.no_grad():
             eager = case.run(model, inputs)
-            out = case.run(torch.compile(model, backend="eager", fullgraph=True), inputs)
+            try:
+                out = case.run(torch.compile(model, backend="eager", fullgraph=True), inputs)
+            except torch._dynamo.exc.Unsupported as exc:
+                # Skip only where diffusers' own model does not trace whole either (under
+                # torch 2.11, AutoencoderKLWan compares a tensor with a string).
+                torch._dynamo.reset()
+                try:
+                    case.run(torch.compile(case.build(0), backend="eager", fullgraph=True), inputs)
+                except torch._dynamo.exc.Unsupported as stock:
+                    pytest.skip(f"diffusers' own {case_id} does not trace whole under torch "
+                                f"{torch.__version__} either: {str(stock).splitlines()[0]}")
+                raise exc
     finally:
         torch._dynamo.reset()
     for a, b in zip(out, eager):

@@ -347,6 +347,70 @@ def test_compiled_processor_does_not_recompile(seed, proc_name):
     assert counter.frame_count == 1
 
 
+def _python_constants(value) -> bool:
+    """Whether torch.compile of every torch version we support takes this as a constant."""
+    if isinstance(value, (tuple, list)):
+        return all(_python_constants(x) for x in value)
+    return value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device))
+
+
+@pytest.mark.parametrize("proc_name", ["sdpa", "vanilla", "auto"])
+def test_trace_time_choices_take_only_constants(monkeypatch, seed, proc_name):
+    """Found on an H100 with torch 2.11: every compiled attnkit processor failed with
+    InternalTorchDynamoError ("UserDefinedObjectVariable(FixedChooser) is not a
+    constant"): a trace-time constant (torch.compiler.assume_constant_result) was handed
+    the chooser itself. torch 2.13 accepts that, so this test records what the trace-time
+    functions are given while the processor compiles, and requires plain constants."""
+    import importlib
+
+    import torch._dynamo as dynamo
+
+    from attnkit._compile import mark_compile_constant
+
+    processor_mod = importlib.import_module("attnkit.processor")  # attnkit.processor is also a function
+    chooser_mod = importlib.import_module("attnkit.chooser")
+
+    given = []
+    for mod, name in ((processor_mod, "_fixed_problem"), (chooser_mod, "_compiled_choice")):
+        real = getattr(mod, name)
+
+        def spy(*args, _real=real, _name=name):
+            given.append((_name, args))
+            return _real(*args)
+
+        monkeypatch.setattr(mod, name, spy)
+        mark_compile_constant(spy)
+    attn = Attention(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16).eval()
+    attn.set_processor(PROCESSORS[proc_name]())
+    dynamo.reset()
+    compiled = torch.compile(attn, fullgraph=True, backend="aot_eager")
+    x, ehs = torch.randn(2, 9, 32), torch.randn(2, 7, 16)
+    with torch.no_grad():
+        assert rel_error(compiled(x, ehs), attn(x, ehs)) < 1e-6
+    assert given, "the processor made no trace-time choice while compiling"
+    for name, args in given:
+        assert _python_constants(args), f"{name} was given {[type(a).__name__ for a in args]}"
+
+
+def test_copies_of_a_processor_choose_for_compile_with_their_own_chooser():
+    """A chooser stands for itself in trace-time choices by a token; a deep copy and an
+    unpickled copy get their own token, which leads back to the copy."""
+    import copy
+    import pickle
+
+    from attnkit._compile import compile_owner
+
+    for proc in (attnkit.auto(), attnkit.SDPAProcessor()):
+        copies = [copy.deepcopy(proc), pickle.loads(pickle.dumps(proc)), copy.copy(proc.chooser)]
+        tokens = {proc.chooser.compile_token}
+        for c in copies:
+            chooser = getattr(c, "chooser", c)
+            assert chooser.compile_token not in tokens
+            tokens.add(chooser.compile_token)
+            assert compile_owner(chooser.compile_token) is chooser
+        assert compile_owner(proc.chooser.compile_token) is proc.chooser
+
+
 def test_grouped_query_attention(seed):
     """kv_heads < heads: each key/value head serves heads // kv_heads query heads."""
     attn = _module(query_dim=64, heads=4, kv_heads=2, dim_head=16)
