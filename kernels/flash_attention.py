@@ -1859,15 +1859,20 @@ def _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causa
 
 
 def _forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
-    """The forward op, or, where nothing needs the op's dispatch, its body: eager
-    inference (no gradient to record, not traced by torch.compile, no dispatch mode
-    such as a FLOP counter or fake tensors, plain tensors) skips torch.library's
-    dispatch, most of the host time of a small call (measured on a CPU: about half of
-    the launcher's own time). A diffusion model's denoising loop is that case."""
-    if (not store_lo and not torch.compiler.is_compiling()
+    """The forward op, or, where nothing needs the op's dispatch, its body: eager calls
+    (not traced by torch.compile, no dispatch mode such as a FLOP counter or fake
+    tensors, no torch.func transform, plain tensors) skip torch.library's dispatch, most
+    of the host time of a small call (measured on a CPU: about half of the launcher's
+    own time). Inference runs the body; training (store_lo: a gradient to record) runs
+    _eager_flash(), the same body and backward in a plain autograd.Function, whose backward
+    skips the backward op's dispatch too. A diffusion model's denoising loop is the
+    first case, fine-tuning at small shapes the second."""
+    if (not torch.compiler.is_compiling()
             and all(type(t) is torch.Tensor for t in (q, k, v, attn_bias) if t is not None)
-            and _get_current_dispatch_mode() is None):
-        return _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+            and _get_current_dispatch_mode() is None and not torch._C._are_functorch_transforms_active()):
+        if not store_lo:
+            return _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+        return _eager_flash().apply(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
     return _flash_forward_op(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
 
 
@@ -1888,6 +1893,12 @@ def _flash_backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dbias); dbias is an empty placeholder unless bias_grad. out_lo: the
     forward's placeholder or residual."""
+    return _backward_body(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad,
+                          causal, causal_offset)
+
+
+def _backward_body(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal,
+                   causal_offset):
     dq, dk, dv, dbias = _backward_impl(do, q, k, v, attn_bias, out, lse, lse_shift, scale, allow_tf32, dlse,
                                        bias_grad, out_lo if out_lo.numel() else None, causal, causal_offset)
     return dq, dk, dv, (q.new_empty(0) if dbias is None else dbias)
@@ -1911,19 +1922,47 @@ def _setup_context(ctx, inputs, output):
     ctx.causal_offset = causal_offset
 
 
-def _backward(ctx, dout, dlse, _dshift, _dout_lo):
+def _backward(ctx, dout, dlse, _dshift, _dout_lo, run=None):
     # The LSE is lse_shift + lse * ln(2): dlse (of the base-2 part) carries its whole
-    # gradient, and _dshift is the same gradient again.
+    # gradient, and _dshift is the same gradient again. run: the backward op (default)
+    # or its body (_EagerFlash).
+    run = _flash_backward_op if run is None else run
     q, k, v, attn_bias, out, lse, shift, out_lo = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     bias_grad = attn_bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = _flash_backward_op(dout, q, k, v, attn_bias, out, lse, shift, out_lo, dlse, ctx.scale,
-                                           ctx.allow_tf32, bias_grad, ctx.causal, ctx.causal_offset)
+    dq, dk, dv, dbias = run(dout, q, k, v, attn_bias, out, lse, shift, out_lo, dlse, ctx.scale, ctx.allow_tf32,
+                            bias_grad, ctx.causal, ctx.causal_offset)
     return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None
 
 
 _flash_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+@functools.lru_cache(maxsize=None)
+def _eager_flash() -> type:
+    """_EagerFlash: the forward op with its autograd formula (_setup_context, _backward),
+    without torch.library's dispatch, for eager training (see _forward). The same body
+    runs both ways, so both give the same bits. Gradients of outputs nothing used stay
+    None (the op's generated Function fills them with zeros: same results, more work).
+    Made here rather than at module level, which the static report's --resume reads as
+    kernel code."""
+
+    class _EagerFlash(torch.autograd.Function):
+        @staticmethod
+        def forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
+            return _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            _setup_context(ctx, inputs, output)
+            ctx.set_materialize_grads(False)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable  # a second derivative raises, as through the ops
+        def backward(ctx, dout, dlse, dshift, dout_lo):
+            return _backward(ctx, dout, dlse, dshift, dout_lo, run=_backward_body)
+
+    return _EagerFlash
 
 
 # =====================================================================================

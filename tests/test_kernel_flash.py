@@ -24,6 +24,7 @@ torch's error; rounded as on a GPU, 0.4-0.9x.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -457,11 +458,70 @@ def test_eager_inference_skips_the_ops_dispatch_and_gives_the_same_answer(monkey
         direct = flash_attention(q, k, v, bias)
     assert calls == []
     assert_close_to_reference(direct, q, k, v, bias)
-    out = flash_attention(q.clone().requires_grad_(), k, v, bias)
-    assert calls == [1] and torch.equal(out.detach(), direct)
+    out = flash_attention(q.clone().requires_grad_(), k, v, bias)  # eager training: _EagerFlash
+    assert calls == [] and torch.equal(out.detach(), direct)
     with FlopCounterMode(display=False):
         flash_attention(q, k, v, bias)
+        flash_attention(q.clone().requires_grad_(), k, v, bias)
     assert calls == [1, 1]
+
+
+# (dtype, bias kind or None, the bias needs its gradient, causal, which outputs the loss reads)
+EAGER_TRAINING_CASES = [
+    ("fp16", None, False, False, "out"),
+    ("fp16", "keypad", True, True, "out+lse"),
+    ("bf16", "full", True, False, "lse"),
+    ("fp32", "full", False, True, "out+lse"),
+    ("fp16", "row", True, False, "out"),
+]
+
+
+@pytest.mark.parametrize("case", EAGER_TRAINING_CASES, ids=lambda c: "-".join(str(x) for x in c))
+def test_eager_training_skips_both_ops_and_gives_the_ops_bits(monkeypatch, seed, case):
+    """Eager training runs the forward and backward bodies in a plain autograd.Function
+    (_EagerFlash) instead of the two torch.library ops: the same outputs and gradients,
+    bit for bit, whether the loss reads the output, the LSE or both, with a bias that
+    needs its gradient (a row bias's comes through the LSE alone), causal or not."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    dt, kind, bias_grad, causal, reads = case
+    dtype = DTYPES[dt]
+    q, k, v = make_qkv(2, 2, 24, 40, 40, dtype)
+    if kind == "row":
+        bias = torch.randn(2, 2, 24, 1, dtype=torch.float32, device=DEVICE)
+    else:
+        bias = make_bias(kind, 2, 2, 24, 40, torch.float32) if kind else None
+    grads_of = [q, k, v] + ([bias] if bias_grad else [])
+    do = torch.randn(q.shape, dtype=dtype, device=DEVICE)
+    dl = torch.randn(2, 2, 24, dtype=torch.float32, device=DEVICE)
+
+    class PassThrough(TorchDispatchMode):
+        """A dispatch mode that changes nothing: with one active, the ops run."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def run(through_ops=False):
+        leaves = [t.detach().clone().requires_grad_() for t in grads_of]
+        qq, kk, vv = leaves[:3]
+        b = leaves[3] if bias_grad else bias
+        with PassThrough() if through_ops else contextlib.nullcontext():
+            out, lse = flash_attention_with_lse(qq, kk, vv, b, causal=causal)
+        loss = ((out.float() * do.float()).sum() if "out" in reads else 0) + (
+            (torch.where(torch.isfinite(lse), lse, 0) * dl).sum() if "lse" in reads else 0)
+        return [out.detach(), lse.detach(), *torch.autograd.grad(loss, leaves)]
+
+    ops = []
+    real_fwd, real_bwd = fa._flash_forward_op, fa._flash_backward_op
+    monkeypatch.setattr(fa, "_flash_forward_op", lambda *a: ops.append("fwd") or real_fwd(*a))
+    monkeypatch.setattr(fa, "_flash_backward_op", lambda *a: ops.append("bwd") or real_bwd(*a))
+    eager = run()
+    assert ops == []
+    through_ops = run(through_ops=True)
+    assert ops == ["fwd", "bwd"]
+    for name, a, b in zip(["out", "lse", "dq", "dk", "dv", "dbias"], eager, through_ops):
+        assert not a.isnan().any(), name
+        assert torch.equal(a, b), name
 
 
 # -- determinism -------------------------------------------------------------------------
