@@ -44,25 +44,26 @@ def mark_compile_constant(fn: F) -> F:
 
 class CompileOwner:
     """A mixin for an object whose trace-time constants (mark_compile_constant) need it:
-    they get its ``compile_token``, an int, in its stead.
+    they get its ``compile_token``, a string, in its stead.
 
     torch.compile calls a trace-time constant with constant arguments only, and before
     torch 2.13 an object of a user class is not one (InternalTorchDynamoError:
-    "UserDefinedObjectVariable(...) is not a constant"). An int is, and
-    :func:`compile_owner` finds the object again. A copy or an unpickled object gets a
-    token of its own. Call ``_take_compile_token()`` in ``__init__``.
+    "UserDefinedObjectVariable(...) is not a constant"). A string is, always: an int
+    read from an object passed to the compiled function becomes symbolic when a second
+    object brings another value. :func:`compile_owner` finds the object again. A copy or
+    an unpickled object gets a token of its own, and leaves behind the caches that
+    routes.py keeps on the original (``_attnkit_*``: they hold what was bound to it).
+    Call ``_take_compile_token()`` in ``__init__``.
     """
 
-    compile_token: int
+    compile_token: str
 
     def _take_compile_token(self) -> None:
-        self.compile_token = next(_TOKENS)
+        self.compile_token = f"attnkit-{next(_TOKENS)}"
         _OWNERS[self.compile_token] = self
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("compile_token", None)
-        return state
+        return {k: v for k, v in self.__dict__.items() if k != "compile_token" and not k.startswith("_attnkit_")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -70,10 +71,10 @@ class CompileOwner:
 
 
 _TOKENS = itertools.count(1)
-_OWNERS: "weakref.WeakValueDictionary[int, CompileOwner]" = weakref.WeakValueDictionary()
+_OWNERS: "weakref.WeakValueDictionary[str, CompileOwner]" = weakref.WeakValueDictionary()
 
 
-def compile_owner(token: int) -> CompileOwner:
+def compile_owner(token: str) -> CompileOwner:
     """The object whose compile_token this is."""
     return _OWNERS[token]
 

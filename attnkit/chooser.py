@@ -147,7 +147,9 @@ class AutoChooser(CompileOwner):
     # -- the per-call path ----------------------------------------------------------
     def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                   return_lse=False):
-        flags = (causal_offset is not None, dropout_p > 0.0, return_lse)
+        # A plain bool: under torch.compile(dynamic=True) the comparison is symbolic, and
+        # the trace-time choice takes constants only.
+        flags = (causal_offset is not None, True if dropout_p > 0.0 else False, return_lse)
         args = (q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
         if is_compiling():
             label = _compiled_choice(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
@@ -381,7 +383,7 @@ class AutoChooser(CompileOwner):
         return f"AutoProcessor({', '.join(opts)})"
 
 
-def _compiled_choice(token: int, key: tuple) -> str:
+def _compiled_choice(token: str, key: tuple) -> str:
     """Run by torch.compile while tracing, in plain Python: the label of the backend the
     AutoChooser with this compile_token takes for a signature (a compile_key). The result
     is a constant of the graph; no selection code is traced."""

@@ -76,7 +76,9 @@ class FixedChooser(CompileOwner):
 
     def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                   return_lse=False):
-        flags = (causal_offset is not None, dropout_p > 0.0, return_lse)
+        # A plain bool: under torch.compile(dynamic=True) the comparison is symbolic, and
+        # the trace-time choice takes constants only.
+        flags = (causal_offset is not None, True if dropout_p > 0.0 else False, return_lse)
         if is_compiling():
             problem = _fixed_problem(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
             if problem:
@@ -103,7 +105,7 @@ class FixedChooser(CompileOwner):
         return repr(self.backend)
 
 
-def _fixed_problem(token: int, key: tuple) -> str:
+def _fixed_problem(token: str, key: tuple) -> str:
     """Run by torch.compile while tracing (a trace-time constant): "" when the backend of
     the FixedChooser with this compile_token can serve calls of this signature (a
     compile_key), else the refusal message."""
@@ -308,15 +310,23 @@ AttnkitProcessor.__call__.__signature__ = advertised_signature()
 
 
 def _is_mixin(attn: nn.Module) -> bool:
+    if is_compiling():
+        # No cache write while tracing: a cache filled there fails the guard of the next
+        # call, which then compiles again.
+        return _mixin_check(attn)
     cls = type(attn)
     known = _MIXIN_CLASSES.get(cls)
     if known is None:
-        try:
-            from diffusers.models.attention import AttentionModuleMixin
-        except ImportError:  # an older diffusers: no transformer modules of that kind
-            AttentionModuleMixin = ()
-        known = _MIXIN_CLASSES[cls] = isinstance(attn, AttentionModuleMixin) if AttentionModuleMixin else False
+        known = _MIXIN_CLASSES[cls] = _mixin_check(attn)
     return known
+
+
+def _mixin_check(attn: nn.Module) -> bool:
+    try:
+        from diffusers.models.attention import AttentionModuleMixin
+    except ImportError:  # an older diffusers: no transformer modules of that kind
+        return False
+    return isinstance(attn, AttentionModuleMixin)
 
 
 _MIXIN_CLASSES: dict[type, bool] = {}

@@ -358,7 +358,10 @@ def _with_chooser(adapter: Callable, chooser) -> Callable:
     def forward(self, *args, **kwargs):
         return adapter(self, *args, chooser=chooser, **kwargs)
 
-    forward.__name__ = forward.__qualname__ = adapter.__name__
+    # Named "forward": a pickled module stores its bound methods by name, and loads this
+    # one as the class's own forward (diffusers' attention, no longer attnkit's; apply()
+    # again), rather than failing on a name the module does not have.
+    forward.__qualname__ = adapter.__qualname__
     forward.__doc__ = adapter.__doc__
     return forward
 

@@ -392,6 +392,35 @@ def test_trace_time_choices_take_only_constants(monkeypatch, seed, proc_name):
         assert _python_constants(args), f"{name} was given {[type(a).__name__ for a in args]}"
 
 
+@pytest.mark.parametrize("proc_name", ["sdpa", "auto"])
+def test_compiles_with_dynamic_shapes_and_with_the_processor_as_an_argument(seed, proc_name):
+    """torch.compile(dynamic=True) traces a processor (the dropout flag of its trace-time
+    choice was a symbolic bool there), and a compiled function handed one processor after
+    another compiles for each (a chooser's token read from an argument stays a constant:
+    an int token became symbolic on the second processor)."""
+    import torch._dynamo as dynamo
+
+    attn = Attention(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16).eval()
+    attn.set_processor(PROCESSORS[proc_name]())
+    dynamo.reset()
+    compiled = torch.compile(attn, fullgraph=True, backend="eager", dynamic=True)
+    with torch.no_grad():
+        for length in (9, 13):
+            x, ehs = torch.randn(2, length, 32), torch.randn(2, 7, 16)
+            assert rel_error(compiled(x, ehs), attn(x, ehs)) < 1e-6
+
+    def call(proc, module, x, ehs):
+        return proc(module, x, ehs)
+
+    dynamo.reset()
+    compiled_call = torch.compile(call, fullgraph=True, backend="eager")
+    x, ehs = torch.randn(2, 9, 32), torch.randn(2, 7, 16)
+    with torch.no_grad():
+        for proc in (PROCESSORS[proc_name]() for _ in range(3)):
+            assert rel_error(compiled_call(proc, attn, x, ehs), attn(x, ehs)) < 1e-6
+    dynamo.reset()
+
+
 def test_copies_of_a_processor_choose_for_compile_with_their_own_chooser():
     """A chooser stands for itself in trace-time choices by a token; a deep copy and an
     unpickled copy get their own token, which leads back to the copy."""
