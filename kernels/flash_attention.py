@@ -955,6 +955,7 @@ def _attn_bwd_dq(
 # Launchers: head-dim pieces, tile configurations, grids
 # =====================================================================================
 import functools  # noqa: E402 - here, not above the kernels, whose line numbers key Triton's cache
+import threading  # noqa: E402
 
 
 VARIANTS = ("none", "keypad", "full")  # the bias kinds the kernels specialise on
@@ -1414,21 +1415,29 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
     key = (arch, kernel, _width(dtype), _band(_padded(head_dim)), variant, causal, tma)
     tuner = _TUNERS.get(key)
     if tuner is None:
-        hook = _set_boxes(kernel)
-        tuner = triton.autotune(
-            configs=[
-                triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "RELOAD": c.reload},
-                              num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg, pre_hook=hook)
-                for c in cands
-            ],
-            # Triton refuses a key that is not an argument: the forward has no PIECE or
-            # GRADS, the dQ kernel no GRADS.
-            key=[k for k in _TUNE_KEY if k in _KERNELS[kernel].arg_names],
-        )(_KERNELS[kernel])
-        # The config the tuner chose, per value of its key and input dtype (_launch).
-        tuner.attnkit_chosen = {}
-        _TUNERS[key] = tuner
+        tuner = _TUNERS[key] = _make_tuner(kernel, cands)
     return tuner, None
+
+
+def _make_tuner(kernel: str, cands: tuple[TileConfig, ...], **autotune_options):
+    """A triton.autotune wrapper of one kernel over these candidates."""
+    hook = _set_boxes(kernel)
+    tuner = triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "RELOAD": c.reload},
+                          num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg, pre_hook=hook)
+            for c in cands
+        ],
+        # Triton refuses a key that is not an argument: the forward has no PIECE or
+        # GRADS, the dQ kernel no GRADS.
+        key=[k for k in _TUNE_KEY if k in _KERNELS[kernel].arg_names],
+        **autotune_options,
+    )(_KERNELS[kernel])
+    # The config the tuner chose, per value of its key and input dtypes (_launch), and
+    # the lock that keeps a first call's choice from being read as another's.
+    tuner.attnkit_chosen = {}
+    tuner.attnkit_lock = threading.Lock()
+    return tuner
 
 
 # Fused multiply-add contraction (s * scale + bias in one rounding), stated rather than
@@ -1448,15 +1457,16 @@ def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows
         # dtype of each tensor, the pre-hook) costs as much host time as the rest of
         # the launcher. Its key is HEAD_DIM, the length buckets, CAUSAL, TMA, PIECE and
         # GRADS with the arguments' dtypes; in one tuner (a target, kernel, width and
-        # bias variant) those dtypes follow from Q's.
-        key = (*(args[k] if k in args else constexprs[k] for k in fn.keys), args["Q"].dtype)
+        # bias variant) those dtypes follow from Q's and the bias's.
+        key = (*(args[k] if k in args else constexprs[k] for k in fn.keys), args["Q"].dtype, args["Bias"].dtype)
         chosen = fn.attnkit_chosen.get(key)
         if chosen is None:
             def grid(meta):
                 return (triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)
 
-            fn[grid](**args, **constexprs, **_COMPILE_OPTIONS)
-            fn.attnkit_chosen[key] = fn.best_config
+            with fn.attnkit_lock:  # best_config is the tuner's one field for every caller
+                fn[grid](**args, **constexprs, **_COMPILE_OPTIONS)
+                fn.attnkit_chosen[key] = fn.best_config
             return
         meta = chosen.all_kwargs()
         if chosen.pre_hook is not None:

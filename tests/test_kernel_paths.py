@@ -611,49 +611,48 @@ def test_head_dims_above_256_are_not_padded():
 
 
 def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monkeypatch):
-    """With autotuning on, a call goes through the tuner's wrapper until the tuner has
-    chosen for its key; later calls with that key launch the chosen tile on the plain
-    kernel (its grid, block sizes, warps, stages and pre-launch hook), and a call with
-    another key (another length bucket, another dtype) goes back to the tuner. The
-    tuner's wrapper cannot run on the CPU, so it is a stand-in that records launches."""
+    """With autotuning on, a call goes through Triton's autotuner until it has chosen for
+    its key; later calls with that key launch the chosen tile on the plain kernel (its
+    grid, block sizes, warps, stages and pre-launch hook), and a call with another key
+    value (a length bucket in the arguments; the head dim, causality or TMA among the
+    constexprs), another dtype or another bias dtype goes back to the tuner. The tuner is
+    Triton's own (fa._make_tuner), made to choose without timing (its pruning keeps one
+    candidate); the kernel under it, which cannot run on the CPU, is a stand-in that
+    records launches."""
     launches, hooked = [], []
-    chosen = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32, "RELOAD": False}, num_warps=4, num_stages=3,
-                           pre_hook=lambda nargs: hooked.append((nargs["BLOCK_M"], nargs["Q"].dtype)))
+    cands = (fa.TileConfig(64, 64, 4, 3), fa.TileConfig(32, 16, 8, 2))
+    tuner = fa._make_tuner("fwd", cands, prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]})
 
     class Kernel:
+        def run(self, *args, grid, warmup, **kw):
+            launches.append(("tuner", grid(kw) if callable(grid) else grid, kw))
+
         def __getitem__(self, grid):
             return lambda **kw: launches.append(("kernel", grid, kw))
 
-    class Tuner:
-        keys = ["HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA"]
-        fn = Kernel()
-        attnkit_chosen = {}
-        best_config = None
-
-        def __getitem__(self, grid):
-            def run(**kw):
-                self.best_config = chosen
-                launches.append(("tuner", grid(chosen.kwargs), kw))
-            return run
-
-    tuner = Tuner()
+    tuner.fn = Kernel()
+    for config in tuner.configs:  # record the pre-launch hook of the tile that runs
+        real = config.pre_hook
+        config.pre_hook = lambda nargs, _real=real: hooked.append(nargs["BLOCK_M"]) or _real(nargs)
     monkeypatch.setattr(fa, "_kernel_for", lambda *a: (tuner, None))
 
-    def launch(dtype=torch.float16, m_key=128):
-        q = torch.randn(2, 3, 100, 64, dtype=dtype)
-        fa._launch("fwd", 64, dtype, 100, "BLOCK_M", 2, 3, dict(Q=q, M_KEY=m_key, N_KEY=128),
-                   dict(HEAD_DIM=64, CAUSAL=False, TMA=False), "none")
+    def launch(dtype=torch.float16, m_key=128, causal=False, head_dim=64, bias_dtype=None):
+        q = torch.randn(2, 3, 100, head_dim, dtype=dtype)
+        fa._launch("fwd", head_dim, dtype, 100, "BLOCK_M", 2, 3,
+                   dict(Q=q, KD0=q, KD1=q, VD0=q, VD1=q, Bias=q if bias_dtype is None else q.to(bias_dtype),
+                        M_KEY=m_key, N_KEY=128),
+                   dict(HEAD_DIM=head_dim, CAUSAL=causal, TMA=False), "none")
 
     launch()
     launch()
     assert [x[0] for x in launches] == ["tuner", "kernel"]
-    assert launches[0][1] == launches[1][1] == (2, 3, 2)  # cdiv(100 rows, 64), heads, batch
+    assert launches[0][1] == launches[1][1] == (4, 3, 2)  # cdiv(100 rows, 32), heads, batch
     direct = launches[1][2]
-    assert (direct["BLOCK_M"], direct["BLOCK_N"], direct["RELOAD"]) == (64, 32, False)
-    assert (direct["num_warps"], direct["num_stages"], direct["M_KEY"], direct["HEAD_DIM"]) == (4, 3, 128, 64)
-    assert hooked == [(64, torch.float16)]  # the tuner runs its own hook; the direct launch runs it too
-    launch(m_key=256)
-    launch(dtype=torch.bfloat16)
-    launch(dtype=torch.bfloat16)
-    assert [x[0] for x in launches] == ["tuner", "kernel", "tuner", "tuner", "kernel"]
-    assert hooked == [(64, torch.float16), (64, torch.bfloat16)]
+    assert (direct["BLOCK_M"], direct["BLOCK_N"], direct["RELOAD"]) == (32, 16, False)
+    assert (direct["num_warps"], direct["num_stages"], direct["M_KEY"], direct["HEAD_DIM"]) == (8, 2, 128, 64)
+    assert hooked == [32, 32]  # the tuner runs the tile's hook, and so does the direct launch
+    for other in (dict(m_key=256), dict(causal=True), dict(head_dim=48), dict(dtype=torch.bfloat16),
+                  dict(bias_dtype=torch.float32)):
+        launch(**other)
+        launch(**other)
+        assert [x[0] for x in launches[-2:]] == ["tuner", "kernel"], other
