@@ -175,6 +175,13 @@ class AttnkitProcessor:
     def _delegate(self, attn: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
         inner = self._default_processors.get(type(attn))
         if inner is None:
+            if is_compiling():
+                raise UnsupportedModule(
+                    f"attnkit's processor meets {describe_module(attn)} for the first time under torch.compile, "
+                    f"and binding it reads the source of its default processor, which torch.compile cannot trace. "
+                    f"Run the model once before compiling it, or bind everything up front with "
+                    f"attnkit.apply(model, processor)"
+                )
             inner = self._default_processor(attn)
         inner._parallel_config = getattr(self, "_parallel_config", None)
         return inner(attn, *args, **kwargs)
