@@ -60,7 +60,7 @@ from ._text import describe_exception
 from .backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from .backends.base import compile_key
 from .policy import CANDIDATES, LAST_RESORT, LOCK, describe_call, installed_packages
-from .processor import AttnkitProcessor, describe_module, run_backend
+from .processor import AttnkitProcessor, call_flags, describe_module, run_backend
 
 logger = logging.getLogger("attnkit")
 
@@ -147,9 +147,7 @@ class AutoChooser(CompileOwner):
     # -- the per-call path ----------------------------------------------------------
     def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                   return_lse=False):
-        # A plain bool: under torch.compile(dynamic=True) the comparison is symbolic, and
-        # the trace-time choice takes constants only.
-        flags = (causal_offset is not None, True if dropout_p > 0.0 else False, return_lse)
+        flags = call_flags(causal_offset, dropout_p, return_lse)
         args = (q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
         if is_compiling():
             label = _compiled_choice(self.compile_token, compile_key(q, k, v, attn_bias, *flags))

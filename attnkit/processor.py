@@ -64,6 +64,13 @@ def run_backend(backend: Backend, q, k, v, attn_bias, scale, upcast, causal_offs
     return backend.forward(q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p)
 
 
+def call_flags(causal_offset, dropout_p: float, return_lse: bool) -> tuple[bool, bool, bool]:
+    """(causal, dropout, lse): the flags of a call's signature, as plain bools. Under
+    torch.compile(dynamic=True) ``dropout_p > 0.0`` is symbolic, and the trace-time
+    choice takes constants only."""
+    return causal_offset is not None, True if dropout_p > 0.0 else False, return_lse
+
+
 class FixedChooser(CompileOwner):
     """One named backend. A call it cannot serve raises :class:`BackendUnavailable` with
     every reason; it never silently hands the call to another backend."""
@@ -76,9 +83,7 @@ class FixedChooser(CompileOwner):
 
     def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                   return_lse=False):
-        # A plain bool: under torch.compile(dynamic=True) the comparison is symbolic, and
-        # the trace-time choice takes constants only.
-        flags = (causal_offset is not None, True if dropout_p > 0.0 else False, return_lse)
+        flags = call_flags(causal_offset, dropout_p, return_lse)
         if is_compiling():
             problem = _fixed_problem(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
             if problem:
