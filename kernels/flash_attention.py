@@ -1089,7 +1089,7 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 256: (_C(32, 16, 4, 2, reload=True, variants=_NF, causal=_UNCAUSAL, budget=2.79), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.43), _C(32, 16, 4, 1, reload=True, variants=_KF, causal=_CAUSAL, budget=3.02), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_UNCAUSAL, budget=2.57)),
                 320: (_C(32, 16, 4, 1, reload=True, budget=3.12),),
                 384: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.27), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=2.97), _C(32, 16, 4, 1, reload=True, variants=_KF, causal=_CAUSAL, budget=3.52)),
-                512: (_C(32, 16, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                512: (_C(32, 16, 4, 2, reload=True, variants=_NK, causal=_UNCAUSAL, budget=3.11), _C(32, 16, 4, 2, reload=True, variants=_N, causal=_CAUSAL, budget=3.11), _C(32, 16, 4, 3, variants=_K, causal=_CAUSAL, budget=2.79), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True, variants=_NF), _C(16, 16, 8, 2, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL)),
@@ -1131,9 +1131,9 @@ CONFIGS: dict[str, dict[str, dict[str, dict[int, tuple[TileConfig, ...]]]]] = {
                 128: (_C(32, 32, 4, 2, reload=True, causal=_UNCAUSAL, budget=1.55), _C(32, 32, 4, 2, reload=True, variants=_K, causal=_CAUSAL, budget=1.27), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL, budget=1.92)),
                 192: (_C(32, 16, 4, 2, reload=True, budget=2.24),),
                 256: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=2.96), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL, budget=2.6), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, budget=3.23)),
-                320: (_C(32, 16, 4, 1, reload=True, causal=_UNCAUSAL, budget=3.32), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, budget=3.33), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL)),
-                384: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.42), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, budget=3.29), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
-                512: (_C(32, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=3.27), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=2.73), _C(32, 16, 4, 2, reload=True, variants=_K, causal=_CAUSAL), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
+                320: (_C(32, 16, 4, 1, reload=True, causal=_UNCAUSAL, budget=3.32), _C(32, 16, 4, 1, reload=True, variants=_F, causal=_CAUSAL, budget=3.33), _C(32, 16, 4, 3, variants=_K, causal=_CAUSAL, budget=2.46)),
+                384: (_C(32, 16, 4, 2, reload=True, causal=_UNCAUSAL, budget=3.42), _C(32, 16, 4, 1, reload=True, variants=_K, causal=_CAUSAL, budget=3.29), _C(32, 16, 4, 3, reload=True, variants=_F, causal=_CAUSAL, budget=3.41)),
+                512: (_C(32, 16, 4, 2, reload=True, variants=_K, causal=_UNCAUSAL, budget=3.27), _C(32, 32, 4, 2, reload=True, variants=_F, causal=_UNCAUSAL, budget=2.73), _C(32, 16, 4, 3, variants=_K, causal=_CAUSAL, budget=2.96), _C(32, 16, 4, 2, reload=True, variants=_F, causal=_CAUSAL)),
             },
             "32bit": {
                 64: (_C(16, 32, 8, 2, reload=True, variants=_F), _C(16, 32, 8, 2, reload=True, variants=_K, causal=_CAUSAL), _C(16, 16, 8, 2, reload=True, variants=_K, causal=_UNCAUSAL)),

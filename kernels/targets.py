@@ -84,39 +84,6 @@ SM80_NOT_MET: dict[str, str] = {
 }
 
 
-# Why the rows the gate still lists fail: from a search of the tiles around each default
-# (each tile compiled for every row of its list).
-_SM80_CAUSAL_BWD = (
-    "Why the sm_80 rows remain: the causal dK/dV loop at head dims 320-512 (16-bit, sm80 lists) "
-    "spills 8-112 B per thread on its default tile. The tiles searched around it (16, 32 or 64 "
-    "queries by 16 or 32 keys, 4 or 8 warps, 1-4 stages, reload on and off, register caps "
-    "168-255) either spill as well, or duplicate work (16-row and 8-warp tiles: 1.12-1.56x the "
-    "matrix FLOPs, two exponentials per score), or, with a third stage (dK/dV at 512 with key "
-    "padding, dK/dV with the bias gradient at 384), need 128,768-165,760 B of shared memory. "
-    "That fits A100's 166,912 B, but GPUs with 99 KiB per block (which run the sm80 lists) "
-    "would then refuse these backward calls, which they run today with the spilling tile. "
-    "For dK/dV with the bias gradient at 320 and at 512 with key padding, nothing searched is "
-    "spill-free. A spill costs speed (its bytes go through L1 in the loop), never the answer."
-)
-# The rows it explains: (target, kernel, width, head dim, bias, causal) of a default tile
-# whose only problem is spilling. Any other failing row is left unexplained.
-GATE_NOTES = {
-    (80, "dkdv", "16bit", 512, "keypad", True): _SM80_CAUSAL_BWD,
-    (80, "dkdv_dbias", "16bit", 320, "keypad", True): _SM80_CAUSAL_BWD,
-    (80, "dkdv_dbias", "16bit", 384, "full", True): _SM80_CAUSAL_BWD,
-    (80, "dkdv_dbias", "16bit", 512, "keypad", True): _SM80_CAUSAL_BWD,
-}
-
-
-def gate_note(r):
-    """The explanation GATE_NOTES holds for a failing row, or None."""
-    j = r.job
-    if not j.default or any(not p.startswith("spills") for p in r.problems):
-        return None
-    return GATE_NOTES.get((j.arch, j.kernel, "32bit" if j.dtype == "fp32" else "16bit", j.head_dim, j.bias,
-                           j.causal))
-
-
 def _default(results, kernel, head_dim, dtype, bias, arch, tma, causal=False):
     for r in results:
         j = r.job
@@ -379,11 +346,6 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
         for (arch, kernel, dtype, loads, kinds), g in sorted(groups.items()):
             lines.append(f"| sm_{arch} | {kernel} | {dtype} | {loads} | {kinds} | {g['n']} | {g['default']} | "
                          f"{', '.join(map(str, sorted(g['dims'])))} |")
-        notes = [gate_note(r) for r in failed]
-        lines += [f"\n{n}" for n in dict.fromkeys(n for n in notes if n)]
-        if any(notes) and not all(notes):
-            lines += ["", f"{notes.count(None)} of the {len(failed)} failing rows are not among those explained "
-                      "above."]
         lines += ["", "The first 50 rows:", ""]
     for r in failed[:50]:
         j = r.job

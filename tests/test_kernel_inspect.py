@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -290,33 +289,3 @@ def test_the_report_is_stamped_with_what_the_run_compiled(tmp_path):
     assert "commit abc1234 (with uncommitted changes in kernels/)" in (tmp_path / "report.md").read_text()
 
 
-def test_the_gate_says_why_its_known_rows_fail(tmp_path):
-    """The gate's table names the rows that fail; for the ones a search found no way
-    to mend (targets.GATE_NOTES: those default tiles, spilling) the report says why,
-    only while they fail, and counts any other failing row as unexplained. Rendered
-    from the committed record, compiling nothing."""
-    from attnkit.kernels import targets
-
-    repo = Path(__file__).resolve().parents[1]
-    record = json.loads((repo / "bench" / "results" / "static" / "report.json").read_text())
-
-    def gate(rows):
-        (tmp_path / "report.json").write_text(json.dumps(dict(record, rows=rows)))
-        _run("--render", str(tmp_path))
-        return (tmp_path / "report.md").read_text().split("## Gate")[1]
-
-    def known(r):
-        return r["default"] and (r["arch"], r["kernel"], "32bit" if r["dtype"] == "fp32" else "16bit",
-                                 r["head_dim"], r["bias"], r["causal"]) in targets.GATE_NOTES
-
-    rows = [dict(r) for r in record["rows"]]
-    for r in rows:
-        r["stack"] = 0
-    assert targets._SM80_CAUSAL_BWD not in gate(rows)
-    spilled = [dict(r, stack=8) if known(r) else r for r in rows]
-    text = gate(spilled)
-    assert targets._SM80_CAUSAL_BWD in text and "not among those explained" not in text
-    other = next(i for i, r in enumerate(rows) if not known(r) and r["arch"] == 80 and r["kernel"] == "dkdv")
-    spilled[other] = dict(spilled[other], stack=8)
-    text = gate(spilled)
-    assert targets._SM80_CAUSAL_BWD in text and "1 of the" in text and "not among those explained" in text
