@@ -377,6 +377,23 @@ def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad
         assert cfg == fa.configs_for(kernel, d, torch.float32, arch, variant, True, False)[0], kernel
 
 
+@pytest.mark.parametrize("d,bias_grad", [(320, True), (512, False), (512, True)])
+def test_sm80_causal_backward_with_key_padding_runs_its_three_stage_tiles(d, bias_grad, monkeypatch, seed):
+    """sm_80's 16-bit causal dK/dV with key padding at head dims 320 and 512 ships
+    three-stage tiles without reloading the held K and V (the two-stage ones spilled;
+    A100 only: kernels/devices.py refuses these backward calls on 99 KiB GPUs): run each
+    with that tile in the interpreter, the key-summed bias gradient too, against float64."""
+    kernel = "dkdv_dbias" if bias_grad else "dkdv"
+    tile = fa.configs_for(kernel, d, torch.float16, "sm80", "keypad", True, False)[0]
+    assert (tile.num_stages, tile.reload) == (3, False)
+    seen = _shipped_tiles(monkeypatch, "sm80")
+    M, N = 37, 45  # two 32-query tiles, the second ragged; the causal diagonal crosses them
+    q, k, v = make_qkv(1, 1, M, N, d, torch.float16, layout="bnhd")
+    bias = make_bias("key_padding", 1, 1, M, N, torch.float32)
+    check(q, k, v, bias, causal=True, offset=N - M, bias_grad=bias_grad)
+    assert seen[kernel] == tile
+
+
 @pytest.mark.parametrize("arch,kind", [("sm90", "none"), ("sm90", "key_padding"), ("sm90", "perhead"),
                                        ("sm90", "full"), ("sm80", "none"), ("sm80", "full")])
 def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
