@@ -607,8 +607,10 @@ CASES.append(
     _Case(
         name="AutoencoderKLKVAEAudio",
         # The one attention's output projection x4: a global average over the frames is small
-        # next to its input at the default scale.
-        gains=((r"^attn\.to_out\.0\.weight", 4.0),),
+        # next to its input at the default scale. The decoder's last bias x0.1: drawn at
+        # full scale it makes most of the waveform a constant, and in 1 draw of 70 the
+        # attention moves the output by less than 1e-3 of it (1 in 400 below 1e-4).
+        gains=((r"^attn\.to_out\.0\.weight", 4.0), (r"^decoder\.conv2\.bias$", 0.1)),
         config=dict(
             encoder_dim=4, encoder_rates=[2, 2], latent_dim=32, codebook_dim=4, decoder_dim=16,
             decoder_rates=[2, 2], num_channels=1, attn_num_heads=4,
