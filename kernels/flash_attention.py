@@ -1030,11 +1030,13 @@ _PTR = frozenset({"ptr"})
 # forward's lists were searched per variant over reload or not, 4 or 8 warps, one or two
 # stages, and so were the backward's where a tile spilled. At head dims 256-512 4-warp
 # tiles spill at 255 registers, and ptxas often stops 8-warp tiles at 128 registers and
-# spills 8-56 B: those get a register cap of 255 (maxnreg), clean for most variants. For
-# the few left no 16-row tile is clean; they get the least-spilling tile that fits sm_86's
-# shared memory, or the least-spilling one where none fits (sm_80 at 512, whose calls
-# kernels/devices.py refuses on GPUs with 99 KiB). tf32 (allow_tf32=True) uses tensor
-# cores and these tiles too.
+# spills 8-56 B: those get a register cap of 255 (maxnreg). tf32 (allow_tf32=True) uses
+# tensor cores and these tiles too.
+# Every shipped tile compiles clean. Where the only clean tiles of an sm80 list need more
+# shared memory than GPUs with 99 KiB per block have (the backward in fp32 at 512; 16-bit
+# causal dK/dV at 320-512 with key padding, whose two-stage tiles spill and three-stage
+# ones need 104-166 KB; the rest of kernels/devices.py's NEEDS), the default is A100's
+# tile, and the backend refuses those calls on the 99 KiB GPUs up front.
 # The lists below were chosen from the static report: for each list (target, kernel,
 # width, head-dim band) the tiles that compile clean (no spill, no duplicated work, within
 # shared memory) at every head dim of the band for a (bias variant, causality, loads)
