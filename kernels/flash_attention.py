@@ -1804,8 +1804,8 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
     common.update(zip(names, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(do))))
 
     tma = _use_tma(arch, q.dtype, (q, do, k, v), dkdv_kernels, D, variant, causal)
-    args = dict(common, **_stream_args(_DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1),
-                **_stream_args(_DESCRIPTORS["dkdv"][1][0], (k, v), tma, d0, d1), DK=dk_, DV=dv_,
+    kv = _stream_args(_DESCRIPTORS["dkdv"][1][0], (k, v), tma, d0, d1)
+    args = dict(common, **_stream_args(_DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1), **kv, DK=dk_, DV=dv_,
                 DBias=db, stride_dbb=db.stride(0) if per_key else 0, stride_dbh=db.stride(1) if per_key else 0)
     args.update(zip(("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn"),
                     (*_strides3(dk_), *_strides3(dv_))))
@@ -1820,8 +1820,14 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
         _launch("dkdv_dbias" if grad else "dkdv", D, q.dtype, N, "BLOCK_N", B, H, args,
                 dict(constexprs, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=grads), variant)
 
-    tma = _use_tma(arch, q.dtype, (k, v), dq_kernels, D, variant, causal)
-    args = dict(common, **_stream_args(_DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1), DQ=dq_, DBias=db)
+    # dQ streams the K and V that dK/dV held, through descriptors of the same names: the
+    # same objects serve both when both use TMA (a launch encodes its tensor map from the
+    # descriptor's base, shape and strides and the compiled kernel's box; the pre-launch
+    # hook sets the box rows of the tile about to run, see _set_boxes).
+    dkdv_tma, tma = tma, _use_tma(arch, q.dtype, (k, v), dq_kernels, D, variant, causal)
+    if tma != dkdv_tma:
+        kv = _stream_args(_DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1)
+    args = dict(common, **kv, DQ=dq_, DBias=db)
     args.update(zip(("stride_dqb", "stride_dqh", "stride_dqm"), _strides3(dq_)))
     args.update(zip(("stride_dbb", "stride_dbh", "stride_dbm"), _strides3(db) if per_query else (0, 0, 0)))
     for piece in pieces:
@@ -1957,17 +1963,18 @@ def _eager_flash() -> type:
     runs both ways, so both give the same bits. Gradients of outputs nothing used stay
     None (the op's generated Function fills them with zeros: same results, more work).
     Made here rather than at module level, which the static report's --resume reads as
-    kernel code."""
+    kernel code. Its forward takes ctx itself: with a separate setup_context, every
+    apply() binds its arguments through inspect.signature, a quarter of a small call's
+    host time."""
 
     class _EagerFlash(torch.autograd.Function):
         @staticmethod
-        def forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
-            return _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
+        def forward(ctx, q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
+            inputs = (q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+            output = _forward_body(*inputs)
             _setup_context(ctx, inputs, output)
             ctx.set_materialize_grads(False)
+            return output
 
         @staticmethod
         @torch.autograd.function.once_differentiable  # a second derivative raises, as through the ops
