@@ -49,14 +49,14 @@ NOT_ATTENTION_CLASSES = {
     "MoEGate": "softmax over the experts' logits: mixture-of-experts routing, not attention",
 }
 # Noise of PERTURBATION times the std of one attention module's output (an attention half
-# wrong) must move the model output by at least MIN_EFFECT (relative): ~100x the fp32
-# tolerance of a backend comparison (2x stock's error + 1e-6, test_model_zoo.py), so a
-# wrong attention result cannot hide in it. The effect is a property of the random draw of
-# weights: over 40 draws of every case the least was 1.2e-3 (8e-4 over 400 draws of the
-# audio VAE, whose output is mostly its last convolution's bias), so 1e-4 does not fail a
-# sound case by chance, and an attention that does not reach the output reads ~0.
+# wrong) must move the model output by at least MIN_EFFECT (relative): 10x the loosest
+# tolerance of a backend comparison (test_model_zoo.py's FALLBACK_TOL, where no float64
+# model builds; 2x stock's error + 1e-6 is ~1e-5 or less), so a wrong attention result
+# cannot hide in it. The effect depends on the random weights: 40 draws of every case put
+# the least at 1.2e-3 or more; the cases whose tails went lower (AuraFlow, HunyuanDiT's
+# ControlNets, the audio VAE) carry gains that keep 300-400 draws above 2.5e-3.
 PERTURBATION = 0.5
-MIN_EFFECT = 1e-4
+MIN_EFFECT = 1e-3
 
 
 @pytest.fixture(autouse=True, scope="module")
