@@ -110,13 +110,16 @@ def shared_memory_problem(capability: tuple[int, int] | None, dtype, head_dim: i
     arch = target(capability)
     b = band(head_dim)
     kernels = _FORWARD + (_BACKWARD if backward else ())
-    worst = max(((NEEDS.get((arch, k, width, b, v, causal), 0), k) for k in kernels for v in variants),
-                default=(0, ""))
-    if worst[0] <= have:
+    # The most shared memory, and on a tie the kernel every such call runs (dkdv rather
+    # than dkdv_dbias, which runs only for a bias that needs a gradient).
+    need, _, kernel = max(((NEEDS.get((arch, k, width, b, v, causal), 0), not k.endswith("_dbias"), k)
+                           for k in kernels for v in variants), default=(0, True, ""))
+    if need <= have:
         return None
-    what = "backward" if worst[1] in _BACKWARD else "forward"
-    return (f"the Triton {what} ({worst[1]}) at head dim {head_dim} in {width.replace('bit', '-bit')} "
+    what = "backward" if kernel in _BACKWARD else "forward"
+    lower = max((bound for bound in limits.BANDS if bound < b), default=0) + 1
+    return (f"the Triton {what} ({kernel}) at head dim {head_dim} in {width.replace('bit', '-bit')} "
             f"{'with a bias' if variants != ('none',) else 'without a bias'}{', causal' if causal else ''} "
-            f"needs {worst[0]:,} B of shared memory per block, and a GPU of compute capability "
-            f"{capability[0]}.{capability[1]} has {have:,} B: use another backend for it "
-            f"(attnkit.auto() does; ATTNKIT_BACKEND=sdpa)")
+            f"needs {need:,} B of shared memory per block (its tile for padded head dims {lower}-{b}), and a "
+            f"GPU of compute capability {capability[0]}.{capability[1]} has {have:,} B: use another backend "
+            f"for it (attnkit.auto() does; ATTNKIT_BACKEND=sdpa)")

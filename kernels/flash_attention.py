@@ -2090,10 +2090,11 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     if attn_bias is None:
         variants = ("none",)
     else:
-        # As _bias_args decides it: a bias that does not vary over the queries is a key
-        # bias. Leading dims added first: a scalar or 1-D bias has no query dim at all.
+        # As _bias_args decides it: a bias whose expansion to (B, H, M, N) has query
+        # stride 0 is a key bias. (One query row of its own, M == 1, keeps its stride:
+        # the full variant runs.)
         own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
-        rows = own.stride(2) if own.shape[2] > 1 else 0
+        rows = own.expand(q.shape[0], q.shape[1], q.shape[2], own.shape[3]).stride(2)
         variants = ("keypad",) if rows == 0 else ("full",)
     problem = devices.shared_memory_problem(torch.cuda.get_device_capability(q.device), q.dtype, q.shape[3],
                                             variants, causal, grads)

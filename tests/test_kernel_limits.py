@@ -150,3 +150,41 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_is_named(monkeypatch):
             ((9, 0), torch.float32, 512, ("full",), False, True), ((11, 5), torch.float32, 512, ("full",), False, True),
             (None, torch.float32, 512, ("full",), False, True)):
         assert devices.shared_memory_problem(cap, dtype, d, variants, causal, backward) is None, (cap, d, causal)
+
+
+def test_the_a100_only_backward_tiles_are_refused_on_99_kib_gpus_only(monkeypatch):
+    """The shipped sm80 tiles that need A100's shared memory (devices.NEEDS, measured by
+    the static report) refuse their calls on a GPU with 99 KiB per block, and only there,
+    only for the backward, naming the kernel every such call runs and the head dims its
+    tile serves."""
+    import torch
+
+    why = devices.shared_memory_problem((8, 9), torch.float16, 500, ("keypad",), True, backward=True)
+    assert why is not None
+    for part in ("backward (dkdv)", "head dim 500", "165,760 B", "padded head dims 385-512", "8.9 has 101,376 B"):
+        assert part in why, (part, why)
+    for cap, causal, backward in (((8, 9), True, False), ((8, 0), True, True), ((8, 9), False, True)):
+        assert devices.shared_memory_problem(cap, torch.float16, 500, ("keypad",), causal, backward) is None
+    # On a tie the kernel every call runs is named, not the bias-gradient one.
+    monkeypatch.setattr(devices, "NEEDS", {("sm80", "dkdv_dbias", "16bit", 320, "keypad", True): 110_000,
+                                           ("sm80", "dkdv", "16bit", 320, "keypad", True): 110_000})
+    why = devices.shared_memory_problem((8, 6), torch.bfloat16, 300, ("keypad",), True, backward=True)
+    assert "backward (dkdv)" in why and "padded head dims 257-320" in why, why
+
+
+def test_one_query_row_with_a_key_padding_mask_is_checked_as_the_full_bias_it_runs_as():
+    """With one query row a key-padding mask keeps its query stride, and the kernels run
+    it as a full bias: the Triton backend checks that variant's shared memory (16-bit
+    causal dK/dV at head dims 65-96 with a full bias needs A100's)."""
+    import torch
+
+    from attnkit.backends.base import AttentionCall, DeviceInfo
+    from attnkit.backends.triton import TritonBackend
+
+    def reasons(q_len):
+        call = AttentionCall(DeviceInfo("cuda", (8, 9)), torch.float16, 96, q_len=q_len, kv_len=77,
+                             mask="key_padding", requires_grad=True, causal=True)
+        return [r for r in TritonBackend().extra_reasons(call) if "shared memory" in r]
+
+    assert reasons(2) == []
+    assert len(reasons(1)) == 1 and "107,264 B" in reasons(1)[0]

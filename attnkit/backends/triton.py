@@ -95,8 +95,12 @@ class TritonBackend(Backend):
         # A GPU with less shared memory per block than the call's tiles need (the
         # backward's too if it will run): refused here, not at a backward that cannot launch.
         if call.device.type == "cuda" and call.device.capability is not None:
-            why = devices.shared_memory_problem(call.device.capability, call.dtype, d,
-                                                devices.VARIANTS_OF_MASK[call.mask], call.causal,
+            variants = devices.VARIANTS_OF_MASK[call.mask]
+            if call.mask != "none" and call.q_len == 1:
+                # One query row: a key-padding mask keeps its query stride, and the kernels
+                # run it as a full bias (flash_attention's _bias_args).
+                variants = ("keypad", "full")
+            why = devices.shared_memory_problem(call.device.capability, call.dtype, d, variants, call.causal,
                                                 call.requires_grad)
             if why:
                 reasons.append(why)
