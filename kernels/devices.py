@@ -19,10 +19,13 @@ specifications per compute capability):
 
 Consumer Blackwell (12.x) has no warp-group MMA, and the sm90 lists' Hopper tiles need up
 to 227 KiB: it runs the sm80 lists. Each sm80 default fits 99 KiB where a tile that does
-exists (`python -m attnkit.kernels.inspect` checks it); where none does, the call is in
-NEEDS below, and on a GPU with less shared memory than it needs the backend refuses the
-call up front (auto() then picks another backend, before the forward rather than at a
-backward that cannot launch) and flash_attention raises a ValueError naming the limit.
+and compiles clean (no spill, no duplicated work) exists (`python -m attnkit.kernels.inspect`
+checks it); where none does, the default is A100's clean tile and the call is in NEEDS
+below. On a GPU with less shared memory than the call needs the backend refuses it up
+front (auto() then picks another backend, before the forward rather than at a backward
+that cannot launch) and flash_attention raises a ValueError naming the limit. The check
+counts the bias-gradient kernels (*_dbias) whenever gradients are needed: a call's
+signature does not say whether its mask needs one.
 """
 
 from __future__ import annotations

@@ -1034,9 +1034,10 @@ _PTR = frozenset({"ptr"})
 # tensor cores and these tiles too.
 # Every shipped tile compiles clean. Where the only clean tiles of an sm80 list need more
 # shared memory than GPUs with 99 KiB per block have (the backward in fp32 at 512; 16-bit
-# causal dK/dV at 320-512 with key padding, whose two-stage tiles spill and three-stage
-# ones need 104-166 KB; the rest of kernels/devices.py's NEEDS), the default is A100's
-# tile, and the backend refuses those calls on the 99 KiB GPUs up front.
+# causal dK/dV at 320-512 with key padding and with the bias gradient at 384 with a full
+# bias, whose two-stage tiles spill and three-stage ones need 104-166 KB; the rest of
+# kernels/devices.py's NEEDS), the default is A100's tile, and the backend refuses those
+# calls on the 99 KiB GPUs up front.
 # The lists below were chosen from the static report: for each list (target, kernel,
 # width, head-dim band) the tiles that compile clean (no spill, no duplicated work, within
 # shared memory) at every head dim of the band for a (bias variant, causality, loads)
