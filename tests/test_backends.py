@@ -159,6 +159,28 @@ def test_gradients_match_reference(seed, name, opts, bid):
         assert rel_error(g, r) < 1e-10
 
 
+@pytest.mark.parametrize("mask", ["keypad", "perhead", "full"])
+@pytest.mark.parametrize("name,opts,bid", CPU_BACKENDS, ids=[c[2] for c in CPU_BACKENDS])
+def test_a_mask_that_needs_a_gradient_gets_it(seed, name, opts, bid, mask):
+    """A float mask that requires grad (a learned bias) gets float64's gradient, with
+    q, k and v's, from every backend: no backend may turn it into a constant (a
+    conversion or a fast path that detaches it would leave its gradient None or zero)."""
+    backend = get_backend(name, **opts)
+    q, k, v, bias, scale = make_inputs(2, 2, 9, 33, 40, torch.float64, "strided", mask)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, bias)]
+    grad_out = torch.randn(2, 2, 9, 40, dtype=torch.float64)
+    if opts.get("kernel") == "flash":  # torch's flash kernel has no mask gradient: refused
+        with pytest.raises(ValueError, match="gives an attention mask no gradient"):
+            backend.forward(*leaves[:3], leaves[3], scale)
+        return
+    grads = torch.autograd.grad((backend.forward(*leaves[:3], leaves[3], scale) * grad_out).sum(), leaves)
+    ref_leaves = [t.detach().requires_grad_() for t in (q, k, v, bias)]
+    ref = torch.autograd.grad((reference_attention(*ref_leaves, scale) * grad_out).sum(), ref_leaves)
+    for name_, g, r in zip(("q", "k", "v", "mask"), grads, ref):
+        assert g is not None and g.shape == r.shape, name_
+        assert rel_error(g, r) < 1e-10, (name_, rel_error(g, r))
+
+
 def test_sliced_covers_every_row_with_ragged_last_slice(seed):
     """B*H = 2*5 = 10 rows in slices of 4: the last slice has 2 rows (ceil division)."""
     backend = get_backend("sliced", slice_size=4)

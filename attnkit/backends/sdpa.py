@@ -127,6 +127,11 @@ class SDPABackend(Backend):
             causal = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
             attn_bias = causal if attn_bias is None else attn_bias + causal
         if attn_bias is not None:
+            if kernel == "flash" and torch.is_grad_enabled() and attn_bias.requires_grad:
+                raise ValueError(
+                    "torch's flash SDPA kernel gives an attention mask no gradient, and this mask "
+                    "requires one (a learned bias): use SDPABackend() without a pinned kernel, "
+                    "kernel='math', or attnkit.auto(), which routes the call to a backend that does")
             attn_bias, dead = narrow_bias(attn_bias, q.dtype)
             if kernel is None and q.device.type == "cpu" and _needs_grad(q, k, v):
                 # torch's CPU flash backward stores the log-sum-exp in the inputs' dtype: a
