@@ -2088,19 +2088,20 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     cannot launch (devices.NEEDS)."""
     if q.device.type != "cuda":
         return
-    if attn_bias is None:
-        variants = ("none",)
-    else:
-        # As _bias_args decides it: a bias whose expansion to (B, H, M, N) has query
-        # stride 0 is a key bias. (One query row of its own, M == 1, keeps its stride:
-        # the full variant runs.)
-        own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
-        rows = own.expand(q.shape[0], q.shape[1], q.shape[2], own.shape[3]).stride(2)
-        variants = ("keypad",) if rows == 0 else ("full",)
     problem = devices.shared_memory_problem(torch.cuda.get_device_capability(q.device), q.dtype, q.shape[3],
-                                            variants, causal, grads)
+                                            (_bias_variant(attn_bias, q.shape),), causal, grads)
     if problem:
         raise ValueError(problem)
+
+
+def _bias_variant(attn_bias: Optional[torch.Tensor], q_shape) -> str:
+    """The kernels' bias variant for a call, as _bias_args decides it, without touching
+    the bias's values: "none", "keypad" where the bias expanded to (B, H, M, N) has query
+    stride 0 (one query row of its own, M == 1, keeps its stride: "full"), else "full"."""
+    if attn_bias is None:
+        return "none"
+    own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
+    return "keypad" if own.expand(*q_shape[:3], own.shape[3]).stride(2) == 0 else "full"
 
 
 def _check_causal(causal, causal_offset) -> tuple[bool, int]:

@@ -673,3 +673,19 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monke
         launch(**other)
         launch(**other)
         assert [x[0] for x in launches[-2:]] == ["tuner", "kernel"], other
+
+
+def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
+    """flash_attention's up-front shared-memory check (which runs only on a GPU) reads the
+    bias variant from the bias's shape and strides; it must be the variant _bias_args
+    gives the kernels, one query row and expanded views included."""
+    B, H, N = 2, 3, 7
+    for M in (1, 5):
+        q = torch.empty(B, H, M, 8)
+        biases = [torch.randn(B, 1, 1, N), torch.randn(1, H, 1, N), torch.randn(N), torch.randn(M, N),
+                  torch.randn(B, H, M, N), torch.randn(B, 1, M, N), torch.randn(B, H, 1, N).expand(B, H, M, N),
+                  torch.randn(B, H, 1, 1), torch.randn(B, H, N, M).transpose(-1, -2)]
+        for bias in biases:
+            launched = fa._bias_args(bias, q, (B, H, M, N))[-1]
+            assert fa._bias_variant(bias, q.shape) == launched, (M, tuple(bias.shape), bias.stride())
+    assert fa._bias_variant(None, q.shape) == "none"
