@@ -9,10 +9,9 @@ import torch
 from torch import nn
 
 import attnkit
-from attnkit._text import describe_exception
 from attnkit.backends import AttentionCall, DeviceInfo
 
-from .measure import STATUS_NA, STATUS_OK, unavailable_reason
+from .measure import STATUS_NA, STATUS_OK, describe, unavailable_reason
 
 # What users come for first (auto, torch's SDPA, the fused kernels), the slow references
 # last: a run cut short by its time budget loses the references, not the headline.
@@ -61,11 +60,11 @@ def make_processor(name: str) -> tuple[Any | None, str]:
     try:
         return attnkit.processor(name), ""
     except ImportError as exc:
-        return None, f"backend not importable: {describe_exception(exc)}"
+        return None, f"backend not importable: {describe(exc)}"
     except attnkit.BackendUnavailable as exc:
         return None, unavailable_reason(exc)
     except Exception as exc:  # noqa: BLE001 - a broken backend must not stop the run
-        return None, describe_exception(exc)
+        return None, describe(exc)
 
 
 def precheck(name: str, proc: Any, unet: nn.Module, device: torch.device, dtype: torch.dtype, batch: int, tokens: int) -> str:
@@ -90,7 +89,7 @@ def precheck(name: str, proc: Any, unet: nn.Module, device: torch.device, dtype:
                 if reason not in reasons:
                     reasons.append(reason)
     except Exception as exc:  # noqa: BLE001
-        return f"could not check: {describe_exception(exc)}"
+        return f"could not check: {describe(exc)}"
     return "; ".join(reasons)
 
 

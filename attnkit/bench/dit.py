@@ -29,9 +29,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from attnkit._text import describe_exception, short
 
-from .measure import STATUS_NA, Config, measure_interleaved
+from .measure import STATUS_NA, Config, clip, describe, measure_interleaved
 from .models import LoopTiming, StepClock, dtype_label, load_config, random_init_, torch_dtype
 
 LATENT_CHANNELS = 16  # Flux, SD3 and Wan VAEs
@@ -189,7 +188,7 @@ def _attnkit_apply(model: nn.Module, modules: list[nn.Module]) -> str:
 
     where = attnkit.apply(model, attnkit.auto())  # {module: "attnkit..." or the processor kept}
     if not isinstance(where, dict):
-        return short(f"attnkit.apply returned {where!r}", 120)
+        return clip(f"attnkit.apply returned {where!r}", 120)
     served = sum(1 for v in where.values() if str(v).startswith("attnkit"))
     kept = sorted({str(v) for v in where.values() if not str(v).startswith("attnkit")})
     if not served:
@@ -267,7 +266,7 @@ def transformer_table(ctx) -> dict:
             try:
                 where = apply_setting(name)
             except Exception as exc:  # noqa: BLE001 - cannot be set here: a result, not a crash
-                reason = str(exc) if isinstance(exc, NotApplicable) else describe_exception(exc, 300)
+                reason = str(exc) if isinstance(exc, NotApplicable) else describe(exc, 300)
                 configs.append(Config(name, None, status=STATUS_NA, reason=reason, extra={"how": HOW[name]}))
                 continue
             configs.append(Config(name, run, setup=lambda name=name: apply_setting(name),

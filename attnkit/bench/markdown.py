@@ -7,7 +7,7 @@ machine's load. Works from the results dict alone.
 
 from __future__ import annotations
 
-from .measure import NOISE_LEGEND, cell_text, ranking, separated, typical_spread
+from .measure import NOISE_LEGEND, cell_text, noise_verdict, ranking, separated, typical_spread
 
 
 def _num(x: float | None, digits: int = 2) -> str:
@@ -49,6 +49,51 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def run_noise(cells, key: str) -> float | None:
+    """The typical spread of the measured cells' `key` samples (:func:`typical_spread`)."""
+    return typical_spread(c.get(key) or [] for c in cells if _ok(c, key))
+
+
+def ratio_verdict(cell: dict, base: dict | None, key: str, noise: float | None) -> str:
+    """'' where `cell` and `base` differ beyond the noise by their `key` samples (or are the
+    same cell), else 'within noise' / 'one sample: not established'."""
+    if base is None or base is cell or base.get("name") == cell.get("name"):
+        return ""
+    return noise_verdict(cell.get(key) or [], base.get(key) or [], noise)
+
+
+def marked_ratio(x: float | None, cell: dict, base: dict | None, key: str, noise: float | None,
+                 digits: int = 2) -> str:
+    """'x1.14', or 'x1.01 (within noise)' / 'x1.31 (one sample: not established)': what
+    tables write beside a ratio, and plots too (:mod:`.plots`)."""
+    if x is None:
+        return "–"
+    verdict = ratio_verdict(cell, base, key, noise)
+    return f"x{x:.{digits}f}" + (f" ({verdict})" if verdict else "")
+
+
+def name_list(names: list[str]) -> str:
+    """Names joined with '; ', those sharing a first part (up to their last ' + ') once:
+    'bf16 + channels_last + (auto, sdpa)'."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        head, _, tail = n.rpartition(" + ")
+        groups.setdefault(head, []).append(tail if head else n)
+    return "; ".join(f"{head} + ({', '.join(tails)})" if head and len(tails) > 1
+                     else (f"{head} + {tails[0]}" if head else "; ".join(tails))
+                     for head, tails in groups.items())
+
+
+def not_measured(rows: list[dict], key: str, limit: int) -> list[str]:
+    """'status (reason): names' for the rows without a `key` median, one per distinct
+    status and reason, in the rows' order."""
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        if not _ok(r, key):
+            groups.setdefault(cell_text(r.get("status"), r.get("reason", ""), limit), []).append(r["name"])
+    return [f"{what}: {name_list(names)}" for what, names in groups.items()]
+
+
 def noise_lines(cells: dict[str, dict], key: str, fmt, higher_is_faster: bool = True) -> list[str]:
     """The measured cells ranked with '>', '≈' or '?' between neighbours, and the run's noise."""
     samples = {n: c.get(key) or [] for n, c in cells.items() if _ok(c, key)}
@@ -84,9 +129,22 @@ def render_table1(t: dict, env: dict) -> str:
     cells = t["cells"]
     names = list(cells)
     speed = t.get("speedup_vs_vanilla", {})
+    vs_sdpa = t.get("speedup_vs_sdpa", {})
+    noise = run_noise(cells.values(), "it_per_s")
+
+    def vs(n: str, base: str, ratios: dict) -> str:
+        return marked_ratio(ratios.get(n), cells[n], cells.get(base), "it_per_s", noise)
+
+    def headline(n: str) -> str:
+        if not _ok(cells[n]):
+            return _text(cells[n], 28)
+        if n == "vanilla" or not speed.get(n):
+            return _num(cells[n]["it_per_s_median"])
+        ratio, _, verdict = vs(n, "vanilla", speed).partition(" (")
+        return f"{_num(cells[n]['it_per_s_median'])} ({ratio}" + (f", {verdict}" if verdict else ")")
+
     s = t["setting"]
-    ours = [f"{_num(cells[n]['it_per_s_median'])}" + (f" ({_x(speed.get(n))})" if n != "vanilla" and speed.get(n) else "")
-            if _ok(cells[n]) else _text(cells[n], 28) for n in names]
+    ours = [headline(n) for n in names]
     label = f"**this run**: {env['device_name']}, {s['dtype']}" + (", compiled" if s.get("compile") else "")
     rows = [[label, *ours, _best(speed, cells, "vanilla")]]
     pub = t.get("published")
@@ -104,13 +162,12 @@ def render_table1(t: dict, env: dict) -> str:
         f"(UNet batch {2 * s['batch']}: classifier-free guidance), {s['dtype']}; steady-state it/s "
         f"(first {s['steady_state_skips_first_steps']} steps excluded); each cell is the median of its n "
         f"samples (column n below), one per interleaved round after a warm-up: up to {s['repeats']} rounds, "
-        "fewer where the time budget ended them; (xN) = speedup over vanilla.",
+        f"fewer where the time budget ended them; {_speedup_legend(cells)}.",
         "",
         _md_table(head, rows),
     ]
     if not pub:
         out += ["", f"(no published row: the published table did not measure {env['device_name']})"]
-    vs_sdpa = t.get("speedup_vs_sdpa", {})
     detail = []
     for n in names:
         c = cells[n]
@@ -118,7 +175,7 @@ def render_table1(t: dict, env: dict) -> str:
             detail.append([n, _num(c["it_per_s_median"]), str(c.get("samples", len(c.get("it_per_s") or []))),
                            f"{_num(c['it_per_s_min'])}–{_num(c['it_per_s_max'])}",
                            _num(c.get("loop_it_per_s_median")), _num(c.get("seconds_median")),
-                           _x(speed.get(n)), _x(vs_sdpa.get(n)), _num(c.get("warmup_seconds"), 1)])
+                           vs(n, "vanilla", speed), vs(n, "sdpa", vs_sdpa), _num(c.get("warmup_seconds"), 1)])
         else:
             detail.append([n, "–", "0", "–", "–", "–", "–", "–", _text(c, 200)])
     out += ["", _md_table(["processor", "it/s (median)", "n", "min–max", "whole-loop it/s", "s per loop",
@@ -127,31 +184,59 @@ def render_table1(t: dict, env: dict) -> str:
     return "\n".join(out + (["", *lines] if lines else []))
 
 
+def _speedup_legend(cells: dict[str, dict]) -> str:
+    """What (xN) means in table 1, or why there is none: a ratio over vanilla is promised
+    only where vanilla was measured."""
+    van = cells.get("vanilla")
+    if _ok(van):
+        return "(xN) = speedup over vanilla"
+    why = "not in this run" if van is None else f"not measured: {_text(van, 80)}"
+    return f"no speedup over vanilla (vanilla {why})"
+
+
 def render_table2(t: dict, env: dict) -> str:
+    """The ladder's measured steps; the others after the table, once per reason."""
     s = t["setting"]
     pub = t.get("published", {})
     prow = pub.get("rows", [])
-    rows = []
-    for i, r in enumerate(t["rows"]):
-        if _ok(r, "seconds"):
-            ours = [_num(r["seconds_median"], 3), str(r.get("samples", len(r.get("seconds") or []))),
-                    f"{_num(r['seconds_min'], 3)}–{_num(r['seconds_max'], 3)}", _x(r.get("speedup_vs_fp32"))]
-        else:
-            ours = [_text(r, 50), "0", "–", "–"]
-        ref = ""
+    base = next((r for r in t["rows"] if r["name"] == "fp32"), None)
+    noise = run_noise(t["rows"], "seconds")
+
+    def published_index(i: int, r: dict) -> int | None:
         if i < 4 and i < len(prow):
-            ref = f"{prow[i]['step']}: {prow[i]['seconds']:.2f} s, x{prow[i]['speedup']:.2f}"
-        elif r["name"].endswith("+ xformers") and len(prow) > 4:
-            ref = f"{prow[4]['step']}: {prow[4]['seconds']:.2f} s, x{prow[4]['speedup']:.2f}"
-        rows.append([r["name"], *ours, ref])
-    return "\n".join([
+            return i
+        return 4 if r["name"].endswith("+ xformers") and len(prow) > 4 else None
+
+    def step(j: int) -> str:
+        return f"{prow[j]['step']}: {prow[j]['seconds']:.2f} s, x{prow[j]['speedup']:.2f}"
+
+    rows, shown = [], set()
+    for i, r in enumerate(t["rows"]):
+        if not _ok(r, "seconds"):
+            continue
+        j = published_index(i, r)
+        shown.add(j)
+        rows.append([r["name"], _num(r["seconds_median"], 3), str(r.get("samples", len(r.get("seconds") or []))),
+                     f"{_num(r['seconds_min'], 3)}–{_num(r['seconds_max'], 3)}",
+                     marked_ratio(r.get("speedup_vs_fp32"), r, base, "seconds", noise),
+                     "" if j is None else step(j)])
+    out = [
         "### 2. Latency ladder: seconds per image, cumulative speedup",
         f"One image, {s['resolution']}x{s['resolution']}, {s['steps']} DDIM steps; timed: {s.get('includes', '')}; "
         f"median of n interleaved samples per row (up to {s['repeats']}); the published column is the "
         f"ladder of the diffusers docs ({pub.get('device', '')}, 512x512, 50 DDIM steps, traced UNet where we compile).",
-        "",
-        _md_table(["step", "s / image", "n", "min–max", "speedup vs fp32", f"published ({pub.get('device', '')})"], rows),
-    ])
+    ]
+    if rows:
+        out += ["", _md_table(["step", "s / image", "n", "min–max", "speedup vs fp32",
+                               f"published ({pub.get('device', '')})"], rows)]
+    gone = not_measured(t["rows"], "seconds", 200)
+    if gone:
+        out += ["", f"Not measured ({len(t['rows']) - len(rows)} of {len(t['rows'])} steps):",
+                *(f"- {line}" for line in gone)]
+    left = [step(j) for j in range(len(prow)) if j not in shown]
+    if left:
+        out += ["", f"Published steps without a measured step here ({pub.get('device', '')}): {'; '.join(left)}."]
+    return "\n".join(out)
 
 
 def render_table3(t: dict, env: dict) -> str:
@@ -242,11 +327,14 @@ def render_table5(t: dict, env: dict) -> str:
             "",
         ]
         rows = []
+        noise = run_noise(cells.values(), "step_seconds")
         for n, c in cells.items():
             if _ok(c, "step_seconds"):
+                ratios = [marked_ratio(vs.get(base, {}).get(n), c, cells.get(base), "step_seconds", noise)
+                          for base in ("native", "stock")]
                 rows.append([n, c.get("how", ""), _num(c["step_seconds_median"], 3), str(c.get("samples", 0)),
                              f"{_num(c['step_seconds_min'], 3)}–{_num(c['step_seconds_max'], 3)}",
-                             _x(vs.get("native", {}).get(n)), _x(vs.get("stock", {}).get(n)), c.get("where", "")])
+                             *ratios, c.get("where", "")])
             else:
                 rows.append([n, c.get("how", ""), "–", "0", "–", "–", "–", _text(c, 200)])
         out.append(_md_table(["attention", "set by", "s / step", "n", "min–max", "vs native", "vs stock",
@@ -288,9 +376,44 @@ def _cells_of(t: dict) -> list[dict]:
     return out
 
 
+def short_cells(results: dict) -> tuple[int, list[str]]:
+    """The measured cells holding fewer samples than their table asked for (the time
+    budget ended their rounds; a cell that fails in a later round is marked failed, not
+    shortened): (how many, ['table 5 (flux-cpu): native n=6, stock n=6 of 7 asked', ...])."""
+    count, out = 0, []
+    for key in sorted(results["tables"]):
+        t = results["tables"][key]
+        if "error" in t or "skipped" in t:
+            continue
+        asked = (t.get("setting") or {}).get("repeats")
+        groups: list[tuple[str, int | None, dict[str, dict]]] = []
+        if key == "1":
+            groups.append(("", asked, t.get("cells") or {}))
+        elif key == "2":
+            groups.append(("", asked, {r["name"]: r for r in t.get("rows", [])}))
+        elif key == "3":
+            for run in t.get("runs") or []:
+                for entry in run.get("batches", []):
+                    compiled = ", compiled" if run.get("compile") else ""
+                    groups.append((f" ({run['dtype']}{compiled}, batch {entry['batch']})", asked, entry["cells"]))
+        elif key == "5":
+            for m in t.get("models") or []:
+                groups.append((f" ({m.get('preset') or m.get('label', '')})", m["setting"].get("repeats"), m["cells"]))
+        for where, want, cells in groups:
+            few = [f"{n} n={c['samples']}" for n, c in cells.items()
+                   if want and c.get("status") == "ok" and 0 < (c.get("samples") or 0) < want]
+            if few:
+                count += len(few)
+                out.append(f"table {key}{where}: {', '.join(few)} of {want} asked")
+    return count, out
+
+
 def run_lines(results: dict) -> list[str]:
     """The budget and the machine's load: how far this run's numbers can be trusted."""
     env = results["environment"]
+    n_short, short = short_cells(results)
+    few = (f"{n_short} cell(s) with fewer samples than asked (the budget ended their rounds): "
+           + "; ".join(short)) if short else ""
     if results.get("parts"):  # a merged record: each run's own budget and load
         return [f"- run `{p['command']}`: " + (f"budget {p['budget_seconds']:.0f} s, " if p.get("budget_seconds") else "")
                 + f"took {p.get('elapsed_seconds') or 0:.0f} s"
@@ -300,7 +423,7 @@ def run_lines(results: dict) -> list[str]:
                 for p in results["parts"]] + [
             f"- load average: runnable processes over the last minute, on {env.get('cpu_count') or '?'} CPUs: a load "
             "above the CPU count means a run waited for cores, and its timings are slower and noisier than on an "
-            "idle machine"]
+            "idle machine"] + ([f"- {few}"] if few else [])
     skipped = sum(1 for t in results["tables"].values() for c in _cells_of(t)
                   if c.get("status") == "skipped" and c.get("reason") == "time budget")
     budget = results.get("budget_seconds")
@@ -309,8 +432,12 @@ def run_lines(results: dict) -> list[str]:
             if budget else f"- no time budget; the run took {took:.0f} s")
     if budget:
         gone = [k for k, t in results["tables"].items() if "skipped" in t]
-        line += (f"; {skipped} measurement(s)" + (f" and table(s) {', '.join(gone)}" if gone else "")
-                 + " skipped for the budget") if skipped or gone else "; nothing was skipped for it"
+        cut = [(f"{skipped} measurement(s)" + (f" and table(s) {', '.join(gone)}" if gone else "")
+                if skipped else f"table(s) {', '.join(gone)}") + " skipped for the budget"] if skipped or gone else []
+        cut += [few] if few else []
+        line += ("; " + "; ".join(cut)) if cut else "; nothing was skipped for it, and every cell has the samples asked"
+    elif few:
+        line += "; " + few
     lines = [line]
     start, end = env.get("load_average_start"), env.get("load_average_end")
     if start:

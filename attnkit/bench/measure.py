@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from attnkit._text import describe_exception, short
+from attnkit._text import describe_exception
 
 from .env import free_memory
 from .models import LoopTiming
@@ -70,20 +70,50 @@ def classify_error(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, (BackendUnavailable, UnsupportedModule)):
         return STATUS_NA, unavailable_reason(exc)
     if is_oom(exc):
-        return STATUS_OOM, short(f"{type(exc).__name__}: {exc}", 160)
-    return STATUS_FAILED, describe_exception(exc, 160)
+        return STATUS_OOM, clip(f"{type(exc).__name__}: {exc}", 160)
+    return STATUS_FAILED, describe(exc, 160)
+
+
+def describe(exc: BaseException, limit: int = 200) -> str:
+    """"Type: first line of the message", cut at a word to ``limit`` characters."""
+    return clip(describe_exception(exc, 1 << 16), limit)
+
+
+def clip(text: object, limit: int) -> str:
+    """``text`` on one line, cut at a word boundary to at most ``limit`` characters with "…".
+
+    A text that arrives already cut (ending in "…", as records written before this cut
+    hold) loses its last, possibly partial, word: a reason reads to its last whole word.
+
+    >>> clip("device=cpu: Triton kernels run on CUDA", 30)
+    'device=cpu: Triton kernels…'
+    >>> clip("one of: native, _flash_3, _f…", 100)
+    'one of: native, _flash_3…'
+    """
+    text = " ".join(str(text).split())
+    if text.endswith("…"):  # cut before, perhaps inside a word
+        text = text[:-1].rstrip()
+        text = text.rsplit(" ", 1)[0] if " " in text else text
+        if len(text) < limit:
+            return text.rstrip(" ,;:-(/") + "…"
+    elif len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    if text[limit - 1] != " " and " " in head:  # inside a word: back to its start (one word: cut it)
+        head = head.rsplit(" ", 1)[0]
+    return head.rstrip(" ,;:-(/") + "…"
 
 
 def cell_text(status: str | None, reason: str = "", limit: int = 40) -> str:
-    """What a table shows for a configuration without a number."""
+    """What a table shows for a configuration without a number (its reason cut at a word)."""
     if status == STATUS_NA:
-        return f"n/a ({short(reason, limit)})"
+        return f"n/a ({clip(reason, limit)})"
     if status == STATUS_OOM:
         return "out of memory"
     if status == STATUS_FAILED:
-        return f"failed: {short(reason, limit)}"
+        return f"failed: {clip(reason, limit)}"
     if status == STATUS_SKIPPED:
-        return f"skipped ({short(reason, limit)})"
+        return f"skipped ({clip(reason, limit)})"
     return "–"
 
 
@@ -141,6 +171,16 @@ def separated(a: Sequence[float], b: Sequence[float], noise: float | None) -> bo
         return None
     ma, mb = statistics.median(a), statistics.median(b)
     return abs(ma - mb) / min(ma, mb) > noise
+
+
+# How a ratio between two cells reads beside the noise (:func:`separated`): tables and
+# plots write the same words.
+VERDICTS = {True: "", False: "within noise", None: "one sample: not established"}
+
+
+def noise_verdict(a: Sequence[float], b: Sequence[float], noise: float | None) -> str:
+    """'' when cells `a` and `b` differ beyond the noise, else what the ratio is worth."""
+    return VERDICTS[separated(a, b, noise)]
 
 
 NOISE_LEGEND = (
