@@ -3,7 +3,7 @@ ranks on this machine (measured), and the same strategies on 8 GPUs on NVLink (a
 from attnkit.parallel.model; not a measurement).
 
     python -m attnkit.parallel.bench                 # SD and video shapes, 1/2/4 ranks
-    python -m attnkit.parallel.bench --quick         # tiny shapes, seconds
+    python -m attnkit.parallel.bench --quick         # tiny shapes: under a minute on 2 CPU cores
     python -m attnkit.parallel.bench --out cp.json   # also write the rows as JSON
 
 Per strategy and shape: the median time of one forward call (the slowest rank's, each
@@ -265,7 +265,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="attnkit bench --parallel", description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="1,2,4", help="rank counts to measure, comma-separated (default 1,2,4)")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"measured shapes: {', '.join(SHAPES)}")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes: a run of seconds")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes: under a minute on two CPU cores "
+                        "(24 s idle, about 40 s busy), nearly all of it starting the rank processes")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median reported)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
     parser.add_argument("--out", help="write the measured rows and the model table as JSON here")
