@@ -7,10 +7,22 @@ the processor refuses a call it cannot take instead of letting torch fall back.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
-from .base import Backend, Capabilities, causal_mask, fix_dead_rows, narrow_bias
+from .base import (
+    AttentionCall,
+    Backend,
+    BackendUnavailable,
+    Capabilities,
+    causal_mask,
+    dtype_name,
+    fix_dead_rows,
+    mask_kind,
+    narrow_bias,
+)
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -83,13 +95,36 @@ class SDPABackend(Backend):
             except ImportError as e:
                 raise ValueError(
                     f"kernel={kernel!r} needs torch.nn.attention.sdpa_kernel (torch >= 2.3); "
-                    f"torch {torch.__version__} is installed"
+                    f"torch {torch.__version__} is installed: upgrade torch, or leave the kernel "
+                    "unpinned (SDPAProcessor()) and let torch choose"
                 ) from e
         self.kernel = kernel
         self.capabilities = _KERNEL_CAPS[kernel]
 
     def __repr__(self) -> str:
         return f"SDPABackend(kernel={self.kernel!r})" if self.kernel else "SDPABackend()"
+
+    def not_supported_reasons(self, call: AttentionCall) -> list[str]:
+        """The declared reasons; for a pinned kernel, one more that names it, the call
+        and the SDPA settings that can serve it (the processor's refusal only names the
+        backend, 'sdpa')."""
+        reasons = super().not_supported_reasons(call)
+        if reasons and self.kernel is not None:
+            reasons.append(self._pinned_note(call))
+        return reasons
+
+    def _pinned_note(self, call: AttentionCall) -> str:
+        able = [
+            other for other in (None,) + KERNELS
+            if other != self.kernel and not Backend.not_supported_reasons(_pinned(other), call)
+        ]
+        if able:
+            instead = ", ".join("no pin (SDPAProcessor(): torch chooses per call)" if other is None
+                                else f"kernel={other!r}" for other in able)
+            instead = f"use {instead}; or attnkit.auto()"
+        else:
+            instead = "no SDPA kernel serves it here: use attnkit.auto()"
+        return f"the pinned kernel={self.kernel!r} cannot serve this call ({_describe_call(call)}): {instead}"
 
     def extra_reasons(self, call):
         reasons = []
@@ -128,10 +163,14 @@ class SDPABackend(Backend):
             attn_bias = causal if attn_bias is None else attn_bias + causal
         if attn_bias is not None:
             if kernel == "flash" and torch.is_grad_enabled() and attn_bias.requires_grad:
-                raise ValueError(
-                    "torch's flash SDPA kernel gives an attention mask no gradient, and this mask "
-                    "requires one (a learned bias): use SDPABackend() without a pinned kernel, "
-                    "kernel='math', or attnkit.auto(), which routes the call to a backend that does")
+                reason = ("torch's flash SDPA kernel gives an attention mask no gradient, and this mask "
+                          "requires one (a learned bias)")
+                raise BackendUnavailable(
+                    f"the pinned SDPA kernel='flash' cannot serve {_describe_tensors(q, k, v, attn_bias)}: "
+                    f"{reason}. Use SDPAProcessor() without a pinned kernel, kernel='math', or "
+                    "attnkit.auto(), which routes the call to a backend that does",
+                    reasons={self.name: [reason]},
+                )
             attn_bias, dead = narrow_bias(attn_bias, q.dtype)
             if kernel is None and q.device.type == "cpu" and _needs_grad(q, k, v):
                 # torch's CPU flash backward stores the log-sum-exp in the inputs' dtype: a
@@ -149,11 +188,38 @@ class SDPABackend(Backend):
         else:
             from torch.nn.attention import sdpa_kernel
 
-            with sdpa_kernel(_sdpa_backend_enum(kernel)):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale, **extra)
+            try:
+                with sdpa_kernel(_sdpa_backend_enum(kernel)):
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale, **extra)
+            except RuntimeError as e:
+                if self.kernel is None or not _no_kernel(e):
+                    raise
+                raise self._refused(q, k, v, attn_bias, scale, extra) from e
         if dead is not None:
             out = fix_dead_rows(out, v, dead)
         return out if out.dtype == out_dtype else out.to(out_dtype)
+
+    def _refused(self, q, k, v, attn_bias, scale, extra) -> BackendUnavailable:
+        """torch found no kernel under the pin: the error names the pinned kernel, the
+        call, torch's reasons (the warnings it gives while checking the kernel, caught by
+        trying the call again) and what to use instead."""
+        reasons = []
+        if not torch.compiler.is_compiling():  # warnings cannot be caught inside a graph
+            reasons = _torch_reasons(self.kernel, q, k, v, attn_bias, scale, extra)
+        if not reasons:
+            call = AttentionCall.from_tensors(q, k, v, attn_bias, causal=bool(extra.get("is_causal")),
+                                              dropout="dropout_p" in extra)
+            reasons = Backend.not_supported_reasons(self, call)
+        if not reasons:
+            reasons = ["torch's SDPA found no kernel for it under this pin and gave no reason"]
+        others = "SDPAProcessor() without a pinned kernel (torch then chooses one that can)"
+        if self.kernel != "math":
+            others += ", kernel='math' (it takes every call torch's SDPA takes)"
+        return BackendUnavailable(
+            f"the pinned SDPA kernel={self.kernel!r} cannot serve {_describe_tensors(q, k, v, attn_bias)}: "
+            + "; ".join(reasons) + f". Use {others}, or attnkit.auto()",
+            reasons={self.name: reasons},
+        )
 
 
     def forward_with_lse(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None):
@@ -179,3 +245,63 @@ class SDPABackend(Backend):
 
 def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def _pinned(kernel: str | None) -> SDPABackend:
+    """One SDPABackend per kernel, to ask which of them can serve a call."""
+    backend = _PINNED.get(kernel)
+    if backend is None:
+        backend = _PINNED[kernel] = SDPABackend(kernel)
+    return backend
+
+
+_PINNED: dict[str | None, SDPABackend] = {}
+
+
+def _no_kernel(e: RuntimeError) -> bool:
+    """torch's error for "the enabled kernels cannot take this call" (its wording differs
+    by version and device: 2.13 on the CPU says the first for flash, the second for the
+    kernels that have no CPU implementation)."""
+    text = str(e)
+    return "No available kernel" in text or "No viable backend" in text
+
+
+def _torch_reasons(kernel: str, q, k, v, attn_bias, scale, extra) -> list[str]:
+    """Why torch refused the pinned kernel, in its own words: it says so in warnings
+    while it checks the kernel, shown once per process at best; the call is tried again to
+    catch them (it fails in the checks, before any work)."""
+    from torch.nn.attention import sdpa_kernel
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(_sdpa_backend_enum(kernel)):
+                F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale, **extra)
+        except RuntimeError:
+            pass
+    return [_strip_torch_warning(str(w.message)) for w in caught
+            if "kernel not used because" not in str(w.message)]
+
+
+def _strip_torch_warning(text: str) -> str:
+    return text.split(" (Triggered internally at")[0].strip().rstrip(".")
+
+
+def _describe_call(call: AttentionCall) -> str:
+    """"cpu float32 B=1 H=2 M=4 N=4 D=16 mask=none grad": the declared call, briefly."""
+    lengths = "" if call.q_len is None else f" B={call.batch} H={call.heads} M={call.q_len} N={call.kv_len}"
+    flags = [name for name, on in (("grad", call.requires_grad), ("causal", call.causal),
+                                   ("dropout", call.dropout), ("lse", call.lse)) if on]
+    return (f"{call.device.type} {dtype_name(call.dtype)}{lengths} D={call.head_dim} mask={call.mask}"
+            + "".join(" " + f for f in flags))
+
+
+def _describe_tensors(q, k, v, attn_bias) -> str:
+    """"q (1, 2, 5, 8), k (1, 2, 7, 8), v (1, 2, 7, 16) float32 on cpu, mask=bias (1, 2, 5, 7)
+    float32 requiring grad": the call as torch got it, briefly."""
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} {dtype_name(q.dtype)} on {q.device.type}"
+    if attn_bias is None:
+        return shapes + ", no mask"
+    grad = " requiring grad" if attn_bias.requires_grad else ""
+    return (f"{shapes}, mask={mask_kind(attn_bias)} {tuple(attn_bias.shape)} {dtype_name(attn_bias.dtype)}"
+            f"{grad}")
