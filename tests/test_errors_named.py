@@ -1,14 +1,21 @@
 """Errors that name the value, the limit and the way out: a pinned SDPA kernel that
-cannot serve a call."""
+cannot serve a call, and ``attnkit info --model`` given something that is not a model's
+config."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 from diffusers.models.attention_processor import Attention
 
 import attnkit
+from attnkit import info
+from attnkit.__main__ import main
 from attnkit.backends import BackendUnavailable, get_backend
 
 WAY_OUT = ("SDPAProcessor()", "attnkit.auto()")
@@ -84,3 +91,97 @@ def test_reasons_of_an_unpinned_or_servable_call_are_unchanged():
     # a call no SDPA kernel serves: only auto() is offered
     assert get_backend("sdpa", kernel="math").not_supported_reasons(lse_cuda)[-1].endswith(
         "no SDPA kernel serves it here: use attnkit.auto()")
+
+
+# -- attnkit info --model -----------------------------------------------------------------
+MODEL_NAMES = ("sd15_unet", "sd15_vae", "sdxl_unet", "flux_dev_transformer", "sd3_medium_transformer",
+               "wan21_t2v_1.3b_transformer")
+
+
+def _info_model(capsys, value) -> tuple[int, str, str]:
+    rc = main(["info", "--model", str(value)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _suggested(err: str) -> list[str]:
+    return err.strip().rsplit("one of attnkit's: ", 1)[1].split(", ")
+
+
+def _assert_clear(err: str, value) -> None:
+    """One line, naming the value and what --model takes; no traceback."""
+    assert err.startswith(f"attnkit info: --model {str(value)!r}") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    if "cannot build" in err:  # a model's config, with values its class does not take
+        return
+    assert "a folder holding config.json" in err and "sd15_unet" in err
+    assert not any("scheduler" in name for name in _suggested(err)), err
+
+
+def test_a_scheduler_is_not_a_model(capsys):
+    rc, out, err = _info_model(capsys, "sd15_scheduler")
+    assert rc == 2 and out == ""
+    _assert_clear(err, "sd15_scheduler")
+    assert "'sd15_scheduler' (DDIMScheduler) is a scheduler's config, which has no attention modules" in err
+
+
+def test_the_command_line_says_it_without_a_traceback(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "attnkit", "info", "--model", "sd15_scheduler"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    _assert_clear(out.stderr, "sd15_scheduler")
+
+
+def test_every_name_suggested_works_with_model(capsys):
+    rc, _, err = _info_model(capsys, "no-such-model")
+    assert rc == 2
+    _assert_clear(err, "no-such-model")
+    assert "no such file or folder, nor a config shipped with attnkit" in err
+    names = _suggested(err)
+    assert set(MODEL_NAMES) <= set(names) and names == info.shipped_models()
+    for name in names:
+        rc, out, err = _info_model(capsys, name)
+        assert rc == 0 and err == "" and re.match(r"\w+: \d+ attention modules", out), (name, out, err)
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "make,says",
+    [
+        (lambda d: d / "missing" / "config.json", "no such file or folder"),
+        (lambda d: d, "is a folder without config.json;"),
+        (lambda d: _write(d, "scheduler/scheduler_config.json", "{}").parent.parent,
+         "is a folder without config.json;"),
+        (lambda d: _write(d, "unet/config.json", "{}").parent.parent,
+         "is a folder without config.json (its subfolders unet/ have one: give one of those)"),
+        (lambda d: _write(d, "configs/a.json", "{}").parent, "(it holds 1 .json file: give one's path)"),
+        (lambda d: _write(d, "config.json", "not json {"), "is not a JSON file (Expecting value: line 1"),
+        (lambda d: _write(d, "config.json", "[1, 2]"), "holds a JSON list, not a config"),
+        (lambda d: _write(d, "config.json", json.dumps({"architectures": ["CLIPTextModel"]})),
+         "is not a diffusers config (it names no _class_name)"),
+        (lambda d: _write(d, "config.json", json.dumps({"_class_name": "NoSuchModel2D"})),
+         "names class 'NoSuchModel2D', which diffusers"),
+        (lambda d: _write(d, "model_index.json", json.dumps({"_class_name": "StableDiffusionPipeline",
+                                                              "unet": ["diffusers", "UNet2DConditionModel"],
+                                                              "vae": ["diffusers", "AutoencoderKL"]})),
+         "(StableDiffusionPipeline) is a pipeline's config (model_index.json): its models are in its subfolders "
+         "(unet/, vae/), not a model's"),
+        (lambda d: _write(d, "config.json", json.dumps({"_class_name": "AutoencoderKL", "block_out_channels": 3})),
+         "cannot build AutoencoderKL from it (TypeError: 'int' object is not subscriptable); check the config "
+         "against that version's AutoencoderKL"),
+    ],
+    ids=["missing-path", "empty-folder", "folder-of-folders", "pipeline-folder", "folder-of-json", "not-json",
+         "json-list", "transformers-config", "unknown-class", "pipeline-config", "unbuildable"],
+)
+def test_what_is_not_a_model_config_is_said_in_one_line(capsys, tmp_path, make, says):
+    value = make(tmp_path)
+    rc, out, err = _info_model(capsys, value)
+    assert rc == 2 and out == ""
+    _assert_clear(err, value)
+    assert says in err, err
