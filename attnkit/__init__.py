@@ -18,6 +18,9 @@ from .chooser import AutoProcessor, auto
 from .apply import PROCESSOR_NAMES, Applied, apply, plan, processor
 from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
 from . import diffusers_backend  # noqa: E402,F401  (registers "attnkit" with diffusers' dispatcher)
+from . import binding as _binding  # noqa: E402
+
+_binding.install()  # set_attn_processor notes what attnkit's processor replaces, per module
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from . import binding, diffusers_backend
 from .chooser import auto
 from .processor import PROCESSORS, AttnkitProcessor
 from .routes import Route, bind_module, bound_processor, classify, classify_forward
@@ -32,9 +33,22 @@ class Applied(dict):
     """What :func:`apply` did: {module name: "attnkit" | the kept processor's class name},
     with ``routes`` ({module name: Route}) saying how and why, and ``explain()``."""
 
-    def __init__(self, routes: dict[str, Route], kept_names: dict[str, str]):
+    def __init__(self, routes: dict[str, Route], kept_names: dict[str, str],
+                 modules: dict[str, nn.Module] | None = None):
         super().__init__({name: ("attnkit" if r.served else kept_names[name]) for name, r in routes.items()})
         self.routes = routes
+        self._modules = dict(modules or {})
+
+    def undo(self) -> None:
+        """Put back every processor (and module method) this apply replaced: the model
+        then computes exactly what it did before."""
+        for module in self._modules.values():
+            binding.undo(module)
+        self._modules.clear()
+        model = getattr(self, "_model", None)
+        if model is not None:
+            model.__dict__.pop("_attnkit_applied", None)
+            binding.forget(model)
 
     def summary(self) -> str:
         counts = Counter(r.kind for r in self.routes.values())
@@ -90,12 +104,12 @@ def plan(model: nn.Module) -> Applied:
     """What :func:`apply` would do to ``model``, without changing it: every attention
     module's route and the reason (``attnkit.plan(model).explain()``; ``attnkit info
     --model DIR`` prints it for a model's config)."""
-    from . import diffusers_backend
-
+    if not isinstance(model, nn.Module):
+        return AppliedPipeline({name: plan(c) for name, c in _components(model, "plan").items()})
     routes: dict[str, Route] = {}
     kept_names: dict[str, str] = {}
     for name, module, route in attention_modules(model):
-        old = getattr(module, "processor", None)
+        old = binding.stock_of(module)
         if route is None:
             route = classify(old, module)
             if route.kind == "dispatch" and diffusers_backend.PROBLEM is not None:
@@ -125,43 +139,80 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
     if not isinstance(proc, AttnkitProcessor):
         raise TypeError(f"attnkit.apply takes an attnkit processor (attnkit.auto(), attnkit.processor(name)), "
                         f"not {type(proc).__name__}")
+    if not isinstance(model, nn.Module):
+        return AppliedPipeline({name: apply(c, proc) for name, c in _components(model, "apply").items()})
     routes: dict[str, Route] = {}
     kept_names: dict[str, str] = {}
+    touched: dict[str, nn.Module] = {}
     for name, module, route in attention_modules(model):
         module._attnkit_name = name
-        old = getattr(module, "processor", None)
         if route is not None:  # no processor: its own forward
             if route.kind == "forward":
                 bind_module(module, proc.chooser)
+                binding.protect_pickle(module)
+                touched[name] = module
             routes[name] = route
             kept_names[name] = type(module).__name__
             continue
+        old = binding.stock_of(module)
         route = classify(old, module)
+        if route.kind == "dispatch" and diffusers_backend.PROBLEM is not None:
+            route = Route("kept", diffusers_backend.PROBLEM)
+        if route.served:
+            binding.record(module, old)
+            touched[name] = module
         if route.kind == "dispatch":
-            route = _route_dispatch(old, proc, route)
+            _set(module, binding.dispatch_copy(old, proc))
         elif route.kind == "protocol":
             _set(module, proc)
         elif route.kind == "sdpa":
             _set(module, bound_processor(old, proc.chooser))
         routes[name] = route
         kept_names[name] = type(old).__name__
-    applied = Applied(routes, kept_names)
+    applied = Applied(routes, kept_names, touched)
     logger.info("attnkit.apply(%s): %s", type(model).__name__, applied.summary())
     for name, route in routes.items():
         if not route.served:
             logger.info("attnkit.apply: kept %s: %s", name, route.reason)
     model._attnkit_applied = applied
+    applied._model = model
+    binding.protect_pickle(model)
     proc._applied.append((type(model).__name__, applied))
     return applied
 
 
-def _route_dispatch(old: Any, proc: AttnkitProcessor, route: Route) -> Route:
-    from . import diffusers_backend
+class AppliedPipeline(dict):
+    """What :func:`apply` did to a pipeline: {component name: :class:`Applied`}, for every
+    component with attention (the UNet or transformer, the VAE, text encoders, ...)."""
 
-    if diffusers_backend.PROBLEM is not None:
-        return Route("kept", diffusers_backend.PROBLEM)
-    old._attention_backend = diffusers_backend.member_for(proc)
-    return route
+    def summary(self) -> str:
+        return "; ".join(f"{name}: {applied.summary()}" for name, applied in self.items())
+
+    def explain(self, per_module: bool = False) -> str:
+        return "\n".join(f"{name}: {applied.explain(per_module)}" for name, applied in self.items())
+
+    def undo(self) -> None:
+        """Undo every component's (see :meth:`Applied.undo`)."""
+        for applied in self.values():
+            applied.undo()
+
+    def __repr__(self) -> str:
+        return f"AppliedPipeline({self.summary()})"
+
+
+def _components(pipe: Any, what: str) -> dict[str, nn.Module]:
+    """A diffusers pipeline's components that compute attention."""
+    components = getattr(pipe, "components", None)
+    if not isinstance(components, dict):
+        raise TypeError(
+            f"attnkit.{what} takes a model (an nn.Module such as pipe.unet or pipe.transformer) or a diffusers "
+            f"pipeline (with .components), not {type(pipe).__name__}"
+        )
+    out = {name: c for name, c in components.items() if isinstance(c, nn.Module) and attention_modules(c)}
+    if not out:
+        raise ValueError(f"attnkit.{what}: no component of {type(pipe).__name__} computes attention "
+                         f"(components: {', '.join(components) or 'none'})")
+    return out
 
 
 def _set(module: nn.Module, new: Any) -> None:
@@ -172,4 +223,4 @@ def _set(module: nn.Module, new: Any) -> None:
         module.processor = new
 
 
-__all__ = ["PROCESSOR_NAMES", "Applied", "apply", "attention_modules", "plan", "processor"]
+__all__ = ["PROCESSOR_NAMES", "Applied", "AppliedPipeline", "apply", "attention_modules", "plan", "processor"]

@@ -60,7 +60,9 @@ from ._text import describe_exception
 from .backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from .backends.base import compile_key
 from .policy import CANDIDATES, LAST_RESORT, LOCK, describe_call, installed_packages
-from .processor import AttnkitProcessor, call_flags, describe_module, run_backend
+from .processor import (
+    AttnkitProcessor, call_flags, check_finite_on, describe_module, finite_checked, run_backend,
+)
 
 logger = logging.getLogger("attnkit")
 
@@ -125,6 +127,7 @@ class AutoChooser(CompileOwner):
                 f"{', '.join(CANDIDATES)} (or unset it to let auto() choose)"
             )
         self.forced: str | None = forced
+        self.check_finite = check_finite_on()
         self._slots = {label: _Slot() for label in CANDIDATES}
         for label, opts in backend_options.items():
             # bad options are the caller's mistake: say so now, not as a skipped backend
@@ -147,6 +150,14 @@ class AutoChooser(CompileOwner):
     # -- the per-call path ----------------------------------------------------------
     def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                   return_lse=False):
+        if self.check_finite:
+            return finite_checked(who, self._attention, q, k, v, attn_bias, scale, upcast, causal_offset,
+                                  dropout_p, return_lse)
+        return self._attention(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset,
+                               dropout_p=dropout_p, return_lse=return_lse)
+
+    def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
+                   return_lse=False):
         flags = call_flags(causal_offset, dropout_p, return_lse)
         args = (q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
         if is_compiling():
@@ -292,31 +303,37 @@ class AutoChooser(CompileOwner):
 
     # -- failures at run time -------------------------------------------------------
     def _fall_back(self, sig, exc, who, args):
+        """The next backends of the walk, tried in turn; the signature is handed to one only
+        once it has served the call. When every backend fails, the input is at fault (a
+        shape no backend takes, ...): the first error is raised and nothing is demoted."""
         if self.forced is not None:
             raise exc
         first = exc
         with LOCK:
             record = self._records[sig]
+        failed = dict(record.failed)
+        failed_label = record.backend
         while True:
-            failed_label = record.backend
-            failed = {**record.failed, failed_label: describe_exception(exc)}
+            failed[failed_label] = describe_exception(exc)
             label, table, _ = self.walk(record.call, failed)
             if label is None:
                 raise first
-            self._warn_once(
-                ("failed", sig, failed_label),
-                "attnkit.auto(): %s failed on %s (%s) in %s; falling back to %s for this signature",
-                failed_label, describe_call(record.call), describe_exception(exc), describe_module(who), label,
-            )
-            backend = self.backend(label)
-            record = replace(record, backend=label, table=table, how="fallback", failed=failed)
-            with LOCK:
-                self._records[sig] = record
-                self._decisions[sig] = backend
             try:
-                return run_backend(backend, *args)
+                out = run_backend(self.backend(label), *args)
             except Exception as e:
-                exc = e
+                exc, failed_label = e, label
+                continue
+            for bad in [x for x in failed if x not in record.failed]:
+                self._warn_once(
+                    ("failed", sig, bad),
+                    "attnkit.auto(): %s failed on %s (%s) in %s; falling back to %s for this signature "
+                    "(explain() shows it)",
+                    bad, describe_call(record.call), failed[bad], describe_module(who), label,
+                )
+            with LOCK:
+                self._records[sig] = replace(record, backend=label, table=table, how="fallback", failed=failed)
+                self._decisions[sig] = self.backend(label)
+            return out
 
     # -- under torch.compile ------------------------------------------------------------
     def choose_for_compile(self, sig: Signature) -> str:
@@ -460,7 +477,14 @@ def auto(**options: Any) -> AutoProcessor:
     ``backends={label: Backend}``, ``tune_iters``. ``ATTNKIT_BACKEND=name`` forces one
     backend. ``processor.explain()`` shows every decision and why.
     """
+    unknown = sorted(set(options) - set(AUTO_OPTIONS))
+    if unknown:
+        raise TypeError(f"attnkit.auto() has no option {', '.join(map(repr, unknown))}; its options are "
+                        f"{', '.join(AUTO_OPTIONS)} (help(attnkit.auto) says what each does)")
     return AutoProcessor(**options)
+
+
+AUTO_OPTIONS = ("tune", "cache_path", "order", "exclude", "backend_options", "backends", "tune_iters")
 
 
 __all__ = ["AutoChooser", "AutoProcessor", "Decision", "ENV_VAR", "auto", "format_decision", "log_line"]

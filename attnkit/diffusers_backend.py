@@ -41,10 +41,12 @@ from typing import Any, Callable
 
 import torch
 
+from .protocol import Caller
+
 logger = logging.getLogger("attnkit")
 
 PREFIX = "attnkit"
-DISPATCH_WHO = "a dispatch_attention_fn call"
+DISPATCH_WHO = "through dispatch_attention_fn"
 # What attnkit's backend function implements of dispatch_attention_fn's arguments.
 KNOWN_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa",
               "return_lse", "_parallel_config")
@@ -131,21 +133,28 @@ def _add_member(value: str):
     member._name_ = value.upper()
     member._value_ = value
     member.__objclass__ = names
+    # Pickled as None, diffusers' "the process-wide backend": a model saved with one of
+    # attnkit's names loads without attnkit, as the stock model.
+    member.__reduce_ex__ = _pickled_as_default
     names._member_map_[member._name_] = member
     names._value2member_map_[value] = member
     names._member_names_.append(member._name_)
     return member
 
 
-def _register(value: str, chooser_factory: Callable[[], Any]):
-    """Register ``value`` in diffusers' registry, backed by the chooser the factory
-    makes (once, on first use). Returns the enum member."""
+def _pickled_as_default(protocol):
+    return type(None), ()
+
+
+def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: Any = None):
+    """Register ``value`` in diffusers' registry, backed by ``chooser``, or by the chooser
+    the factory makes (once, on first use). Returns the enum member."""
     require()
     with _LOCK:
         member = _add_member(value)
         registry = _dispatch._AttentionBackendRegistry
         if member not in registry._backends:
-            holder = _ChooserHolder(chooser_factory)
+            holder = _ChooserHolder(chooser_factory, chooser)
             fn = functools.partial(attention, _holder=holder)
             functools.update_wrapper(fn, attention)
             registry._backends[member] = fn
@@ -167,10 +176,12 @@ class _ChooserHolder:
         self.factory, self.chooser = factory, chooser
 
     def get(self):
-        if self.chooser is None:
-            with _LOCK:
-                if self.chooser is None:
-                    self.chooser = self.factory()
+        chooser = self.chooser
+        if chooser is not None:  # the hot path, and torch.compile's trace: no lock
+            return chooser
+        with _LOCK:
+            if self.chooser is None:
+                self.chooser = self.factory()
         return self.chooser
 
 
@@ -179,10 +190,21 @@ def member_for(processor) -> Any:
     attnkit processor, e.g. ``attnkit.auto(tune=True)``): made once per processor."""
     member = getattr(processor, "_diffusers_backend", None)
     if member is None:
-        chooser = processor.chooser
-        member = _register(f"{PREFIX}_{next(_COUNTER)}", lambda: chooser)
+        member = _register(f"{PREFIX}_{next(_COUNTER)}", None, processor.chooser)
         processor._diffusers_backend = member
     return member
+
+
+def prepare(name: str) -> None:
+    """Make the chooser behind attnkit's backend ``name`` now (set_attention_backend
+    calls it), so that torch.compile never meets its lazy creation while tracing."""
+    if _dispatch is None or PROBLEM is not None:
+        return
+    member = _dispatch.AttentionBackendName._value2member_map_.get(name)
+    fn = _dispatch._AttentionBackendRegistry._backends.get(member) if member is not None else None
+    holder = getattr(fn, "keywords", {}).get("_holder")
+    if holder is not None:
+        holder.get()
 
 
 def registered_names() -> list[str]:
@@ -243,17 +265,34 @@ def attention(
 
         return context_parallel(_holder.get(), query, key, value, attn_mask, dropout_p, is_causal, scale,
                                 enable_gqa, return_lse, _parallel_config)
+    check_qkv(query, key, value)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     k, v = expand_kv_heads(q, k, v, enable_gqa)
     bias = mask_to_bias(attn_mask, q, k)
     out = _holder.get().attention(
-        DISPATCH_WHO, q, k, v, bias, scale, False,
+        _CALLER, q, k, v, bias, scale, False,
         causal_offset=0 if is_causal else None, dropout_p=float(dropout_p), return_lse=return_lse,
     )
     if return_lse:
         out, lse = out
         return out.transpose(1, 2), lse.transpose(1, 2)
     return out.transpose(1, 2)
+
+
+_CALLER = Caller(DISPATCH_WHO)
+
+
+def check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    """Refuse, before any backend sees them, (B, S, H, D) tensors no attention can take:
+    an input error, never a backend's failure (auto() then demotes nothing)."""
+    qs, ks, vs = query.shape, key.shape, value.shape
+    if len(qs) == len(ks) == len(vs) == 4 and qs[0] == ks[0] == vs[0] and qs[3] == ks[3] and ks[1:3] == vs[1:3]:
+        return
+    raise ValueError(
+        f"dispatch_attention_fn was given query {tuple(qs)}, key {tuple(ks)} and value {tuple(vs)} "
+        f"(batch, tokens, heads, head_dim): query and key need the same batch and head_dim, and key and value "
+        f"the same batch, tokens and heads. Check the projections and the head split before the call"
+    )
 
 
 def expand_kv_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool):
@@ -279,13 +318,19 @@ def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
 
     if attn_mask is None:
         return None
-    if not isinstance(attn_mask, torch.Tensor):
-        raise UnsupportedModule(
-            f"attn_mask is a {type(attn_mask).__name__} (a flex-attention BlockMask?), which attnkit does "
-            "not implement; this module needs diffusers' flex backend (attnkit.apply keeps its processor)"
-        )
     b, h, m, _ = q.shape
     n = k.shape[-2]
+    if not isinstance(attn_mask, torch.Tensor):
+        if "BlockMask" in type(attn_mask).__name__:
+            raise UnsupportedModule(
+                f"attn_mask is a flex-attention {type(attn_mask).__name__}, which attnkit does not implement; "
+                "this module needs diffusers' flex backend (attnkit.apply keeps its processor)"
+            )
+        raise ValueError(
+            f"attn_mask is a {type(attn_mask).__module__}.{type(attn_mask).__name__}; pass a torch.Tensor of "
+            f"shape (batch={b}, keys={n}) or broadcastable to (batch, heads, queries={m}, keys), boolean "
+            "(True = attend) or additive float (torch.as_tensor turns a list or a numpy array into one)"
+        )
     mask = attn_mask
     if mask.dim() == 2 and mask.shape[0] == b and mask.shape[1] == n:
         mask = mask[:, None, None, :]

@@ -39,6 +39,7 @@ from .protocol import (  # noqa: F401  (UnsupportedModule and the checks are par
 )
 from .backends import AttentionCall, Backend, BackendUnavailable, Signature, get_backend, signature
 from .backends.base import compile_key
+from .binding import SERVE, protocol_fits, served_by
 
 logger = logging.getLogger("attnkit")
 
@@ -64,6 +65,20 @@ def run_backend(backend: Backend, q, k, v, attn_bias, scale, upcast, causal_offs
     return backend.forward(q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p)
 
 
+def finite_checked(who, run, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse):
+    """``run(...)`` with ATTNKIT_CHECK_FINITE's checks of its inputs and output, naming
+    ``who``: every route's calls pass here (a debugging aid: it syncs with the device)."""
+    _check_finite(who, q=q, k=k, v=v, **({} if attn_bias is None else {"attn_bias": attn_bias}))
+    out = run(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p,
+              return_lse=return_lse)
+    _check_finite(who, output=out[0] if return_lse else out)
+    return out
+
+
+def check_finite_on() -> bool:
+    return os.environ.get(CHECK_FINITE_VAR, "") not in ("", "0")
+
+
 def call_flags(causal_offset, dropout_p: float, return_lse: bool) -> tuple[bool, bool, bool]:
     """(causal, dropout, lse): the flags of a call's signature, as plain bools. Under
     torch.compile(dynamic=True) ``dropout_p > 0.0`` is symbolic, and the trace-time
@@ -78,11 +93,20 @@ class FixedChooser(CompileOwner):
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self._reasons: dict[Signature, list[str]] = {}
+        self.check_finite = check_finite_on()
         self._take_compile_token()
         mark_compile_constant(_fixed_problem)
 
     def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                   return_lse=False):
+        if self.check_finite:
+            return finite_checked(who, self._attention, q, k, v, attn_bias, scale, upcast, causal_offset,
+                                  dropout_p, return_lse)
+        return self._attention(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset,
+                               dropout_p=dropout_p, return_lse=return_lse)
+
+    def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
+                   return_lse=False):
         flags = call_flags(causal_offset, dropout_p, return_lse)
         if is_compiling():
             problem = _fixed_problem(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
@@ -130,8 +154,6 @@ class AttnkitProcessor:
 
     backend_name: str | None = None
 
-    _default_processors: dict
-
     def __init__(self, backend: Backend | str | Chooser | None = None, **options: Any):
         if backend is None:
             backend = self.backend_name
@@ -142,10 +164,6 @@ class AttnkitProcessor:
         elif options:
             raise ValueError(f"options {sorted(options)} go to the backend's constructor, not with an instance")
         self.chooser: Chooser = FixedChooser(backend) if isinstance(backend, Backend) else backend
-        self.check_finite = os.environ.get(CHECK_FINITE_VAR, "") not in ("", "0")
-        # per module class (not per layer): the default processor of diffusers' transformer
-        # modules, run with attnkit's attention
-        self._default_processors = {}
         # (model class, attnkit.Applied) for every model attnkit.apply gave this processor
         self._applied: list = []
 
@@ -164,53 +182,36 @@ class AttnkitProcessor:
 
     # -- diffusers' protocol --------------------------------------------------------------
     def __call__(self, attn: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """What a module's forward calls. diffusers' transformer modules
-        (AttentionModuleMixin, each with its own calling convention) run their own
-        default processor with attnkit serving its dispatch_attention_fn call; legacy
-        Attention modules get diffusers' Attention protocol, computed here.
+        """What a module's forward calls. Each module is served by what its own processor
+        computed before (see :mod:`attnkit.binding`): diffusers' Attention protocol here,
+        or the replaced processor with attnkit's attention (its dispatch_attention_fn or
+        scaled_dot_product_attention call), or a refusal where attnkit cannot compute it
+        exactly (linear attention, ...).
 
         The signature diffusers sees (``__signature__``, below) names every argument a
         diffusers processor takes, so that a module never filters one out before it
         reaches attnkit: what is then not implemented is refused, never dropped.
         """
-        if _is_mixin(attn):
-            return self._delegate(attn, args, kwargs)
-        return self._protocol(attn, *args, **kwargs)
-
-    def _delegate(self, attn: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
-        inner = self._default_processors.get(type(attn))
+        serve = attn.__dict__.get(SERVE)
+        if serve is None or serve[0] is not self:
+            serve = self._bind(attn)
+        inner = serve[1]
         if inner is None:
-            if is_compiling():
-                raise UnsupportedModule(
-                    f"attnkit's processor meets {describe_module(attn)} for the first time under torch.compile, "
-                    f"and binding it reads the source of its default processor, which torch.compile cannot trace. "
-                    f"Run the model once before compiling it, or bind everything up front with "
-                    f"attnkit.apply(model, processor)"
-                )
-            inner = self._default_processor(attn)
+            return self._protocol(attn, *args, **kwargs)
         inner._parallel_config = getattr(self, "_parallel_config", None)
         return inner(attn, *args, **kwargs)
 
-    def _default_processor(self, attn: nn.Module):
-        from . import diffusers_backend
-        from .routes import classify
-
-        cls = getattr(attn, "_default_processor_cls", None)
-        if cls is None:
+    def _bind(self, attn: nn.Module):
+        if is_compiling():
+            if protocol_fits(attn):  # decided from the module alone: nothing stored while tracing
+                return (self, None)
             raise UnsupportedModule(
-                f"attnkit's processor cannot serve {describe_module(attn)}: {type(attn).__name__} names no "
-                f"default processor to run with attnkit's attention. {APPLY_HINT}."
+                f"attnkit's processor meets {describe_module(attn)} for the first time under torch.compile, "
+                f"and binding it reads the source of its processor, which torch.compile cannot trace. Set the "
+                f"processor with set_attn_processor / set_processor, run the model once before compiling it, or "
+                f"bind everything up front with attnkit.apply(model, processor)"
             )
-        inner = cls()
-        route = classify(inner, attn)
-        if route.kind != "dispatch":
-            raise UnsupportedModule(
-                f"attnkit's processor cannot serve {describe_module(attn)}: {route.reason}. {APPLY_HINT}."
-            )
-        diffusers_backend.require()
-        inner._attention_backend = diffusers_backend.member_for(self)
-        self._default_processors[type(attn)] = inner
-        return inner
+        return served_by(self, attn)
 
     def _protocol(
         self,
@@ -298,11 +299,7 @@ class AttnkitProcessor:
 
         bias = None if attention_mask is None else prepare_bias(attention_mask, batch, heads, q_len, kv_len, q.dtype, attn)
         upcast = bool(attrs["upcast_attention"] or attrs["upcast_softmax"])
-        if self.check_finite:
-            _check_finite(attn, q=q, k=k, v=v, **({} if bias is None else {"attn_bias": bias}))
         out = self.chooser.attention(attn, q, k, v, bias, attrs["scale"], upcast)
-        if self.check_finite:
-            _check_finite(attn, output=out)
 
         out = out.transpose(1, 2).reshape(batch, q_len, heads * out.shape[-1])
         if out.dtype != query.dtype:
@@ -319,29 +316,6 @@ class AttnkitProcessor:
 
 
 AttnkitProcessor.__call__.__signature__ = advertised_signature()
-
-
-def _is_mixin(attn: nn.Module) -> bool:
-    if is_compiling():
-        # No cache write while tracing: a cache filled there fails the guard of the next
-        # call, which then compiles again.
-        return _mixin_check(attn)
-    cls = type(attn)
-    known = _MIXIN_CLASSES.get(cls)
-    if known is None:
-        known = _MIXIN_CLASSES[cls] = _mixin_check(attn)
-    return known
-
-
-def _mixin_check(attn: nn.Module) -> bool:
-    try:
-        from diffusers.models.attention import AttentionModuleMixin
-    except ImportError:  # an older diffusers: no transformer modules of that kind
-        return False
-    return isinstance(attn, AttentionModuleMixin)
-
-
-_MIXIN_CLASSES: dict[type, bool] = {}
 
 
 class VanillaProcessor(AttnkitProcessor):

@@ -5,6 +5,7 @@ argument names it advertises, and how it refuses what it does not implement."""
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 import torch
@@ -21,6 +22,8 @@ def describe_module(attn: nn.Module | str | None) -> str:
         return "this call"
     if isinstance(attn, str):
         return attn
+    if isinstance(attn, Caller):
+        return attn.describe()
     name = getattr(attn, "_attnkit_name", None)
     heads = getattr(attn, "heads", "?")
     inner = getattr(getattr(attn, "to_q", None), "out_features", None)
@@ -29,9 +32,44 @@ def describe_module(attn: nn.Module | str | None) -> str:
     return f"{name} [{label}]" if name else label
 
 
+class Caller:
+    """Who makes an attention call that arrives without its module (a processor's
+    dispatch_attention_fn or scaled_dot_product_attention call): found on the call stack
+    only when a log line or an error names it, never on the hot path."""
+
+    __slots__ = ("how",)
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def describe(self) -> str:
+        frame = sys._getframe(1)
+        module = model = None
+        while frame is not None:
+            local = frame.f_locals
+            attn, owner = local.get("attn"), local.get("self")
+            if module is None and isinstance(attn, nn.Module):
+                module = attn
+            if isinstance(owner, nn.Module):
+                if module is None and hasattr(owner, "processor"):
+                    module = owner
+                model = owner  # the outermost module on the stack: the model
+            frame = frame.f_back
+        if module is None:
+            return self.how
+        if getattr(module, "_attnkit_name", None) is None and model is not None and model is not module:
+            name = next((n for n, m in model.named_modules() if m is module), None)
+            if name:
+                module._attnkit_name = name
+        return f"{describe_module(module)} ({self.how})"
+
+    def __repr__(self) -> str:
+        return self.how
+
+
 APPLY_HINT = (
     "attnkit.apply(model, processor) keeps this module's own processor and serves only its "
-    "attention call (or use model.set_attention_backend(\"attnkit\") on diffusers' transformer models)"
+    "attention call, or keeps the module as it is where attnkit cannot compute it"
 )
 
 
@@ -114,6 +152,14 @@ def prepare_bias(
     """
     if mask is None:
         return None
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
+        what = (f"a {mask.dim()}-d tensor of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor)
+                else f"a {type(mask).__module__}.{type(mask).__name__}")
+        raise ValueError(
+            f"{describe_module(attn)}: attention_mask is {what}; pass a torch.Tensor of shape (batch, {kv_len}), "
+            f"(batch, 1 or {q_len}, {kv_len}) or (batch, heads, 1 or {q_len}, {kv_len}), boolean (True = attend) "
+            "or additive float (torch.as_tensor turns a list or a numpy array into one)"
+        )
     if mask.shape[-1] != kv_len:
         raise ValueError(
             f"{describe_module(attn)}: attention_mask has {mask.shape[-1]} keys in its last "

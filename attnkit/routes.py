@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .protocol import Caller
+
 SDPA = "scaled_dot_product_attention"
 DISPATCH = "dispatch_attention_fn"
 
@@ -233,7 +235,7 @@ def nn_for(chooser, who: str = "") -> types.ModuleType:
 
 
 def _sdpa_for(chooser, who: str):
-    label = f"{who}'s scaled_dot_product_attention call" if who else SDPA_WHO
+    label = Caller(f"{who}'s scaled_dot_product_attention call" if who else SDPA_WHO)
 
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                      scale=None, enable_gqa=False):
@@ -338,13 +340,19 @@ def bind_module(module: nn.Module, chooser) -> None:
     """Serve the attention of a module without a processor (see classify_forward): its
     methods that call scaled_dot_product_attention, or attnkit's forward for a module
     that computes attention by hand, set on the instance."""
+    from .binding import METHODS
+
     adapter = _adapter(module)
     if adapter is not None:
         module.forward = types.MethodType(_with_chooser(adapter, chooser), module)
+        module.__dict__[METHODS] = ("forward",)
         return
+    names = []
     for key, fn in _own_methods(type(module)).items():
         if SDPA in fn.__code__.co_names:
             setattr(module, key, types.MethodType(_rebind(fn, chooser), module))
+            names.append(key)
+    module.__dict__[METHODS] = tuple(names)
 
 
 _UNIQUE = itertools.count()

@@ -228,15 +228,27 @@ def test_set_attn_processor_auto_on_a_transformer_model(seed, case_id):
         assert rel_error(a, b) <= 1e-5
 
 
-def test_set_attn_processor_refuses_a_rotary_embedding_it_cannot_place(seed):
-    """A legacy Attention module given image_rotary_emb: refused, naming the argument,
-    never ignored (HunyuanDiT's silent wrong output)."""
+def test_set_attn_processor_serves_hunyuandit_and_refuses_a_rotary_embedding_it_cannot_place(seed):
+    """HunyuanDiT's processor applies image_rotary_emb itself: set_attn_processor keeps
+    that processor with attnkit's attention, and matches stock. A module computing the
+    plain protocol given image_rotary_emb: refused, naming the argument, never ignored
+    (HunyuanDiT's silent wrong output before it was served)."""
+    from diffusers.models.attention_processor import Attention
+    from attnkit.testing import rel_error
+
     case = BY_ID["HunyuanDiT2DModel"]
+    stock = case.build(0)
+    with torch.no_grad():
+        expected = case.run(stock, case.make_inputs(stock, 0))
     model = case.build(0)
-    model.set_attn_processor(attnkit.auto())
+    model.set_attn_processor(attnkit.processor("vanilla"))
+    with torch.no_grad():
+        got = case.run(model, case.make_inputs(model, 0))
+    assert all(rel_error(a, b) < 1e-5 for a, b in zip(got, expected))
+    attn = Attention(query_dim=32, heads=2, dim_head=16)
+    attn.set_processor(attnkit.auto())
     with pytest.raises(UnsupportedModule, match="image_rotary_emb.*attnkit.apply"):
-        with torch.no_grad():
-            case.run(model, case.make_inputs(model, 0))
+        attn(torch.randn(1, 4, 32), image_rotary_emb=torch.randn(4, 16))
 
 
 def _grads(case, model, inputs):
@@ -329,7 +341,9 @@ def test_plan_explain_and_info_say_how_each_module_is_reached(seed, capsys):
     text = proc.explain()
     assert text.startswith("SanaTransformer2DModel: 4 attention modules: 2 by their own processor")
     assert "SanaLinearAttnProcessor2_0 computes its attention without" in text
-    assert "first seen: SanaAttnProcessor2_0's scaled_dot_product_attention call" in text
+    # the layer, by its name in the model, not just the kind of call
+    assert ("first seen: transformer_blocks.0.attn2 [Attention(heads=2, head_dim=16)] "
+            "(SanaAttnProcessor2_0's scaled_dot_product_attention call)") in text
     # attnkit info --model: the same for a model's config, built on the meta device
     assert info.main(["--model", "sd3_medium_transformer"]) == 0
     out = capsys.readouterr().out

@@ -228,6 +228,35 @@ def test_set_attention_backend_attnkit_matches_stock(case):
     refs.check(outs, f"{case.id} with set_attention_backend('attnkit')")
 
 
+@pytest.mark.parametrize("case", _params())
+def test_set_attn_processor_serves_exactly_or_refuses(case):
+    """``model.set_attn_processor(attnkit processor)`` on every model that has it: each
+    module served by what its own processor computed (as attnkit.apply decides), and
+    equal to stock under the tolerance rule; or, where a module computes what attnkit
+    cannot (linear attention, a flex mask, a hard-coded backend), an UnsupportedModule
+    at the first call naming attnkit.apply. Never a silent change of the math (Sana's
+    linear attention was replaced by softmax attention; CogVideoX's two outputs were
+    returned as one). attnkit's vanilla backend computes every served call, so a route
+    that silently did nothing would count no call."""
+    refs = _refs_of(case)
+    model = case.build(SEED)
+    if not hasattr(model, "set_attn_processor"):
+        pytest.skip(f"{type(model).__name__} has no set_attn_processor")
+    modules = dict(model.named_modules())
+    refused = {name for name, route in attnkit.plan(model).routes.items()
+               if not route.served and hasattr(modules[name], "set_processor")}
+    proc = attnkit.processor("vanilla")
+    calls = _count_calls(proc)
+    model.set_attn_processor(proc)
+    if refused:
+        with pytest.raises(attnkit.UnsupportedModule, match=r"cannot serve .*attnkit\.apply"):
+            _run(case, model, inputs_for(case, model))
+        return
+    outs = _run(case, model, inputs_for(case, model))
+    refs.check(outs, f"{case.id} with model.set_attn_processor(vanilla)")
+    assert calls[0] >= 1, "set_attn_processor's processor computed no attention"
+
+
 def test_every_model_class_with_attention_has_a_case():
     """Discovered from the installed diffusers: a new model class without a case fails."""
     import diffusers

@@ -474,32 +474,34 @@ def test_fused_qkv_projections(seed):
     assert rel_error(out, ref) < 1e-5
 
 
-def test_a_transformer_attention_module_compiles_once_bound_and_says_what_to_do_before(seed):
-    """A diffusers transformer module (AttentionModuleMixin) given an attnkit processor
-    binds its own default processor on its first call, reading that processor's source,
-    which torch.compile cannot trace. Compiled before any eager call: fullgraph=True
-    stops with attnkit's message (what to do); without fullgraph the call runs, and
-    matches eager. After one eager call, fullgraph compiles."""
+def test_a_transformer_attention_module_compiles_before_its_first_call(seed):
+    """A diffusers transformer module (AttentionModuleMixin) given an attnkit processor by
+    set_processor is bound there and then (binding reads its processor's source, which
+    torch.compile cannot trace): fullgraph=True compiles it before any eager call, and
+    matches eager. A processor called on a module it was never set on cannot be bound
+    while tracing: fullgraph stops with attnkit's message (what to do)."""
     import torch._dynamo as dynamo
 
     flux = pytest.importorskip("diffusers.models.transformers.transformer_flux")
 
-    def module():
+    def module(proc=None):
         torch.manual_seed(0)
         attn = flux.FluxAttention(query_dim=32, heads=2, dim_head=16).eval()
-        attn.set_processor(attnkit.auto())
+        if proc is not None:
+            attn.set_processor(proc)
         return attn
 
     x = torch.randn(2, 9, 32)
     with torch.no_grad():
-        expected = module()(x)
+        expected = module(attnkit.auto())(x)
         dynamo.reset()
+        assert rel_error(torch.compile(module(attnkit.auto()), fullgraph=True, backend="eager")(x), expected) < 1e-6
+        dynamo.reset()
+        proc, attn = attnkit.auto(), module()
+
+        def call(x):
+            return proc(attn, x)
+
         with pytest.raises(Exception, match="for the first time under torch.compile"):
-            torch.compile(module(), fullgraph=True, backend="eager")(x)
-        dynamo.reset()
-        assert rel_error(torch.compile(module(), backend="eager")(x), expected) < 1e-6
-        dynamo.reset()
-        attn = module()
-        attn(x)
-        assert rel_error(torch.compile(attn, fullgraph=True, backend="eager")(x), expected) < 1e-6
+            torch.compile(call, fullgraph=True, backend="eager")(x)
     dynamo.reset()

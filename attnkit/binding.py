@@ -1,0 +1,326 @@
+"""What attnkit changed on a module, how the module is then served, and how it is undone.
+
+``model.set_attn_processor(attnkit.auto())`` hands one processor to every attention
+module. A module's own processor is what decides what it computes (linear attention,
+a joint text+image concatenation, two outputs), so attnkit must know what it replaced:
+diffusers' ``set_processor`` is wrapped, once, to note the processor an attnkit one
+replaces (:data:`STOCK`), and to bind the module there and then (:data:`SERVE`), by the
+same routes :func:`attnkit.apply` takes (see :mod:`attnkit.routes`):
+
+* ``protocol``: attnkit's processor computes diffusers' Attention protocol itself;
+* ``dispatch``: a copy of the replaced processor, with its ``dispatch_attention_fn``
+  backend pointed at attnkit;
+* ``sdpa``: a copy of the replaced processor whose ``scaled_dot_product_attention`` is
+  attnkit's;
+* ``kept``: attnkit cannot compute it exactly (linear attention, a flex mask, weights
+  of its own): the first call raises :class:`UnsupportedModule` with the reason.
+
+Binding at set time reads source code, which torch.compile cannot trace; done here, a
+model compiled before its first call needs nothing at trace time.
+
+A module attnkit serves pickles as the stock module it was (``torch.save(model)`` loads
+in a process without attnkit), and :func:`undo` puts the stock processor back.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import sys
+import types
+import weakref
+from typing import Any
+
+from torch import nn
+
+from .protocol import UnsupportedModule, describe_module
+
+logger = logging.getLogger("attnkit")
+
+STOCK = "_attnkit_stock"  # the processor attnkit replaced on this module
+SERVE = "_attnkit_serve"  # (attnkit processor, what serves the call: None = the protocol)
+METHODS = "_attnkit_methods"  # instance methods attnkit set (modules served through their forward)
+_GETSTATE = "__getstate__"
+_UNSET = object()
+
+KEEP_HINT = (
+    "attnkit.apply(model, processor) serves every attention module it can and keeps this one with its own "
+    "processor (`attnkit.plan(model).explain()` shows what it would do)"
+)
+
+
+def is_attnkit(proc: Any) -> bool:
+    """Whether ``proc`` is attnkit's: its processor, a stock processor bound to attnkit's
+    attention, or a copy pointed at attnkit's dispatch backend."""
+    from .processor import AttnkitProcessor
+
+    return (isinstance(proc, AttnkitProcessor) or getattr(type(proc), "_attnkit_chooser", None) is not None
+            or bool(getattr(proc, "__dict__", {}).get("_attnkit_copy")))
+
+
+def current_processor(module: nn.Module) -> Any:
+    try:
+        return module.processor
+    except AttributeError:  # being constructed: no processor yet
+        return None
+
+
+def stock_of(module: nn.Module) -> Any:
+    """The processor this module ran before attnkit's (its current one if attnkit has not
+    replaced it)."""
+    stock = module.__dict__.get(STOCK, _UNSET)
+    return current_processor(module) if stock is _UNSET else stock
+
+
+def default_stock(module: nn.Module) -> Any:
+    """What diffusers would give ``module`` by default: for a module handed an attnkit
+    processor at construction, whose replaced processor is unknown."""
+    cls = getattr(module, "_default_processor_cls", None)
+    if cls is not None:
+        return cls()
+    try:
+        from diffusers.models import attention_processor as ap
+    except ImportError:  # pragma: no cover - diffusers is a dependency
+        return None
+    if isinstance(module, ap.Attention):
+        import torch.nn.functional as F
+
+        if hasattr(F, "scaled_dot_product_attention") and getattr(module, "scale_qk", True):
+            return ap.AttnProcessor2_0()
+        return ap.AttnProcessor()
+    return None
+
+
+def record(module: nn.Module, stock: Any) -> None:
+    """Note that attnkit replaces ``stock`` on ``module`` (the first replacement only: a
+    second attnkit processor keeps the record of what the model had), and make the
+    module pickle as the stock module it was."""
+    if STOCK not in module.__dict__ and not is_attnkit(stock):
+        module.__dict__[STOCK] = stock
+    protect_pickle(module)
+
+
+def served_by(proc, module: nn.Module):
+    """Bind ``module`` to attnkit processor ``proc``: what serves its calls (None: the
+    processor computes the protocol itself; else a callable taking the processor's
+    arguments). Stored on the module."""
+    from . import diffusers_backend
+    from .routes import Route, bound_processor, classify
+
+    stock = module.__dict__.get(STOCK, _UNSET)
+    if stock is _UNSET or stock is None:
+        stock = default_stock(module)
+    route = classify(stock, module)
+    if route.kind == "dispatch" and diffusers_backend.PROBLEM is not None:
+        route = Route("kept", diffusers_backend.PROBLEM)
+    generic, problem = _generic(stock, module)
+    if generic and problem is not None:
+        # diffusers' generic processor does not handle this module either (added k/v
+        # projections, a causal flag, ...): say why, rather than fail inside it
+        route = Route("kept", problem)
+    if route.kind == "protocol" or (generic and problem is None):
+        inner = None
+    elif route.kind == "dispatch":
+        inner = dispatch_copy(stock, proc)
+    elif route.kind == "sdpa":
+        inner = bound_processor(stock, proc.chooser)
+    else:
+        inner = functools.partial(_refuse, route.reason)
+    module.__dict__[SERVE] = (proc, inner)
+    return module.__dict__[SERVE]
+
+
+def _generic(stock: Any, module: nn.Module) -> tuple[bool, str | None]:
+    """(whether ``stock`` is one of diffusers' two generic processors on a legacy Attention
+    module, why the protocol does not fit that module or None). Where it fits, attnkit's
+    processor set on the module computes the protocol with every option of the module
+    (qk-norm under AttnProcessor, attn.scale under AttnProcessor2_0), as it always has."""
+    from diffusers.models import attention_processor as ap
+
+    from .protocol import check_module_problem
+
+    if type(stock) not in (ap.AttnProcessor, ap.AttnProcessor2_0) or not isinstance(module, ap.Attention):
+        return False, None
+    return True, check_module_problem(module, None)
+
+
+def protocol_fits(module: nn.Module) -> bool:
+    """Whether ``module`` is served by the protocol, decided without reading source (as
+    torch.compile traces it): a legacy Attention module the protocol fits, whose replaced
+    processor is unknown or one of diffusers' generic two."""
+    from diffusers.models import attention_processor as ap
+
+    from .protocol import check_module_problem
+
+    if type(module) is not ap.Attention or check_module_problem(module, None) is not None:
+        return False
+    stock = module.__dict__.get(STOCK)
+    return stock is None or type(stock) in (ap.AttnProcessor, ap.AttnProcessor2_0)
+
+
+def dispatch_copy(stock: Any, proc) -> Any:
+    """A copy of the dispatching processor ``stock`` whose backend is ``proc``'s chooser
+    (the stock one is left as it was: undo() puts it back)."""
+    from . import diffusers_backend
+
+    inner = copy.copy(stock)
+    inner._attention_backend = diffusers_backend.member_for(proc)
+    inner._attnkit_copy = True
+    return inner
+
+
+def _refuse(reason: str, attn: nn.Module, *args: Any, **kwargs: Any):
+    raise UnsupportedModule(f"attnkit's processor cannot serve {describe_module(attn)}: {reason}. {KEEP_HINT}.")
+
+
+def forget(module: nn.Module) -> None:
+    """Drop what attnkit noted on ``module`` (a non-attnkit processor was set)."""
+    for key in (STOCK, SERVE, _GETSTATE):
+        module.__dict__.pop(key, None)
+
+
+def undo(module: nn.Module) -> None:
+    """Put back what ``module`` had before attnkit: its processor and its own methods."""
+    stock = module.__dict__.get(STOCK, _UNSET)
+    for name in module.__dict__.pop(METHODS, ()):
+        module.__dict__.pop(name, None)
+    if stock is not _UNSET:
+        setter = getattr(module, "set_processor", None)
+        if setter is not None:
+            setter(stock)
+        else:
+            module.processor = stock
+    forget(module)
+
+
+# -- pickling: a served module is saved as the stock module it was ---------------------------
+def protect_pickle(module: nn.Module) -> None:
+    if _GETSTATE not in module.__dict__:
+        module.__dict__[_GETSTATE] = types.MethodType(_stock_state, module)
+
+
+def _stock_state(self: nn.Module) -> dict:
+    """nn.Module's pickled state, with attnkit's changes taken out: a model saved with
+    torch.save loads where attnkit is not installed, as the stock model (attnkit.apply
+    again after loading). copy.deepcopy keeps attnkit's processors."""
+    state = self.__dict__.copy()
+    state.pop("_compiled_call_impl", None)
+    if _called_from_copy():
+        return state
+    stock = state.get(STOCK, _UNSET)
+    for name in state.get(METHODS, ()):
+        state.pop(name, None)
+    for key in [k for k in state if k.startswith("_attnkit_")] + [_GETSTATE]:
+        state.pop(key, None)
+    if stock is not _UNSET:
+        if isinstance(stock, nn.Module):  # a processor with weights lives among the submodules
+            state.pop("processor", None)
+            state["_modules"] = {**state["_modules"], "processor": stock}
+        else:
+            state["processor"] = stock
+    return state
+
+
+def _called_from_copy() -> bool:
+    frame = sys._getframe(2)
+    return frame is not None and frame.f_globals.get("__name__") == "copy"
+
+
+# -- diffusers' set_processor, wrapped once ------------------------------------------------
+def _wrap(original):
+    @functools.wraps(original)
+    def set_processor(self, processor, *args, **kwargs):
+        old = current_processor(self)
+        result = original(self, processor, *args, **kwargs)
+        from .processor import AttnkitProcessor
+
+        if isinstance(processor, AttnkitProcessor):
+            record(self, old)
+            served_by(processor, self)
+        elif not is_attnkit(processor):
+            forget(self)
+        return result
+
+    set_processor._attnkit_wrapped = True
+    return set_processor
+
+
+def _wrap_set_attention_backend(original):
+    @functools.wraps(original)
+    def set_attention_backend(self, backend, *args, **kwargs):
+        result = original(self, backend, *args, **kwargs)
+        name = getattr(backend, "value", backend)
+        if isinstance(name, str) and name.lower().startswith("attnkit"):
+            from . import diffusers_backend
+
+            diffusers_backend.prepare(name.lower())
+        if isinstance(name, str) and name.lower().startswith("attnkit") and self not in _WARNED:
+            _WARNED.add(self)
+            unreached = unreached_by_dispatch(self)
+            if unreached:
+                logger.warning("%s", unreached)
+        return result
+
+    set_attention_backend._attnkit_wrapped = True
+    return set_attention_backend
+
+
+_WARNED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def unreached_by_dispatch(model: nn.Module) -> str:
+    """What ``model.set_attention_backend("attnkit")`` leaves on stock attention: the
+    attention modules whose processor or code does not call diffusers'
+    dispatch_attention_fn with its own backend ("" if there are none)."""
+    from .apply import plan
+
+    routes = plan(model).routes
+    missed = {name: r for name, r in routes.items() if r.kind in ("protocol", "sdpa", "forward")}
+    if not missed:
+        return ""
+    names = list(missed)
+    shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
+    first = next(iter(missed.values()))
+    how = {"protocol": "computes diffusers' Attention protocol itself",
+           "sdpa": "calls scaled_dot_product_attention itself",
+           "forward": "computes attention in its own forward"}[first.kind]
+    return (
+        f"set_attention_backend('attnkit') does not reach {len(missed)} of the {len(routes)} attention modules "
+        f"of {type(model).__name__} ({shown}): they compute attention without diffusers' dispatch_attention_fn "
+        f"(e.g. {first.reason.split()[0]} {how}), so they keep their stock attention. "
+        f"attnkit.apply(model, attnkit.auto()) serves them."
+    )
+
+
+def install() -> None:
+    """Wrap ``set_processor`` of diffusers' attention module classes, and
+    ``ModelMixin.set_attention_backend`` (idempotent)."""
+    try:
+        from diffusers import ModelMixin
+
+        original = ModelMixin.__dict__.get("set_attention_backend")
+        if original is not None and not getattr(original, "_attnkit_wrapped", False):
+            ModelMixin.set_attention_backend = _wrap_set_attention_backend(original)
+    except ImportError:  # pragma: no cover
+        pass
+    classes = []
+    try:
+        from diffusers.models.attention_processor import Attention
+
+        classes.append(Attention)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from diffusers.models.attention import AttentionModuleMixin
+
+        classes.append(AttentionModuleMixin)
+    except ImportError:  # an older diffusers
+        pass
+    for cls in classes:
+        original = cls.__dict__.get("set_processor")
+        if original is not None and not getattr(original, "_attnkit_wrapped", False):
+            cls.set_processor = _wrap(original)
+
+
+__all__ = ["KEEP_HINT", "install", "is_attnkit", "record", "served_by", "stock_of", "undo"]

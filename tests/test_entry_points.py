@@ -1,0 +1,263 @@
+"""Every entry point serves exactly or refuses, and a failed call poisons nothing.
+
+Tiny models from the zoo (diffusers' own classes, random weights): set_attention_backend
+says what it does not reach; an input error demotes no backend; ATTNKIT_CHECK_FINITE
+names the layer on every route; a model saved after attnkit.apply loads without attnkit,
+as the stock model; apply undoes itself and serves a whole pipeline; bad masks and
+options get errors that say what to pass.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import attnkit
+from _zoo import BY_ID
+from attnkit.testing import rel_error
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
+    monkeypatch.delenv("ATTNKIT_CHECK_FINITE", raising=False)
+
+
+@pytest.fixture
+def restore_active_backend():
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    active = _AttentionBackendRegistry._active_backend
+    yield
+    _AttentionBackendRegistry.set_active_backend(active)
+
+
+def _run(case, model):
+    with torch.no_grad():
+        return case.run(model, case.make_inputs(model, 0))
+
+
+def _processor_classes(model) -> list[str]:
+    return sorted({type(m.processor).__name__ for m in model.modules() if getattr(m, "processor", None) is not None})
+
+
+# -- set_attention_backend("attnkit") on a model whose processors never dispatch --------------------
+@pytest.mark.parametrize("case_id", ["SD3Transformer2DModel", "AuraFlowTransformer2DModel"])
+def test_set_attention_backend_warns_once_naming_what_it_does_not_reach(case_id, caplog, restore_active_backend):
+    model = BY_ID[case_id].build(0)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        model.set_attention_backend("attnkit")
+        model.set_attention_backend("attnkit_sdpa")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "attnkit"]
+    assert len(warnings) == 1, warnings
+    assert "does not reach 2 of the 2 attention modules" in warnings[0]
+    assert "transformer_blocks.0.attn" in warnings[0] and "attnkit.apply(model" in warnings[0]
+
+
+def test_set_attention_backend_is_quiet_where_it_reaches_everything(caplog, restore_active_backend):
+    model = BY_ID["FluxTransformer2DModel"].build(0)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        model.set_attention_backend("attnkit")
+    assert not [r for r in caplog.records if r.name == "attnkit"]
+
+
+def test_no_refusal_recommends_set_attention_backend_for_a_module_it_does_not_reach():
+    from diffusers.models.attention_processor import Attention
+
+    attn = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=32, context_pre_only=False)
+    attn.set_processor(attnkit.auto())
+    with pytest.raises(attnkit.UnsupportedModule) as info:
+        attn(torch.randn(1, 4, 32), torch.randn(1, 3, 32))
+    assert "set_attention_backend" not in str(info.value) and "attnkit.apply" in str(info.value)
+
+
+# -- an input error is not a backend failure -----------------------------------------------------------
+def test_a_malformed_dispatch_call_raises_and_demotes_nothing(seed, restore_active_backend):
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    proc = attnkit.auto()
+    member = attnkit.diffusers_backend.member_for(proc)
+    q, v = torch.randn(1, 16, 2, 64), torch.randn(1, 16, 2, 64)
+    with pytest.raises(ValueError, match=r"query \(1, 16, 2, 64\), key \(1, 16, 2, 32\).*same batch and head_dim"):
+        dispatch_attention_fn(q, torch.randn(1, 16, 2, 32), v, backend=member)
+    k = torch.randn(1, 16, 2, 64)
+    out = dispatch_attention_fn(q, k, v, backend=member)
+    assert rel_error(out, torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)) < 1e-5
+    (record,) = proc.decisions
+    assert record.backend == "sdpa" and record.how == "priority" and not record.failed
+
+
+def test_a_call_every_backend_refuses_demotes_nothing(seed):
+    """Past the up-front checks (the chooser called directly): every backend raises, the
+    first error comes back, and the signature keeps its backend."""
+    proc = attnkit.auto()
+    q, v = torch.randn(1, 2, 16, 64), torch.randn(1, 2, 16, 64)
+    k_bad = torch.randn(1, 2, 16, 32)
+    proc.chooser.attention(None, q, torch.randn(1, 2, 16, 64), v, None, None, False)
+    with pytest.raises(RuntimeError):
+        proc.chooser.attention(None, q, k_bad, v, None, None, False)
+    (record,) = proc.decisions
+    assert record.backend == "sdpa" and record.how == "priority", proc.explain()
+
+
+def test_a_real_backend_failure_is_a_visible_fallback(seed):
+    from attnkit.backends.sdpa import SDPABackend
+
+    class Broken(SDPABackend):
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("broken for the test")
+
+    proc = attnkit.auto(backends={"sdpa": Broken()})
+    q, k, v = (torch.randn(1, 2, 16, 64) for _ in range(3))
+    out = proc.chooser.attention(None, q, k, v, None, None, False)
+    assert rel_error(out, torch.nn.functional.scaled_dot_product_attention(q, k, v)) < 1e-5
+    text = proc.explain()
+    assert "-> sliced  [fallback" in text and "failed at run time (RuntimeError: broken for the test)" in text
+
+
+# -- ATTNKIT_CHECK_FINITE on every route -------------------------------------------------------------
+def _nan_inputs(case, model):
+    inputs = case.make_inputs(model, 0)
+    inputs["hidden_states"] = inputs["hidden_states"].clone()
+    inputs["hidden_states"].view(-1)[0] = float("nan")
+    return inputs
+
+
+@pytest.mark.parametrize("route", ["apply", "set_attn_processor", "set_attention_backend"])
+@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel", "SD3Transformer2DModel"])
+def test_check_finite_names_the_layer_on_every_route(case_id, route, monkeypatch, restore_active_backend):
+    monkeypatch.setenv("ATTNKIT_CHECK_FINITE", "1")
+    case = BY_ID[case_id]
+    model = case.build(0)
+    if route == "apply":
+        attnkit.apply(model, attnkit.auto())
+    elif route == "set_attn_processor":
+        model.set_attn_processor(attnkit.auto())
+    else:
+        if case_id == "SD3Transformer2DModel":
+            pytest.skip("SD3's processors never dispatch: set_attention_backend does not reach them (warned)")
+        # a chooser reads the variable when it is made: a fresh one for this model
+        proc = attnkit.auto()
+        model.set_attention_backend(attnkit.diffusers_backend.member_for(proc).value)
+    assert torch.isfinite(_run(case, model)[0]).all()
+    with pytest.raises(FloatingPointError, match=r"ATTNKIT_CHECK_FINITE: \w+ of \S*transformer_blocks\.0\.attn"):
+        with torch.no_grad():
+            case.run(model, _nan_inputs(case, model))
+
+
+# -- saving, loading, undoing ----------------------------------------------------------------------
+_LOAD_WITHOUT_ATTNKIT = textwrap.dedent("""
+    import sys, io, torch
+    sys.modules["attnkit"] = None  # importing attnkit now fails
+    model = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=False)
+    print(sorted({type(m.processor).__name__ for m in model.modules() if getattr(m, "processor", None) is not None}))
+    print(sorted(k for m in model.modules() for k in vars(m) if "attnkit" in k))
+""")
+
+
+@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel", "SD3Transformer2DModel", "UNet2DConditionModel",
+                                     "UNet1DModel"])
+@pytest.mark.parametrize("how", ["apply", "set_attn_processor"])
+def test_a_saved_model_loads_without_attnkit_as_the_stock_model(case_id, how):
+    case = BY_ID[case_id]
+    stock = case.build(0)
+    if how == "set_attn_processor" and not hasattr(stock, "set_attn_processor"):
+        pytest.skip(f"{case_id} has no set_attn_processor")
+    expected = _run(case, stock)
+    model = case.build(0)
+    if how == "apply":
+        attnkit.apply(model, attnkit.processor("vanilla"))
+    else:
+        model.set_attn_processor(attnkit.processor("vanilla"))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    done = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_ATTNKIT], input=buf.getvalue(),
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    classes, leftovers = done.stdout.decode().splitlines()[-2:]
+    assert classes == str(_processor_classes(stock)) and leftovers == "[]"
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)  # here, with attnkit imported
+    assert _processor_classes(loaded) == _processor_classes(stock)
+    assert all(torch.equal(a, b) for a, b in zip(_run(case, loaded), expected))
+    # the model itself is still served by attnkit, and a deep copy too
+    import copy
+
+    twin = copy.deepcopy(model)
+    assert _processor_classes(twin) == _processor_classes(model)
+
+
+@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel", "SD3Transformer2DModel", "UNet2DConditionModel",
+                                     "UNet1DModel", "CogVideoXTransformer3DModel"])
+def test_undo_gives_back_the_stock_model(case_id):
+    case = BY_ID[case_id]
+    stock = case.build(0)
+    expected = _run(case, stock)
+    model = case.build(0)
+    before = {n: (m.processor, dict(vars(m))) for n, m in model.named_modules() if hasattr(m, "processor")}
+    applied = attnkit.apply(model, attnkit.processor("vanilla"))
+    served = _run(case, model)
+    assert all(rel_error(a, b) < 1e-4 for a, b in zip(served, expected))
+    applied.undo()
+    for name, module in model.named_modules():
+        if name in before:
+            assert module.processor is before[name][0], name
+        assert not [k for k in vars(module) if k.startswith("_attnkit_") and k != "_attnkit_name"], name
+        assert "forward" not in vars(module) and "__getstate__" not in vars(module), name
+    assert all(torch.equal(a, b) for a, b in zip(_run(case, model), expected))
+
+
+def test_apply_serves_every_component_of_a_pipeline():
+    from diffusers import DiffusionPipeline
+
+    class TinyPipeline(DiffusionPipeline):
+        def __init__(self, transformer, vae, scheduler=None):
+            super().__init__()
+            self.register_modules(transformer=transformer, vae=vae, scheduler=scheduler)
+
+    flux, vae = BY_ID["FluxTransformer2DModel"], BY_ID["AutoencoderKL"]
+    pipe = TinyPipeline(flux.build(0), vae.build(0))
+    plan = attnkit.plan(pipe)
+    assert set(plan) == {"transformer", "vae"}
+    applied = attnkit.apply(pipe, attnkit.processor("vanilla"))
+    assert set(applied) == {"transformer", "vae"}
+    assert applied["transformer"].summary().endswith("through diffusers' dispatch_attention_fn")
+    assert "vae: " in applied.explain() and "by attnkit's processor" in applied["vae"].summary()
+    for name, case in (("transformer", flux), ("vae", vae)):
+        stock = case.build(0)
+        assert all(rel_error(a, b) < 1e-4 for a, b in zip(_run(case, getattr(pipe, name)), _run(case, stock)))
+    applied.undo()
+    assert _processor_classes(pipe.vae) == ["AttnProcessor2_0"]
+    with pytest.raises(TypeError, match="a model .* or a diffusers pipeline"):
+        attnkit.apply(object(), attnkit.auto())
+
+
+# -- errors that say what to pass ----------------------------------------------------------------------
+@pytest.mark.parametrize("mask", [torch.tensor(1.0), [[1, 1, 0]], "numpy"], ids=["0-d", "list", "numpy"])
+def test_a_mask_that_is_not_a_tensor_of_the_right_rank_is_refused_clearly(mask):
+    from diffusers.models.attention_processor import Attention
+
+    if mask == "numpy":
+        np = pytest.importorskip("numpy")
+        mask = np.ones((1, 3), dtype=bool)
+    attn = Attention(query_dim=32, heads=2, dim_head=16)
+    attn.set_processor(attnkit.auto())
+    with pytest.raises(ValueError, match=r"attention_mask is a .*pass a torch\.Tensor of shape \(batch, 3\)"):
+        attn(torch.randn(1, 3, 32), attention_mask=mask)
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    q = torch.randn(1, 3, 2, 16)
+    if not isinstance(mask, torch.Tensor):
+        with pytest.raises(ValueError, match=r"attn_mask is a .*pass a torch\.Tensor of shape \(batch=1, keys=3\)"):
+            dispatch_attention_fn(q, q, q, attn_mask=mask, backend="attnkit")
+
+
+def test_auto_names_an_unknown_option_and_lists_the_options():
+    with pytest.raises(TypeError, match=r"attnkit\.auto\(\) has no option 'foo'; its options are tune, cache_path"):
+        attnkit.auto(foo=1)
