@@ -31,6 +31,7 @@ _FIELDS = (
     "stage", "refused", "global_rank", "B", "H", "D", "Dv", "dtype", "device", "causal", "scale",
     "kv_sharded", "return_lse", "grad", "bias", "bias_B", "bias_H", "bias_rows", "bias_N", "bias_dtype",
     "M", "N", "ulysses_index", "ulysses_size", "k_sum", "v_sum", "bias_sum", "n_local", "kv_uniform",
+    "key_bias_uniform",
 )
 _IDX = {name: i for i, name in enumerate(_FIELDS)}
 _LABELS = {
@@ -220,6 +221,64 @@ def _same_kv(rows: torch.Tensor) -> bool:
     return bool((cols == cols[0]).all())
 
 
+def _same(rows: torch.Tensor, field: str) -> bool:
+    col = rows[:, _IDX[field]]
+    return bool((col == col[0]).all())
+
+
+def _auto_whole(rows: torch.Tensor, causal, return_lse, world: int) -> tuple[bool, Optional[str]]:
+    """kv_sharded='auto': (whether k and v are whole on every rank, or a refusal).
+
+    k or v that differ between ranks are shards. k and v the same on every rank (N keys)
+    are either the whole key sequence, or ``world`` equal shards of a sequence of
+    world * N keys; only what else the call says can tell them apart, and it is used
+    only where it does:
+
+    - a mask by query rows has a column per key of the sequence: N columns, whole;
+      world * N, shards;
+    - a mask by key columns (bias_sharding='key') that differs between ranks masks
+      different keys: shards;
+    - otherwise (no mask, or the same key mask on every rank) both readings give the
+      same output, and the keys are taken as whole (no transfer); but causal attention
+      (a query sees keys up to its position among N or among world * N) and the
+      log-sum-exp (larger by log(world) over the copies) differ, so those are refused.
+    """
+    if not (bool((rows[:, _IDX["kv_uniform"]] == 1).all()) and _same_kv(rows)):
+        return False, None
+    n = int(rows[0, _IDX["n_local"]])
+    kind = int(rows[0, _IDX["bias"]])
+    said = (
+        f"kv_sharded='auto': k and v are the same {n} keys on every rank, either the whole key sequence on "
+        f"every rank or {world} equal shards of a sequence of {world * n} keys"
+    )
+    say_which = "Say which: kv_sharded=False (every rank holds the whole k and v) or kv_sharded=True (each rank its shard)"
+    if kind == 1 + BIAS_SHARDINGS.index("query"):
+        columns = int(rows[0, _IDX["bias_N"]])
+        if columns == n:
+            return True, None
+        if columns == world * n:
+            return False, None
+        return False, (
+            f"{said}; attn_bias (bias_sharding='query') has {columns} key columns, which fits neither ({n} whole, "
+            f"{world * n} sharded). Pass a mask with a column per key of the sequence; {say_which}"
+        )
+    if kind == 1 + BIAS_SHARDINGS.index("key") and not (
+        bool((rows[:, _IDX["key_bias_uniform"]] == 1).all()) and _same(rows, "bias_sum")
+    ):
+        return False, None  # a different mask on each rank: different keys
+    if causal:
+        return False, (
+            f"{said}, and with causal=True they give different answers (a query sees the keys up to its position "
+            f"among {n} or among {world * n}). {say_which}"
+        )
+    if return_lse:
+        return False, (
+            f"{said}; both give the same output but not the same log-sum-exp (larger by log({world}) over "
+            f"{world} copies), and return_lse=True asks for it. {say_which}"
+        )
+    return True, None
+
+
 def _bias_rows_mode(rows: torch.Tensor) -> bool:
     """Whether Ulysses must exchange the bias's query rows: yes if some rank passes a row
     per query, or the ranks' one-row biases are not the same row (or every rank holds at
@@ -353,17 +412,18 @@ def _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding
                sum(q_lens_u), sum(k_lens_u), u_rank, U, device)
     if call2 is not None:
         row[_IDX["H"]] = row[_IDX["H"]] // U if kv_sharded is not False else row[_IDX["H"]]
-        # with kv_sharded='auto': whether this rank's ulysses group all hold the same k, v
+        # with kv_sharded='auto': whether this rank's ulysses group all hold the same k, v,
+        # and the same key-sharded mask
         row[_IDX["kv_uniform"]] = float(_same_kv(rows_u))
+        row[_IDX["key_bias_uniform"]] = float(_same(rows_u, "bias_sum"))
     rows_r = all_gather_rows(row, ring_group, "exchanging the call's description (ring group)") if R > 1 else row.view(1, -1)
     if problem is None:
         problem = _check_rows(rows_r, "ring group", kv_sharded, bias_sharding) or _disagreement(rows_r, ("ulysses_index",), "ring group")
     # k and v whole on every rank: said (kv_sharded=False, checked above), or found
-    # ('auto': every ulysses group uniform and the ring group's fingerprints equal, the
-    # same answer on every rank of the mesh)
-    replicated = kv_sharded is False or (
-        kv_sharded == "auto" and problem is None and bool((rows_r[:, _IDX["kv_uniform"]] == 1).all()) and _same_kv(rows_r)
-    )
+    # ('auto', from the exchanged rows only: the same answer on every rank of the mesh)
+    replicated = kv_sharded is False
+    if kv_sharded == "auto" and problem is None:
+        replicated, problem = _auto_whole(rows_r, causal, return_lse, R * U)
     layout = _Layout(
         U, u_rank, R, r_rank, q_lens_u, k_lens_u,
         [int(x) for x in rows_r[:, _IDX["M"]].tolist()], [int(x) for x in rows_r[:, _IDX["N"]].tolist()], rows_mode,

@@ -65,11 +65,22 @@ def context_parallel_attention(
     text tokens of cross-attention): each rank attends its queries to them, with no
     communication but a check that all ranks hold the same k and v. Each rank's dk, dv
     is then its own queries' share (they sum to the whole gradient).
-    kv_sharded="auto": whole if every rank holds the same k and v (same length and
-    fingerprint), else shards: for callers that cannot tell, such as diffusers' sequence
-    split, which leaves some models' text tokens whole. (A sharded k that happened to be
-    equal on every rank would be taken as whole: the same output, since attending to
-    copies of a key set is attending to the set.)
+    kv_sharded="auto": for callers that cannot tell, such as diffusers' sequence split,
+    which leaves some models' text tokens whole. k or v that differ between ranks (length
+    or fingerprint) are shards. k and v the same on every rank (N keys) are either the
+    whole key sequence or equal shards of a sequence of W * N keys (W ranks), and "auto"
+    decides only by what tells the two apart, never by a guess:
+
+    - a mask by query rows (``bias_sharding="query"``) has a column per key of the
+      sequence: N columns, whole; W * N, shards; any other count is refused;
+    - a key-sharded mask (``bias_sharding="key"``) that differs between ranks masks
+      different keys: shards;
+    - otherwise (no mask, or the same key mask on every rank) the two readings give the
+      same output, and k and v are taken as whole (no transfer; each rank's dk, dv is
+      its queries' share, and the shares sum to the gradient under either reading).
+      What the two readings do not share is refused with a ValueError that says to pass
+      kv_sharded=True or False: ``causal=True`` (a query sees the keys up to its position
+      among N or among W * N) and ``return_lse=True`` (larger by log(W) over copies).
 
     causal: top-left on global positions (query i sees key j iff j <= i); in ring
     attention, blocks wholly above the diagonal are neither computed nor sent.

@@ -58,13 +58,17 @@ def context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal
     k, v = expand_kv_heads(q, k, v, enable_gqa)
     bias = _bias(attn_mask, q, k, mask_to_bias)
     by_key = bias is not None and bias.shape[-1] == k.shape[-2] and bias.shape[-2] == 1
-    out, lse = context_parallel_attention(
+    # return_lse only when asked: with k and v the same on every rank, 'auto' takes them as
+    # whole, and refuses the log-sum-exp (which the other reading, copies, would change)
+    got = context_parallel_attention(
         q, k, v, bias, scale, ring_group=ring, ulysses_group=ulysses, causal=bool(is_causal),
-        local=local_attention_for(chooser), return_lse=True, kv_sharded="auto",
+        local=local_attention_for(chooser), return_lse=bool(return_lse), kv_sharded="auto",
         bias_sharding="key" if by_key else "query",
     )
-    out = out.transpose(1, 2)
-    return (out, lse.transpose(1, 2)) if return_lse else out
+    if return_lse:
+        out, lse = got
+        return out.transpose(1, 2), lse.transpose(1, 2)
+    return got.transpose(1, 2)
 
 
 def _bias(attn_mask, q: torch.Tensor, k: torch.Tensor, mask_to_bias):

@@ -1,0 +1,75 @@
+"""What each spawned rank runs in tests/test_parallel_robust.py (see _parallel_harness).
+
+One function per batch of cases; each case's result (or the error it raised) goes back
+to the parent, which compares with one process in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from attnkit.parallel import ContextParallelError, context_parallel_attention, count_bytes, math_attention
+
+
+def _shard(t: torch.Tensor, dim: int, lens: list[int], i: int) -> torch.Tensor:
+    return t.narrow(dim, sum(lens[:i]), lens[i])
+
+
+def _groups(mesh: str, world: int):
+    """(ring_group, ulysses_group): "ring", "ulysses", or on 4 ranks "2x2" (ring rank
+    major: ulysses groups {0, 1}, {2, 3}; ring groups {0, 2}, {1, 3})."""
+    if mesh == "ring":
+        return dist.group.WORLD, None
+    if mesh == "ulysses":
+        return None, dist.group.WORLD
+    rank = dist.get_rank()
+    groups = {tuple(r): dist.new_group(r) for r in ([0, 1], [2, 3], [0, 2], [1, 3])}
+    return groups[(0, 2) if rank % 2 == 0 else (1, 3)], groups[(0, 1) if rank < 2 else (2, 3)]
+
+
+def _error(exc: BaseException) -> dict:
+    return {"type": type(exc).__name__, "message": str(exc)}
+
+
+def _call(case: dict, rank: int, world: int, groups, local=math_attention) -> dict:
+    """One call of context_parallel_attention on this rank's part of case, forward and
+    backward; its results, or the error it raised."""
+    ring, uly = groups
+    q_lens = case["q_split"]
+    q = _shard(case["q"], 2, q_lens, rank).clone().requires_grad_(True)
+    if case.get("k_split") is None:  # k and v as given, the same on every rank
+        k, v = case["k"].clone(), case["v"].clone()
+    else:
+        k, v = (_shard(t, 2, case["k_split"], rank).clone() for t in (case["k"], case["v"]))
+    k.requires_grad_(True)
+    v.requires_grad_(True)
+    bias = case.get("bias")
+    if bias is not None:
+        if case.get("bias_sharding") == "key":  # this rank's key columns (or, keys whole, all of them)
+            if case.get("bias_split") is not None:
+                bias = _shard(bias, 3, case["bias_split"], rank)
+        elif bias.shape[2] > 1:
+            bias = _shard(bias, 2, q_lens, rank)
+    try:
+        with count_bytes() as sent:
+            got = context_parallel_attention(
+                q, k, v, bias, ring_group=ring, ulysses_group=uly, causal=case.get("causal", False), local=local,
+                return_lse=case.get("return_lse", False), kv_sharded=case.get("kv_sharded", True),
+                bias_sharding=case.get("bias_sharding", "query"),
+            )
+            out = got[0] if case.get("return_lse") else got
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), _shard(case["dout"], 2, q_lens, rank))
+    except ContextParallelError:
+        raise  # the group is broken: the batch ends here
+    except Exception as exc:
+        return {"ok": False, **_error(exc)}
+    return {"ok": True, "out": out.detach(), "dq": dq, "dk": dk, "dv": dv, "kinds": sorted(sent.by_kind)}
+
+
+def auto_batch(rank: int, world: int, payload: dict) -> dict:
+    """kv_sharded='auto' cases: name -> this rank's result."""
+    results = {}
+    for name, case in payload["cases"].items():
+        results[name] = _call(case, rank, world, _groups(case["mesh"], world))
+    return results

@@ -1,0 +1,183 @@
+"""Context parallelism where it used to go wrong quietly, or wedge: on spawned gloo ranks,
+compared with one process in float64.
+
+- kv_sharded="auto" on k and v that are the same on every rank: either the whole key
+  sequence on every rank or equal shards of a longer one. It decides only where the
+  call says which (a mask's columns, a key mask that differs between ranks), takes them
+  as whole where both readings give the same output, and refuses (saying what to pass)
+  where they do not: causal attention, the log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _parallel_harness import run_ranks, values
+from attnkit.testing import rel_error
+
+F64 = torch.float64
+TOL = 1e-12  # float64 end to end: the rule's 2x float64 rounding + 1e-12, at these sizes
+
+B, H, D = 2, 2, 8
+Q_SPLIT = [5, 6]  # 11 queries on 2 ranks
+N_SHARD = 6  # keys on each rank, the same on both
+
+
+def _attend(q, k, v, bias=None, causal=False):
+    """(out, dq, dk, dv) of one process, float64, for upstream gradient dout."""
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if bias is not None:
+        s = s + bias
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _reference(case: dict, sharded_reading: bool):
+    """One process: out, dq, and each rank's dk, dv (its shard's gradient, or with the
+    keys whole the gradient of the one key set)."""
+    q = case["q"].clone().requires_grad_(True)
+    if sharded_reading:  # the sequence is each rank's k in turn
+        parts = [case["k"].clone().requires_grad_(True) for _ in Q_SPLIT]
+        vparts = [case["v"].clone().requires_grad_(True) for _ in Q_SPLIT]
+        k, v = torch.cat(parts, 2), torch.cat(vparts, 2)
+    else:
+        parts, vparts = [case["k"].clone().requires_grad_(True)], [case["v"].clone().requires_grad_(True)]
+        k, v = parts[0], vparts[0]
+    out = _attend(q, k, v, case.get("bias"), case.get("causal", False))
+    grads = torch.autograd.grad(out, [q] + parts + vparts, case["dout"])
+    n = len(parts)
+    return out.detach(), grads[0], list(grads[1 : 1 + n]), list(grads[1 + n :])
+
+
+def _draw(seed: int, n_keys: int = N_SHARD) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    M = sum(Q_SPLIT)
+    return dict(
+        q=torch.randn(B, H, M, D, generator=g, dtype=F64), k=torch.randn(B, H, n_keys, D, generator=g, dtype=F64),
+        v=torch.randn(B, H, n_keys, D, generator=g, dtype=F64), dout=torch.randn(B, H, M, D, generator=g, dtype=F64),
+        q_split=Q_SPLIT, kv_sharded="auto", _g=g,
+    )
+
+
+def _key_mask(g, n: int) -> torch.Tensor:
+    """(B, 1, 1, n) additive: random values, a few keys masked with -inf, never all."""
+    bias = torch.randn(B, 1, 1, n, generator=g, dtype=F64)
+    bias[0, ..., 1] = float("-inf")
+    bias[1, ..., n - 2 :] = float("-inf")
+    return bias
+
+
+def auto_cases(seed: int) -> dict:
+    cases = {}
+    for mesh in ("ring", "ulysses"):
+        # a key mask by key columns that differs between the ranks: two different key
+        # sets that hold the same k and v (equal shards), not one whole set
+        c = _draw(seed)
+        c.update(mesh=mesh, bias=_key_mask(c["_g"], 2 * N_SHARD), bias_sharding="key", bias_split=[N_SHARD] * 2)
+        cases[f"{mesh}-key-mask-differs"] = c
+        # causal: the two readings differ, and nothing tells them apart
+        c = _draw(seed + 1)
+        c.update(mesh=mesh, causal=True)
+        cases[f"{mesh}-causal-same-kv"] = c
+        # a mask by query rows with a column per key of 2 shards: sharded
+        c = _draw(seed + 2)
+        c.update(mesh=mesh, bias=torch.randn(B, H, sum(Q_SPLIT), 2 * N_SHARD, generator=c["_g"], dtype=F64))
+        cases[f"{mesh}-query-mask-every-key"] = c
+        # the text-encoder case: 7 text keys whole on every rank, no mask
+        c = _draw(seed + 3, n_keys=7)
+        c.update(mesh=mesh)
+        cases[f"{mesh}-text-whole"] = c
+        # the same, with the same key-padding mask on every rank, by key columns (what
+        # diffusers' backend passes)
+        c = _draw(seed + 4, n_keys=7)
+        c.update(mesh=mesh, bias=_key_mask(c["_g"], 7), bias_sharding="key")
+        cases[f"{mesh}-text-whole-key-mask"] = c
+    # a mask by query rows with a column per key of one set: whole
+    c = _draw(seed + 5)
+    c.update(mesh="ring", bias=torch.randn(B, 1, 1, N_SHARD, generator=c["_g"], dtype=F64))
+    cases["ring-query-mask-whole"] = c
+    # a mask whose columns fit neither reading
+    c = _draw(seed + 6)
+    c.update(mesh="ring", bias=torch.randn(B, 1, 1, N_SHARD + 1, generator=c["_g"], dtype=F64))
+    cases["ring-query-mask-fits-neither"] = c
+    # the log-sum-exp: larger by log(2) over two copies
+    c = _draw(seed + 7)
+    c.update(mesh="ring", return_lse=True)
+    cases["ring-lse-same-kv"] = c
+    for c in cases.values():
+        del c["_g"]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def auto_runs(module_seed):
+    cases = auto_cases(module_seed % 100_000)
+    return cases, values(run_ranks("_parallel_robust:auto_batch", 2, {"cases": cases}, timeout=90, group_timeout=10))
+
+
+def _check_equal(case, per_rank, sharded_reading: bool):
+    for r, res in enumerate(per_rank):
+        assert res["ok"], f"rank {r} raised {res['type']}: {res['message']}"
+    out, dq, dks, dvs = _reference(case, sharded_reading)
+    got = torch.cat([res["out"] for res in per_rank], 2)
+    assert rel_error(got, out) <= TOL, f"out: relative error {rel_error(got, out):.3e}"
+    got_dq = torch.cat([res["dq"] for res in per_rank], 2)
+    assert rel_error(got_dq, dq) <= TOL, f"dq: relative error {rel_error(got_dq, dq):.3e}"
+    for name, refs in (("dk", dks), ("dv", dvs)):
+        if sharded_reading:  # each rank: the gradient of its own shard
+            for r, res in enumerate(per_rank):
+                assert rel_error(res[name], refs[r]) <= TOL, f"rank {r} {name}: {rel_error(res[name], refs[r]):.3e}"
+        else:  # whole on every rank: each rank's share, summing to the gradient
+            total = sum(res[name] for res in per_rank)
+            assert rel_error(total, refs[0]) <= TOL, f"sum of {name}: {rel_error(total, refs[0]):.3e}"
+
+
+def _check_refused(per_rank, *words):
+    for r, res in enumerate(per_rank):
+        assert not res["ok"], f"rank {r} did not refuse"
+        assert res["type"] == "ValueError", res
+        for w in words:
+            assert w in res["message"], f"rank {r}: {res['message']!r} does not say {w!r}"
+
+
+@pytest.mark.parametrize("mesh", ["ring", "ulysses"])
+def test_auto_key_mask_differing_per_rank_is_sharded(mesh, auto_runs):
+    cases, runs = auto_runs
+    name = f"{mesh}-key-mask-differs"
+    _check_equal(cases[name], [r[name] for r in runs], sharded_reading=True)
+
+
+@pytest.mark.parametrize("mesh", ["ring", "ulysses"])
+def test_auto_refuses_causal_on_the_same_kv(mesh, auto_runs):
+    _, runs = auto_runs
+    _check_refused([r[f"{mesh}-causal-same-kv"] for r in runs], "causal=True", "kv_sharded=False", "kv_sharded=True")
+
+
+@pytest.mark.parametrize("mesh", ["ring", "ulysses"])
+def test_auto_query_mask_over_every_key_is_sharded(mesh, auto_runs):
+    cases, runs = auto_runs
+    name = f"{mesh}-query-mask-every-key"
+    _check_equal(cases[name], [r[name] for r in runs], sharded_reading=True)
+
+
+@pytest.mark.parametrize("name", ["ring-text-whole", "ulysses-text-whole", "ring-text-whole-key-mask",
+                                  "ulysses-text-whole-key-mask", "ring-query-mask-whole"])
+def test_auto_whole_keys_stay_whole(name, auto_runs):
+    """The replicated text-encoder case: the right answer, and no key moves."""
+    cases, runs = auto_runs
+    per_rank = [r[name] for r in runs]
+    _check_equal(cases[name], per_rank, sharded_reading=False)
+    for res in per_rank:
+        assert set(res["kinds"]) <= {"meta"}, res["kinds"]
+
+
+def test_auto_refuses_a_mask_that_fits_neither_reading(auto_runs):
+    _, runs = auto_runs
+    _check_refused([r["ring-query-mask-fits-neither"] for r in runs], "7 key columns", "6 whole", "12 sharded")
+
+
+def test_auto_refuses_the_lse_of_the_same_kv(auto_runs):
+    _, runs = auto_runs
+    _check_refused([r["ring-lse-same-kv"] for r in runs], "return_lse=True", "log(2)", "kv_sharded=False")
