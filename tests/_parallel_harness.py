@@ -80,6 +80,9 @@ def run_ranks(target: str, world: int, payload, timeout: float = 60.0, group_tim
                 p.join(timeout=0.05)
                 if p.exitcode is not None and ended[r] is None:
                     ended[r] = time.monotonic() - start
+        for r, p in enumerate(procs):  # ended while the loop waited on another rank
+            if p.exitcode is not None and ended[r] is None:
+                ended[r] = time.monotonic() - start
         hung = [r for r, p in enumerate(procs) if p.exitcode is None]
         for r in hung:
             procs[r].kill()

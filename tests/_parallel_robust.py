@@ -73,3 +73,46 @@ def auto_batch(rank: int, world: int, payload: dict) -> dict:
     for name, case in payload["cases"].items():
         results[name] = _call(case, rank, world, _groups(case["mesh"], world))
     return results
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError(f"injected failure in the backward of rank {dist.get_rank()}")
+
+
+def failing_local(ranks: list[int], phase: str):
+    """math_attention, raising on ``ranks`` in the forward or the backward."""
+
+    def local(q, k, v, attn_bias=None, scale=None, causal_offset=None):
+        failing = dist.get_rank() in ranks and q.shape[2] > 2  # the (1, 1, 2, D) probe passes
+        if failing and phase == "forward":
+            raise RuntimeError(f"injected failure in the forward of rank {dist.get_rank()}")
+        out, lse = math_attention(q, k, v, attn_bias, scale, causal_offset)
+        if failing and phase == "backward":
+            out = _RaiseInBackward.apply(out)
+        return out, lse
+
+    return local
+
+
+def failure_batch(rank: int, world: int, payload: dict) -> dict:
+    """Each case: a call whose local attention raises on some ranks, then an ordinary
+    call of the same kind on the same groups. name -> {"failed": error, "then": result}."""
+    results = {}
+    for name, case in payload["cases"].items():
+        groups = _groups(case["mesh"], world)
+        local = failing_local(case["ranks"], case["phase"])
+        try:
+            failed = _call(case, rank, world, groups, local=local)
+        except ContextParallelError as exc:  # what the ranks that did not raise get
+            failed = {"ok": False, **_error(exc)}
+        results[name] = {"failed": failed, "then": _call(case, rank, world, groups)}
+    return results

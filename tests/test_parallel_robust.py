@@ -6,6 +6,10 @@ compared with one process in float64.
   call says which (a mask's columns, a key mask that differs between ranks), takes them
   as whole where both readings give the same output, and refuses (saying what to pass)
   where they do not: causal attention, the log-sum-exp.
+- A local attention that raises, on every rank or on some, forward or backward, in the
+  ring, in Ulysses and on a 2-D mesh: every rank raises (none waits for the group's
+  timeout), and the next ordinary call on the same groups gives the right answer. The
+  groups' timeout is short here, so a transfer left in flight fails the batch quickly.
 """
 
 from __future__ import annotations
@@ -181,3 +185,75 @@ def test_auto_refuses_a_mask_that_fits_neither_reading(auto_runs):
 def test_auto_refuses_the_lse_of_the_same_kv(auto_runs):
     _, runs = auto_runs
     _check_refused([r["ring-lse-same-kv"] for r in runs], "return_lse=True", "log(2)", "kv_sharded=False")
+
+
+# -- a local attention that raises ------------------------------------------------------------
+
+FAILURES = {
+    # name: (mesh, world, ranks whose local attention raises, phase, causal)
+    "ring-every-rank-forward": ("ring", 2, [0, 1], "forward", False),
+    "ring-rank1-forward": ("ring", 2, [1], "forward", False),
+    "ring-rank0-backward": ("ring", 2, [0], "backward", False),
+    "ring-causal-rank1-forward": ("ring", 2, [1], "forward", True),
+    "ring-every-rank-backward": ("ring", 2, [0, 1], "backward", False),
+    "ulysses-rank1-forward": ("ulysses", 2, [1], "forward", False),
+    "ulysses-rank0-backward": ("ulysses", 2, [0], "backward", False),
+    # k and v whole on every rank: no transfer, but the ranks still finish together
+    "whole-kv-rank1-forward": ("whole", 2, [1], "forward", False),
+    "whole-kv-rank0-backward": ("whole", 2, [0], "backward", True),
+    "mesh2x2-rank3-forward": ("2x2", 4, [3], "forward", False),
+    "mesh2x2-rank0-backward": ("2x2", 4, [0], "backward", True),
+}
+
+
+def failure_cases(seed: int, world: int) -> dict:
+    cases = {}
+    for i, (name, (mesh, w, ranks, phase, causal)) in enumerate(FAILURES.items()):
+        if w != world:
+            continue
+        g = torch.Generator().manual_seed(seed + i)
+        heads = 4 if mesh == "2x2" else H
+        split = [3, 5, 2, 4] if world == 4 else [6, 7]
+        n = sum(split)
+        q, k, v, dout = (torch.randn(1, heads, n, D, generator=g, dtype=F64) for _ in range(4))
+        whole = mesh == "whole"
+        cases[name] = dict(mesh="ring" if whole else mesh, ranks=ranks, phase=phase, causal=causal, q=q, k=k, v=v,
+                           dout=dout, q_split=split, k_split=None if whole else split, kv_sharded=not whole)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def failure_runs(module_seed):
+    out = {}
+    for world in (2, 4):
+        cases = failure_cases(module_seed % 100_000, world)
+        runs = values(run_ranks("_parallel_robust:failure_batch", world, {"cases": cases}, timeout=120,
+                                group_timeout=10))
+        out.update({name: (case, [r[name] for r in runs]) for name, case in cases.items()})
+    return out
+
+
+@pytest.mark.parametrize("name", list(FAILURES))
+def test_a_raising_local_attention_ends_every_rank_and_leaves_the_group_usable(name, failure_runs):
+    case, per_rank = failure_runs[name]
+    for r, res in enumerate(per_rank):
+        failed = res["failed"]
+        assert not failed["ok"], f"rank {r} finished a call that failed on rank(s) {case['ranks']}"
+        if r in case["ranks"]:  # its own error
+            assert failed["type"] == "RuntimeError" and f"injected failure in the {case['phase']}" in failed["message"]
+        else:  # the others are told who
+            assert failed["type"] == "ContextParallelError", failed
+            assert "another rank" in failed["message"] and "stays usable" in failed["message"], failed["message"]
+    # the next call on the same groups: the right answer, forward and backward
+    q, k, v = (case[n].clone().requires_grad_(True) for n in "qkv")
+    ref = _attend(q, k, v, causal=case["causal"])
+    ref_grads = torch.autograd.grad(ref, (q, k, v), case["dout"])
+    for r, res in enumerate(per_rank):
+        assert res["then"]["ok"], f"rank {r}: {res['then']}"
+    for i, key in enumerate(("out", "dq", "dk", "dv")):
+        if key in ("dk", "dv") and case["k_split"] is None:  # whole on every rank: the shares sum
+            got = sum(res["then"][key] for res in per_rank)
+        else:
+            got = torch.cat([res["then"][key] for res in per_rank], 2)
+        want = ref.detach() if i == 0 else ref_grads[i - 1]
+        assert rel_error(got, want) <= TOL, f"{key}: relative error {rel_error(got, want):.3e}"

@@ -5,13 +5,18 @@ Before any attention is computed, the ranks exchange one small row of numbers de
 their call (lengths, shapes, dtype, options, and whether they refuse it): every rank then
 checks every other's, so a refusal, a mismatch between ranks, or a bad argument on one
 rank makes every rank raise the same error at the same point instead of leaving the
-others waiting. Failures after that point (a rank that raises inside its local attention,
-or stops calling) end every rank with :class:`ContextParallelError` within the group's
-timeout.
+others waiting. A local attention that raises after that point, on every rank or on some,
+does not stop the transfers: every transfer of the call completes, then the ranks
+exchange whether they finished and all raise together (the rank at fault its own error,
+the others :class:`ContextParallelError`), and the groups stay usable for the next call.
+A rank that stops calling, or dies, ends the others with :class:`ContextParallelError`
+within the group's timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from typing import Callable, Optional, Sequence
 
@@ -19,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .agree import _KV_MODES, BIAS_SHARDINGS, _exchange, _prepare  # noqa: F401  (BIAS_SHARDINGS is part of the API)
-from .comm import ContextParallelError, all_reduce_max
+from .comm import ContextParallelError, all_reduce_max, finish_together
 from .local import accum_dtype, math_attention, recenter_masked_rows
 from .ring import RingAttention, RingJob, RingSchedule
 from .ulysses import HeadsToSeq, SeqToHeads, gather_bias
@@ -92,7 +97,11 @@ def context_parallel_attention(
     Returns out (B, H, M_r, Dv) in q's dtype, and with return_lse=True also lse
     (B, H, M_r), float32 (float64 for float64 inputs), both differentiable in q, k, v.
     Raises ValueError on every rank for a refused call (naming the problem and, on the
-    other ranks, the rank that refused), ContextParallelError when a transfer fails.
+    other ranks, the rank that refused). If the local attention raises on some ranks,
+    forward or backward, every rank raises once the call's transfers are done: those
+    ranks their own error, the others ContextParallelError; the groups stay usable.
+    ContextParallelError also when a transfer fails (a rank died, or the group's timeout
+    passed).
     """
     if kv_sharded not in _KV_MODES:
         raise ValueError(f"kv_sharded={kv_sharded!r}: True, False or 'auto'")
@@ -120,7 +129,13 @@ def context_parallel_attention(
         bias = _recenter(bias, bias_sharding, ring_group, ulysses_group, layout)
 
     if layout.kv_replicated:
-        out, lse = _run_local(local, q, k, v, bias, scale, layout.q_offset if causal else None)
+        # no transfer, but a rank whose local attention raises must not leave the others
+        # going on to their next call alone
+        out, lse = _LocalTogether.apply(
+            q, k, v, functools.partial(_run_local, local, bias=bias, scale=scale,
+                                       causal_offset=layout.q_offset if causal else None),
+            (ring_group, ulysses_group), "the local attention on whole k and v",
+        )
         return (out, lse) if return_lse else out
 
     U, R = layout.u_size, layout.r_size
@@ -141,14 +156,19 @@ def context_parallel_attention(
             R, layout.r_rank, tuple(layout.q_lens_r), tuple(layout.k_lens_r),
             _prefix(layout.q_lens_r), _prefix(layout.k_lens_r), bool(causal),
         )
-        job = RingJob(ring_group, sched, local, scale)
+        job = RingJob(ring_group, sched, local, scale, finish_groups=(ring_group, ulysses_group) if U > 1 else ())
         if bias is not None and bias_sharding == "key":
             job.bias_keys, job.bias_keys_shape, job.bias_keys_dtype = bias, (bias.shape[0], bias.shape[1]), bias.dtype
         else:
             job.bias_rows = bias
         out, lse = RingAttention.apply(q, k, v, job)
     else:
-        out, lse = _run_local(local, q, k, v, bias, scale, 0 if causal else None)
+        # between Ulysses' two all-to-alls: a rank whose local attention raises must not
+        # leave the others waiting in the second one
+        out, lse = _LocalTogether.apply(
+            q, k, v, functools.partial(_run_local, local, bias=bias, scale=scale, causal_offset=0 if causal else None),
+            (ulysses_group,), "the local attention between Ulysses' all-to-alls",
+        )
     if U > 1:
         if return_lse:
             out, lse = HeadsToSeq.apply([layout.q_lens_u] * 2, ulysses_group, layout.u_rank, out, lse.unsqueeze(-1))
@@ -207,6 +227,55 @@ def _run_local(local, q, k, v, bias, scale, causal_offset):
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise ValueError(f"local attention returned {type(got).__name__}, not (out, lse)")
     return got[0], got[1]
+
+
+class _LocalTogether(torch.autograd.Function):
+    """run(q, k, v) -> (out, lse), forward and backward, after which the ranks of ``groups``
+    finish together (:func:`finish_together`): all raise, or none (``what`` names the
+    step in the error). The local attention's own graph is kept and differentiated in
+    backward, so the gradients are autograd's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, run, groups, what):
+        ctx.groups, ctx.what = groups, what
+        ctx.graph = None
+        failure, out, lse = None, None, None
+        grad = any(ctx.needs_input_grad[:3])
+        try:
+            with torch.enable_grad() if grad else contextlib.nullcontext():
+                leaves = [t.detach().requires_grad_(t.requires_grad and grad) for t in (q, k, v)]
+                out, lse = run(*leaves)
+            ctx.graph = (leaves, out, lse)
+        except Exception as exc:  # every rank raises it, or ContextParallelError
+            failure = exc
+        finish_together(groups, failure, "forward", what, q.device)
+        return out.detach(), lse.detach()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        leaves, out, lse = ctx.graph
+        ctx.graph = None
+        failure, grads = None, [None, None, None]
+        try:
+            if not lse.requires_grad and dlse is not None and bool((dlse != 0).any()):
+                raise ValueError(
+                    "the local attention returned a log-sum-exp without a gradient, and the call's lse has one: "
+                    "choose a local attention whose lse is differentiable (math_attention's is)"
+                )
+            pairs = [(t, g) for t, g in ((out, dout), (lse, dlse)) if t.requires_grad and g is not None]
+            wanted = [i for i, t in enumerate(leaves) if t.requires_grad]
+            if pairs and wanted:
+                got = torch.autograd.grad(
+                    [t for t, _ in pairs], [leaves[i] for i in wanted], [g.to(t.dtype) for t, g in pairs],
+                    allow_unused=True,
+                )
+                for i, g in zip(wanted, got):
+                    grads[i] = torch.zeros_like(leaves[i]) if g is None else g
+        except Exception as exc:  # every rank raises it, or ContextParallelError
+            failure = exc
+        finish_together(ctx.groups, failure, "backward", ctx.what, leaves[0].device)
+        return grads[0], grads[1], grads[2], None, None, None
 
 
 def ring_attention(

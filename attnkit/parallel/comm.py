@@ -10,6 +10,10 @@ point-to-point operations, with three things added.
   :class:`ContextParallelError` saying which step waited on which rank, instead of a bare
   transport error. The group's own timeout (``init_process_group(timeout=...)`` or
   ``new_group(timeout=...)``) bounds every wait: no rank hangs for ever.
+- No transfer is left in flight: every posted transfer is waited for, even when the
+  computation between posting and waiting raised (:func:`wait_all`), and a failure on
+  some ranks is made a failure on all (:func:`finish_together`), so a failed call leaves
+  its group usable.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -143,6 +147,52 @@ def wait(work, what: str) -> None:
             "Another rank of the group most likely raised or stopped calling (its own error says why), "
             "or the group's timeout passed; this rank stops too."
         ) from exc
+
+
+def wait_all(works: Sequence, what: str) -> None:
+    """Wait for every work, even after one fails, then raise the first failure: a transfer
+    left in flight would pair with the next call's transfers on the same group (gloo
+    matches by peer and tag) and wedge it until the group's timeout."""
+    first = None
+    for w in works:
+        try:
+            wait(w, what)
+        except ContextParallelError as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def finish_together(groups: Sequence, failure: Optional[BaseException], where: str, what: str, device) -> None:
+    """After a step that can fail on some ranks only (the local attention raised), the
+    ranks of ``groups`` (one after the other: on a 2-D mesh, the ring group then the
+    ulysses group, so that every rank of the mesh learns) exchange whether they failed.
+    Every rank then raises, or none does: the rank that failed re-raises its own error,
+    the others :class:`ContextParallelError` naming it. Called only once every transfer
+    of the step has completed, so the groups stay usable for the next call.
+
+    ``where`` says where this rank failed (e.g. "step 2"); ``what`` names the call.
+    """
+    row = torch.tensor([float(failure is not None), float(dist.get_rank())], dtype=torch.float64, device=device)
+    for group in groups:
+        if group is None or dist.get_world_size(group) == 1:
+            continue
+        rows = all_gather_rows(row, group, f"{what}: checking that every rank finished")
+        failed = rows[rows[:, 0] > 0]
+        if len(failed):
+            row = failed[0].clone()
+    if failure is not None:
+        if hasattr(failure, "add_note"):
+            failure.add_note(
+                f"attnkit.parallel: raised on global rank {dist.get_rank()} in {what} ({where}); every rank of the "
+                "group raised with it, and the group stays usable"
+            )
+        raise failure
+    if row[0] > 0:
+        raise ContextParallelError(
+            f"{what}: another rank of the group raised (global rank {int(row[1])}; its own error says why), so "
+            "every rank stops here. Every transfer of the call completed: the group stays usable for the next call"
+        )
 
 
 def group_rank(group) -> int:

@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .comm import Spec, packed_size, p2p, pack, unpack, wait
+from .comm import Spec, finish_together, p2p, pack, packed_size, unpack, wait_all
 from .local import accum_dtype, merge_partials
 
 logger = logging.getLogger("attnkit.parallel")
@@ -125,6 +125,13 @@ class RingJob:
     bias_keys: Optional[torch.Tensor] = None
     bias_keys_shape: Optional[tuple[int, int]] = None  # (B', H') of every rank's key bias
     bias_keys_dtype: Optional[torch.dtype] = None
+    # the groups whose ranks must all raise when one rank's local attention raises: the
+    # ring group, and on a 2-D mesh the ulysses group too (its all-to-all comes next)
+    finish_groups: tuple = ()
+
+    @property
+    def groups(self) -> tuple:
+        return self.finish_groups or (self.group,)
 
 
 def _tag(kind: str, s: int, size: int) -> int:
@@ -173,7 +180,12 @@ def _name(local: Callable) -> str:
 
 
 def ring_forward(q, k, v, job: RingJob) -> tuple[torch.Tensor, torch.Tensor]:
-    """out (B, H, M, Dv) and lse (B, H, M), both in the accumulation dtype."""
+    """out (B, H, M, Dv) and lse (B, H, M), both in the accumulation dtype.
+
+    A local attention that raises on some ranks does not stop the ring there: that rank
+    computes nothing more but keeps passing blocks on, so that every transfer of the call
+    completes on every rank; then all ranks raise together (see :func:`finish_together`).
+    """
     sched = job.schedule
     B, H, M, D = q.shape
     Dv = v.shape[-1]
@@ -181,6 +193,7 @@ def ring_forward(q, k, v, job: RingJob) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.zeros(B, H, M, Dv, dtype=adt, device=q.device)
     lse = torch.full((B, H, M), float("-inf"), dtype=adt, device=q.device)
     first = True
+    failure, failed_at = None, ""
     cur = pack(_own_block(job, k, v)) if sched.sends(0) else None
     for s in range(sched.size):
         src = sched.src_at(s)
@@ -191,19 +204,24 @@ def ring_forward(q, k, v, job: RingJob) -> tuple[torch.Tensor, torch.Tensor]:
         if sched.sends(s):
             ops.append(("send", cur, sched.next, _tag("kv", s, sched.size), "ring-kv"))
         works = p2p(ops, job.group, f"ring attention forward, step {s}")
-        if sched.holds(s) and sched.needs(sched.rank, src):
-            block = _own_block(job, k, v) if s == 0 else unpack(cur, _kv_specs(job, src, q, D, Dv))
-            o, l = _checked(
-                job.local(q, block[0], block[1], _block_bias(job, src, block), job.scale, sched.causal_offset(sched.rank, src)),
-                q, Dv, _name(job.local),
-            )
-            if first:
-                out, lse, first = o.to(adt), l.to(adt), False
-            else:
-                out, lse = merge_partials(out, lse, o, l)
-        for w in works:
-            wait(w, f"ring attention forward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring")
+        try:
+            if failure is None and sched.holds(s) and sched.needs(sched.rank, src):
+                block = _own_block(job, k, v) if s == 0 else unpack(cur, _kv_specs(job, src, q, D, Dv))
+                o, l = _checked(
+                    job.local(q, block[0], block[1], _block_bias(job, src, block), job.scale,
+                              sched.causal_offset(sched.rank, src)),
+                    q, Dv, _name(job.local),
+                )
+                if first:
+                    out, lse, first = o.to(adt), l.to(adt), False
+                else:
+                    out, lse = merge_partials(out, lse, o, l)
+        except Exception as exc:  # every rank raises it, or ContextParallelError, after the ring
+            failure, failed_at = exc, f"step {s}"
+        finally:
+            wait_all(works, f"ring attention forward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring")
         cur = nxt
+    finish_together(job.groups, failure, failed_at, "ring attention forward", q.device)
     return out.to(adt), lse.to(adt)
 
 
@@ -249,6 +267,7 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
     # it when the accumulator comes home, so an accumulator makes reach - 1 hops plus one
     # home, not reach + 1.
     own = None  # this rank's share of its own block's dK/dV
+    failure, failed_at = None, ""
     carry = None  # the previous step's accumulator, for the next rank
     going_home: list[tuple[torch.Tensor, int]] = []
     cur = pack(_own_block(job, k, v)) if sched.sends(0) else None
@@ -267,12 +286,15 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
             ops.append(("send", carry, sched.next, _tag("grad", s, P), "ring-grad"))
         works = p2p(ops, job.group, f"ring attention backward, step {s}")
         grads = None
-        if sched.holds(s) and sched.needs(sched.rank, src):
-            block = _own_block(job, k, v) if s == 0 else unpack(cur, _kv_specs(job, src, q, D, Dv))
-            grads = _block_grads(job, q, block, src, out, lse, dout, dlse)
-            dq += grads[0]
-        for w in works:
-            wait(w, f"ring attention backward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring")
+        try:
+            if failure is None and sched.holds(s) and sched.needs(sched.rank, src):
+                block = _own_block(job, k, v) if s == 0 else unpack(cur, _kv_specs(job, src, q, D, Dv))
+                grads = _block_grads(job, q, block, src, out, lse, dout, dlse)
+                dq += grads[0]
+        except Exception as exc:  # the accumulators still travel on; every rank raises after the ring
+            failure, failed_at, grads = exc, f"step {s}", None
+        finally:
+            wait_all(works, f"ring attention backward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring")
         carry = None
         if s == 0:
             if grads is not None:
@@ -297,8 +319,8 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
         holder = (sched.rank + sched.reach[sched.rank]) % P
         home = torch.empty(packed_size([grad_spec(sched.rank)]), dtype=torch.uint8, device=q.device)
         ops.append(("recv", home, holder, _tag("home", 0, P), "ring-grad"))
-    for w in p2p(ops, job.group, "ring attention backward, last step"):
-        wait(w, "ring attention backward: sending dK/dV home")
+    wait_all(p2p(ops, job.group, "ring attention backward, last step"), "ring attention backward: sending dK/dV home")
+    finish_together(job.groups, failure, failed_at, "ring attention backward", q.device)
     final = own
     if home is not None:
         arrived = unpack(home, [grad_spec(sched.rank)])[0]
