@@ -8,9 +8,7 @@ diffusers' stock attention.
 
 from __future__ import annotations
 
-import functools
 import itertools
-import logging
 
 import torch
 import torch.distributed as dist
@@ -76,41 +74,14 @@ def _forward_backward(model, inputs, weight_seed: int):
     return out.detach(), grads
 
 
-def _all_gather_uneven(tensor: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """What dist.all_gather of unequal shards gives on NCCL (which falls back to
-    broadcasts for them); gloo refuses unequal sizes. Pads to the longest, gathers, trims."""
-    from diffusers.models._modeling_parallel import gather_size_by_comm
-
-    tensor = tensor.contiguous()
-    sizes = gather_size_by_comm(tensor.shape[dim], group)
-    pad = [0, 0] * (tensor.dim() - 1 - dim) + [0, max(sizes) - tensor.shape[dim]]
-    padded = torch.nn.functional.pad(tensor, pad)
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded, group=group)
-    return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)
-
-
 def diffusers_cp(rank: int, world: int, payload: dict) -> dict:
     from diffusers import ContextParallelConfig
-    from diffusers.hooks import context_parallel as cp_hooks
 
-    # diffusers 0.42.1's ModelMixin._resolve_parallel_config computes
-    # torch.device(accelerator, rank % torch.accelerator.device_count()) before it looks at
-    # any mesh: on a machine without an accelerator that is a ZeroDivisionError. The
-    # device it names is where the model would live; here there is one, the CPU. This
-    # stands in for that one call; the mesh, the hooks and the collectives are diffusers'
-    # and torch's own, on gloo.
-    torch.accelerator.device_count = lambda: 1
-    # diffusers 0.42.1's split hook warns through logger.warning_once, a method that
-    # transformers adds to logging.Logger when it is imported (every real pipeline imports
-    # it for its text encoder). Without it, Wan's plan (which skips its 1-D timestep with
-    # that warning) raises AttributeError: the same method, added the same way.
-    if not hasattr(logging.Logger, "warning_once"):
-        logging.Logger.warning_once = functools.lru_cache(None)(logging.Logger.warning)
-    # diffusers' "anything" split gathers the model's output with dist.all_gather of
-    # unequal shards: NCCL serves it, gloo refuses it. The stand-in computes the same.
-    cp_hooks._all_gather_anything = _all_gather_uneven
     import attnkit  # noqa: F401  (registers the "attnkit" backend)
+    # diffusers' enable_parallelism, with what a CPU-only machine on gloo lacks filled in
+    # (an accelerator to count, a gather of unequal shards, Logger.warning_once): the
+    # recipe the README gives, said where it is done
+    from attnkit.parallel.diffusers_cp import enable_parallelism
 
     results = {}
     for (name, build), mode, odd in itertools.product(MODELS.items(), ("ring", "ulysses"), (False, True)):
@@ -126,7 +97,7 @@ def diffusers_cp(rank: int, world: int, payload: dict) -> dict:
                 ContextParallelConfig(ring_degree=world, ring_anything=odd) if mode == "ring"
                 else ContextParallelConfig(ulysses_degree=world, ulysses_anything=odd)
             )
-            model.enable_parallelism(config=config)
+            enable_parallelism(model, config)
             out, grads = _forward_backward(model, inputs, payload["seed"] + 7)
             for g in grads.values():  # each rank holds its tokens' share
                 dist.all_reduce(g)

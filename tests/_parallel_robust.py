@@ -116,3 +116,39 @@ def failure_batch(rank: int, world: int, payload: dict) -> dict:
             failed = {"ok": False, **_error(exc)}
         results[name] = {"failed": failed, "then": _call(case, rank, world, groups)}
     return results
+
+
+# -- diffusers ----------------------------------------------------------------------------------
+
+
+def diffusers_recipe(rank: int, world: int, payload: dict) -> dict:
+    """The README's CPU recipe on a tiny Wan transformer (uneven shards: ring_anything),
+    after a training forward that attnkit_sdpa refuses inside the ring on every rank."""
+    from diffusers import ContextParallelConfig
+
+    import attnkit  # noqa: F401  (registers the "attnkit" backends)
+    from _parallel_diffusers import _forward_backward, wan
+    from attnkit.parallel.diffusers_cp import enable_parallelism
+
+    seed = payload["seed"]
+    model, inputs = wan(seed, odd=True)
+    ref_out, ref_grads = _forward_backward(model, inputs, seed + 7)  # one rank, diffusers' own attention
+    model.zero_grad(set_to_none=True)
+    model.set_attention_backend("attnkit_sdpa")  # torch's SDPA: its lse has no gradient
+    enable_parallelism(model, ContextParallelConfig(ring_degree=world, ring_anything=True))
+    res = {"device_count": torch.accelerator.device_count()}
+    try:
+        _forward_backward(model, inputs, seed + 7)
+        res["refused"] = None
+    except ContextParallelError:
+        raise
+    except Exception as exc:
+        res["refused"] = _error(exc)
+    model.zero_grad(set_to_none=True)
+    model.set_attention_backend("attnkit")
+    out, grads = _forward_backward(model, inputs, seed + 7)
+    for g in grads.values():  # each rank holds its tokens' share
+        dist.all_reduce(g)
+    res["out"] = (out, ref_out)
+    res["grads"] = {n: (grads.get(n), g) for n, g in ref_grads.items()}
+    return res

@@ -10,6 +10,9 @@ compared with one process in float64.
   ring, in Ulysses and on a 2-D mesh: every rank raises (none waits for the group's
   timeout), and the next ordinary call on the same groups gives the right answer. The
   groups' timeout is short here, so a transfer left in flight fails the batch quickly.
+- diffusers' enable_parallelism on a CPU-only machine through the README's recipe
+  (attnkit.parallel.diffusers_cp.enable_parallelism), with uneven shards, after a
+  training forward that a backend refused inside the ring.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 import torch
 
 from _parallel_harness import run_ranks, values
-from attnkit.testing import rel_error
+from attnkit.testing import EPSILON, rel_error
 
 F64 = torch.float64
 TOL = 1e-12  # float64 end to end: the rule's 2x float64 rounding + 1e-12, at these sizes
@@ -257,3 +260,26 @@ def test_a_raising_local_attention_ends_every_rank_and_leaves_the_group_usable(n
             got = torch.cat([res["then"][key] for res in per_rank], 2)
         want = ref.detach() if i == 0 else ref_grads[i - 1]
         assert rel_error(got, want) <= TOL, f"{key}: relative error {rel_error(got, want):.3e}"
+
+
+# -- diffusers on a CPU-only machine -----------------------------------------------------------
+
+def test_diffusers_cpu_recipe_after_a_refused_forward(module_seed):
+    """The README's recipe (enable_parallelism from attnkit.parallel.diffusers_cp) on a tiny
+    Wan transformer, 2 gloo ranks, uneven shards (diffusers' "anything" split, whose
+    gather gloo refuses unaided). First a training forward with attnkit_sdpa, refused
+    inside the ring on every rank (torch's SDPA gives its lse no gradient); then the same
+    model with set_attention_backend("attnkit") equals one rank, forward and gradients."""
+    pytest.importorskip("diffusers")
+    per_rank = values(run_ranks("_parallel_robust:diffusers_recipe", 2, {"seed": module_seed % 10_000},
+                                timeout=150, group_timeout=15))
+    for r, res in enumerate(per_rank):
+        assert res["device_count"] == torch.accelerator.device_count(), "device_count left changed"
+        assert res["refused"] is not None and "log-sum-exp" in res["refused"]["message"], res["refused"]
+        out, ref = res["out"]
+        assert rel_error(out, ref) <= EPSILON[F64], f"rank {r}: output relative error {rel_error(out, ref):.3e}"
+        for name, (got, want) in res["grads"].items():
+            assert got is not None, f"rank {r}: no gradient for {name}"
+            # Wan's FP32LayerNorm sums some gradients in float32 (see test_parallel_diffusers)
+            tol = EPSILON[torch.float32] if ".norm2." in name or name.startswith("condition_embedder.time_") else 1e-12
+            assert rel_error(got, want) <= tol, f"rank {r}: d{name}: relative error {rel_error(got, want):.3e}"
