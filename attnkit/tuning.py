@@ -4,12 +4,17 @@ The file (``$XDG_CACHE_HOME/attnkit/autotune.json``, ``~/.cache/...`` by default
 shared by every process on the machine and may be shared between attnkit versions, so:
 
 * a cache problem never fails a model call: every error here becomes a warning, once;
-* attnkit never destroys what it did not write: entries it does not understand (written
-  by a newer attnkit) are kept; a file that is not a cache at all is moved aside to
-  ``autotune.json.bad`` with a warning saying so; a file of a newer format version is
-  left alone (tuned choices are then not saved); a read-only file is left alone with one
-  warning; a symlinked path is written through (the link stays a link); the file's mode
-  is kept;
+* attnkit never destroys what it did not write: entries and top-level fields it does
+  not understand (written by a newer attnkit) are kept; a file that is not a cache at all
+  is moved aside to ``autotune.json.bad`` with a warning saying so; a file of a newer
+  format version is left alone (tuned choices are then not saved); a read-only file is
+  left alone with one warning; a symlinked path is written through (the link stays a
+  link); the file's mode, owner and group are kept;
+* a path that is not a regular file (a FIFO, a device such as ``os.devnull``, a
+  directory, a socket; or a symlink to one) is never opened, moved or replaced: it holds
+  no entries, and the writer refuses it with one warning saying what it is. It is judged
+  by ``stat`` before anything is opened, and opened without blocking and checked again
+  with ``fstat``, so a FIFO that appears in between cannot stall a model call;
 * writers hold a lock (``filelock``, every OS) and replace the file atomically: readers
   never see half a file; temporary files left by a killed writer are removed by the next
   one.
@@ -23,6 +28,7 @@ import logging
 import math
 import os
 import re
+import stat
 import statistics
 import tempfile
 import time
@@ -46,6 +52,67 @@ def default_cache_path() -> Path:
     """$XDG_CACHE_HOME/attnkit/autotune.json, or ~/.cache/attnkit/autotune.json."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "attnkit" / "autotune.json"
+
+
+class CacheNotWritten(OSError):
+    """The cache was left as it is, on purpose; the message says why."""
+
+
+class NotRegularFile(CacheNotWritten):
+    """The cache path is a FIFO, a device, a directory...: not read, moved or replaced."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_regular(path: str | os.PathLike, mode: int) -> NotRegularFile | None:
+    """The refusal for a path whose (followed) mode is not a regular file's, else None."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), f"of file type {stat.S_IFMT(mode):#o}")
+    path = Path(path)
+    link = f" (a symlink to {os.path.realpath(path)})" if path.is_symlink() else ""
+    # what to do: /dev/null is sometimes passed on purpose; "remove it" would be bad advice
+    meant = f" such as {path / 'autotune.json'}" if stat.S_ISDIR(mode) else ""
+    return NotRegularFile(
+        f"{path}{link} is {kind}, not a regular file: attnkit does not read, move or replace "
+        f"it; to keep tuned choices, pass auto(tune=True, cache_path=...) the path of a "
+        f"file{meant}"
+    )
+
+
+def _refuse_special(path: str | os.PathLike) -> None:
+    """Raise NotRegularFile if ``path`` exists and is not a regular file, judged by
+    ``os.stat`` (a symlink by what it points to), without opening it: opening a FIFO waits
+    for a writer and opening a device may act on it. FileNotFoundError if there is none."""
+    refusal = _not_regular(path, os.stat(path).st_mode)
+    if refusal is not None:
+        raise refusal
+
+
+# O_NONBLOCK: a FIFO that appeared after _refuse_special does not wait for a writer
+# (fstat then refuses it); O_NOCTTY: a terminal never becomes ours. Both absent on
+# Windows, which needs O_BINARY instead to read the bytes as they are.
+_READ_FLAGS = (
+    os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+)
+
+
+def _read_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of ``path`` if it is a regular file; NotRegularFile otherwise."""
+    _refuse_special(path)
+    fd = os.open(path, _READ_FLAGS)
+    with os.fdopen(fd, "rb") as fh:
+        refusal = _not_regular(path, os.fstat(fd).st_mode)
+        if refusal is not None:
+            raise refusal
+        return fh.read()
 
 
 class CacheError(ValueError):
@@ -76,11 +143,18 @@ def valid_entry(value: Any, known: Mapping[str, Any]) -> bool:
 def read_raw(path: str | os.PathLike) -> dict[str, Any]:
     """Every entry of the cache file, usable or not (what a writer must keep).
 
-    Raises FileNotFoundError if there is no file, CacheError if it is not a cache.
+    Raises FileNotFoundError if there is no file, NotRegularFile if the path is not a
+    regular file (nothing is opened but regular files), CacheError if it is not a cache.
     """
+    return _read_document(path)["entries"]
+
+
+def _read_document(path: str | os.PathLike) -> dict[str, Any]:
+    """The whole cache file: ``version``, ``entries`` and any field a newer attnkit added
+    (a writer keeps them all). Raises as :func:`read_raw`."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = _read_bytes(path).decode("utf-8")
+    except (FileNotFoundError, NotRegularFile):
         raise
     except NotADirectoryError as e:  # a file where its folder should be: no cache there
         raise FileNotFoundError(str(e)) from e
@@ -97,28 +171,33 @@ def read_raw(path: str | os.PathLike) -> dict[str, Any]:
             f"it is an attnkit tuning cache of version {data['version']!r}, this attnkit "
             f"reads version {CACHE_VERSION}", foreign=False,
         )
-    entries = data.get("entries")
-    if not isinstance(entries, dict):
+    if not isinstance(data.get("entries"), dict):
         raise CacheError("its 'entries' is not a mapping")
-    return entries
+    return data
 
 
 def read_cache(path: str | os.PathLike, known: Mapping[str, Any]) -> tuple[dict[str, dict], int]:
     """The usable entries of the cache file and how many others it holds (kept in the
-    file, not used). Raises as :func:`read_raw`."""
-    entries = read_raw(path)
+    file, not used). Raises as :func:`read_raw`, except that a path that is not a regular
+    file holds nothing: ``({}, 0)``, with nothing opened. Saying so is left to
+    :func:`update_cache` (CacheNotWritten), so that a user is told once, not at every read.
+    """
+    try:
+        entries = read_raw(path)
+    except NotRegularFile:
+        return {}, 0
     good = {k: v for k, v in entries.items() if isinstance(k, str) and valid_entry(v, known)}
     return good, len(entries) - len(good)
 
 
-class CacheNotWritten(OSError):
-    """The cache was left as it is, on purpose; the message says why."""
+def _lock_path(path: Path) -> str:
+    return str(path) + ".lock"
 
 
 def _lock(path: Path):
     from filelock import FileLock
 
-    return FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+    return FileLock(_lock_path(path), timeout=LOCK_TIMEOUT_S)
 
 
 def _tmp_prefix(path: Path) -> str:
@@ -160,46 +239,89 @@ def update_cache(path: str | os.PathLike, entries: Mapping[str, dict], known: Ma
     """Merge ``entries`` into the cache file, keeping everything else it holds.
 
     Returns what a user should be told (a foreign file moved aside). Raises
-    CacheNotWritten when the file is left alone on purpose (read-only, newer version)
-    and OSError when it cannot be written.
+    CacheNotWritten when the file is left alone on purpose (read-only, newer version;
+    NotRegularFile for a FIFO, a device, a directory...) and OSError when it cannot be
+    written.
     """
     notes: list[str] = []
     link = Path(path)
+    # before the folder or the lock is touched: for cache_path=os.devnull, no /dev/null.lock
+    with contextlib.suppress(FileNotFoundError):
+        _refuse_special(link)
     target = Path(os.path.realpath(link))  # write through a symlink, never replace it
     target.parent.mkdir(parents=True, exist_ok=True)
     with _lock(target):
         _remove_stale_tmp(target)
-        mode = None
+        st = None
         try:
             st = target.stat()
-            mode = st.st_mode & 0o7777
+            refusal = _not_regular(link, st.st_mode)  # it may have changed since the check
+            if refusal is not None:
+                raise refusal
             # no write bit for anyone is a statement, even to root (whom os.access lets write)
-            if not (mode & 0o222) or not os.access(target, os.W_OK):
+            if not (st.st_mode & 0o222) or not os.access(target, os.W_OK):
                 raise CacheNotWritten(f"{link} is read-only; it is left as it is")
-            current = read_raw(target)
+            _give_lock_to_owner(target, st)
+            document = _read_document(target)
         except FileNotFoundError:
-            current = {}
+            st, document = None, {}
         except CacheError as e:
             if not e.foreign:
                 raise CacheNotWritten(f"{link}: {e}; it is left as it is") from e
             bad = _free_name(target.with_name(target.name + ".bad"))
+            _refuse_special(target)  # only a regular file is ever moved aside
             os.replace(target, bad)
             notes.append(f"{link} was not a tuning cache ({e}); it was moved to {bad}")
-            current = {}
+            st, document = None, {}
+        current = document.setdefault("entries", {})
         current.update({k: v for k, v in entries.items() if valid_entry(v, known)})
+        document["version"] = CACHE_VERSION
         fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"version": CACHE_VERSION, "entries": current}, fh, indent=1, sort_keys=True)
+                json.dump(document, fh, indent=1, sort_keys=True)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
+            if st is not None:
+                _keep_owner(tmp, st)
+            os.chmod(tmp, st.st_mode & 0o7777 if st is not None else 0o666 & ~_umask())
+            # the last look before the replace: a FIFO or folder made meanwhile is not replaced
+            with contextlib.suppress(FileNotFoundError):
+                _refuse_special(target)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
     return notes
+
+
+def _keep_owner(tmp: str, st: os.stat_result) -> None:
+    """Give ``tmp`` the owner and group of the file it replaces (before the mode: chown
+    may clear set-id bits). Root rewriting a user's cache must leave it theirs, or that
+    user can no longer save. Only root may give a file away; anyone else keeps at least
+    the group (a member may), so those who wrote through the group still can."""
+    if not hasattr(os, "chown"):  # Windows
+        return
+    own = os.stat(tmp)
+    if (own.st_uid, own.st_gid) == (st.st_uid, st.st_gid):
+        return
+    try:
+        os.chown(tmp, st.st_uid, st.st_gid)
+    except PermissionError:
+        with contextlib.suppress(OSError):
+            os.chown(tmp, -1, st.st_gid)
+
+
+def _give_lock_to_owner(target: Path, st: os.stat_result) -> None:
+    """A lock file that root has just made beside a user's cache goes to that user: left
+    root's (0644), it would stop the user's next save at the lock."""
+    if not hasattr(os, "geteuid"):  # Windows
+        return
+    lock = _lock_path(target)
+    with contextlib.suppress(OSError):
+        if os.stat(lock).st_uid == os.geteuid() != st.st_uid:
+            _keep_owner(lock, st)
 
 
 def _free_name(path: Path) -> Path:
@@ -265,6 +387,7 @@ __all__ = [
     "CACHE_VERSION",
     "CacheError",
     "CacheNotWritten",
+    "NotRegularFile",
     "cache_key",
     "default_cache_path",
     "read_cache",

@@ -3,6 +3,7 @@ attnkit did not write (each case below failed before the cache was made careful)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -11,6 +12,8 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -200,6 +203,172 @@ def _read_only_case(tmp_path, caplog):
     assert path.read_text() == text and stat.S_IMODE(path.stat().st_mode) == 0o444
     warnings = warnings_of(caplog)
     assert len(warnings) == 1 and "read-only" in warnings[0], warnings
+
+
+
+def test_unknown_top_level_fields_are_kept(seed, tmp_path):
+    """A version-1 file may carry fields a newer attnkit added next to 'entries'."""
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"version": 1, "entries": {}, "written_by": "attnkit 9", "stats": {"hits": 3}}))
+    run(tuned(path))
+    data = json.loads(path.read_text())
+    assert data["written_by"] == "attnkit 9" and data["stats"] == {"hits": 3}
+    assert data["version"] == 1 and len(data["entries"]) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="only root can give a file away")
+def test_another_users_file_keeps_its_owner_and_group(seed, tmp_path):
+    """Root rewriting a user's cache must not take it over, nor the lock file it makes
+    beside it: either way the user could no longer save."""
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"version": 1, "entries": {}}))
+    path.chmod(0o644)
+    os.chown(path, 4321, 4322)
+    run(tuned(path))
+    st = path.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (4321, 4322, 0o644)
+    lock = tmp_path / "tune.json.lock"
+    if lock.exists():  # filelock keeps it on POSIX
+        assert (lock.stat().st_uid, lock.stat().st_gid) == (4321, 4322)
+    assert len(tuning.read_cache(path, CANDIDATES)[0]) == 1
+
+
+def _within(seconds, fn, fifo=None):
+    """``fn()`` in a thread: a regression that opens a FIFO and waits for a writer fails
+    the test instead of hanging the suite (the FIFO is then given a writer, so that the
+    thread, and the lock it holds, are let go)."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the test below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        deadline = time.monotonic() + seconds
+        while fifo is not None and thread.is_alive() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):  # each open of the FIFO waits for a writer
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            thread.join(0.05)
+        pytest.fail(f"still running after {seconds} s: a FIFO was opened and waited on")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _left_alone_with_one_warning(path, kind, caplog, fifo=None):
+    """Tuning works in memory; ``path`` is neither read, moved nor replaced; one warning
+    names it, says what it is and what to do."""
+    proc = tuned(path)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        _within(20, lambda: (run(proc), run(proc, m=9)), fifo=fifo)
+    assert [d.how for d in proc.decisions] == ["tuned", "tuned"]
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 1, warnings
+    assert str(path) in warnings[0] and kind in warnings[0] and "not a regular file" in warnings[0]
+    assert "cache_path=" in warnings[0], warnings  # what to do
+    return warnings[0]
+
+
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this OS")
+
+
+@needs_fifo
+def test_a_fifo_is_never_opened_moved_or_replaced(seed, tmp_path, caplog):
+    path = tmp_path / "tune.json"
+    os.mkfifo(path)
+    _left_alone_with_one_warning(path, "FIFO", caplog, fifo=path)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+    assert os.listdir(tmp_path) == ["tune.json"]  # no .bad, no lock, no temporary file
+
+
+@needs_fifo
+def test_a_symlink_to_a_fifo_is_left_alone(seed, tmp_path, caplog):
+    """A symlink is judged by what it points to: to a regular file it is written through
+    (test_writes_go_through_a_symlink), to anything else it is left alone."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "tune.json"
+    link.symlink_to(fifo)
+    _left_alone_with_one_warning(link, "FIFO", caplog, fifo=fifo)
+    assert os.readlink(link) == str(fifo) and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["pipe", "tune.json"]
+
+
+@needs_fifo
+def test_a_fifo_that_appears_after_the_check_is_not_waited_on(tmp_path, monkeypatch):
+    """Between the check and the open a FIFO may appear: the open does not wait for a
+    writer, and what was opened is checked again."""
+    path = tmp_path / "tune.json"
+    os.mkfifo(path)
+    monkeypatch.setattr(tuning, "_refuse_special", lambda p: None)  # the check saw a file
+    with pytest.raises(tuning.NotRegularFile, match="FIFO"):
+        _within(10, lambda: tuning.read_raw(path), fifo=path)
+    assert _within(10, lambda: tuning.read_cache(path, CANDIDATES), fifo=path) == ({}, 0)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+
+
+def test_a_directory_is_not_moved_aside(seed, tmp_path, caplog):
+    path = tmp_path / "tune.json"
+    path.mkdir()
+    (path / "theirs.txt").write_text("kept")
+    message = _left_alone_with_one_warning(path, "directory", caplog)
+    assert "tune.json/autotune.json" in message  # the file they probably meant
+    assert os.listdir(path) == ["theirs.txt"] and (path / "theirs.txt").read_text() == "kept"
+    assert os.listdir(tmp_path) == ["tune.json"]
+
+
+def test_a_device_node_is_not_moved_or_replaced(seed, tmp_path, caplog):
+    """A null device of our own (mknod needs root): the real one is in the next test."""
+    path = tmp_path / "tune.json"
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except (AttributeError, PermissionError, OSError) as exc:
+        pytest.skip(f"cannot make a device node here ({exc})")
+    before = os.lstat(path)
+    _left_alone_with_one_warning(path, "character device", caplog)
+    after = os.lstat(path)
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    assert os.listdir(tmp_path) == ["tune.json"]
+
+
+def test_os_devnull_is_left_untouched(seed, caplog, monkeypatch):
+    """cache_path=os.devnull: as root the old code moved the real null device aside (and
+    made /dev/null.lock). Should that come back, the guards below fail the test first."""
+    devnull = os.path.realpath(os.devnull)
+    if not stat.S_ISCHR(os.stat(devnull).st_mode):
+        pytest.skip(f"{devnull} is not a character device here")
+    real_replace, real_rename = os.replace, os.rename
+
+    def guarded(real):
+        def move(src, dst, *args, **kwargs):
+            for p in (src, dst):
+                if os.path.realpath(p).startswith(devnull):
+                    raise AssertionError(f"attnkit tried to move {src} to {dst}")
+            return real(src, dst, *args, **kwargs)
+        return move
+
+    real_lock = tuning._lock
+
+    def lock(path):
+        if os.path.realpath(path).startswith(devnull):
+            raise AssertionError(f"attnkit tried to make a lock file beside {path}")
+        return real_lock(path)
+
+    monkeypatch.setattr(os, "replace", guarded(real_replace))
+    monkeypatch.setattr(os, "rename", guarded(real_rename))
+    monkeypatch.setattr(tuning, "_lock", lock)
+    neighbours = {devnull + suffix: os.path.lexists(devnull + suffix) for suffix in (".bad", ".lock")}
+    before = os.stat(devnull)
+    _left_alone_with_one_warning(os.devnull, "character device", caplog)
+    after = os.stat(devnull)
+    assert stat.S_ISCHR(after.st_mode)
+    assert (after.st_ino, after.st_rdev, after.st_mode) == (before.st_ino, before.st_rdev, before.st_mode)
+    assert {p: os.path.lexists(p) for p in neighbours} == neighbours
 
 
 def test_unwritable_folder_warns_once_and_still_runs(seed, tmp_path, caplog):
