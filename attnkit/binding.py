@@ -96,7 +96,7 @@ def record(module: nn.Module, stock: Any) -> None:
     """Note that attnkit replaces ``stock`` on ``module`` (the first replacement only: a
     second attnkit processor keeps the record of what the model had), and make the
     module pickle as the stock module it was."""
-    if STOCK not in module.__dict__ and not is_attnkit(stock):
+    if STOCK not in module.__dict__ and stock is not None and not is_attnkit(stock):
         module.__dict__[STOCK] = stock
     protect_pickle(module)
 
@@ -209,6 +209,8 @@ def _stock_state(self: nn.Module) -> dict:
     if _called_from_copy():
         return state
     stock = state.get(STOCK, _UNSET)
+    if stock is _UNSET and is_attnkit(state.get("processor")):  # given attnkit's at construction
+        stock = default_stock(self)
     for name in state.get(METHODS, ()):
         state.pop(name, None)
     for key in [k for k in state if k.startswith("_attnkit_")] + [_GETSTATE]:
@@ -223,8 +225,11 @@ def _stock_state(self: nn.Module) -> dict:
 
 
 def _called_from_copy() -> bool:
-    frame = sys._getframe(2)
-    return frame is not None and frame.f_globals.get("__name__") == "copy"
+    try:
+        frame = sys._getframe(2)
+    except ValueError:
+        return False
+    return frame.f_globals.get("__name__") == "copy"
 
 
 # -- diffusers' set_processor, wrapped once ------------------------------------------------

@@ -141,8 +141,12 @@ def test_unknown_arguments_are_refused_not_dropped(seed):
 
 
 def test_a_block_mask_is_refused(seed):
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
     q = bsd(1, 4, 2, 16)
-    with pytest.raises(UnsupportedModule, match="BlockMask"):
+    block_mask = flex.BlockMask.__new__(flex.BlockMask)  # its type is what counts; making one compiles
+    with pytest.raises(UnsupportedModule, match="BlockMask.*flex backend"):
+        ours(q, q, q, attn_mask=block_mask)
+    with pytest.raises(ValueError, match="attn_mask is a types.SimpleNamespace; pass a torch.Tensor"):
         ours(q, q, q, attn_mask=types.SimpleNamespace())
 
 

@@ -261,3 +261,19 @@ def test_a_mask_that_is_not_a_tensor_of_the_right_rank_is_refused_clearly(mask):
 def test_auto_names_an_unknown_option_and_lists_the_options():
     with pytest.raises(TypeError, match=r"attnkit\.auto\(\) has no option 'foo'; its options are tune, cache_path"):
         attnkit.auto(foo=1)
+
+
+def test_a_module_built_with_attnkits_processor_pickles_as_diffusers_default(seed):
+    """Given attnkit's processor at construction (no processor replaced): saved with
+    diffusers' default processor for that module, and the same output."""
+    from diffusers.models.attention_processor import Attention
+
+    attn = Attention(query_dim=32, heads=2, dim_head=16, processor=attnkit.auto())
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        expected = attn(x)
+        buf = io.BytesIO()
+        torch.save(attn, buf)
+        loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+        assert type(loaded.processor).__name__ == "AttnProcessor2_0"
+        assert rel_error(loaded(x), expected) < 1e-5
