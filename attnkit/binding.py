@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import logging
 import sys
 import types
@@ -127,8 +128,36 @@ def served_by(proc, module: nn.Module):
         inner = bound_processor(stock, proc.chooser)
     else:
         inner = functools.partial(_refuse, route.reason)
-    module.__dict__[SERVE] = (proc, inner)
+    module.__dict__[SERVE] = (proc, inner, accepted_keywords(inner))
     return module.__dict__[SERVE]
+
+
+# What diffusers' modules drop without a warning when their processor does not take it.
+QUIET = frozenset({"ip_adapter_masks", "ip_hidden_states"})
+
+
+def accepted_keywords(inner: Any) -> frozenset[str] | None:
+    """The argument names ``inner`` takes (None: any, it has ``**kwargs``; or it is
+    attnkit's protocol). attnkit's processor advertises every name a diffusers processor
+    takes, so that the module passes them all; the stock processor it runs must then get
+    only what its module would have given it."""
+    call = getattr(type(inner), "__call__", None) if inner is not None else None
+    if not isinstance(call, types.FunctionType):
+        return None
+    params = inspect.signature(call).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(params)
+
+
+def keep_accepted(module: nn.Module, inner: Any, accepted: frozenset[str], kwargs: dict) -> dict:
+    """``kwargs`` as ``module`` would have given ``inner``: what it does not take dropped,
+    with diffusers' own warning for the names it does not drop quietly."""
+    unused = [k for k in kwargs if k not in accepted and k not in QUIET]
+    if unused:
+        logger.warning("%s: keyword arguments %s are not expected by %s and will be ignored (as diffusers does)",
+                       describe_module(module), unused, type(inner).__name__)
+    return {k: v for k, v in kwargs.items() if k in accepted}
 
 
 def _generic(stock: Any, module: nn.Module) -> tuple[bool, str | None]:

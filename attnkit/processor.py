@@ -39,7 +39,7 @@ from .protocol import (  # noqa: F401  (UnsupportedModule and the checks are par
 )
 from .backends import AttentionCall, Backend, BackendUnavailable, Signature, get_backend, signature
 from .backends.base import compile_key
-from .binding import SERVE, protocol_fits, served_by
+from .binding import SERVE, keep_accepted, protocol_fits, served_by
 
 logger = logging.getLogger("attnkit")
 
@@ -198,13 +198,19 @@ class AttnkitProcessor:
         inner = serve[1]
         if inner is None:
             return self._protocol(attn, *args, **kwargs)
+        accepted = serve[2]
+        if accepted is not None and kwargs:
+            for key in kwargs:
+                if key not in accepted:
+                    kwargs = keep_accepted(attn, inner, accepted, kwargs)
+                    break
         inner._parallel_config = getattr(self, "_parallel_config", None)
         return inner(attn, *args, **kwargs)
 
     def _bind(self, attn: nn.Module):
         if is_compiling():
             if protocol_fits(attn):  # decided from the module alone: nothing stored while tracing
-                return (self, None)
+                return (self, None, None)
             raise UnsupportedModule(
                 f"attnkit's processor meets {describe_module(attn)} for the first time under torch.compile, "
                 f"and binding it reads the source of its processor, which torch.compile cannot trace. Set the "

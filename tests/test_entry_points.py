@@ -277,3 +277,22 @@ def test_a_module_built_with_attnkits_processor_pickles_as_diffusers_default(see
         loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
         assert type(loaded.processor).__name__ == "AttnProcessor2_0"
         assert rel_error(loaded(x), expected) < 1e-5
+
+
+def test_a_kept_processor_gets_only_the_arguments_its_module_would_give_it():
+    """attnkit's processor advertises every argument a diffusers processor takes, so the
+    module passes them all; the stock processor it runs gets what the module would have
+    given it (Flux's IP-Adapter loading passes ip_adapter_masks to every block, which
+    FluxAttnProcessor does not take: a TypeError, where stock drops it quietly)."""
+    case = BY_ID["FluxTransformer2DModel"]
+
+    def run(model):
+        inputs = case.make_inputs(model, 0)
+        inputs["joint_attention_kwargs"] = {"ip_adapter_masks": None}
+        with torch.no_grad():
+            return case.run(model, inputs)
+
+    expected = run(case.build(0))
+    model = case.build(0)
+    model.set_attn_processor(attnkit.processor("vanilla"))
+    assert rel_error(run(model)[0], expected[0]) < 1e-5
