@@ -262,9 +262,11 @@ def _grads(case, model, inputs):
     return torch.autograd.grad(loss, params)
 
 
-@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel-masked", "WanTransformer3DModel"])
+@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel-masked", "WanTransformer3DModel",
+                                     "SD3Transformer2DModel", "CogVideoXTransformer3DModel"])
 @pytest.mark.parametrize("proc_name", ["auto", "vanilla"])
-def test_gradients_through_the_model_match_stock(seed, case_id, proc_name):
+@pytest.mark.parametrize("route", ["apply", "set_attn_processor"])
+def test_gradients_through_the_model_match_stock(seed, case_id, proc_name, route):
     from _zoo import cast_floats
 
     case = BY_ID[case_id]
@@ -273,7 +275,10 @@ def test_gradients_through_the_model_match_stock(seed, case_id, proc_name):
     m64 = case.build(0, dtype=torch.float64)
     ref = _grads(case, m64, cast_floats(case.make_inputs(m64, 0), torch.float64))
     model = case.build(0)
-    attnkit.apply(model, attnkit.processor(proc_name))
+    if route == "apply":
+        attnkit.apply(model, attnkit.processor(proc_name))
+    else:
+        model.set_attn_processor(attnkit.processor(proc_name))
     grads = _grads(case, model, case.make_inputs(model, 0))
     for g, g32, r in zip(grads, grads32, ref):
         assert torch.isfinite(g).all()
