@@ -296,3 +296,26 @@ def test_a_kept_processor_gets_only_the_arguments_its_module_would_give_it():
     model = case.build(0)
     model.set_attn_processor(attnkit.processor("vanilla"))
     assert rel_error(run(model)[0], expected[0]) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel-masked", "SD3Transformer2DModel",
+                                     "CogVideoXTransformer3DModel", "QwenImageTransformer2DModel"])
+def test_set_attn_processor_in_16_bits_is_as_close_to_float64_as_stock(case_id, dtype, seed):
+    """The same input gives the same answer in every dtype, up to rounding: through
+    set_attn_processor, a 16-bit model's error against float64 is at most twice stock's."""
+    from _zoo import cast_floats
+
+    case = BY_ID[case_id]
+    m64 = case.build(seed, dtype=torch.float64)
+    inputs = case.make_inputs(m64, seed)
+    with torch.no_grad():
+        ref = case.run(m64, cast_floats(inputs, torch.float64))
+        stock = case.build(seed, dtype=dtype)
+        base = case.run(stock, cast_floats(inputs, dtype))
+        model = case.build(seed, dtype=dtype)
+        model.set_attn_processor(attnkit.processor("vanilla"))
+        out = case.run(model, cast_floats(inputs, dtype))
+    for o, b, r in zip(out, base, ref):
+        assert torch.isfinite(o).all()
+        assert rel_error(o, r) <= 2 * rel_error(b, r), (rel_error(o, r), rel_error(b, r))
