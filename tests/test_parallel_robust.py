@@ -283,3 +283,51 @@ def test_diffusers_cpu_recipe_after_a_refused_forward(module_seed):
             # Wan's FP32LayerNorm sums some gradients in float32 (see test_parallel_diffusers)
             tol = EPSILON[torch.float32] if ".norm2." in name or name.startswith("condition_embedder.time_") else 1e-12
             assert rel_error(got, want) <= tol, f"rank {r}: d{name}: relative error {rel_error(got, want):.3e}"
+
+
+_AUTOGRAD_SCRIPT = r"""
+import os, sys, torch, torch.distributed as dist
+os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] = sys.argv[2]
+dist.init_process_group("gloo", rank=0, world_size=1)
+from attnkit.parallel import context_parallel_attention, math_attention
+torch.manual_seed(int(sys.argv[1]))
+def leaf(*shape):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+q, k, v = leaf(1, 2, 5, 8), leaf(1, 2, 7, 8), leaf(1, 2, 7, 8)
+bias = torch.randn(1, 2, 5, 7, dtype=torch.float64)  # a mask's gradient is refused under context parallelism
+worst = 0.0
+for kv_sharded in (False, True):  # whole k and v / the local call of a one-rank ring
+    cp = lambda q, k, v, b: context_parallel_attention(q, k, v, b, ring_group=dist.group.WORLD, kv_sharded=kv_sharded)
+    ref = lambda q, k, v, b: math_attention(q, k, v, b, None, None)[0]
+    def penalty(attend):  # a gradient penalty: create_graph=True, then a second backward
+        out = attend(q, k, v, bias)
+        g = torch.autograd.grad((out * out).sum(), (q, k), create_graph=True)
+        return out.sum() + sum(x.pow(2).sum() for x in g)
+    a = torch.autograd.grad(penalty(ref), (q, k, v))
+    b = torch.autograd.grad(penalty(cp), (q, k, v))
+    worst = max([worst] + [float((y - x).norm() / x.norm()) for x, y in zip(a, b)])
+    out = cp(q, k, v, bias)
+    out.sum().backward(retain_graph=True)
+    out.sum().backward()  # a second backward over a retained graph
+print("worst", worst)
+dist.destroy_process_group()
+"""
+
+
+def test_whole_kv_gradients_are_autograds_double_and_retained_backward_included(module_seed, tmp_path):
+    """The local attention run between ranks that finish together, with a mask: a
+    gradient penalty (create_graph=True) and a second backward over a retained graph, as
+    math_attention alone gives them (the penalty came back 53% off, silently; the second
+    backward raised)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "autograd.py"
+    script.write_text(_AUTOGRAD_SCRIPT)
+    port = str(20000 + os.getpid() % 20000)
+    done = subprocess.run([sys.executable, str(script), str(module_seed), port], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    worst = float(done.stdout.split("worst")[-1])
+    assert worst < 1e-10, worst

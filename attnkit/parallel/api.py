@@ -132,8 +132,8 @@ def context_parallel_attention(
         # no transfer, but a rank whose local attention raises must not leave the others
         # going on to their next call alone
         out, lse = _LocalTogether.apply(
-            q, k, v, functools.partial(_run_local, local, bias=bias, scale=scale,
-                                       causal_offset=layout.q_offset if causal else None),
+            q, k, v, bias, functools.partial(_run_local, local, scale=scale,
+                                             causal_offset=layout.q_offset if causal else None),
             (ring_group, ulysses_group), "the local attention on whole k and v",
         )
         return (out, lse) if return_lse else out
@@ -166,7 +166,7 @@ def context_parallel_attention(
         # between Ulysses' two all-to-alls: a rank whose local attention raises must not
         # leave the others waiting in the second one
         out, lse = _LocalTogether.apply(
-            q, k, v, functools.partial(_run_local, local, bias=bias, scale=scale, causal_offset=0 if causal else None),
+            q, k, v, bias, functools.partial(_run_local, local, scale=scale, causal_offset=0 if causal else None),
             (ulysses_group,), "the local attention between Ulysses' all-to-alls",
         )
     if U > 1:
@@ -230,20 +230,24 @@ def _run_local(local, q, k, v, bias, scale, causal_offset):
 
 
 class _LocalTogether(torch.autograd.Function):
-    """run(q, k, v) -> (out, lse), forward and backward, after which the ranks of ``groups``
-    finish together (:func:`finish_together`): all raise, or none (``what`` names the
-    step in the error). The local attention's own graph is kept and differentiated in
-    backward, so the gradients are autograd's."""
+    """run(q, k, v, bias) -> (out, lse), forward and backward, after which the ranks of
+    ``groups`` finish together (:func:`finish_together`): all raise, or none (``what``
+    names the step in the error). The local attention's own graph is kept and
+    differentiated in backward, so the gradients are autograd's: the bias's too, a second
+    backward (retain_graph=True) and a double backward (create_graph=True, a gradient
+    penalty) as without the wrapper."""
 
     @staticmethod
-    def forward(ctx, q, k, v, run, groups, what):
-        ctx.groups, ctx.what = groups, what
+    def forward(ctx, q, k, v, bias, run, groups, what):
+        ctx.groups, ctx.what, ctx.run = groups, what, run
+        ctx.save_for_backward(q, k, v, bias)
         ctx.graph = None
         failure, out, lse = None, None, None
-        grad = any(ctx.needs_input_grad[:3])
+        grad = any(ctx.needs_input_grad[:4])
         try:
             with torch.enable_grad() if grad else contextlib.nullcontext():
-                leaves = [t.detach().requires_grad_(t.requires_grad and grad) for t in (q, k, v)]
+                leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad and grad)
+                          for t in (q, k, v, bias)]
                 out, lse = run(*leaves)
             ctx.graph = (leaves, out, lse)
         except Exception as exc:  # every rank raises it, or ContextParallelError
@@ -252,30 +256,35 @@ class _LocalTogether(torch.autograd.Function):
         return out.detach(), lse.detach()
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         leaves, out, lse = ctx.graph
-        ctx.graph = None
-        failure, grads = None, [None, None, None]
+        failure, grads = None, [None, None, None, None]
         try:
             if not lse.requires_grad and dlse is not None and bool((dlse != 0).any()):
                 raise ValueError(
                     "the local attention returned a log-sum-exp without a gradient, and the call's lse has one: "
                     "choose a local attention whose lse is differentiable (math_attention's is)"
                 )
+            inputs = leaves
+            if torch.is_grad_enabled():
+                # create_graph=True: the gradients must be functions of the call's own inputs,
+                # so the local attention runs again on them (the kept graph starts at copies)
+                inputs = list(ctx.saved_tensors)
+                with torch.enable_grad():
+                    out, lse = ctx.run(*inputs)
             pairs = [(t, g) for t, g in ((out, dout), (lse, dlse)) if t.requires_grad and g is not None]
-            wanted = [i for i, t in enumerate(leaves) if t.requires_grad]
+            wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
             if pairs and wanted:
                 got = torch.autograd.grad(
-                    [t for t, _ in pairs], [leaves[i] for i in wanted], [g.to(t.dtype) for t, g in pairs],
-                    allow_unused=True,
+                    [t for t, _ in pairs], [inputs[i] for i in wanted], [g.to(t.dtype) for t, g in pairs],
+                    allow_unused=True, retain_graph=True, create_graph=torch.is_grad_enabled(),
                 )
                 for i, g in zip(wanted, got):
                     grads[i] = torch.zeros_like(leaves[i]) if g is None else g
         except Exception as exc:  # every rank raises it, or ContextParallelError
             failure = exc
         finish_together(ctx.groups, failure, "backward", ctx.what, leaves[0].device)
-        return grads[0], grads[1], grads[2], None, None, None
+        return grads[0], grads[1], grads[2], grads[3], None, None, None
 
 
 def ring_attention(
