@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -37,15 +38,17 @@ class Applied(dict):
                  modules: dict[str, nn.Module] | None = None):
         super().__init__({name: ("attnkit" if r.served else kept_names[name]) for name, r in routes.items()})
         self.routes = routes
-        self._modules = dict(modules or {})
+        # weakly: a processor keeps every Applied it served (explain()), never the models
+        self._modules = weakref.WeakValueDictionary(modules or {})
+        self._model = None
 
     def undo(self) -> None:
         """Put back every processor (and module method) this apply replaced: the model
         then computes exactly what it did before."""
-        for module in self._modules.values():
+        for module in list(self._modules.values()):
             binding.undo(module)
         self._modules.clear()
-        model = getattr(self, "_model", None)
+        model = self._model() if self._model is not None else None
         if model is not None:
             model.__dict__.pop("_attnkit_applied", None)
             binding.forget(model)
@@ -175,7 +178,7 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
         if not route.served:
             logger.info("attnkit.apply: kept %s: %s", name, route.reason)
     model._attnkit_applied = applied
-    applied._model = model
+    applied._model = weakref.ref(model)
     binding.protect_pickle(model)
     proc._applied.append((type(model).__name__, applied))
     return applied

@@ -137,17 +137,15 @@ QUIET = frozenset({"ip_adapter_masks", "ip_hidden_states"})
 
 
 def accepted_keywords(inner: Any) -> frozenset[str] | None:
-    """The argument names ``inner`` takes (None: any, it has ``**kwargs``; or it is
-    attnkit's protocol). attnkit's processor advertises every name a diffusers processor
-    takes, so that the module passes them all; the stock processor it runs must then get
-    only what its module would have given it."""
+    """The argument names diffusers' module passes ``inner`` (None for attnkit's protocol
+    and refusals, which take everything). attnkit's processor advertises every name a
+    diffusers processor takes, so that the module passes them all; the stock processor it
+    runs must then get only what its module would have given it: the names of its
+    ``__call__``'s parameters, as diffusers reads them (a ``**kwargs`` takes no name)."""
     call = getattr(type(inner), "__call__", None) if inner is not None else None
     if not isinstance(call, types.FunctionType):
         return None
-    params = inspect.signature(call).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return None
-    return frozenset(params)
+    return frozenset(inspect.signature(call).parameters)
 
 
 def keep_accepted(module: nn.Module, inner: Any, accepted: frozenset[str], kwargs: dict) -> dict:
@@ -155,8 +153,10 @@ def keep_accepted(module: nn.Module, inner: Any, accepted: frozenset[str], kwarg
     with diffusers' own warning for the names it does not drop quietly."""
     unused = [k for k in kwargs if k not in accepted and k not in QUIET]
     if unused:
+        cls = type(inner)
+        stock = cls.__mro__[1] if getattr(cls, "_attnkit_chooser", None) is not None else cls
         logger.warning("%s: keyword arguments %s are not expected by %s and will be ignored (as diffusers does)",
-                       describe_module(module), unused, type(inner).__name__)
+                       describe_module(module), unused, stock.__name__)
     return {k: v for k, v in kwargs.items() if k in accepted}
 
 

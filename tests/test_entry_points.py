@@ -319,3 +319,45 @@ def test_set_attn_processor_in_16_bits_is_as_close_to_float64_as_stock(case_id, 
     for o, b, r in zip(out, base, ref):
         assert torch.isfinite(o).all()
         assert rel_error(o, r) <= 2 * rel_error(b, r), (rel_error(o, r), rel_error(b, r))
+
+
+def test_arguments_stock_warns_about_are_dropped_with_its_warning(caplog):
+    """SD3's JointAttnProcessor2_0 takes **kwargs, which diffusers' module does not count
+    as a name: given image_rotary_emb, stock warns and drops it; so does attnkit."""
+    case = BY_ID["SD3Transformer2DModel"]
+    diffusers_logger = logging.getLogger("diffusers")  # it does not propagate to the root
+
+    def run(model):
+        inputs = case.make_inputs(model, 0)
+        inputs["joint_attention_kwargs"] = {"image_rotary_emb": torch.randn(3)}
+        caplog.clear()
+        diffusers_logger.addHandler(caplog.handler)
+        try:
+            with caplog.at_level(logging.WARNING), torch.no_grad():
+                out = case.run(model, inputs)
+        finally:
+            diffusers_logger.removeHandler(caplog.handler)
+        return out, [r.getMessage() for r in caplog.records if "not expected by" in r.getMessage()]
+
+    expected, stock_warnings = run(case.build(0))
+    model = case.build(0)
+    model.set_attn_processor(attnkit.processor("vanilla"))
+    out, warnings = run(model)
+    assert rel_error(out[0], expected[0]) < 1e-5
+    assert len(warnings) == len(stock_warnings) == 2
+    assert all("['image_rotary_emb'] are not expected by JointAttnProcessor2_0" in w for w in warnings)
+
+
+def test_a_processor_keeps_no_model_alive():
+    import gc
+    import weakref
+
+    proc, refs = attnkit.auto(), []
+    for _ in range(2):
+        model = BY_ID["FluxTransformer2DModel"].build(0)
+        attnkit.apply(model, proc)
+        refs.append(weakref.ref(model))
+        del model
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert "FluxTransformer2DModel: 2 attention modules" in proc.explain()  # what it did is still said
