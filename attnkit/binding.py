@@ -120,6 +120,8 @@ def served_by(proc, module: nn.Module):
         # diffusers' generic processor does not handle this module either (added k/v
         # projections, a causal flag, ...): say why, rather than fail inside it
         route = Route("kept", problem)
+    if generic and problem is None and route.kind != "protocol":
+        _say_what_differs(stock, module)
     if route.kind == "protocol" or (generic and problem is None):
         inner = None
     elif route.kind == "dispatch":
@@ -174,18 +176,35 @@ def _generic(stock: Any, module: nn.Module) -> tuple[bool, str | None]:
     return True, check_module_problem(module, None)
 
 
+_SAID: set = set()
+
+
+def _say_what_differs(stock: Any, module: nn.Module) -> None:
+    """Warn (once per kind of module) where attnkit's protocol computes what the generic
+    processor it replaces skips: not silent, and what apply would keep exactly."""
+    what = ("the module's qk-norm (norm_q / norm_k)" if type(stock).__name__ == "AttnProcessor"
+            else f"the module's attn.scale ({float(module.scale):.6g}, not 1/sqrt(head_dim))")
+    key = (type(module), type(stock), what)
+    if key not in _SAID:
+        _SAID.add(key)
+        logger.warning(
+            "attnkit's processor on %s applies %s, which the %s it replaces skips: its output differs from stock's "
+            "(attnkit follows the module's configuration; attnkit.apply reproduces what %s computes)",
+            describe_module(module), what, type(stock).__name__, type(stock).__name__,
+        )
+
+
 def protocol_fits(module: nn.Module) -> bool:
     """Whether ``module`` is served by the protocol, decided without reading source (as
-    torch.compile traces it): a legacy Attention module the protocol fits, whose replaced
-    processor is unknown or one of diffusers' generic two."""
+    torch.compile traces it): a legacy Attention module the protocol fits (see
+    :func:`_generic`), whose replaced processor is unknown or one of diffusers' generic two."""
     from diffusers.models import attention_processor as ap
 
-    from .protocol import check_module_problem
-
-    if type(module) is not ap.Attention or check_module_problem(module, None) is not None:
+    if type(module) is not ap.Attention:
         return False
     stock = module.__dict__.get(STOCK)
-    return stock is None or type(stock) in (ap.AttnProcessor, ap.AttnProcessor2_0)
+    generic, problem = _generic(ap.AttnProcessor2_0() if stock is None else stock, module)
+    return generic and problem is None
 
 
 def dispatch_copy(stock: Any, proc) -> Any:

@@ -361,3 +361,25 @@ def test_a_processor_keeps_no_model_alive():
     gc.collect()
     assert all(r() is None for r in refs)
     assert "FluxTransformer2DModel: 2 attention modules" in proc.explain()  # what it did is still said
+
+
+@pytest.mark.parametrize("kw, stock_name, what", [
+    (dict(qk_norm="layer_norm"), "AttnProcessor", "qk-norm"),
+    (dict(scale_qk=False), "AttnProcessor2_0", "attn.scale"),
+], ids=["qk-norm-under-AttnProcessor", "scale-under-AttnProcessor2_0"])
+def test_where_the_protocol_computes_what_a_generic_processor_skips_it_says_so(seed, kw, stock_name, what, caplog,
+                                                                               monkeypatch):
+    """diffusers' AttnProcessor skips qk-norm and AttnProcessor2_0 ignores attn.scale;
+    attnkit's processor set on such a module follows the module's configuration (its
+    whole reason), which then differs from stock: never silently."""
+    from diffusers.models import attention_processor as ap
+
+    monkeypatch.setattr(attnkit.binding, "_SAID", set())  # said once per kind of module and process
+
+    attn = ap.Attention(query_dim=32, heads=2, dim_head=16, **kw).eval()
+    attn.set_processor(getattr(ap, stock_name)())
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        attn.set_processor(attnkit.processor("vanilla"))
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "attnkit"]
+    assert what in message and f"which the {stock_name} it replaces skips" in message
+    assert "attnkit.apply reproduces" in message
