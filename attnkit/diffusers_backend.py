@@ -265,7 +265,7 @@ def attention(
 
         return context_parallel(_holder.get(), query, key, value, attn_mask, dropout_p, is_causal, scale,
                                 enable_gqa, return_lse, _parallel_config)
-    check_qkv(query, key, value)
+    key, value = check_qkv(query, key, value)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     k, v = expand_kv_heads(q, k, v, enable_gqa)
     bias = mask_to_bias(attn_mask, q, k)
@@ -282,16 +282,22 @@ def attention(
 _CALLER = Caller(DISPATCH_WHO)
 
 
-def check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-    """Refuse, before any backend sees them, (B, S, H, D) tensors no attention can take:
-    an input error, never a backend's failure (auto() then demotes nothing)."""
+def check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """key and value for ``query``, or a ValueError before any backend sees (B, S, H, D)
+    tensors no attention can take: an input error, never a backend's failure (auto()
+    then demotes nothing). A key/value batch of 1 broadcasts over the queries' batch, as
+    diffusers' native backend (torch's SDPA) takes it."""
     qs, ks, vs = query.shape, key.shape, value.shape
-    if len(qs) == len(ks) == len(vs) == 4 and qs[0] == ks[0] == vs[0] and qs[3] == ks[3] and ks[1:3] == vs[1:3]:
-        return
+    if len(qs) == len(ks) == len(vs) == 4 and qs[3] == ks[3] and ks[:3] == vs[:3]:
+        if ks[0] == qs[0]:
+            return key, value
+        if ks[0] == 1:
+            return key.expand(qs[0], *ks[1:]), value.expand(qs[0], *vs[1:])
     raise ValueError(
         f"dispatch_attention_fn was given query {tuple(qs)}, key {tuple(ks)} and value {tuple(vs)} "
-        f"(batch, tokens, heads, head_dim): query and key need the same batch and head_dim, and key and value "
-        f"the same batch, tokens and heads. Check the projections and the head split before the call"
+        f"(batch, tokens, heads, head_dim): query and key need the same head_dim and batch (or a key batch of 1), "
+        f"and key and value the same batch, tokens and heads. Check the projections and the head split before "
+        f"the call"
     )
 
 

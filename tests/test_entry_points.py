@@ -84,7 +84,7 @@ def test_a_malformed_dispatch_call_raises_and_demotes_nothing(seed, restore_acti
     proc = attnkit.auto()
     member = attnkit.diffusers_backend.member_for(proc)
     q, v = torch.randn(1, 16, 2, 64), torch.randn(1, 16, 2, 64)
-    with pytest.raises(ValueError, match=r"query \(1, 16, 2, 64\), key \(1, 16, 2, 32\).*same batch and head_dim"):
+    with pytest.raises(ValueError, match=r"query \(1, 16, 2, 64\), key \(1, 16, 2, 32\).*same head_dim and batch"):
         dispatch_attention_fn(q, torch.randn(1, 16, 2, 32), v, backend=member)
     k = torch.randn(1, 16, 2, 64)
     out = dispatch_attention_fn(q, k, v, backend=member)
@@ -92,6 +92,17 @@ def test_a_malformed_dispatch_call_raises_and_demotes_nothing(seed, restore_acti
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)) < 1e-5
     (record,) = proc.decisions
     assert record.backend == "sdpa" and record.how == "priority" and not record.failed
+
+
+@pytest.mark.parametrize("forced", ["", "vanilla"])
+def test_a_key_batch_of_one_broadcasts_as_native_takes_it(seed, forced, monkeypatch, restore_active_backend):
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    monkeypatch.setenv("ATTNKIT_BACKEND", forced)
+    member = attnkit.diffusers_backend.member_for(attnkit.auto())
+    q, k, v = torch.randn(3, 8, 2, 16), torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
+    expected = dispatch_attention_fn(q, k, v, backend="native")
+    assert rel_error(dispatch_attention_fn(q, k, v, backend=member), expected) < 1e-5
 
 
 def test_a_call_every_backend_refuses_demotes_nothing(seed):
