@@ -42,8 +42,24 @@ class Caller:
     def __init__(self, how: str) -> None:
         self.how = how
 
+    def module(self) -> nn.Module | None:
+        """The attention module whose call this is (None if none is on the stack)."""
+        return self._find()[0]
+
     def describe(self) -> str:
-        frame = sys._getframe(1)
+        module, model = self._find()
+        if module is None:
+            return self.how
+        if getattr(module, "_attnkit_name", None) is None and model is not None and model is not module:
+            name = next((n for n, m in model.named_modules() if m is module), None)
+            if name:
+                module._attnkit_name = name
+        return f"{describe_module(module)} ({self.how})"
+
+    @staticmethod
+    def _find() -> tuple[nn.Module | None, nn.Module | None]:
+        """(the innermost attention module, the outermost module) on the call stack."""
+        frame = sys._getframe(2)
         module = model = None
         while frame is not None:
             local = frame.f_locals
@@ -55,13 +71,7 @@ class Caller:
                     module = owner
                 model = owner  # the outermost module on the stack: the model
             frame = frame.f_back
-        if module is None:
-            return self.how
-        if getattr(module, "_attnkit_name", None) is None and model is not None and model is not module:
-            name = next((n for n, m in model.named_modules() if m is module), None)
-            if name:
-                module._attnkit_name = name
-        return f"{describe_module(module)} ({self.how})"
+        return module, model
 
     def __repr__(self) -> str:
         return self.how

@@ -243,18 +243,46 @@ def test_set_attn_processor_serves_exactly_or_refuses(case):
     if not hasattr(model, "set_attn_processor"):
         pytest.skip(f"{type(model).__name__} has no set_attn_processor")
     modules = dict(model.named_modules())
-    refused = {name for name, route in attnkit.plan(model).routes.items()
-               if not route.served and hasattr(modules[name], "set_processor")}
+    planned = {name: route for name, route in attnkit.plan(model).routes.items()
+               if hasattr(modules[name], "set_processor")}
+    refused = {name for name, route in planned.items() if not route.served}
     proc = attnkit.processor("vanilla")
-    calls = _count_calls(proc)
+    served_by_module = _count_calls_per_module(proc)
     model.set_attn_processor(proc)
     if refused:
         with pytest.raises(attnkit.UnsupportedModule, match=r"cannot serve .*attnkit\.apply"):
             _run(case, model, inputs_for(case, model))
         return
+    ran = _modules_that_run(model, [modules[name] for name in planned])
     outs = _run(case, model, inputs_for(case, model))
     refs.check(outs, f"{case.id} with model.set_attn_processor(vanilla)")
-    assert calls[0] >= 1, "set_attn_processor's processor computed no attention"
+    assert ran, "no attention module of the model ran"
+    silent = [name for name, module in modules.items() if id(module) in ran and not served_by_module.get(id(module))]
+    assert not silent, f"modules that ran without attnkit computing their attention: {silent}"
+
+
+def _count_calls_per_module(proc) -> dict[int, int]:
+    """{id(attention module): calls attnkit's chooser served for it}."""
+    from attnkit.protocol import Caller
+
+    counts: dict[int, int] = {}
+    real = proc.chooser.attention
+
+    def counting(who, *args, **kwargs):
+        module = who.module() if isinstance(who, Caller) else who
+        counts[id(module)] = counts.get(id(module), 0) + 1
+        return real(who, *args, **kwargs)
+
+    proc.chooser.attention = counting
+    return counts
+
+
+def _modules_that_run(model, modules) -> set[int]:
+    """ids of the given modules that the next forward calls (pre-hooks that record)."""
+    ran: set[int] = set()
+    for module in modules:
+        module.register_forward_pre_hook(lambda m, args: ran.add(id(m)))
+    return ran
 
 
 def test_every_model_class_with_attention_has_a_case():
