@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections import Counter
@@ -115,8 +116,6 @@ def plan(model: nn.Module) -> Applied:
         old = binding.stock_of(module)
         if route is None:
             route = classify(old, module)
-            if route.kind == "dispatch" and diffusers_backend.PROBLEM is not None:
-                route = Route("kept", diffusers_backend.PROBLEM)
         routes[name] = route
         kept_names[name] = type(old if old is not None else module).__name__
     return Applied(routes, kept_names)
@@ -159,8 +158,6 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
             continue
         old = binding.stock_of(module)
         route = classify(old, module)
-        if route.kind == "dispatch" and diffusers_backend.PROBLEM is not None:
-            route = Route("kept", diffusers_backend.PROBLEM)
         if route.served:
             binding.record(module, old)
             touched[name] = module
@@ -218,6 +215,60 @@ def _components(pipe: Any, what: str) -> dict[str, nn.Module]:
     return out
 
 
+# -- set_attention_backend("attnkit"), wrapped once -------------------------------------------------
+def _wrap_set_attention_backend(original):
+    @functools.wraps(original)
+    def set_attention_backend(self, backend, *args, **kwargs):
+        result = original(self, backend, *args, **kwargs)
+        name = getattr(backend, "value", backend)
+        if isinstance(name, str) and name.lower().startswith("attnkit"):
+            diffusers_backend.prepare(name.lower())
+        if isinstance(name, str) and name.lower().startswith("attnkit") and self not in _WARNED:
+            _WARNED.add(self)
+            unreached = unreached_by_dispatch(self)
+            if unreached:
+                logger.warning("%s", unreached)
+        return result
+
+    set_attention_backend._attnkit_wrapped = True
+    return set_attention_backend
+
+
+_WARNED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def unreached_by_dispatch(model: nn.Module) -> str:
+    """What ``model.set_attention_backend("attnkit")`` leaves on stock attention: the
+    attention modules whose processor or code does not call diffusers'
+    dispatch_attention_fn with its own backend ("" if there are none)."""
+    routes = plan(model).routes
+    missed = {name: r for name, r in routes.items() if r.kind in ("protocol", "sdpa", "forward")}
+    if not missed:
+        return ""
+    names = list(missed)
+    shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
+    first = next(iter(missed.values()))
+    how = {"protocol": "computes diffusers' Attention protocol itself",
+           "sdpa": "calls scaled_dot_product_attention itself",
+           "forward": "computes attention in its own forward"}[first.kind]
+    return (
+        f"set_attention_backend('attnkit') does not reach {len(missed)} of the {len(routes)} attention modules "
+        f"of {type(model).__name__} ({shown}): they compute attention without diffusers' dispatch_attention_fn "
+        f"(e.g. {first.reason.split()[0]} {how}), so they keep their stock attention. "
+        f"attnkit.apply(model, attnkit.auto()) serves them."
+    )
+
+
+def install_backend_warning() -> None:
+    """Wrap ``ModelMixin.set_attention_backend`` (idempotent): an "attnkit" backend's
+    chooser is made there, and a model it does not wholly reach is told so."""
+    from diffusers import ModelMixin
+
+    original = ModelMixin.__dict__.get("set_attention_backend")
+    if original is not None and not getattr(original, "_attnkit_wrapped", False):
+        ModelMixin.set_attention_backend = _wrap_set_attention_backend(original)
+
+
 def _set(module: nn.Module, new: Any) -> None:
     setter = getattr(module, "set_processor", None)
     if setter is not None:
@@ -226,4 +277,4 @@ def _set(module: nn.Module, new: Any) -> None:
         module.processor = new
 
 
-__all__ = ["PROCESSOR_NAMES", "Applied", "AppliedPipeline", "apply", "attention_modules", "plan", "processor"]
+__all__ = ["PROCESSOR_NAMES", "Applied", "AppliedPipeline", "install_backend_warning", "unreached_by_dispatch", "apply", "attention_modules", "plan", "processor"]

@@ -30,18 +30,20 @@ import inspect
 import logging
 import sys
 import types
-import weakref
 from typing import Any
 
+import torch.nn.functional as F
+from diffusers.models import attention_processor as ap
 from torch import nn
 
-from .protocol import UnsupportedModule, describe_module
+from . import diffusers_backend
+from .protocol import UnsupportedModule, check_module_problem, describe_module
+from .routes import METHODS, Route, bound_processor, classify
 
 logger = logging.getLogger("attnkit")
 
 STOCK = "_attnkit_stock"  # the processor attnkit replaced on this module
 SERVE = "_attnkit_serve"  # (attnkit processor, what serves the call: None = the protocol)
-METHODS = "_attnkit_methods"  # instance methods attnkit set (modules served through their forward)
 _GETSTATE = "__getstate__"
 _UNSET = object()
 
@@ -54,9 +56,7 @@ KEEP_HINT = (
 def is_attnkit(proc: Any) -> bool:
     """Whether ``proc`` is attnkit's: its processor, a stock processor bound to attnkit's
     attention, or a copy pointed at attnkit's dispatch backend."""
-    from .processor import AttnkitProcessor
-
-    return (isinstance(proc, AttnkitProcessor) or getattr(type(proc), "_attnkit_chooser", None) is not None
+    return (getattr(type(proc), "_attnkit_processor", False) or getattr(type(proc), "_attnkit_chooser", None) is not None
             or bool(getattr(proc, "__dict__", {}).get("_attnkit_copy")))
 
 
@@ -80,13 +80,7 @@ def default_stock(module: nn.Module) -> Any:
     cls = getattr(module, "_default_processor_cls", None)
     if cls is not None:
         return cls()
-    try:
-        from diffusers.models import attention_processor as ap
-    except ImportError:  # pragma: no cover - diffusers is a dependency
-        return None
     if isinstance(module, ap.Attention):
-        import torch.nn.functional as F
-
         if hasattr(F, "scaled_dot_product_attention") and getattr(module, "scale_qk", True):
             return ap.AttnProcessor2_0()
         return ap.AttnProcessor()
@@ -106,15 +100,10 @@ def served_by(proc, module: nn.Module):
     """Bind ``module`` to attnkit processor ``proc``: what serves its calls (None: the
     processor computes the protocol itself; else a callable taking the processor's
     arguments). Stored on the module."""
-    from . import diffusers_backend
-    from .routes import Route, bound_processor, classify
-
     stock = module.__dict__.get(STOCK, _UNSET)
     if stock is _UNSET or stock is None:
         stock = default_stock(module)
     route = classify(stock, module)
-    if route.kind == "dispatch" and diffusers_backend.PROBLEM is not None:
-        route = Route("kept", diffusers_backend.PROBLEM)
     generic, problem = _generic(stock, module)
     if generic and problem is not None:
         # diffusers' generic processor does not handle this module either (added k/v
@@ -167,10 +156,6 @@ def _generic(stock: Any, module: nn.Module) -> tuple[bool, str | None]:
     module, why the protocol does not fit that module or None). Where it fits, attnkit's
     processor set on the module computes the protocol with every option of the module
     (qk-norm under AttnProcessor, attn.scale under AttnProcessor2_0), as it always has."""
-    from diffusers.models import attention_processor as ap
-
-    from .protocol import check_module_problem
-
     if type(stock) not in (ap.AttnProcessor, ap.AttnProcessor2_0) or not isinstance(module, ap.Attention):
         return False, None
     return True, check_module_problem(module, None)
@@ -198,8 +183,6 @@ def protocol_fits(module: nn.Module) -> bool:
     """Whether ``module`` is served by the protocol, decided without reading source (as
     torch.compile traces it): a legacy Attention module the protocol fits (see
     :func:`_generic`), whose replaced processor is unknown or one of diffusers' generic two."""
-    from diffusers.models import attention_processor as ap
-
     if type(module) is not ap.Attention:
         return False
     stock = module.__dict__.get(STOCK)
@@ -210,8 +193,6 @@ def protocol_fits(module: nn.Module) -> bool:
 def dispatch_copy(stock: Any, proc) -> Any:
     """A copy of the dispatching processor ``stock`` whose backend is ``proc``'s chooser
     (the stock one is left as it was: undo() puts it back)."""
-    from . import diffusers_backend
-
     inner = copy.copy(stock)
     inner._attention_backend = diffusers_backend.member_for(proc)
     inner._attnkit_copy = True
@@ -252,8 +233,7 @@ def _stock_state(self: nn.Module) -> dict:
     """nn.Module's pickled state, with attnkit's changes taken out: a model saved with
     torch.save loads where attnkit is not installed, as the stock model (attnkit.apply
     again after loading). copy.deepcopy keeps attnkit's processors."""
-    state = self.__dict__.copy()
-    state.pop("_compiled_call_impl", None)
+    state = nn.Module.__getstate__(self)
     if _called_from_copy():
         return state
     stock = state.get(STOCK, _UNSET)
@@ -286,9 +266,7 @@ def _wrap(original):
     def set_processor(self, processor, *args, **kwargs):
         old = current_processor(self)
         result = original(self, processor, *args, **kwargs)
-        from .processor import AttnkitProcessor
-
-        if isinstance(processor, AttnkitProcessor):
+        if getattr(type(processor), "_attnkit_processor", False):
             record(self, old)
             served_by(processor, self)
         elif not is_attnkit(processor):
@@ -299,71 +277,9 @@ def _wrap(original):
     return set_processor
 
 
-def _wrap_set_attention_backend(original):
-    @functools.wraps(original)
-    def set_attention_backend(self, backend, *args, **kwargs):
-        result = original(self, backend, *args, **kwargs)
-        name = getattr(backend, "value", backend)
-        if isinstance(name, str) and name.lower().startswith("attnkit"):
-            from . import diffusers_backend
-
-            diffusers_backend.prepare(name.lower())
-        if isinstance(name, str) and name.lower().startswith("attnkit") and self not in _WARNED:
-            _WARNED.add(self)
-            unreached = unreached_by_dispatch(self)
-            if unreached:
-                logger.warning("%s", unreached)
-        return result
-
-    set_attention_backend._attnkit_wrapped = True
-    return set_attention_backend
-
-
-_WARNED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
-
-
-def unreached_by_dispatch(model: nn.Module) -> str:
-    """What ``model.set_attention_backend("attnkit")`` leaves on stock attention: the
-    attention modules whose processor or code does not call diffusers'
-    dispatch_attention_fn with its own backend ("" if there are none)."""
-    from .apply import plan
-
-    routes = plan(model).routes
-    missed = {name: r for name, r in routes.items() if r.kind in ("protocol", "sdpa", "forward")}
-    if not missed:
-        return ""
-    names = list(missed)
-    shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
-    first = next(iter(missed.values()))
-    how = {"protocol": "computes diffusers' Attention protocol itself",
-           "sdpa": "calls scaled_dot_product_attention itself",
-           "forward": "computes attention in its own forward"}[first.kind]
-    return (
-        f"set_attention_backend('attnkit') does not reach {len(missed)} of the {len(routes)} attention modules "
-        f"of {type(model).__name__} ({shown}): they compute attention without diffusers' dispatch_attention_fn "
-        f"(e.g. {first.reason.split()[0]} {how}), so they keep their stock attention. "
-        f"attnkit.apply(model, attnkit.auto()) serves them."
-    )
-
-
 def install() -> None:
-    """Wrap ``set_processor`` of diffusers' attention module classes, and
-    ``ModelMixin.set_attention_backend`` (idempotent)."""
-    try:
-        from diffusers import ModelMixin
-
-        original = ModelMixin.__dict__.get("set_attention_backend")
-        if original is not None and not getattr(original, "_attnkit_wrapped", False):
-            ModelMixin.set_attention_backend = _wrap_set_attention_backend(original)
-    except ImportError:  # pragma: no cover
-        pass
-    classes = []
-    try:
-        from diffusers.models.attention_processor import Attention
-
-        classes.append(Attention)
-    except ImportError:  # pragma: no cover
-        pass
+    """Wrap ``set_processor`` of diffusers' attention module classes (idempotent)."""
+    classes = [ap.Attention]
     try:
         from diffusers.models.attention import AttentionModuleMixin
 

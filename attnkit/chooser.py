@@ -449,6 +449,10 @@ class AutoProcessor(AttnkitProcessor):
     doc). Options as :func:`auto`."""
 
     def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(AUTO_OPTIONS))
+        if unknown:
+            raise TypeError(f"attnkit.auto() has no option {', '.join(map(repr, unknown))}; its options are "
+                            f"{', '.join(AUTO_OPTIONS)} (help(attnkit.auto) says what each does)")
         super().__init__(AutoChooser(**options))
 
     def __repr__(self) -> str:
@@ -477,10 +481,6 @@ def auto(**options: Any) -> AutoProcessor:
     ``backends={label: Backend}``, ``tune_iters``. ``ATTNKIT_BACKEND=name`` forces one
     backend. ``processor.explain()`` shows every decision and why.
     """
-    unknown = sorted(set(options) - set(AUTO_OPTIONS))
-    if unknown:
-        raise TypeError(f"attnkit.auto() has no option {', '.join(map(repr, unknown))}; its options are "
-                        f"{', '.join(AUTO_OPTIONS)} (help(attnkit.auto) says what each does)")
     return AutoProcessor(**options)
 
 

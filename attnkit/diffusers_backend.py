@@ -356,10 +356,13 @@ def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
     return mask
 
 
-if PROBLEM is None:
-    _register_defaults()
-else:
-    logger.info("attnkit: %s", PROBLEM)
+def register_defaults() -> None:
+    """Register "attnkit" and "attnkit_<backend>" (attnkit/__init__.py calls it once
+    everything is imported: the choosers behind the names live above this module)."""
+    if PROBLEM is None:
+        _register_defaults()
+    else:
+        logger.info("attnkit: %s", PROBLEM)
 
 
 __all__ = ["PROBLEM", "DiffusersBackendUnavailable", "attention", "mask_to_bias", "member_for",

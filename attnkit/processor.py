@@ -153,6 +153,7 @@ class AttnkitProcessor:
     """
 
     backend_name: str | None = None
+    _attnkit_processor = True  # what attnkit.binding and attnkit.routes recognise it by
 
     def __init__(self, backend: Backend | str | Chooser | None = None, **options: Any):
         if backend is None:

@@ -41,8 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import diffusers_backend
 from .protocol import Caller
 
+METHODS = "_attnkit_methods"  # instance methods attnkit set on a module (undone by attnkit.binding.undo)
 SDPA = "scaled_dot_product_attention"
 DISPATCH = "dispatch_attention_fn"
 
@@ -131,9 +133,7 @@ def _sdpa_global(fn: types.FunctionType) -> tuple[tuple[str, tuple[str, ...]] | 
 
 def classify(proc: Any, module: nn.Module | None = None) -> Route:
     """What ``proc`` computes for ``module``, as a :class:`Route`."""
-    from .processor import AttnkitProcessor
-
-    if isinstance(proc, AttnkitProcessor):
+    if getattr(type(proc), "_attnkit_processor", False):
         return Route("protocol", "an attnkit processor already: the new one takes over")
     if getattr(type(proc), "_attnkit_chooser", None) is not None:  # a stock processor attnkit bound
         return Route("sdpa", f"{type(proc).__mro__[1].__name__} runs as it is; its scaled_dot_product_attention "
@@ -167,6 +167,8 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
                                  "or accepts only some): kept with diffusers' backend")
         if not hasattr(proc, "_attention_backend"):
             return Route("kept", f"{name} has no _attention_backend to point at attnkit")
+        if diffusers_backend.PROBLEM is not None:
+            return Route("kept", diffusers_backend.PROBLEM)
         return Route("dispatch", f"{name} calls dispatch_attention_fn: attnkit serves that call")
     found, problem = _sdpa_global(call)
     if problem:
@@ -340,8 +342,6 @@ def bind_module(module: nn.Module, chooser) -> None:
     """Serve the attention of a module without a processor (see classify_forward): its
     methods that call scaled_dot_product_attention, or attnkit's forward for a module
     that computes attention by hand, set on the instance."""
-    from .binding import METHODS
-
     adapter = _adapter(module)
     if adapter is not None:
         module.forward = types.MethodType(_with_chooser(adapter, chooser), module)

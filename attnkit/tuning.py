@@ -303,14 +303,15 @@ def _keep_owner(tmp: str, st: os.stat_result) -> None:
     the group (a member may), so those who wrote through the group still can."""
     if not hasattr(os, "chown"):  # Windows
         return
-    own = os.stat(tmp)
+    # never through a symlink: the name is ours, and one swapped in must not give its target away
+    own = os.stat(tmp, follow_symlinks=False)
     if (own.st_uid, own.st_gid) == (st.st_uid, st.st_gid):
         return
     try:
-        os.chown(tmp, st.st_uid, st.st_gid)
+        os.chown(tmp, st.st_uid, st.st_gid, follow_symlinks=False)
     except PermissionError:
         with contextlib.suppress(OSError):
-            os.chown(tmp, -1, st.st_gid)
+            os.chown(tmp, -1, st.st_gid, follow_symlinks=False)
 
 
 def _give_lock_to_owner(target: Path, st: os.stat_result) -> None:
@@ -320,7 +321,7 @@ def _give_lock_to_owner(target: Path, st: os.stat_result) -> None:
         return
     lock = _lock_path(target)
     with contextlib.suppress(OSError):
-        if os.stat(lock).st_uid == os.geteuid() != st.st_uid:
+        if os.stat(lock, follow_symlinks=False).st_uid == os.geteuid() != st.st_uid:
             _keep_owner(lock, st)
 
 

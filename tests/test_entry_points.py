@@ -154,9 +154,12 @@ def test_check_finite_names_the_layer_on_every_route(case_id, route, monkeypatch
     else:
         if case_id == "SD3Transformer2DModel":
             pytest.skip("SD3's processors never dispatch: set_attention_backend does not reach them (warned)")
-        # a chooser reads the variable when it is made: a fresh one for this model
-        proc = attnkit.auto()
-        model.set_attention_backend(attnkit.diffusers_backend.member_for(proc).value)
+        # "attnkit"'s chooser is made once per process and reads the variable then: a new one
+        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+        holder = _AttentionBackendRegistry._backends[AttentionBackendName("attnkit")].keywords["_holder"]
+        monkeypatch.setattr(holder, "chooser", None)
+        model.set_attention_backend("attnkit")
     assert torch.isfinite(_run(case, model)[0]).all()
     with pytest.raises(FloatingPointError, match=r"ATTNKIT_CHECK_FINITE: \w+ of \S*transformer_blocks\.0\.attn"):
         with torch.no_grad():
