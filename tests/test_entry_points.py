@@ -397,3 +397,29 @@ def test_where_the_protocol_computes_what_a_generic_processor_skips_it_says_so(s
     (message,) = [r.getMessage() for r in caplog.records if r.name == "attnkit"]
     assert what in message and f"which the {stock_name} it replaces skips" in message
     assert "attnkit.apply reproduces" in message
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("text_tokens", [8, 32], ids=["text<video", "text=video"])
+def test_cogvideox_through_set_attn_processor_at_every_batch(seed, batch, text_tokens):
+    """CogVideoX's processor returns (video, text): attnkit's protocol returned one tensor,
+    which the block unpacked along the batch (shape errors at batch 1 and 3, and at batch 2
+    with as many text as video tokens a silent answer 32% off)."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    config = dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
+                  text_embed_dim=16, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+                  temporal_compression_ratio=4, max_text_seq_length=text_tokens)
+    inputs = dict(hidden_states=torch.randn(batch, 2, 4, 8, 8),  # 2 x 4 x 4 = 32 video tokens
+                  encoder_hidden_states=torch.randn(batch, text_tokens, 16),
+                  timestep=torch.randint(0, 1000, (batch,)))
+
+    def run(proc):
+        torch.manual_seed(seed)
+        model = CogVideoXTransformer3DModel(**config).eval()
+        if proc is not None:
+            model.set_attn_processor(proc)
+        with torch.no_grad():
+            return model(**inputs).sample
+
+    assert rel_error(run(attnkit.processor("vanilla")), run(None)) < 1e-5
