@@ -423,3 +423,31 @@ def test_cogvideox_through_set_attn_processor_at_every_batch(seed, batch, text_t
             return model(**inputs).sample
 
     assert rel_error(run(attnkit.processor("vanilla")), run(None)) < 1e-5
+
+
+@pytest.mark.parametrize("route", ["set_attn_processor", "apply", "set_attention_backend"])
+@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel", "SD3Transformer2DModel", "UNet2DConditionModel"])
+def test_a_model_never_called_compiles_with_fullgraph_on_every_route(seed, case_id, route, restore_active_backend):
+    """Every route binds its modules when it is set, not on the first call: nothing is
+    left to read source code (or to take a lock) while torch.compile traces."""
+    import torch._dynamo as dynamo
+
+    case = BY_ID[case_id]
+    model = case.build(seed)
+    if route == "set_attention_backend":
+        if case_id != "FluxTransformer2DModel":
+            pytest.skip(f"{case_id}'s processors never dispatch: set_attention_backend does not reach them")
+        model.set_attention_backend("attnkit")
+    elif route == "apply":
+        attnkit.apply(model, attnkit.auto())
+    else:
+        model.set_attn_processor(attnkit.auto())
+    inputs = case.make_inputs(model, seed)
+    dynamo.reset()
+    try:
+        with torch.no_grad():
+            compiled = case.run(torch.compile(model, fullgraph=True, backend="eager"), inputs)
+            eager = case.run(model, inputs)
+    finally:
+        dynamo.reset()
+    assert all(rel_error(a, b) < 1e-5 for a, b in zip(compiled, eager))
