@@ -55,13 +55,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 
 from . import policy, tuning
-from ._compile import CompileOwner, compile_owner, is_compiling, mark_compile_constant
+from ._compile import compile_owner, is_compiling, mark_compile_constant
 from ._text import describe_exception
 from .backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from .backends.base import compile_key
 from .policy import CANDIDATES, LAST_RESORT, LOCK, describe_call, installed_packages
 from .processor import (
-    AttnkitProcessor, call_flags, check_finite_on, describe_module, finite_checked, run_backend,
+    AttnkitProcessor, ChooserBase, call_flags, check_finite_on, describe_module, run_backend,
 )
 
 logger = logging.getLogger("attnkit")
@@ -93,7 +93,7 @@ class _Slot:
         self.backend = backend
 
 
-class AutoChooser(CompileOwner):
+class AutoChooser(ChooserBase):
     """The decision behind :func:`auto`: per signature, the first backend of the walk."""
 
     def __init__(
@@ -148,14 +148,6 @@ class AutoChooser(CompileOwner):
         mark_compile_constant(_compiled_choice)
 
     # -- the per-call path ----------------------------------------------------------
-    def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                  return_lse=False):
-        if self.check_finite:
-            return finite_checked(who, self._attention, q, k, v, attn_bias, scale, upcast, causal_offset,
-                                  dropout_p, return_lse)
-        return self._attention(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset,
-                               dropout_p=dropout_p, return_lse=return_lse)
-
     def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                    return_lse=False):
         flags = call_flags(causal_offset, dropout_p, return_lse)

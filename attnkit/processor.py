@@ -86,7 +86,26 @@ def call_flags(causal_offset, dropout_p: float, return_lse: bool) -> tuple[bool,
     return causal_offset is not None, True if dropout_p > 0.0 else False, return_lse
 
 
-class FixedChooser(CompileOwner):
+class ChooserBase(CompileOwner):
+    """What every chooser's ``attention`` does before its own ``_attention``: the
+    ATTNKIT_CHECK_FINITE checks, read when the chooser is made, for every route."""
+
+    check_finite = False
+
+    def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
+                  return_lse=False):
+        if self.check_finite:
+            return finite_checked(who, self._attention, q, k, v, attn_bias, scale, upcast, causal_offset,
+                                  dropout_p, return_lse)
+        return self._attention(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset,
+                               dropout_p=dropout_p, return_lse=return_lse)
+
+    def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
+                   return_lse=False):
+        raise NotImplementedError
+
+
+class FixedChooser(ChooserBase):
     """One named backend. A call it cannot serve raises :class:`BackendUnavailable` with
     every reason; it never silently hands the call to another backend."""
 
@@ -96,14 +115,6 @@ class FixedChooser(CompileOwner):
         self.check_finite = check_finite_on()
         self._take_compile_token()
         mark_compile_constant(_fixed_problem)
-
-    def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                  return_lse=False):
-        if self.check_finite:
-            return finite_checked(who, self._attention, q, k, v, attn_bias, scale, upcast, causal_offset,
-                                  dropout_p, return_lse)
-        return self._attention(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset,
-                               dropout_p=dropout_p, return_lse=return_lse)
 
     def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
                    return_lse=False):

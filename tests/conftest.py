@@ -77,3 +77,14 @@ if REPEAT > 1:
     )
 else:
     seed = pytest.fixture(name="seed")(_seed)
+
+
+@pytest.fixture
+def restore_active_backend():
+    """diffusers' process-wide active backend as it was before the test
+    (set_attention_backend sets it too)."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    active = _AttentionBackendRegistry._active_backend
+    yield
+    _AttentionBackendRegistry.set_active_backend(active)

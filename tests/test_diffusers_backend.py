@@ -33,13 +33,6 @@ def _no_forced_backend(monkeypatch):
     monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
 
 
-@pytest.fixture
-def restore_active_backend():
-    active = _AttentionBackendRegistry._active_backend
-    yield
-    _AttentionBackendRegistry.set_active_backend(active)
-
-
 def bsd(b, s, h, d, dtype=torch.float32):
     """diffusers' (B, S, H, D) layout, random."""
     return torch.randn(b, s, h, d).to(dtype)

@@ -29,15 +29,6 @@ def _no_forced_backend(monkeypatch):
     monkeypatch.delenv("ATTNKIT_CHECK_FINITE", raising=False)
 
 
-@pytest.fixture
-def restore_active_backend():
-    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
-    active = _AttentionBackendRegistry._active_backend
-    yield
-    _AttentionBackendRegistry.set_active_backend(active)
-
-
 def _run(case, model):
     with torch.no_grad():
         return case.run(model, case.make_inputs(model, 0))
