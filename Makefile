@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine:
-#   make test    # virtual environment + install + the test suite (CPU)
+#   make test    # virtual environment + install + the linter + the test suite (CPU)
 #   make bench   # same setup + the main benchmark job
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +8,7 @@ BENCH_ARGS ?=
 # e.g. INSPECT_ARGS="--reference /path/to/06-fused-attention.py" (Triton's tutorial kernel, not shipped)
 INSPECT_ARGS ?=
 
-.PHONY: setup setup-bench test bench bench-kernels bench-gpu inspect info clean
+.PHONY: setup setup-bench test lint bench bench-kernels bench-gpu inspect info clean
 
 $(VENV)/.setup-test: pyproject.toml constraints.txt scripts/setup-env.sh
 	scripts/setup-env.sh $(VENV) test
@@ -21,7 +21,11 @@ $(VENV)/.setup-bench: pyproject.toml constraints.txt scripts/setup-env.sh
 setup: $(VENV)/.setup-test
 
 test: $(VENV)/.setup-test
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+lint: $(VENV)/.setup-test
+	$(PY) -m ruff check .
 
 bench: $(VENV)/.setup-bench
 	$(PY) -m attnkit bench $(BENCH_ARGS)

@@ -196,7 +196,7 @@ def run_job(job: dict) -> dict:
                 sync()
                 for name, g, r, bg in zip(("dq", "dk", "dv", "dbias"), got, ref_g, base_g):
                     rec["checks"].append(_check(g, r, bg, eps, name))
-    except Exception as e:  # noqa: BLE001: the error is the result
+    except Exception as e:  # noqa: BLE001 (the error is the result)
         rec["error"] = f"{type(e).__name__}: {str(e)[:600]}"
         rec["trace"] = traceback.format_exc()[-1500:]
     finally:
@@ -356,7 +356,7 @@ def timing(outdir: str, seconds: float, autotune: bool) -> list[dict]:
             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         print(f"[timing] {json.dumps(row)}", flush=True)
         rows.append(row)
-        del q, k, v, bias, do
+        q = k = v = bias = do = None  # this case's memory, free before the next one
         torch.cuda.empty_cache()
     if autotune:
         # What the autotuner chose, per list and tuning key (the default is each list's first).
@@ -491,7 +491,7 @@ def main(argv=None):
         timings += timing(args.outdir, args.timing_seconds * 0.3, autotune=True)
         try:
             timings += overhead(args.outdir)
-        except Exception as e:  # noqa: BLE001: the rest of the record still counts
+        except Exception as e:  # noqa: BLE001 (the rest of the record still counts)
             timings.append({"case": "host overhead", "error": f"{type(e).__name__}: {e}"[:300]})
         with open(os.path.join(args.outdir, "timing.json"), "w") as f:
             json.dump(timings, f, indent=1)

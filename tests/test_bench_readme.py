@@ -4,7 +4,6 @@ says what its declaration says."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from attnkit.backends import BACKEND_NAMES, capability_columns
