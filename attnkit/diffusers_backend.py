@@ -287,7 +287,10 @@ def check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
     tensors no attention can take: an input error, never a backend's failure (auto()
     then demotes nothing). A key/value batch of 1 broadcasts over the queries' batch, as
     diffusers' native backend (torch's SDPA) takes it."""
-    qs, ks, vs = query.shape, key.shape, value.shape
+    qs, ks = query.shape, key.shape
+    if ks == value.shape and qs[0] == ks[0] and qs[-1] == ks[-1] and len(qs) == 4:
+        return key, value  # the common case, in a third of a microsecond
+    vs = value.shape
     if len(qs) == len(ks) == len(vs) == 4 and qs[3] == ks[3] and ks[:3] == vs[:3]:
         if ks[0] == qs[0]:
             return key, value
