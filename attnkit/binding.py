@@ -43,7 +43,8 @@ from .routes import METHODS, Route, bound_processor, classify
 logger = logging.getLogger("attnkit")
 
 STOCK = "_attnkit_stock"  # the processor attnkit replaced on this module
-SERVE = "_attnkit_serve"  # (attnkit processor, what serves the call: None = the protocol)
+# (attnkit processor, what serves the call or None for the protocol, the names it takes or None)
+SERVE = "_attnkit_serve"
 _GETSTATE = "__getstate__"
 _UNSET = object()
 
@@ -156,9 +157,12 @@ def _generic(stock: Any, module: nn.Module) -> tuple[bool, str | None]:
     module, why the protocol does not fit that module or None). Where it fits, attnkit's
     processor set on the module computes the protocol with every option of the module
     (qk-norm under AttnProcessor, attn.scale under AttnProcessor2_0), as it always has."""
-    if type(stock) not in (ap.AttnProcessor, ap.AttnProcessor2_0) or not isinstance(module, ap.Attention):
+    if type(stock) not in _GENERIC or not isinstance(module, ap.Attention):
         return False, None
     return True, check_module_problem(module, None)
+
+
+_GENERIC = (ap.AttnProcessor, ap.AttnProcessor2_0)
 
 
 _SAID: set = set()
@@ -183,11 +187,9 @@ def protocol_fits(module: nn.Module) -> bool:
     """Whether ``module`` is served by the protocol, decided without reading source (as
     torch.compile traces it): a legacy Attention module the protocol fits (see
     :func:`_generic`), whose replaced processor is unknown or one of diffusers' generic two."""
-    if type(module) is not ap.Attention:
-        return False
     stock = module.__dict__.get(STOCK)
-    generic, problem = _generic(ap.AttnProcessor2_0() if stock is None else stock, module)
-    return generic and problem is None
+    return (type(module) is ap.Attention and (stock is None or type(stock) in _GENERIC)
+            and check_module_problem(module, None) is None)
 
 
 def dispatch_copy(stock: Any, proc) -> Any:
