@@ -13,7 +13,7 @@ from torch import nn
 from . import binding, diffusers_backend
 from .chooser import auto
 from .processor import PROCESSORS, AttnkitProcessor
-from .routes import Route, bind_module, bound_processor, classify, classify_forward
+from .routes import METHODS, Route, bind_module, bound_processor, classify, classify_forward
 
 logger = logging.getLogger("attnkit")
 
@@ -242,7 +242,9 @@ def unreached_by_dispatch(model: nn.Module) -> str:
     attention modules whose processor or code does not call diffusers'
     dispatch_attention_fn with its own backend ("" if there are none)."""
     routes = plan(model).routes
-    missed = {name: r for name, r in routes.items() if r.kind in ("protocol", "sdpa", "forward")}
+    modules = dict(model.named_modules())
+    missed = {name: r for name, r in routes.items() if r.kind in ("protocol", "sdpa", "forward")
+              and not _served_already(modules.get(name))}
     if not missed:
         return ""
     names = list(missed)
@@ -257,6 +259,13 @@ def unreached_by_dispatch(model: nn.Module) -> str:
         f"(e.g. {first.reason.split()[0]} {how}), so they keep their stock attention. "
         f"attnkit.apply(model, attnkit.auto()) serves them."
     )
+
+
+def _served_already(module: nn.Module | None) -> bool:
+    """Whether attnkit already serves ``module`` (set_attn_processor or apply before)."""
+    if module is None:
+        return False
+    return binding.is_attnkit(binding.current_processor(module)) or METHODS in module.__dict__
 
 
 def install_backend_warning() -> None:

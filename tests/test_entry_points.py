@@ -443,3 +443,11 @@ def test_a_model_never_called_compiles_with_fullgraph_on_every_route(seed, case_
     finally:
         dynamo.reset()
     assert all(rel_error(a, b) < 1e-5 for a, b in zip(compiled, eager))
+
+
+def test_set_attention_backend_does_not_warn_about_modules_attnkit_already_serves(caplog, restore_active_backend):
+    model = BY_ID["SD3Transformer2DModel"].build(0)
+    attnkit.apply(model, attnkit.auto())
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        model.set_attention_backend("attnkit")
+    assert not [r for r in caplog.records if r.name == "attnkit"]
