@@ -46,6 +46,7 @@ costs nothing at run time.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections import Counter
@@ -476,7 +477,8 @@ def auto(**options: Any) -> AutoProcessor:
     return AutoProcessor(**options)
 
 
-AUTO_OPTIONS = ("tune", "cache_path", "order", "exclude", "backend_options", "backends", "tune_iters")
+# auto()'s options: AutoChooser's keyword arguments, read from it so that the two never differ
+AUTO_OPTIONS = tuple(name for name in inspect.signature(AutoChooser.__init__).parameters if name != "self")
 
 
 __all__ = ["AutoChooser", "AutoProcessor", "Decision", "ENV_VAR", "auto", "format_decision", "log_line"]
