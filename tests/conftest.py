@@ -19,7 +19,7 @@ HAS_CUDA = torch.cuda.is_available()
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     # The interpreter truncates fp32 to bf16; GPUs round to nearest (see the module).
-    from _interpreter_rounding import install  # noqa: E402
+    from tests.kernels._interpreter_rounding import install  # noqa: E402
 
     install()
 

@@ -11,7 +11,7 @@ import pytest
 from attnkit.backends import limits_table
 from attnkit.policy import priority_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.mark.parametrize(

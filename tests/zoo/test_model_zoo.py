@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import attnkit
-from _zoo import CASES, NO_ATTENTION, cast_floats, missing_requirement
+from tests.zoo._zoo import CASES, NO_ATTENTION, cast_floats, missing_requirement
 from attnkit.testing import rel_error
 
 # Processors and modules attnkit keeps as they are: (kind, why that is right).

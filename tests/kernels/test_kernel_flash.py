@@ -639,7 +639,7 @@ def test_interpreter_converts_fp32_to_bf16_as_a_gpu_does(seed):
     """tests/_interpreter_rounding.py is in effect: a kernel's fp32 -> bf16 conversion in
     the interpreter gives torch's bits (round to nearest, ties to even, which is what
     cvt.rn.bf16.f32 does on a GPU), so the bf16 tests measure the kernel's own error."""
-    from _interpreter_rounding import fp32_to_bf16_bits
+    from tests.kernels._interpreter_rounding import fp32_to_bf16_bits
 
     x = _bf16_probe()
     want = x.to(torch.bfloat16)
@@ -747,7 +747,7 @@ def test_installed_as_attnkit_kernels_and_nothing_named_kernels(tmp_path):
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("attnkit is not installed here (staged on PYTHONPATH, as bench/gpu_suite.sh does): "
                     "there is no install to check")
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     code = ("import importlib.util, attnkit.kernels as ak\n"
             "print(ak.flash_attention.__module__, ak.__file__)\n"
             "spec = importlib.util.find_spec('kernels')\n"

@@ -16,7 +16,7 @@ from typing import Optional
 import pytest
 import torch
 
-from _parallel_harness import run_ranks, values
+from tests.parallel._parallel_harness import run_ranks, values
 from attnkit.parallel import model
 from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, rel_error, tolerance, torch_math_attention
 
@@ -222,7 +222,7 @@ def case_id(spec: Spec) -> str:
 
 def run_batch(specs: list[Spec], world: int, seed: int, timeout: float) -> dict:
     cases = [make_case(s, seed + i) for i, s in enumerate(specs)]
-    results = values(run_ranks("_parallel_cases:attention_batch", world, {"cases": cases}, timeout=timeout))
+    results = values(run_ranks("tests.parallel._parallel_cases:attention_batch", world, {"cases": cases}, timeout=timeout))
     return {s.name: ([r[i] for r in results], cases[i]) for i, s in enumerate(specs)}
 
 
@@ -378,7 +378,7 @@ def test_a_rank_that_raises_ends_every_rank(seed):
     """Rank 1's local attention raises inside the ring: rank 1 ends with its error, rank 0
     with ContextParallelError naming the transfer it waited on; neither hangs."""
     q, k, v = make_qkv(1, 2, 16, 16, 8, F32, layout="bnhd")
-    res = run_ranks("_parallel_cases:raise_in_local", 2, {"qkv": (q, k, v)}, timeout=60, group_timeout=30)
+    res = run_ranks("tests.parallel._parallel_cases:raise_in_local", 2, {"qkv": (q, k, v)}, timeout=60, group_timeout=30)
     assert res[1]["type"] == "RuntimeError" and "injected failure" in res[1]["message"]
     assert res[0]["type"] == "ContextParallelError", res[0]
     assert "ring attention" in res[0]["message"] and "another rank" in res[0]["message"].lower()
@@ -391,7 +391,7 @@ def test_a_group_that_times_out_ends_every_rank(seed):
     """Rank 1 calls only after the group's timeout: rank 0 times out exchanging the call's
     description and raises; rank 1 then finds rank 0 gone and raises too."""
     q, k, v = make_qkv(1, 2, 8, 8, 8, F32)
-    res = run_ranks("_parallel_cases:stall", 2, {"qkv": (q, k, v), "sleep": 6.0}, timeout=60, group_timeout=3)
+    res = run_ranks("tests.parallel._parallel_cases:stall", 2, {"qkv": (q, k, v), "sleep": 6.0}, timeout=60, group_timeout=3)
     assert res[0]["type"] == "ContextParallelError", res[0]
     assert "exchanging the call's description" in res[0]["message"]
     assert not res[1]["ok"], res[1]

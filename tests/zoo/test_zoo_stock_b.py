@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-import _zoo_cases_b as zoo
+from tests.zoo import _zoo_cases_b as zoo
 
 # The split of diffusers' model classes between the two halves of the zoo: this half holds every
 # exported ModelMixin subclass from this name on (in Python's string order).

@@ -22,7 +22,7 @@ from diffusers.models.attention_dispatch import (
 )
 
 import attnkit
-from _zoo import BY_ID
+from tests.zoo._zoo import BY_ID
 from attnkit import diffusers_backend
 from attnkit.processor import PROCESSOR_ARGUMENTS, UnsupportedModule
 from attnkit.testing import assert_close_to_reference, reference_attention, rel_error
@@ -260,7 +260,7 @@ def _grads(case, model, inputs):
 @pytest.mark.parametrize("proc_name", ["auto", "vanilla"])
 @pytest.mark.parametrize("route", ["apply", "set_attn_processor"])
 def test_gradients_through_the_model_match_stock(seed, case_id, proc_name, route):
-    from _zoo import cast_floats
+    from tests.zoo._zoo import cast_floats
 
     case = BY_ID[case_id]
     stock32 = case.build(0)

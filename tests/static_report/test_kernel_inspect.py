@@ -272,7 +272,7 @@ def test_the_shared_memory_table_is_what_the_committed_report_measured():
     from attnkit.kernels import devices
     from attnkit.kernels import inspect as ni
 
-    path = os.path.join(os.path.dirname(__file__), "..", ni.REPORT_DIR, "report.json")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", ni.REPORT_DIR, "report.json")
     with open(path) as f:
         rows = [ni._from_record(r) for r in json.load(f)["rows"]]
     assert devices.NEEDS == ni.shared_memory_needs(rows)

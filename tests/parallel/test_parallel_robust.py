@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _parallel_harness import run_ranks, values
+from tests.parallel._parallel_harness import run_ranks, values
 from attnkit.testing import EPSILON, rel_error
 
 F64 = torch.float64
@@ -121,7 +121,7 @@ def auto_cases(seed: int) -> dict:
 @pytest.fixture(scope="module")
 def auto_runs(module_seed):
     cases = auto_cases(module_seed % 100_000)
-    return cases, values(run_ranks("_parallel_robust:auto_batch", 2, {"cases": cases}, timeout=90, group_timeout=10))
+    return cases, values(run_ranks("tests.parallel._parallel_robust:auto_batch", 2, {"cases": cases}, timeout=90, group_timeout=10))
 
 
 def _check_equal(case, per_rank, sharded_reading: bool):
@@ -230,7 +230,7 @@ def failure_runs(module_seed):
     out = {}
     for world in (2, 4):
         cases = failure_cases(module_seed % 100_000, world)
-        runs = values(run_ranks("_parallel_robust:failure_batch", world, {"cases": cases}, timeout=120,
+        runs = values(run_ranks("tests.parallel._parallel_robust:failure_batch", world, {"cases": cases}, timeout=120,
                                 group_timeout=10))
         out.update({name: (case, [r[name] for r in runs]) for name, case in cases.items()})
     return out
@@ -271,7 +271,7 @@ def test_diffusers_cpu_recipe_after_a_refused_forward(module_seed):
     inside the ring on every rank (torch's SDPA gives its lse no gradient); then the same
     model with set_attention_backend("attnkit") equals one rank, forward and gradients."""
     pytest.importorskip("diffusers")
-    per_rank = values(run_ranks("_parallel_robust:diffusers_recipe", 2, {"seed": module_seed % 10_000},
+    per_rank = values(run_ranks("tests.parallel._parallel_robust:diffusers_recipe", 2, {"seed": module_seed % 10_000},
                                 timeout=150, group_timeout=15))
     for r, res in enumerate(per_rank):
         assert res["device_count"] == torch.accelerator.device_count(), "device_count left changed"

@@ -17,7 +17,7 @@ from diffusers.models.attention_processor import AttnProcessor
 import attnkit
 from attnkit.testing import EPSILON, rel_error
 
-from _models import (
+from tests.diffusers._models import (
     cast_inputs,
     float64_copy,
     tiny_sd15_unet,

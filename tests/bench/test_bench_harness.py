@@ -450,7 +450,7 @@ def test_the_gpu_tile_sweep_plans_every_candidate_once_defaults_first():
     before any other candidate, and --min-index 1 must leave out exactly the defaults."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_tiles.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu_tiles.py"
     spec = importlib.util.spec_from_file_location("gpu_tiles", path)
     gt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gt)

@@ -31,8 +31,8 @@ from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention, MochiAttention, SanaMultiscaleLinearAttention
 from torch import nn
 
-from _zoo_cases_a import CASES, NO_ATTENTION
-from _zoo_common import ZooCase
+from tests.zoo._zoo_cases_a import CASES, NO_ATTENTION
+from tests.zoo._zoo_common import ZooCase
 
 # This file's half of diffusers' exported ModelMixin classes, by sorted name.
 FIRST, LAST = "A", "I2VGenXLUNet"

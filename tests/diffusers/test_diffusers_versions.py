@@ -53,7 +53,7 @@ def test_the_oldest_supported_diffusers(tmp_path):
     )
     if pip.returncode != 0:
         pytest.skip(f"could not install diffusers=={OLDEST} from PyPI here: {pip.stderr.strip()[-300:]}")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(Path(__file__).resolve().parents[1])]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(Path(__file__).resolve().parents[2])]))
     run = subprocess.run([sys.executable, "-c", f"VERSION = {OLDEST!r}\n" + CHILD], capture_output=True, text=True,
                          timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -10,7 +10,7 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 import attnkit
 from attnkit.testing import EPSILON, rel_error
 
-from _models import cast_inputs, float64_copy, tiny_sd15_unet, tiny_sd21_unet, unet_inputs
+from tests.diffusers._models import cast_inputs, float64_copy, tiny_sd15_unet, tiny_sd21_unet, unet_inputs
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import attnkit
-from _zoo import BY_ID
+from tests.zoo._zoo import BY_ID
 from attnkit.testing import rel_error
 
 
@@ -309,7 +309,7 @@ def test_a_kept_processor_gets_only_the_arguments_its_module_would_give_it():
 def test_set_attn_processor_in_16_bits_is_as_close_to_float64_as_stock(case_id, dtype, seed):
     """The same input gives the same answer in every dtype, up to rounding: through
     set_attn_processor, a 16-bit model's error against float64 is at most twice stock's."""
-    from _zoo import cast_floats
+    from tests.zoo._zoo import cast_floats
 
     case = BY_ID[case_id]
     m64 = case.build(seed, dtype=torch.float64)

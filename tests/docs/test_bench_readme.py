@@ -10,7 +10,7 @@ from attnkit.backends import BACKEND_NAMES, capability_columns
 from attnkit.backends.flash_attn import FA3_DISTRIBUTIONS, FlashAttnBackend
 from attnkit.policy import CANDIDATES
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _limits_rows() -> dict[str, dict[str, str]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _parallel_harness import run_ranks, values
+from tests.parallel._parallel_harness import run_ranks, values
 from attnkit.testing import EPSILON
 
 diffusers = pytest.importorskip("diffusers")
@@ -32,7 +32,7 @@ def summed_in_float32(name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def diffusers_runs(module_seed):
-    return values(run_ranks("_parallel_diffusers:diffusers_cp", 2, {"seed": module_seed % 10_000}, timeout=170))
+    return values(run_ranks("tests.parallel._parallel_diffusers:diffusers_cp", 2, {"seed": module_seed % 10_000}, timeout=170))
 
 
 @pytest.mark.parametrize("case", CASES)

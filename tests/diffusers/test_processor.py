@@ -264,7 +264,7 @@ def test_one_instance_serves_every_module_of_a_model(seed):
     """set_attn_processor shares one processor object: it must hold no per-layer state."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    from _models import cast_inputs, float64_copy, tiny_sd15_unet, unet_inputs
+    from tests.diffusers._models import cast_inputs, float64_copy, tiny_sd15_unet, unet_inputs
 
     unet = tiny_sd15_unet()
     kw = unet_inputs(unet, batch=1)
@@ -285,7 +285,7 @@ def test_one_instance_serves_every_module_of_a_model(seed):
 def test_apply_keeps_ip_adapter_processors_and_names_modules():
     from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
 
-    from _models import tiny_sd15_unet
+    from tests.diffusers._models import tiny_sd15_unet
 
     unet = tiny_sd15_unet()
     names = list(unet.attn_processors)
@@ -456,7 +456,7 @@ def test_grouped_query_attention(seed):
 def test_fused_qkv_projections(seed):
     """After unet.fuse_qkv_projections() the fused to_qkv / to_kv weights are used, with
     the same result as the separate projections."""
-    from _models import tiny_sd15_unet, unet_inputs
+    from tests.diffusers._models import tiny_sd15_unet, unet_inputs
 
     unet = tiny_sd15_unet()
     kw = unet_inputs(unet, batch=1, text_len=9)
