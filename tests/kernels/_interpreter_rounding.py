@@ -9,7 +9,7 @@ tests would measure the interpreter rather than the kernel.
 
 install() replaces the interpreter's converter for that one case (fp32 to bf16 with
 the default rounding) and leaves every other conversion to Triton. It changes nothing
-the compiled kernels run. tests/test_kernel_flash.py checks both that it is in effect
+the compiled kernels run. tests/kernels/test_kernel_flash.py checks both that it is in effect
 and that the interpreter still needs it.
 """
 

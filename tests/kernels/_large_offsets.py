@@ -1,8 +1,8 @@
 """Run the flash-attention kernels where every offset above a tile passes 2**31 elements.
 
-    TRITON_INTERPRET=1 python tests/_large_offsets.py
+    TRITON_INTERPRET=1 python tests/kernels/_large_offsets.py
 
-Run as a process of its own by tests/test_kernel_flash.py: a kernel that computed these
+Run as a process of its own by tests/kernels/test_kernel_flash.py: a kernel that computed these
 offsets in 32 bits would wrap to a negative offset and read or write outside its tensors,
 which can kill the process rather than fail an assertion.
 

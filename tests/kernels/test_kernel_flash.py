@@ -14,10 +14,10 @@ their dots, the fp32 softmax. So the bf16 tests prove the bf16 data path and its
 roundings; they do not prove the bf16 tensor-core instruction, which only the compiler
 emits (EMULATE_BF16 is a constexpr, False in every compiled kernel: the branch does not
 exist there). That the compiled bf16 kernels use tensor cores (mma on sm_80, wgmma on
-sm_90) is checked by `python -m attnkit.kernels.inspect` (tests/test_kernel_inspect.py).
+sm_90) is checked by `python -m attnkit.kernels.inspect` (tests/static_report/test_kernel_inspect.py).
 
 The interpreter also truncates fp32 to bf16 where a GPU rounds to nearest; conftest
-installs tests/_interpreter_rounding.py so that those roundings (the output, P, dS, the
+installs tests/kernels/_interpreter_rounding.py so that those roundings (the output, P, dS, the
 gradients) are the GPU's. With truncation every bf16 gradient measured 1.1-2.4x plain
 torch's error; rounded as on a GPU, 0.4-0.9x.
 """
@@ -66,7 +66,7 @@ def poison(monkeypatch):
 # -- inputs ----------------------------------------------------------------------------
 # attnkit.testing's builders. "keypad" and "fewkeys" here are key biases with random
 # values and a padded tail (-inf), so that the key bias is loaded (a bare 0 / -inf
-# padding mask is a length and never loaded: tests/test_kernel_paths.py covers it).
+# padding mask is a length and never loaded: tests/kernels/test_kernel_paths.py covers it).
 
 
 def make_qkv(B, H, M, N, D, dtype, layout="bhnd", requires_grad=False):
@@ -283,7 +283,7 @@ def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
     out, _, _, lo = fa._forward_impl(q, k, v, None, 40**-0.5, False, store_lo=True)
     assert lo.stride() == out.stride() and lo.dtype == out.dtype
     # At most half a unit in the last place of out: the output is rounded to nearest
-    # (on a GPU, and here through tests/_interpreter_rounding.py).
+    # (on a GPU, and here through tests/kernels/_interpreter_rounding.py).
     eps = torch.finfo(torch.bfloat16).eps
     assert (lo.float().abs() <= 0.5 * eps * out.float().abs() + 1e-30).all()
     assert torch.count_nonzero(lo) > lo.numel() // 2
@@ -636,7 +636,7 @@ def _same_bf16(a, b):
 
 @pytest.mark.skipif(not fa.INTERPRET, reason="about Triton's interpreter")
 def test_interpreter_converts_fp32_to_bf16_as_a_gpu_does(seed):
-    """tests/_interpreter_rounding.py is in effect: a kernel's fp32 -> bf16 conversion in
+    """tests/kernels/_interpreter_rounding.py is in effect: a kernel's fp32 -> bf16 conversion in
     the interpreter gives torch's bits (round to nearest, ties to even, which is what
     cvt.rn.bf16.f32 does on a GPU), so the bf16 tests measure the kernel's own error."""
     from tests.kernels._interpreter_rounding import fp32_to_bf16_bits
@@ -649,13 +649,13 @@ def test_interpreter_converts_fp32_to_bf16_as_a_gpu_does(seed):
 
 @pytest.mark.skipif(not fa.INTERPRET, reason="about Triton's interpreter")
 def test_interpreter_still_truncates_to_bf16(monkeypatch, seed):
-    """Why tests/_interpreter_rounding.py exists. If a Triton release rounds correctly,
+    """Why tests/kernels/_interpreter_rounding.py exists. If a Triton release rounds correctly,
     this skips: the patch can then go."""
     from triton.runtime import interpreter
 
     original = getattr(interpreter._convert_float, "original", None)
     if original is None:
-        pytest.skip("tests/_interpreter_rounding.py found nothing to patch in this Triton")
+        pytest.skip("tests/kernels/_interpreter_rounding.py found nothing to patch in this Triton")
     monkeypatch.setattr(interpreter, "_convert_float", original)
     x = torch.randn(1024)
     y = _to_bf16_in_a_kernel(x)
@@ -812,7 +812,7 @@ def test_backend_tf32_option_reaches_the_kernel(monkeypatch):
 @pytest.mark.skipif(DEVICE != "cpu", reason="interpreter-only: the CUDA test below covers a GPU")
 def test_offsets_beyond_2_to_the_31_in_the_interpreter():
     """Forward and backward on views whose batch, head and tile-start offsets pass 2**31
-    elements (tests/_large_offsets.py says how, without 2**31 elements of work). Run in
+    elements (tests/kernels/_large_offsets.py says how, without 2**31 elements of work). Run in
     a process of its own: a 32-bit offset there wraps and can crash the process."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     script = os.path.join(os.path.dirname(__file__), "_large_offsets.py")

@@ -34,7 +34,7 @@ fa = importlib.import_module("attnkit.kernels.flash_attention")
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(DEVICE == "cuda", reason="interpreter paths; tests/test_kernel_flash.py covers a GPU")
+pytestmark = pytest.mark.skipif(DEVICE == "cuda", reason="interpreter paths; tests/kernels/test_kernel_flash.py covers a GPU")
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""What each spawned rank runs in tests/test_parallel_robust.py (see _parallel_harness).
+"""What each spawned rank runs in tests/parallel/test_parallel_robust.py (see _parallel_harness).
 
 One function per batch of cases; each case's result (or the error it raised) goes back
 to the parent, which compares with one process in float64.
