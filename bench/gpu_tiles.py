@@ -479,7 +479,7 @@ def main(argv=None):
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("gpu_tiles: needs a CUDA GPU; on a CPU, tests/test_kernel_paths.py runs these paths in "
+        sys.exit("gpu_tiles: needs a CUDA GPU; on a CPU, tests/kernels/test_kernel_paths.py runs these paths in "
                  "Triton's interpreter")
     os.makedirs(args.outdir, exist_ok=True)
     records, jobs, native = ([], [], _fa().arch_of(torch.device("cuda")))
