@@ -1,4 +1,4 @@
-"""triton: attnkit's own FlashAttention-2 kernel (attnkit.kernels.flash_attention).
+"""triton: attnkit's own FlashAttention-2 kernel (attnkit.kernels.flash).
 
 Takes (B, H, M, D) views with any strides (last dim contiguous) as the processor makes
 them, any head dim from 8 to 512 (split into power-of-two pieces, not padded to the next
@@ -37,7 +37,7 @@ def _interpreting() -> bool:
     Triton fixes this when the kernels are defined, so once they are imported their
     module's flag is the truth; before that, the environment variable is.
     """
-    mod = sys.modules.get("attnkit.kernels.flash_attention")
+    mod = sys.modules.get("attnkit.kernels.flash.launch")
     if mod is not None:
         return bool(mod.INTERPRET)
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

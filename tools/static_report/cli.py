@@ -1,16 +1,16 @@
 """Compile every shipped configuration of the flash-attention kernels for real GPUs and
 read their machine code: a static performance report, and a gate.
 
-    python -m attnkit.kernels.inspect            # everything, sm_80 and sm_90; writes the report
-    python -m attnkit.kernels.inspect --quick    # the default config of each kernel at head dims 40 / 128
-    python -m attnkit.kernels.inspect --kernel fwd --head-dim 80 --dtype bf16 --arch 90 --bias none
-    python -m attnkit.kernels.inspect --reference 06-fused-attention.py   # beside Triton's tutorial kernel
+    python -m tools.static_report            # everything, sm_80 and sm_90; writes the report
+    python -m tools.static_report --quick    # the default config of each kernel at head dims 40 / 128
+    python -m tools.static_report --kernel fwd --head-dim 80 --dtype bf16 --arch 90 --bias none
+    python -m tools.static_report --reference 06-fused-attention.py   # beside Triton's tutorial kernel
 
 No GPU is needed: Triton compiles for a named target and ships ptxas and cuobjdump.
 For each (kernel, head dim, dtype, bias variant, causal or not, TMA or pointer loads,
 tile config, target) it reads from the cubin: registers per thread, stack bytes (a
 non-zero stack is register spilling), shared memory; and from the SASS of the main loop
-(kernels/sass.py says how it is found): its length, the matrix instructions it issues,
+(sass.py says how it is found): its length, the matrix instructions it issues,
 its exponentials. Every figure is static: instructions in the program text.
 
 Definitions (written into the report too):
@@ -73,7 +73,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 
-from . import devices, sass
+from attnkit.kernels import devices, limits
+
+from . import sass
 
 # Shared memory per block (opt-in maximum) of each target, bytes.
 SMEM_LIMIT = {80: 166912, 90: 232448}  # A100: 163 KiB, H100: 227 KiB
@@ -128,9 +130,7 @@ class Job:
     @property
     def band(self) -> int:
         """The head-dim band of the candidate list this job comes from."""
-        from .limits import padded_head_dim
-
-        return _fa()._band(padded_head_dim(self.head_dim))
+        return devices.band(limits.padded_head_dim(self.head_dim))
 
     @property
     def config_name(self) -> str:
@@ -228,11 +228,11 @@ def shared_memory_needs(results) -> dict:
     return needs
 
 
-def _fa():
-    """The kernel module (the package attribute `flash_attention` is the function)."""
-    import importlib
+def _flash():
+    """(kernels, launch): the Triton code of the flash-attention kernels and its host side."""
+    from attnkit.kernels.flash import kernels, launch
 
-    return importlib.import_module(__package__ + ".flash_attention")
+    return kernels, launch
 
 
 def _tool(name: str) -> str:
@@ -332,18 +332,18 @@ def compile_job(job: Job) -> Result:
     os.environ.pop("TRITON_INTERPRET", None)
     from triton.compiler import ASTSource
 
-    fa = _fa()
+    fk, fl = _flash()
     res = Result(job)
     t0 = time.time()
     try:
-        fn = fa._KERNELS[job.kernel]
-        d0, d1 = fa.split_head_dim(job.head_dim)
+        fn = fk.KERNELS[job.kernel]
+        d0, d1 = limits.split_head_dim(job.head_dim)
         bm, bn, warps, stages, reload = job.config
         base = job.kernel.split("_")[0]
         descriptors = {}
         if job.tma:
             t = _PTR[job.dtype][1:]
-            for names, rows_key in fa._DESCRIPTORS[job.kernel]:
+            for names, rows_key in fk.DESCRIPTORS[job.kernel]:
                 rows = bm if rows_key == "BLOCK_M" else bn
                 for name in names:
                     width = d1 if name.endswith("1") and d1 else d0
@@ -353,10 +353,10 @@ def compile_job(job: Job) -> Result:
         sig = _signature(fn, job.dtype, pointer_types, descriptors)
         constexprs = dict(
             HEAD_DIM=job.head_dim, D0=d0, D1=d1, BLOCK_M=bm, BLOCK_N=bn, RELOAD=bool(reload),
-            BIAS={"none": fa.NO_BIAS, "keypad": fa.KEY_BIAS, "full": fa.FULL_BIAS}[job.bias],
+            BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS}[job.bias],
             CAUSAL=job.causal, TMA=job.tma,
             # A (B, N, H, D) layout: head stride D, row stride H * D.
-            ALIGN=fa._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True,
+            ALIGN=fl._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True,
             PRECISION="tf32" if job.dtype != "fp32" else "ieee", EMULATE_BF16=False,
         )
         if base == "fwd":
@@ -371,7 +371,7 @@ def compile_job(job: Job) -> Result:
         # specialises them the same way.
         attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
                  if sig[p.name].startswith("*")}
-        options = {**fa._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}
+        options = {**fl._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}
         kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, options)
         exp_least = 1.0 + (1.0 / bn if base == "fwd" else 0.0)
         analyse(res, kernel, warps, bm * bn, d0 + d1, MATMULS[job.kernel], exp_least)
@@ -408,7 +408,7 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, co
              tmas=None, budget=None) -> list[Job]:
     import torch
 
-    fa = _fa()
+    _, fl = _flash()
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     jobs = []
     for kernel in kernels:
@@ -423,7 +423,7 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, co
                         if configs:
                             cands = [(c[:5], (c[5] if len(c) > 5 else 0) or None, False, budget) for c in configs]
                         else:
-                            shipped = fa.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
+                            shipped = fl.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
                             if quick:
                                 shipped = shipped[:1]
                             cands = [((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), c.maxnreg,
@@ -580,10 +580,10 @@ def check_warp_specialization(jobs: int) -> list[dict]:
     compile: whether this Triton specialises anything on Hopper."""
     import torch
 
-    fa = _fa()
+    _, fl = _flash()
     pairs = []
     for d in (64, 128):
-        c = fa.configs_for("fwd", d, torch.float16, "sm90", "none")[0]
+        c = fl.configs_for("fwd", d, torch.float16, "sm90", "none")[0]
         for cfg in ((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), (64, 64, 4, 2, 0)):
             pairs.append([Job("fwd", d, "fp16", cfg, 90, "none", tma=True, warp_specialize=ws) for ws in (False, True)])
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -608,7 +608,7 @@ def check_warp_specialization(jobs: int) -> list[dict]:
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+                              cwd=_ROOT).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -631,14 +631,15 @@ def _record(r: Result) -> dict:
 
 
 def source_state() -> tuple[str, bool]:
-    """(commit, whether kernels/ has uncommitted changes): what a run compiles, taken when
-    it starts (a commit made while it runs is not what it compiled)."""
-    return _git("rev-parse", "--short", "HEAD"), bool(_git("status", "--porcelain", "--", "."))  # run in kernels/
+    """(commit, whether the working tree has changes) when a run starts: a label of the
+    report; what keys its rows is source_key()."""
+    return _git("rev-parse", "--short", "HEAD"), bool(_git("status", "--porcelain", "--", "attnkit/kernels",
+                                                            "tools/static_report"))
 
 
 def write_report(results: list[Result], reference: list[Result], out_dir: str, argv: list[str],
                  warp_spec: list[dict] | None = None, partial: str | None = None,
-                 source: tuple[str, bool] | None = None) -> tuple[str, str]:
+                 source: tuple[str, bool] | None = None, key: str | None = None) -> tuple[str, str]:
     """report.json (every row) and report.md (the tables, the targets) under out_dir.
     partial: what an interrupted run compiled, said at the top of both. source: the
     run's source_state() (default: now)."""
@@ -656,8 +657,9 @@ def write_report(results: list[Result], reference: list[Result], out_dir: str, a
         "triton": triton.__version__,
         "commit": commit,
         "dirty": dirty,
+        "source_key": key or source_key(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m attnkit.kernels.inspect " + " ".join(argv),
+        "command": "python -m tools.static_report " + " ".join(argv),
         "partial": partial,
         "definitions": __doc__.split("Definitions (written into the report too):")[1].split("It exits")[0].strip(),
     }
@@ -695,7 +697,7 @@ def render(out_dir: str) -> tuple[str, str]:
         record = json.load(f)
     if record.get("triton") != triton.__version__:
         raise SystemExit(f"{path} was compiled with triton {record.get('triton')}, this is {triton.__version__}: "
-                         "rerun python -m attnkit.kernels.inspect instead")
+                         "rerun python -m tools.static_report instead")
     results = [_from_record(r) for r in record["rows"]]
     reference = [_from_record(r) for r in record.get("reference", [])]
     record["targets"] = targets.evaluate(results)
@@ -707,21 +709,42 @@ def render(out_dir: str) -> tuple[str, str]:
     return path, os.path.join(out_dir, "report.md")
 
 
-# What a row's figures depend on besides triton: the kernels, their limits, and the
-# analysis (these files whole; of inspect.py, the functions that compile and read a row).
-_ROW_SOURCES = ("flash_attention.py", "limits.py", "sass.py")
-_ROW_FUNCTIONS = ("compile_job", "analyse", "_read_cubin", "_compile", "Result", "Job")
+# What a row's figures depend on besides triton and the row's own tile: the kernels'
+# code, the limits that split the head dim, the SASS analysis, and the functions of this
+# tool that compile and read a row. A row is kept (--resume) while this key is the same.
+_ROW_MODULES = ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/limits.py", "tools/static_report/sass.py")
+_ROW_FUNCTIONS = ("compile_job", "analyse", "_read_cubin", "_compile", "_signature", "_tool", "Result", "Job")
+# The host helpers of attnkit/kernels/flash/launch.py that compile_job reads.
+_ROW_HELPERS = ("_align", "_COMPILE_OPTIONS")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _row_functions(source: str) -> dict[str, str]:
-    tree = ast.parse(source)
-    return {n.name: ast.get_source_segment(source, n) for n in tree.body
-            if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in _ROW_FUNCTIONS}
+class _NoDocstrings(ast.NodeTransformer):
+    """Docstrings left out: like comments, they cannot change a compiled kernel."""
+
+    def _strip(self, node):
+        self.generic_visit(node)
+        body = getattr(node, "body", None)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+        return node
+
+    visit_Module = visit_FunctionDef = visit_ClassDef = visit_AsyncFunctionDef = _strip
 
 
-# The host functions of flash_attention.py that compile_job calls (the test
-# test_resume_compares_everything_a_row_is_compiled_from holds this to the code).
-_ROW_HELPERS = ("_align",)
+def _code(source: str) -> ast.Module:
+    return _NoDocstrings().visit(ast.parse(source))
+
+
+def _named(tree: ast.Module, names) -> list[str]:
+    out = []
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names:
+            out.append(ast.dump(n))
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)) and _assigned(n) & set(names):
+            out.append(ast.dump(n))
+    return out
 
 
 def _assigned(node: ast.AST) -> set[str]:
@@ -729,77 +752,97 @@ def _assigned(node: ast.AST) -> set[str]:
     return {x.id for t in targets for x in ast.walk(t) if isinstance(x, ast.Name)}  # a, b = ... too
 
 
-def _without_tile_lists(source: str, kernels_only: bool = False) -> str:
-    """The source with the CONFIGS tile lists left out: a row is keyed by its own tile
-    and budget, so editing the lists changes which rows a run needs, not their figures.
+def source_key(root: str = _ROOT) -> str:
+    """A hash of what every row is compiled and analysed from (see _ROW_MODULES): the code
+    only, so a comment, a docstring, a line moved or an edit of the host code elsewhere
+    keeps it; the tile lists are not in it (each row carries its own tile)."""
+    import triton
 
-    kernels_only (flash_attention.py): only what a row is compiled from: the @triton.jit
-    functions, the module-level assignments and classes, the host helpers compile_job
-    calls (_ROW_HELPERS), and the imports of names these use. The launcher's other host
-    functions (argument checks, dispatch) cannot change a compiled kernel."""
-    tree = ast.parse(source)
-    body = [n for n in tree.body if not (isinstance(n, (ast.Assign, ast.AnnAssign)) and "CONFIGS" in _assigned(n))]
-    if kernels_only:
-        def kept(n):
-            if isinstance(n, ast.FunctionDef):
-                return n.name in _ROW_HELPERS or any("jit" in ast.dump(d) for d in n.decorator_list)
-            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant):
-                return False  # the module's docstring
-            return not isinstance(n, (ast.Import, ast.ImportFrom))  # assignments, classes, loops
-
-        code = [n for n in body if kept(n)]
-        used = {x.id for n in code for x in ast.walk(n) if isinstance(x, ast.Name)}
-        imports = []
-        for n in body:
-            if isinstance(n, (ast.Import, ast.ImportFrom)):
-                n.names = [a for a in n.names if (a.asname or a.name).split(".")[0] in used]
-                imports += [n] if n.names else []
-        body = imports + code
-    tree.body = body
-    return ast.dump(tree)
+    h = hashlib.sha256(f"triton {triton.__version__}\n".encode())
+    for rel in _ROW_MODULES:
+        with open(os.path.join(root, rel)) as f:
+            h.update(ast.dump(_code(f.read())).encode())
+    with open(os.path.join(root, "attnkit/kernels/flash/launch.py")) as f:
+        h.update("".join(_named(_code(f.read()), _ROW_HELPERS)).encode())
+    here = os.path.join(root, "tools", "static_report")
+    found = {}
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name)) as f:
+                tree = _code(f.read())
+            for n in tree.body:
+                if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in _ROW_FUNCTIONS:
+                    found[n.name] = ast.dump(n)
+    missing = set(_ROW_FUNCTIONS) - set(found)
+    if missing:
+        raise RuntimeError(f"source_key: {sorted(missing)} not found in tools/static_report")
+    for name in _ROW_FUNCTIONS:
+        h.update(found[name].encode())
+    return h.hexdigest()[:16]
 
 
-def resumable_rows(out_dir: str) -> tuple[list[Result], str]:
-    """The rows of an earlier out_dir/report.json that this checkout would compute the same:
-    same triton, written from a clean commit whose kernels, limits, SASS analysis and
-    row-compiling functions equal this checkout's. ([], why not) otherwise."""
+def compile_spec(job: Job) -> tuple:
+    """What a row is compiled from besides the source: its tile and its variant (not its
+    budget or whether it is a list's default, which only gate or label it)."""
+    return (job.kernel, job.head_dim, job.dtype, tuple(job.config), job.arch, job.bias, job.causal, job.tma,
+            job.warp_specialize, job.piece, job.grads, job.maxnreg)
+
+
+CHECKPOINT = "rows.partial.jsonl"  # rows appended as they compile; a killed run resumes from it
+
+
+def _read_rows(path: str, key: str) -> dict:
+    """compile_spec -> record of the rows of a report (report.json) or a checkpoint
+    (jsonl) compiled from this source key."""
+    if not os.path.exists(path):
+        return {}
+    rows = []
+    with open(path) as f:
+        if path.endswith(".jsonl"):
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # the line a killed run was writing
+        else:
+            record = json.load(f)
+            rows = [dict(r, key=r.get("key", record.get("source_key"))) for r in record.get("rows", [])]
+    return {compile_spec(_from_record(r).job): r for r in rows if r.get("key") == key}
+
+
+def resumable_rows(out_dir: str, jobs: list[Job], key: str) -> tuple[dict, str]:
+    """{job: Result} of the jobs an earlier run in out_dir compiled from the same source key
+    (its report.json, and the checkpoint of a run that was stopped), each with this run's
+    budget and default; and what was found."""
+    found = _read_rows(os.path.join(out_dir, "report.json"), key)
+    found.update(_read_rows(os.path.join(out_dir, CHECKPOINT), key))
+    kept = {}
+    for j in jobs:
+        rec = found.get(compile_spec(j))
+        if rec is not None:
+            r = _from_record(rec)
+            r.job = j
+            kept[j] = r
+    return kept, f"{len(found)} rows compiled from source key {key} in {out_dir}"
+
+
+def resumable_reference(out_dir: str) -> list[Result]:
+    """The tutorial kernel's rows (--reference) of out_dir/report.json, where the same
+    triton compiled them."""
     import triton
 
     path = os.path.join(out_dir, "report.json")
     if not os.path.exists(path):
-        return [], f"no {path} to resume"
+        return []
     with open(path) as f:
         record = json.load(f)
-    commit = record.get("commit", "unknown")
     if record.get("triton") != triton.__version__:
-        return [], f"{path} was compiled with triton {record.get('triton')}, this is {triton.__version__}"
-    if record.get("dirty") or commit == "unknown":
-        return [], f"{path} was written with uncommitted changes in kernels/ (or outside git)"
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in _ROW_SOURCES:
-        then = _git("show", f"{commit}:./{name}")
-        with open(os.path.join(here, name)) as f:
-            now = f.read()
-        only = name == "flash_attention.py"
-        if then == "unknown" or _without_tile_lists(then, only) != _without_tile_lists(now, only):
-            return [], f"kernels/{name} differs from commit {commit}, which {path} was compiled at"
-    then = _git("show", f"{commit}:./inspect.py")
-    with open(os.path.join(here, "inspect.py")) as f:
-        now = f.read()
-    if then == "unknown" or _row_functions(then) != _row_functions(now):
-        return [], f"the row analysis of kernels/inspect.py differs from commit {commit}"
-    return [_from_record(r) for r in record["rows"]], f"{len(record['rows'])} rows of {path} (commit {commit})"
-
-
-def resumable_reference(out_dir: str) -> list[Result]:
-    """The tutorial kernel's rows (--reference) of out_dir/report.json; call it only
-    where resumable_rows kept that report's rows."""
-    with open(os.path.join(out_dir, "report.json")) as f:
-        return [_from_record(r) for r in json.load(f).get("reference", [])]
+        return []
+    return [_from_record(r) for r in record.get("reference", [])]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnkit.kernels.inspect", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.static_report", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="the default config of each list only, head dims 40 and 128 (a CI-sized check)")
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="repeatable; default all")
@@ -830,12 +873,12 @@ def main(argv=None) -> int:
     if args.render:
         print("wrote " + " and ".join(render(args.render)))
         return 0
-    fa = _fa()
-    if fa.INTERPRET:
+    _, fl = _flash()
+    if fl.INTERPRET:
         # The kernels were defined for Triton's interpreter; compile them in a fresh
         # interpreter-free process instead.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        return subprocess.run([sys.executable, "-m", "attnkit.kernels.inspect", *argv], env=env).returncode
+        return subprocess.run([sys.executable, "-m", "tools.static_report", *argv], env=env).returncode
 
     full = not any((args.quick, args.kernel, args.head_dim, args.dtype, args.arch, args.bias, args.causal,
                     args.loads, args.config))
@@ -853,16 +896,19 @@ def main(argv=None) -> int:
                  "thread, up to 255)]]")
     configs = [c if len(c) >= 5 else (*c, 0) for c in configs]
     jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, causals, args.quick, configs, tmas, args.budget)
+    key = source_key()
     kept: dict[Job, Result] = {}
     if args.resume:
         if not out_dir:
             ap.error("--resume needs the report folder: the full run's, or --out DIR")
-        rows, why = resumable_rows(out_dir)
-        wanted = set(jobs)
-        kept = {r.job: r for r in rows if r.job in wanted}
-        print(f"resuming: {len(kept)} of {len(jobs)} rows kept from {why}" if rows else f"not resuming: {why}")
+        kept, why = resumable_rows(out_dir, jobs, key)
+        print(f"resuming: {len(kept)} of {len(jobs)} rows kept ({why})")
     todo = [j for j in jobs if j not in kept]
     source = source_state()
+    checkpoint = None
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        checkpoint = open(os.path.join(out_dir, CHECKPOINT), "a")
 
     print(f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; c = causal; "
           f"ld = loads (tma / ptr); i/sc = main-loop warp instructions per score; limit = tensor-bound "
@@ -881,6 +927,9 @@ def main(argv=None) -> int:
         rows = pool.map(compile_job, todo) if pool else map(compile_job, todo)
         for i, r in enumerate(rows, 1):
             results.append(r)  # before it is shown: a row on screen is a row in the report
+            if checkpoint:
+                checkpoint.write(json.dumps(dict(_record(r), key=key), separators=(",", ":")) + "\n")
+                checkpoint.flush()
             print(_row(r), flush=True)
             if i % 50 == 0 and i < len(todo):
                 print(_progress(i, len(todo), t0), file=sys.stderr, flush=True)
@@ -890,6 +939,8 @@ def main(argv=None) -> int:
               + ("writing a partial report" if out_dir else "no report written"), flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if checkpoint:
+            checkpoint.close()
         if pool:
             pool.shutdown(wait=not interrupted, cancel_futures=True)
     if kept:  # in the order of the jobs
@@ -897,9 +948,10 @@ def main(argv=None) -> int:
         results = [kept.get(j) or fresh[j] for j in jobs if j in kept or j in fresh]
     failed = sum(bool(r.problems) for r in results)
     reference = []
-    if kept and not args.reference:
-        # The tutorial's rows of the report resumed from: the same triton and analysis
-        # compiled them (resumable_rows checked), and its file need not be at hand again.
+    if out_dir and not args.reference:
+        # The tutorial's rows of the report in out_dir, compiled by the same triton: the
+        # tutorial's file need not be at hand again (its kernel is not ours: our source
+        # key does not concern it).
         reference = resumable_reference(out_dir)
     if args.reference and not interrupted:
         for d in (64, 128):
@@ -916,8 +968,11 @@ def main(argv=None) -> int:
             argv = [a for a in argv if a != "--resume"] + [
                 f"(resumed: {len(kept)} rows from an earlier run"
                 + ("; the tutorial's rows kept from it" if reference and not args.reference else "") + ")"]
-        paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial, source=source)
+        paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial, source=source,
+                             key=key)
         print("wrote " + " and ".join(paths))
+        if not interrupted:
+            os.remove(os.path.join(out_dir, CHECKPOINT))  # every row is in the report now
     if interrupted:
         return 130
     return 1 if failed else 0

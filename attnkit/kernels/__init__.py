@@ -1,7 +1,6 @@
-"""Triton kernels of attnkit, installed as ``attnkit.kernels`` (the repository folder is
-``kernels/``; a top-level ``kernels`` package would shadow Hugging Face's ``kernels``).
+"""Triton kernels of attnkit.
 
-    from attnkit.kernels import flash_attention        # needs triton
+    from attnkit.kernels import flash_attention        # needs triton (attnkit.kernels.flash)
     from attnkit.kernels.limits import input_problems  # does not
 
 Without triton, ``import attnkit.kernels`` raises an ImportError that names the extra to
@@ -45,7 +44,7 @@ def _only_a_submodule_is_imported() -> bool:
 
 
 try:
-    from .flash_attention import INTERPRET, flash_attention, flash_attention_with_lse
+    from .flash import INTERPRET, flash_attention, flash_attention_with_lse
 except ImportError as _exc:
     if _exc.name is None or _exc.name.split(".")[0] != "triton":
         raise

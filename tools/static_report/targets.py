@@ -1,5 +1,5 @@
 """The static performance targets of the flash-attention kernels, checked on the figures
-`python -m attnkit.kernels.inspect` reads from SASS, and the tables of its report.
+`python -m tools.static_report` reads from SASS, and the tables of its report.
 
 Targets (sm_90 figures are those of the TMA variant, the one aligned inputs run):
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import devices
+from attnkit.kernels import devices
 
 BASELINE_COMMIT = "fdd42b7"
 BASELINE = os.path.join("bench", "results", "static", f"baseline-{BASELINE_COMMIT}.json")
@@ -341,7 +341,7 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
                   "that and compiles clean, the default is the best tile for A100, and the backend refuses "
                   "the call on those GPUs before it runs (auto() picks another backend; flash_attention "
                   "raises ValueError), for the forward or, when gradients are needed, the backward "
-                  "(`kernels/devices.py`, NEEDS):", "",
+                  "(`attnkit/kernels/devices.py`, NEEDS):", "",
                   "| kernel | width | head-dim band | bias | causal | shared memory |", "|---|---|---|---|---|---|"]
         for (arch, kernel, width, band, bias, causal), need in needs:
             lines.append(f"| {kernel} | {width} | {band} | {bias} | {'yes' if causal else 'no'} | {need:,} B |")

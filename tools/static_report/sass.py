@@ -1,7 +1,7 @@
 """Read NVIDIA machine code (SASS, as `cuobjdump --dump-sass` prints it): the loops of a
 kernel and what one iteration of each issues.
 
-Used by `python -m attnkit.kernels.inspect` to argue the kernels' speed without a GPU.
+Used by `python -m tools.static_report` to argue the kernels' speed without a GPU.
 Everything here is static: it counts instructions in the program text, not executions.
 
 Definitions (also written in the report):

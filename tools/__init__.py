@@ -1,0 +1,1 @@
+"""Developer tools of the attnkit repository (not installed with the package)."""
