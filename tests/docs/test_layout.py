@@ -1,0 +1,62 @@
+"""The README's Layout section describes the tree as it is: every path it names exists,
+and it names every module and subpackage of attnkit/ and every top-level folder."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def _layout_paths() -> list[str]:
+    """The first word of each line of the fenced block in the README's "## Layout" section."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("\n## Layout\n"):]
+    section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
+    block = re.search(r"```\n(.*?)\n```", section, re.S)
+    assert block, "the README's Layout section has no fenced block of `path  description` lines"
+    return [line.split()[0] for line in block.group(1).splitlines() if line.strip()]
+
+
+def _tracked() -> set[str]:
+    """Tracked files that exist on disk; the filesystem where there is no git checkout."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        return {p for p in out.decode().split("\0") if p and (ROOT / p).is_file()}
+    except (OSError, subprocess.CalledProcessError):
+        skip = {"__pycache__", ".git", ".venv", ".pytest_cache", "build"}
+        return {str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+                if p.is_file() and not skip.intersection(p.relative_to(ROOT).parts)
+                and not any(part.endswith(".egg-info") for part in p.parts)}
+
+
+def _names(path: str, tracked: set[str]) -> bool:
+    if path.endswith("/"):
+        return any(f.startswith(path) for f in tracked)
+    return path in tracked
+
+
+def test_every_path_in_the_layout_exists():
+    tracked = _tracked()
+    missing = [p for p in _layout_paths() if not _names(p, tracked)]
+    assert not missing, f"the README's Layout names paths that are not in the tree: {missing}"
+
+
+def test_the_layout_names_every_package_module_and_top_level_folder():
+    tracked = _tracked()
+    named = set(_layout_paths())
+    package, folders = set(), set()
+    for f in tracked:
+        parts = f.split("/")
+        if parts[0] == "attnkit" and len(parts) == 2 and parts[1].endswith(".py"):
+            package.add(f)
+        elif parts[0] == "attnkit" and len(parts) > 2 and parts[1] != "__pycache__":
+            package.add(f"attnkit/{parts[1]}/")
+        if len(parts) > 1:
+            folders.add(parts[0] + "/")
+    # a module or subpackage of attnkit/ by its own line; a top-level folder by any line in it
+    unnamed = sorted(package - named) + sorted(d for d in folders if not any(n.startswith(d) for n in named))
+    assert not unnamed, f"the README's Layout does not name: {unnamed}"
