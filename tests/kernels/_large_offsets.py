@@ -40,7 +40,8 @@ from attnkit.testing import (  # noqa: E402
     torch_math_attention,
 )
 
-fa = importlib.import_module("attnkit.kernels.flash_attention")
+fl = importlib.import_module("attnkit.kernels.flash.launch")
+fo = importlib.import_module("attnkit.kernels.flash.ops")
 
 STRIDE_B = 2**30 + 64
 STRIDE_H = 2**30 + 128
@@ -63,7 +64,7 @@ def sparse(shape, dtype, row_stride=STRIDE_ROW, fill=None):
 
 
 def main() -> int:
-    if not fa.INTERPRET:
+    if not fl.INTERPRET:
         print("needs TRITON_INTERPRET=1 (CPU tensors)", file=sys.stderr)
         return 2
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -74,16 +75,16 @@ def main() -> int:
     do = sparse((B, H, M, D), dtype)
     bias = sparse((B, H, M, N), torch.float32, row_stride=N)  # only b, h offsets are huge
     for t in (q, k, v):
-        assert fa._addressable(t), "the views must reach the kernels as they are"
+        assert fl._addressable(t), "the views must reach the kernels as they are"
 
     # Outputs (O, dQ, dK, dV) in the same kind of layout, poisoned with NaN.
-    fa._new_like = lambda t, **kw: sparse(tuple(t.shape), t.dtype, fill=float("nan")) if t.dim() == 4 \
+    fl._new_like = lambda t, **kw: sparse(tuple(t.shape), t.dtype, fill=float("nan")) if t.dim() == 4 \
         else torch.full_like(t, float("nan"), **kw)
 
     q.requires_grad_()
     k.requires_grad_()
     v.requires_grad_()
-    out = fa.flash_attention(q, k, v, bias)
+    out = fo.flash_attention(q, k, v, bias)
     assert out.stride() == (STRIDE_B, STRIDE_H, STRIDE_ROW, 1), out.stride()
     grads = torch.autograd.grad(out, (q, k, v), do)
     assert all(g.stride()[0] == STRIDE_B for g in grads), [g.stride() for g in grads]

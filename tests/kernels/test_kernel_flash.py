@@ -51,7 +51,9 @@ tl = pytest.importorskip("triton.language")
 from attnkit.kernels import flash_attention, flash_attention_with_lse  # noqa: E402
 from attnkit.kernels.limits import MAX_HEAD_DIM  # noqa: E402
 
-fa = importlib.import_module("attnkit.kernels.flash_attention")
+fk = importlib.import_module("attnkit.kernels.flash.kernels")
+fl = importlib.import_module("attnkit.kernels.flash.launch")
+fo = importlib.import_module("attnkit.kernels.flash.ops")
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,7 +62,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     """Every buffer a kernel writes starts as NaN: an unwritten element fails the test."""
-    monkeypatch.setattr(fa, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(fl, "POISON_OUTPUTS", True)
 
 
 # -- inputs ----------------------------------------------------------------------------
@@ -184,7 +186,7 @@ def test_gradients_match_reference(case, seed):
 def test_reload_variant_matches_reference(case, monkeypatch, seed):
     """The tile variant that reloads its loop-invariant operands each iteration (shipped
     for large head dims) computes the same, forward and backward."""
-    monkeypatch.setattr(fa, "INTERPRET_CONFIG", fa.TileConfig(32, 16, 4, 1, reload=True))
+    monkeypatch.setattr(fl, "INTERPRET_CONFIG", fl.TileConfig(32, 16, 4, 1, reload=True))
     q, k, v, bias = build(case, B=1)
     assert_close_to_reference(flash_attention(q, k, v, bias), q, k, v, bias)
     for name, g, r, tol in grads_and_tolerances(case, B=1):
@@ -264,14 +266,14 @@ def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
     """The forward writes its rounding residual only when autograd will need it and the
     output is 16-bit; the residual is what rounding lost: out + out_lo is the fp32 result."""
     seen = []
-    real = fa._launch
+    real = fl._launch
 
     def spy(kernel, *args):
         if kernel.startswith("fwd"):
             seen.append((kernel, args[-2]["STORE_LO"]))
         return real(kernel, *args)
 
-    monkeypatch.setattr(fa, "_launch", spy)
+    monkeypatch.setattr(fl, "_launch", spy)
     for dtype, grad, expected in (("fp16", True, ("fwd_lo", True)), ("fp16", False, ("fwd", False)),
                                   ("fp32", True, ("fwd", False))):
         seen.clear()
@@ -280,7 +282,7 @@ def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
         assert seen == [expected], (dtype, grad)
 
     q, k, v = make_qkv(1, 2, 20, 30, 40, torch.bfloat16)
-    out, _, _, lo = fa._forward_impl(q, k, v, None, 40**-0.5, False, store_lo=True)
+    out, _, _, lo = fl._forward_impl(q, k, v, None, 40**-0.5, False, store_lo=True)
     assert lo.stride() == out.stride() and lo.dtype == out.dtype
     # At most half a unit in the last place of out: the output is rounded to nearest
     # (on a GPU, and here through tests/kernels/_interpreter_rounding.py).
@@ -329,14 +331,14 @@ def test_bias_gradient_is_written_by_one_kernel_and_only_when_needed(monkeypatch
     queries by the dK/dV kernel for a key-padding-like bias, whole by the dQ kernel
     otherwise (each with its own tile candidates)."""
     seen = []
-    real = fa._launch
+    real = fl._launch
 
     def spy(kernel, *args):
         if not kernel.startswith("fwd"):
             seen.append((kernel, args[-2]["BIAS_GRAD"]))
         return real(kernel, *args)
 
-    monkeypatch.setattr(fa, "_launch", spy)
+    monkeypatch.setattr(fl, "_launch", spy)
     for kind, grad, expected in (
         ("full", False, [("dkdv", False), ("dq", False)]),
         ("full", True, [("dkdv", False), ("dq_dbias", True)]),
@@ -358,13 +360,13 @@ def test_a_16_bit_bias_reaches_the_kernels_as_float32(dtype, monkeypatch, seed):
     the model's dtype, as diffusers passes it, is converted first, and its gradient
     comes back in its own dtype."""
     biases = []
-    real = fa._launch
+    real = fl._launch
 
     def spy(kernel, *args):
         biases.append((kernel, args[-3]["Bias"].dtype))
         return real(kernel, *args)
 
-    monkeypatch.setattr(fa, "_launch", spy)
+    monkeypatch.setattr(fl, "_launch", spy)
     dt = DTYPES[dtype]
     for kind in ("key_padding", "full"):
         q, k, v = make_qkv(2, 2, 33, 47, 128, dt, requires_grad=True)
@@ -386,14 +388,14 @@ def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, monkeypatch
     and a full bias to the kernels, which then skip no tiles. It must reach them as the
     same broadcast view in float32, as a key bias, with the same answer."""
     seen = []
-    real = fa._launch
+    real = fl._launch
 
     def spy(kernel, *args):
         bias = args[-3]["Bias"]
         seen.append((kernel, args[-1], bias.dtype, bias.untyped_storage().nbytes()))
         return real(kernel, *args)
 
-    monkeypatch.setattr(fa, "_launch", spy)
+    monkeypatch.setattr(fl, "_launch", spy)
     B, H, M, N, D = 2, 3, 40, 70, 64
     q, k, v = make_qkv(B, H, M, N, D, torch.float16)
     lengths = torch.randint(1, N + 1, (B,))
@@ -450,8 +452,8 @@ def test_eager_inference_skips_the_ops_dispatch_and_gives_the_same_answer(monkey
     from torch.utils.flop_counter import FlopCounterMode
 
     calls = []
-    real = fa._flash_forward_op
-    monkeypatch.setattr(fa, "_flash_forward_op", lambda *a: calls.append(1) or real(*a))
+    real = fo._flash_forward_op
+    monkeypatch.setattr(fo, "_flash_forward_op", lambda *a: calls.append(1) or real(*a))
     q, k, v = make_qkv(1, 2, 20, 30, 64, torch.float32)
     bias = testing.make_bias("full", 1, 2, 20, 30, torch.float32, device=DEVICE)
     with torch.no_grad():
@@ -512,9 +514,9 @@ def test_eager_training_skips_both_ops_and_gives_the_ops_bits(monkeypatch, seed,
         return [out.detach(), lse.detach(), *torch.autograd.grad(loss, leaves)]
 
     ops = []
-    real_fwd, real_bwd = fa._flash_forward_op, fa._flash_backward_op
-    monkeypatch.setattr(fa, "_flash_forward_op", lambda *a: ops.append("fwd") or real_fwd(*a))
-    monkeypatch.setattr(fa, "_flash_backward_op", lambda *a: ops.append("bwd") or real_bwd(*a))
+    real_fwd, real_bwd = fo._flash_forward_op, fo._flash_backward_op
+    monkeypatch.setattr(fo, "_flash_forward_op", lambda *a: ops.append("fwd") or real_fwd(*a))
+    monkeypatch.setattr(fo, "_flash_backward_op", lambda *a: ops.append("bwd") or real_bwd(*a))
     eager = run()
     assert ops == []
     through_ops = run(through_ops=True)
@@ -583,7 +585,7 @@ def test_fully_masked_rows_give_zeros(dtype, seed):
 # -- bf16 in the interpreter -------------------------------------------------------------
 
 
-@pytest.mark.skipif(not fa.INTERPRET, reason="about Triton's interpreter")
+@pytest.mark.skipif(not fl.INTERPRET, reason="about Triton's interpreter")
 def test_interpreter_bf16_dot_still_needs_emulation():
     """Why EMULATE_BF16 exists (see the module docstring). If a Triton release fixes
     the interpreter, this skips: the emulation can then go."""
@@ -593,7 +595,7 @@ def test_interpreter_bf16_dot_still_needs_emulation():
         r = tl.arange(0, 16)
         a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
         b = tl.load(b_ptr + r[:, None] * 16 + r[None, :])
-        c = fa._dot(a, b, tl.zeros([16, 16], dtype=tl.float32), "tf32", EMULATE)
+        c = fk._dot(a, b, tl.zeros([16, 16], dtype=tl.float32), "tf32", EMULATE)
         tl.store(c_ptr + r[:, None] * 16 + r[None, :], c)
 
     a, b = torch.randn(16, 16, dtype=torch.bfloat16), torch.randn(16, 16, dtype=torch.bfloat16)
@@ -634,7 +636,7 @@ def _same_bf16(a, b):
                                                                      b[~nan].view(torch.int16))
 
 
-@pytest.mark.skipif(not fa.INTERPRET, reason="about Triton's interpreter")
+@pytest.mark.skipif(not fl.INTERPRET, reason="about Triton's interpreter")
 def test_interpreter_converts_fp32_to_bf16_as_a_gpu_does(seed):
     """tests/kernels/_interpreter_rounding.py is in effect: a kernel's fp32 -> bf16 conversion in
     the interpreter gives torch's bits (round to nearest, ties to even, which is what
@@ -647,7 +649,7 @@ def test_interpreter_converts_fp32_to_bf16_as_a_gpu_does(seed):
     assert _same_bf16(_to_bf16_in_a_kernel(x), want)
 
 
-@pytest.mark.skipif(not fa.INTERPRET, reason="about Triton's interpreter")
+@pytest.mark.skipif(not fl.INTERPRET, reason="about Triton's interpreter")
 def test_interpreter_still_truncates_to_bf16(monkeypatch, seed):
     """Why tests/kernels/_interpreter_rounding.py exists. If a Triton release rounds correctly,
     this skips: the patch can then go."""
@@ -675,14 +677,14 @@ def test_bf16_emulation_is_interpreter_only():
     q, k, v = make_qkv(1, 1, 4, 4, 16, torch.bfloat16)
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(fa, "_launch", fake_launch)
-        mp.setattr(fa, "INTERPRET", False)
-        fa._forward_impl(q, k, v, None, 0.25, False)
+        mp.setattr(fl, "_launch", fake_launch)
+        mp.setattr(fl, "INTERPRET", False)
+        fl._forward_impl(q, k, v, None, 0.25, False)
         assert seen["fwd"] is False
-        mp.setattr(fa, "INTERPRET", True)
-        fa._forward_impl(q, k, v, None, 0.25, False)
+        mp.setattr(fl, "INTERPRET", True)
+        fl._forward_impl(q, k, v, None, 0.25, False)
         assert seen["fwd"] is True
-        fa._forward_impl(q.half(), k.half(), v.half(), None, 0.25, False)
+        fl._forward_impl(q.half(), k.half(), v.half(), None, 0.25, False)
         assert seen["fwd"] is False
     finally:
         mp.undo()
@@ -722,7 +724,7 @@ def test_bad_inputs_raise_value_error(message, make, kwargs):
 
 
 def test_cpu_without_interpreter_is_refused(monkeypatch):
-    monkeypatch.setattr(fa, "INTERPRET", False)
+    monkeypatch.setattr(fl, "INTERPRET", False)
     q = torch.randn(1, 1, 4, 16)
     with pytest.raises(ValueError, match="runs on CUDA; on the CPU it runs only under TRITON_INTERPRET=1"):
         flash_attention(q, q, q)
@@ -737,8 +739,8 @@ def test_empty_query_batch():
 
 
 def test_installed_as_attnkit_kernels_and_nothing_named_kernels(tmp_path):
-    """The repository folder kernels/ is importable as attnkit.kernels from anywhere, and
-    the install adds no top-level `kernels` (Hugging Face's hub-kernel loader owns that
+    """attnkit/kernels/ is importable as attnkit.kernels from anywhere, and the install
+    adds no top-level `kernels` (Hugging Face's hub-kernel loader owns that
     name). Run outside the checkout, so the current directory cannot supply either."""
     import importlib.metadata
 
@@ -756,7 +758,7 @@ def test_installed_as_attnkit_kernels_and_nothing_named_kernels(tmp_path):
     lines = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                            text=True, check=True).stdout.splitlines()
     module, path = lines[0].split()
-    assert module.startswith("attnkit.kernels") and Path(path).resolve().parent == repo / "kernels"
+    assert module.startswith("attnkit.kernels") and Path(path).resolve().parent == repo / "attnkit" / "kernels"
     other = lines[1]
     assert other == "None" or repo not in Path(other).resolve().parents, other
 
@@ -778,12 +780,12 @@ def test_backend_reasons_and_forward(monkeypatch, seed):
     assert backend.not_supported_reasons(AttentionCall(t4, torch.float16, 64)) == ["compute capability 7.5 < 8.0"]
 
     cpu_call = AttentionCall(DeviceInfo("cpu"), torch.float16, 40)
-    monkeypatch.setattr(fa, "INTERPRET", False)
+    monkeypatch.setattr(fl, "INTERPRET", False)
     assert backend.not_supported_reasons(cpu_call) == [tb.CPU_REASON]
-    monkeypatch.setattr(fa, "INTERPRET", True)
+    monkeypatch.setattr(fl, "INTERPRET", True)
     assert backend.not_supported_reasons(cpu_call) == []
     monkeypatch.undo()
-    monkeypatch.setattr(fa, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(fl, "POISON_OUTPUTS", True)
 
     q, k, v, bias = build(("fp16", 40, 20, 30, "keypad", "fp16", "bnhd"))
     out = backend.forward(q, k, v, bias, upcast=True)
@@ -798,7 +800,7 @@ def test_backend_tf32_option_reaches_the_kernel(monkeypatch):
     def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs, variant):
         seen[kernel] = constexprs["PRECISION"]
 
-    monkeypatch.setattr(fa, "_launch", fake_launch)
+    monkeypatch.setattr(fl, "_launch", fake_launch)
     q = torch.randn(1, 1, 4, 16, device=DEVICE)
     get_backend("triton").forward(q, q, q)
     assert seen["fwd"] == "ieee"  # fp32 is exact fp32 unless asked
@@ -825,15 +827,15 @@ def test_views_a_tile_cannot_address_are_compacted(seed):
     """A row stride so large that one tile's rows span 2**31 elements would overflow the
     kernels' 32-bit in-tile offsets: such a view is copied to a compact layout first
     (and nothing else is)."""
-    rows = fa._MAX_TILE_ROWS
+    rows = fl._MAX_TILE_ROWS
     q, k, v = make_qkv(1, 2, 5, 6, 16, torch.float32)
-    assert fa._addressable(q)
+    assert fl._addressable(q)
     row_stride = 2**31 // (rows - 1) + 1
     huge = torch.empty(4 * row_stride + 32, device=DEVICE).as_strided(q.shape, (16, 16, row_stride, 1))  # lazily allocated
     huge.copy_(q)
-    assert not fa._addressable(huge)
-    assert fa._kernel_layout(huge).is_contiguous()
-    assert fa._kernel_layout(q) is q
+    assert not fl._addressable(huge)
+    assert fl._kernel_layout(huge).is_contiguous()
+    assert fl._kernel_layout(q) is q
     assert_close_to_reference(flash_attention(huge, k, v), q, k, v)
 
 

@@ -30,7 +30,11 @@ triton = pytest.importorskip("triton")
 
 from attnkit.kernels import flash_attention, flash_attention_with_lse  # noqa: E402
 
-fa = importlib.import_module("attnkit.kernels.flash_attention")
+fk = importlib.import_module("attnkit.kernels.flash.kernels")
+fl = importlib.import_module("attnkit.kernels.flash.launch")
+fo = importlib.import_module("attnkit.kernels.flash.ops")
+ftc = importlib.import_module("attnkit.kernels.flash.tile_config")
+limits = importlib.import_module("attnkit.kernels.limits")
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,7 +44,7 @@ pytestmark = pytest.mark.skipif(DEVICE == "cuda", reason="interpreter paths; tes
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     """Every buffer a kernel writes starts as NaN: an unwritten element fails the test."""
-    monkeypatch.setattr(fa, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(fl, "POISON_OUTPUTS", True)
 
 
 def causal_mask(M: int, N: int, offset: int) -> torch.Tensor:
@@ -184,13 +188,13 @@ def test_an_offset_that_hides_nothing_is_no_mask(monkeypatch, seed):
     """Offsets beyond the last key mean every key is visible: the unmasked kernel runs;
     offsets before the first row mean none is, and every row is empty."""
     seen = []
-    real = fa._launch
+    real = fl._launch
 
     def spy(kernel, *args):
         seen.append(args[-2]["CAUSAL"])
         return real(kernel, *args)
 
-    monkeypatch.setattr(fa, "_launch", spy)
+    monkeypatch.setattr(fl, "_launch", spy)
     q, k, v = make_qkv(1, 2, 20, 30, 16, torch.float32)
     out = flash_attention(q, k, v, causal=True, causal_offset=10**12)
     assert seen == [False] and rel_error(out, reference_attention(q, k, v)) < 1e-5
@@ -223,15 +227,15 @@ def test_key_padding_lengths_and_plain_flags():
     bias[1, ..., 3] = float("-inf")  # a hole: length 10, not plain
     bias[2] = float("-inf")  # nothing visible: length 0
     q = torch.randn(B, H, M, 16)
-    _, _, lens, plain, sl, constexprs, variant = fa._bias_args(bias, q, (B, H, M, N))
-    assert variant == "keypad" and constexprs["BIAS"] == fa.KEY_BIAS
+    _, _, lens, plain, sl, constexprs, variant = fl._bias_args(bias, q, (B, H, M, N))
+    assert variant == "keypad" and constexprs["BIAS"] == fk.KEY_BIAS
     assert lens[:, 0].tolist() == [7, 10, 0] and plain[:, 0].tolist() == [1, 0, 1]
     assert sl == (lens.stride(0), 0)  # broadcast over heads
     bias[0, ..., 2] = 0.5  # a value: the bias must be loaded
-    _, _, lens, plain, *_ = fa._bias_args(bias, q, (B, H, M, N))
+    _, _, lens, plain, *_ = fl._bias_args(bias, q, (B, H, M, N))
     assert plain[:, 0].tolist() == [0, 0, 1]
-    _, _, _, _, _, constexprs, variant = fa._bias_args(torch.zeros(B, H, M, N), q, (B, H, M, N))
-    assert variant == "full" and constexprs["BIAS"] == fa.FULL_BIAS
+    _, _, _, _, _, constexprs, variant = fl._bias_args(torch.zeros(B, H, M, N), q, (B, H, M, N))
+    assert variant == "full" and constexprs["BIAS"] == fk.FULL_BIAS
 
 
 @pytest.mark.parametrize("kind", ["key_padding", "key_padding_bool", "value_and_padding", "empty_rows"])
@@ -275,13 +279,13 @@ def test_key_padding_bias_gradient(seed):
 
 def _spy_tma(monkeypatch):
     seen = []
-    real = fa._launch
+    real = fl._launch
 
     def spy(kernel, *args):
         seen.append((kernel, args[-2]["TMA"]))
         return real(kernel, *args)
 
-    monkeypatch.setattr(fa, "_launch", spy)
+    monkeypatch.setattr(fl, "_launch", spy)
     return seen
 
 
@@ -298,12 +302,12 @@ def test_tma_where_aligned_pointers_elsewhere(monkeypatch, seed):
     grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert seen == [("fwd_lo", True), ("dkdv", True), ("dq", True)]
     seen.clear()
-    monkeypatch.setattr(fa, "INTERPRET_ARCH", "sm80")
+    monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm80")
     out_ptr = flash_attention(q, k, v)
     grads_ptr = torch.autograd.grad(out_ptr, (q, k, v), torch.ones_like(out))
     assert seen == [("fwd_lo", False), ("dkdv", False), ("dq", False)]
     assert torch.equal(out, out_ptr) and all(torch.equal(a, b) for a, b in zip(grads, grads_ptr))
-    monkeypatch.setattr(fa, "INTERPRET_ARCH", "sm90")
+    monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm90")
 
     seen.clear()
     q, k, v = make_qkv(1, 2, 40, 70, 100, torch.float16)
@@ -325,8 +329,8 @@ def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(monkeypatch
     dims), the misaligned tensors are copied into aligned buffers (rows padded to 16
     bytes) and the TMA path runs; the results are those of the aligned call."""
     seen = _spy_tma(monkeypatch)
-    real = fa.configs_for
-    monkeypatch.setattr(fa, "configs_for", lambda *a, **kw: () if not (a[6] if len(a) > 6 else kw.get("tma"))
+    real = fl.configs_for
+    monkeypatch.setattr(fl, "configs_for", lambda *a, **kw: () if not (a[6] if len(a) > 6 else kw.get("tma"))
                         else real(*a, **kw))
     storage = torch.randn(1 + 2 * 70 * 100, dtype=torch.float16)
     k_odd = storage[1:].view(1, 2, 70, 100)  # 200-byte rows, 2 bytes off: no descriptor can read it
@@ -334,7 +338,7 @@ def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(monkeypatch
     bias = make_bias("full", 1, 2, 40, 70)
     check(q, k_odd, v, bias)
     assert seen == [("fwd_lo", True), ("dkdv", True), ("dq", True)]
-    assert fa._tma_ok(fa._tma_copy(k_odd)) and torch.equal(fa._tma_copy(k_odd), k_odd)
+    assert fl._tma_ok(fl._tma_copy(k_odd)) and torch.equal(fl._tma_copy(k_odd), k_odd)
 
 
 # -- the shipped tiles of each bias variant ----------------------------------------------
@@ -343,17 +347,17 @@ def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(monkeypatch
 def _shipped_tiles(monkeypatch, arch: str) -> dict:
     """Make the interpreter run the default tile `arch` ships for each call (instead of
     its own small tile); returns the dict that records, per kernel, the tile it ran."""
-    monkeypatch.setattr(fa, "INTERPRET_SHIPPED_TILES", True)
-    monkeypatch.setattr(fa, "INTERPRET_ARCH", arch)
+    monkeypatch.setattr(fl, "INTERPRET_SHIPPED_TILES", True)
+    monkeypatch.setattr(fl, "INTERPRET_ARCH", arch)
     seen = {}
-    real = fa._kernel_for
+    real = fl._kernel_for
 
     def spy(kernel, *args):
         fn, cfg = real(kernel, *args)
         seen[kernel] = cfg
         return fn, cfg
 
-    monkeypatch.setattr(fa, "_kernel_for", spy)
+    monkeypatch.setattr(fl, "_kernel_for", spy)
     return seen
 
 
@@ -374,7 +378,7 @@ def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad
     # full bias's gradient comes with the first dQ launch.
     assert {"fwd", "dkdv", "dq"} <= set(seen) and bias_grad == ("dq_dbias" in seen)
     for kernel, cfg in seen.items():
-        assert cfg == fa.configs_for(kernel, d, torch.float32, arch, variant, True, False)[0], kernel
+        assert cfg == fl.configs_for(kernel, d, torch.float32, arch, variant, True, False)[0], kernel
 
 
 @pytest.mark.parametrize("d,bias_grad", [(320, True), (512, False), (512, True)])
@@ -384,7 +388,7 @@ def test_sm80_causal_backward_with_key_padding_runs_its_three_stage_tiles(d, bia
     A100 only: kernels/devices.py refuses these backward calls on 99 KiB GPUs): run each
     with that tile in the interpreter, the key-summed bias gradient too, against float64."""
     kernel = "dkdv_dbias" if bias_grad else "dkdv"
-    tile = fa.configs_for(kernel, d, torch.float16, "sm80", "keypad", True, False)[0]
+    tile = fl.configs_for(kernel, d, torch.float16, "sm80", "keypad", True, False)[0]
     assert (tile.num_stages, tile.reload) == (3, False)
     seen = _shipped_tiles(monkeypatch, "sm80")
     M, N = 37, 45  # two 32-query tiles, the second ragged; the causal diagonal crosses them
@@ -401,7 +405,7 @@ def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
     bias still serves the others): run the kernels with the default tile the target
     ships for the call's variant (up to 128 x 128), causal too, in the interpreter."""
     variant = {"none": "none", "key_padding": "keypad", "perhead": "keypad", "full": "full"}[kind]
-    tiles = {kernel: fa.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0]
+    tiles = {kernel: fl.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0]
              for kernel in ("fwd_lo", "dkdv", "dq")}
     seen = _shipped_tiles(monkeypatch, arch)
     M, N = 150, 140  # crosses a 128-row tile and ends inside one
@@ -418,17 +422,17 @@ def test_every_call_has_a_tile():
     tensors are not aligned for TMA and whose list has no pointer tile copies them into
     aligned buffers: test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma)."""
     missing = []
-    for arch in fa.ARCHS:
-        for kernel in fa._KERNELS:
+    for arch in fl.ARCHS:
+        for kernel in fk.KERNELS:
             variants = ("keypad", "full") if kernel.endswith("dbias") else ("none", "keypad", "full")
             dtypes = (torch.float16, torch.bfloat16) if kernel == "fwd_lo" else (torch.float16, torch.float32)
             for dtype in dtypes:
-                for band in fa._BANDS:
+                for band in fl._BANDS:
                     for d in {band, max(8, band - 24)}:
                         for variant in variants:
                             for causal in (False, True):
                                 loads = (True, False) if arch == "sm90" and dtype != torch.float32 else (False,)
-                                if not any(fa.configs_for(kernel, d, dtype, arch, variant, causal, tma)
+                                if not any(fl.configs_for(kernel, d, dtype, arch, variant, causal, tma)
                                            for tma in loads):
                                     missing.append((arch, kernel, str(dtype), d, variant, causal))
     assert not missing, missing
@@ -439,7 +443,7 @@ def test_a_tiles_register_cap_reaches_the_compiler(monkeypatch):
     """A tile with a register cap (TileConfig.maxnreg) is compiled with it on a GPU, fixed
     or autotuned: the cap is what keeps some 8-warp tiles from spilling, and the inspector
     compiles with it. The interpreter has no such option and gets none."""
-    cap = fa.TileConfig(16, 16, 8, 2, maxnreg=255)
+    cap = fl.TileConfig(16, 16, 8, 2, maxnreg=255)
     assert str(cap) == "M16-N16-w8-s2-reg255"
     calls = []
 
@@ -447,19 +451,19 @@ def test_a_tiles_register_cap_reaches_the_compiler(monkeypatch):
         def __getitem__(self, grid):
             return lambda **kw: calls.append(kw)
 
-    monkeypatch.setattr(fa, "_kernel_for", lambda *a: (Kernel(), cap))
+    monkeypatch.setattr(fl, "_kernel_for", lambda *a: (Kernel(), cap))
     args = {"Q": torch.randn(1), **{n: None for n in ("KD0", "KD1", "VD0", "VD1")}}
     for interpret in (False, True):
-        monkeypatch.setattr(fa, "INTERPRET", interpret)
-        fa._launch("fwd", 64, torch.float32, 40, "BLOCK_M", 1, 1, args, {"CAUSAL": False, "TMA": False}, "none")
+        monkeypatch.setattr(fl, "INTERPRET", interpret)
+        fl._launch("fwd", 64, torch.float32, 40, "BLOCK_M", 1, 1, args, {"CAUSAL": False, "TMA": False}, "none")
     assert calls[0]["maxnreg"] == 255 and calls[0]["num_warps"] == 8
     assert "maxnreg" not in calls[1]
     # Autotuned: each candidate's triton.Config carries its own cap.
     monkeypatch.undo()
-    monkeypatch.setattr(fa, "INTERPRET", False)
-    monkeypatch.setattr(fa, "_TUNERS", {})
-    monkeypatch.setitem(fa.CONFIGS["sm90"]["fwd"]["32bit"], 64, (fa.TileConfig(16, 16, 4, 1), cap))
-    tuner, fixed = fa._kernel_for("fwd", 64, torch.float32, torch.device("cpu"), "none", False, False)
+    monkeypatch.setattr(fl, "INTERPRET", False)
+    monkeypatch.setattr(fl, "_TUNERS", {})
+    monkeypatch.setitem(fl.CONFIGS["sm90"]["fwd"]["32bit"], 64, (fl.TileConfig(16, 16, 4, 1), cap))
+    tuner, fixed = fl._kernel_for("fwd", 64, torch.float32, torch.device("cpu"), "none", False, False)
     assert fixed is None and [c.maxnreg for c in tuner.configs] == [None, 255]
 
 
@@ -468,7 +472,7 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeyp
     backward's, when gradients will be needed) need more shared memory than the GPU has
     (devices.NEEDS): not a forward that runs and a backward that cannot launch."""
     seen = []
-    monkeypatch.setattr(fa, "_check_shared_memory", lambda q, bias, causal, grads: seen.append((causal, grads)))
+    monkeypatch.setattr(fo, "_check_shared_memory", lambda q, bias, causal, grads: seen.append((causal, grads)))
     q, k, v = make_qkv(1, 1, 8, 8, 16, torch.float32, requires_grad=True)
     flash_attention(q, k, v, causal=True)
     with torch.no_grad():
@@ -476,14 +480,14 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeyp
     assert seen == [(True, True), (False, False)]
     monkeypatch.undo()
     # On an RTX 4090 (compute capability 8.9), with a table entry for the key-padding dQ:
-    monkeypatch.setattr(fa.devices, "NEEDS", {("sm80", "dq", "32bit", 512, "keypad", False): 132_160})
+    monkeypatch.setattr(fl.devices, "NEEDS", {("sm80", "dq", "32bit", 512, "keypad", False): 132_160})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
     gpu_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(1, 2, 16, 512), dtype=torch.float32)
     keypad = torch.zeros(1, 1, 1, 32)
     with pytest.raises(ValueError, match=r"backward \(dq\) at head dim 512 .* needs 132,160 B"):
-        fa._check_shared_memory(gpu_q, keypad, False, True)
-    fa._check_shared_memory(gpu_q, keypad, False, False)  # the forward alone fits
-    fa._check_shared_memory(gpu_q, torch.zeros(16, 32), False, True)  # a full bias: not in the table
+        fo._check_shared_memory(gpu_q, keypad, False, True)
+    fo._check_shared_memory(gpu_q, keypad, False, False)  # the forward alone fits
+    fo._check_shared_memory(gpu_q, torch.zeros(16, 32), False, True)  # a full bias: not in the table
     # Every broadcast shape is judged as the launcher runs it (found on an H200: a scalar
     # bias raised "numel: integer multiplication overflow" here): a bias that does not
     # vary over the queries is a key bias, whatever its rank.
@@ -491,12 +495,12 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeyp
                           (torch.zeros(2, 1, 32), "keypad"), (torch.zeros(1, 16, 1).expand(1, 16, 32), "full"),
                           (torch.zeros(1, 16, 32)[:, :1].expand(1, 16, 32), "keypad"),
                           (torch.zeros(16, 32), "full")):
-        assert fa._bias_args(bias, torch.zeros(1, 2, 16, 512), (1, 2, 16, 32))[-1] == variant
+        assert fl._bias_args(bias, torch.zeros(1, 2, 16, 512), (1, 2, 16, 32))[-1] == variant
         if variant == "keypad":
             with pytest.raises(ValueError, match="needs 132,160 B"):
-                fa._check_shared_memory(gpu_q, bias, False, True)
+                fo._check_shared_memory(gpu_q, bias, False, True)
         else:
-            fa._check_shared_memory(gpu_q, bias, False, True)
+            fo._check_shared_memory(gpu_q, bias, False, True)
 
 
 def test_every_list_builds_its_autotuner(monkeypatch):
@@ -504,21 +508,21 @@ def test_every_list_builds_its_autotuner(monkeypatch):
     candidate runs through a triton.autotune wrapper: build each one, as a GPU would on
     first use (Triton checks its key against the kernel's arguments), with one candidate
     per entry of the list."""
-    monkeypatch.setattr(fa, "INTERPRET", False)
-    monkeypatch.setattr(fa, "_TUNERS", {})
+    monkeypatch.setattr(fl, "INTERPRET", False)
+    monkeypatch.setattr(fl, "_TUNERS", {})
     built = 0
-    for arch in fa.ARCHS:
-        monkeypatch.setattr(fa, "INTERPRET_ARCH", arch)
-        for kernel in fa._KERNELS:
+    for arch in fl.ARCHS:
+        monkeypatch.setattr(fl, "INTERPRET_ARCH", arch)
+        for kernel in fk.KERNELS:
             for dtype in (torch.float16, torch.float32):
-                for band in fa.CONFIGS[arch][kernel][fa._width(dtype)]:  # no fp32 fwd_lo
-                    for variant in fa.VARIANTS:
+                for band in fl.CONFIGS[arch][kernel][fl._width(dtype)]:  # no fp32 fwd_lo
+                    for variant in ftc.VARIANTS:
                         for causal in (False, True):
                             for tma in (False, True):
-                                cands = fa.configs_for(kernel, band, dtype, arch, variant, causal, tma)
+                                cands = fl.configs_for(kernel, band, dtype, arch, variant, causal, tma)
                                 if len(cands) < 2:
                                     continue
-                                tuner, fixed = fa._kernel_for(kernel, band, dtype, torch.device("cpu"), variant,
+                                tuner, fixed = fl._kernel_for(kernel, band, dtype, torch.device("cpu"), variant,
                                                               causal, tma)
                                 assert fixed is None and len(tuner.configs) == len(cands)
                                 assert "HEAD_DIM" in tuner.keys and "CAUSAL" in tuner.keys
@@ -621,7 +625,7 @@ def test_rerun_is_bit_identical(kind, seed):
 def test_head_dims_above_256_are_not_padded():
     """320 = 256 + 64 and 512 = 256 + 256: the pieces hold the head dim exactly. (That
     every call has a tile is test_every_call_has_a_tile.)"""
-    assert math.isclose(fa.padding_waste(320), 0.0) and math.isclose(fa.padding_waste(512), 0.0)
+    assert math.isclose(limits.padding_waste(320), 0.0) and math.isclose(limits.padding_waste(512), 0.0)
 
 
 # -- the launcher and Triton's autotuner ----------------------------------------------------
@@ -633,12 +637,12 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monke
     grid, block sizes, warps, stages and pre-launch hook), and a call with another key
     value (a length bucket in the arguments; the head dim, causality or TMA among the
     constexprs), another dtype or another bias dtype goes back to the tuner. The tuner is
-    Triton's own (fa._make_tuner), made to choose without timing (its pruning keeps one
+    Triton's own (fl._make_tuner), made to choose without timing (its pruning keeps one
     candidate); the kernel under it, which cannot run on the CPU, is a stand-in that
     records launches."""
     launches, hooked = [], []
-    cands = (fa.TileConfig(64, 64, 4, 3), fa.TileConfig(32, 16, 8, 2))
-    tuner = fa._make_tuner("fwd", cands, prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]})
+    cands = (fl.TileConfig(64, 64, 4, 3), fl.TileConfig(32, 16, 8, 2))
+    tuner = fl._make_tuner("fwd", cands, prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]})
 
     class Kernel:
         def run(self, *args, grid, warmup, **kw):
@@ -651,11 +655,11 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monke
     for config in tuner.configs:  # record the pre-launch hook of the tile that runs
         real = config.pre_hook
         config.pre_hook = lambda nargs, _real=real: hooked.append(nargs["BLOCK_M"]) or _real(nargs)
-    monkeypatch.setattr(fa, "_kernel_for", lambda *a: (tuner, None))
+    monkeypatch.setattr(fl, "_kernel_for", lambda *a: (tuner, None))
 
     def launch(dtype=torch.float16, m_key=128, causal=False, head_dim=64, bias_dtype=None):
         q = torch.randn(2, 3, 100, head_dim, dtype=dtype)
-        fa._launch("fwd", head_dim, dtype, 100, "BLOCK_M", 2, 3,
+        fl._launch("fwd", head_dim, dtype, 100, "BLOCK_M", 2, 3,
                    dict(Q=q, KD0=q, KD1=q, VD0=q, VD1=q, Bias=q if bias_dtype is None else q.to(bias_dtype),
                         M_KEY=m_key, N_KEY=128),
                    dict(HEAD_DIM=head_dim, CAUSAL=causal, TMA=False), "none")
@@ -686,6 +690,6 @@ def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
                   torch.randn(B, H, M, N), torch.randn(B, 1, M, N), torch.randn(B, H, 1, N).expand(B, H, M, N),
                   torch.randn(B, H, 1, 1), torch.randn(B, H, N, M).transpose(-1, -2)]
         for bias in biases:
-            launched = fa._bias_args(bias, q, (B, H, M, N))[-1]
-            assert fa._bias_variant(bias, q.shape) == launched, (M, tuple(bias.shape), bias.stride())
-    assert fa._bias_variant(None, q.shape) == "none"
+            launched = fl._bias_args(bias, q, (B, H, M, N))[-1]
+            assert fo._bias_variant(bias, q.shape) == launched, (M, tuple(bias.shape), bias.stride())
+    assert fo._bias_variant(None, q.shape) == "none"
