@@ -57,7 +57,8 @@ def _torch_dtype(name):
 
 
 def _fa():
-    return importlib.import_module("attnkit.kernels.flash_attention")
+    """The host side of the flash-attention kernels (tile lists, POISON_OUTPUTS)."""
+    return importlib.import_module("attnkit.kernels.flash.launch")
 
 
 def list_lengths(lists: str, dt: str, D: int, variant: str, causal: bool, loads: str) -> dict:
