@@ -1,4 +1,5 @@
-"""The tables as markdown: what table.md and stdout show.
+"""The tables as markdown: what table.md and stdout show (the words for numbers and
+noise verdicts, which the plots share, are in :mod:`.wording`).
 
 Every table states how many samples each cell holds and says where a difference it
 shows is within the noise of the run; the header gives the time budget and the
@@ -7,102 +8,9 @@ machine's load. Works from the results dict alone.
 
 from __future__ import annotations
 
-from .measure import NOISE_LEGEND, cell_text, noise_verdict, ranking, separated, typical_spread
-
-
-def _num(x: float | None, digits: int = 2) -> str:
-    if x is None:
-        return "–"
-    if abs(x) >= 100:
-        return f"{x:.0f}"
-    if abs(x) >= 10:
-        return f"{x:.1f}"
-    return f"{x:.{digits}f}"
-
-
-def _x(x: float | None) -> str:
-    return "–" if x is None else f"x{x:.2f}"
-
-
-def _bytes(n: float | None) -> str:
-    if n is None:
-        return "–"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.2f} GiB"
-    return f"{n / (1 << 20):.0f} MiB"
-
-
-def _text(cell: dict, limit: int = 40) -> str:
-    return cell_text(cell.get("status"), cell.get("reason", ""), limit)
-
-
-def _ok(cell: dict | None, key: str = "it_per_s") -> bool:
-    return bool(cell) and cell.get("status") == "ok" and bool(cell.get(f"{key}_median"))
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    def esc(s: str) -> str:
-        return str(s).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def run_noise(cells, key: str) -> float | None:
-    """The typical spread of the measured cells' `key` samples (:func:`typical_spread`)."""
-    return typical_spread(c.get(key) or [] for c in cells if _ok(c, key))
-
-
-def ratio_verdict(cell: dict, base: dict | None, key: str, noise: float | None) -> str:
-    """'' where `cell` and `base` differ beyond the noise by their `key` samples (or are the
-    same cell), else 'within noise' / 'one sample: not established'."""
-    if base is None or base is cell or base.get("name") == cell.get("name"):
-        return ""
-    return noise_verdict(cell.get(key) or [], base.get(key) or [], noise)
-
-
-def marked_ratio(x: float | None, cell: dict, base: dict | None, key: str, noise: float | None,
-                 digits: int = 2) -> str:
-    """'x1.14', or 'x1.01 (within noise)' / 'x1.31 (one sample: not established)': what
-    tables write beside a ratio, and plots too (:mod:`.plots`)."""
-    if x is None:
-        return "–"
-    verdict = ratio_verdict(cell, base, key, noise)
-    return f"x{x:.{digits}f}" + (f" ({verdict})" if verdict else "")
-
-
-def name_list(names: list[str]) -> str:
-    """Names joined with '; ', those sharing a first part (up to their last ' + ') once:
-    'bf16 + channels_last + (auto, sdpa)'."""
-    groups: dict[str, list[str]] = {}
-    for n in names:
-        head, _, tail = n.rpartition(" + ")
-        groups.setdefault(head, []).append(tail if head else n)
-    return "; ".join(f"{head} + ({', '.join(tails)})" if head and len(tails) > 1
-                     else (f"{head} + {tails[0]}" if head else "; ".join(tails))
-                     for head, tails in groups.items())
-
-
-def not_measured(rows: list[dict], key: str, limit: int) -> list[str]:
-    """'status (reason): names' for the rows without a `key` median, one per distinct
-    status and reason, in the rows' order."""
-    groups: dict[str, list[str]] = {}
-    for r in rows:
-        if not _ok(r, key):
-            groups.setdefault(cell_text(r.get("status"), r.get("reason", ""), limit), []).append(r["name"])
-    return [f"{what}: {name_list(names)}" for what, names in groups.items()]
-
-
-def noise_lines(cells: dict[str, dict], key: str, fmt, higher_is_faster: bool = True) -> list[str]:
-    """The measured cells ranked with '>', '≈' or '?' between neighbours, and the run's noise."""
-    samples = {n: c.get(key) or [] for n, c in cells.items() if _ok(c, key)}
-    if len(samples) < 2:
-        return []
-    spread = typical_spread(samples.values())
-    noise = (f"typical spread (max-min)/median of a cell: {spread:.1%}" if spread is not None
-             else "one sample per cell: the run's spread is unknown")
-    return [f"Fastest first: {ranking(samples, fmt, higher_is_faster)} ({noise}; {NOISE_LEGEND})."]
+from .measure import separated, typical_spread
+from .wording import (cell_words, fmt_bytes, fmt_num, fmt_x, marked_ratio, is_measured, md_table, noise_lines,
+                      not_measured, run_noise)
 
 
 def _best(speed: dict[str, float | None], cells: dict[str, dict], base: str) -> str:
@@ -110,15 +18,15 @@ def _best(speed: dict[str, float | None], cells: dict[str, dict], base: str) -> 
     ranked = sorted(((v, n) for n, v in speed.items() if n != base and v), reverse=True)
     if not ranked:
         return "–"
-    text = f"{_x(ranked[0][0])} ({ranked[0][1]}"
+    text = f"{fmt_x(ranked[0][0])} ({ranked[0][1]}"
     if len(ranked) > 1:
         a, b = cells[ranked[0][1]].get("it_per_s") or [], cells[ranked[1][1]].get("it_per_s") or []
-        noise = typical_spread(c.get("it_per_s") or [] for c in cells.values() if _ok(c))
+        noise = typical_spread(c.get("it_per_s") or [] for c in cells.values() if is_measured(c))
         sep = separated(a, b, noise)
         if sep is False:
-            text += f"; {ranked[1][1]} {_x(ranked[1][0])} within noise"
+            text += f"; {ranked[1][1]} {fmt_x(ranked[1][0])} within noise"
         elif sep is None:
-            text += f"; {ranked[1][1]} {_x(ranked[1][0])}: one sample, not established"
+            text += f"; {ranked[1][1]} {fmt_x(ranked[1][0])}: one sample, not established"
     return text + ")"
 
 
@@ -136,12 +44,12 @@ def render_table1(t: dict, env: dict) -> str:
         return marked_ratio(ratios.get(n), cells[n], cells.get(base), "it_per_s", noise)
 
     def headline(n: str) -> str:
-        if not _ok(cells[n]):
-            return _text(cells[n], 28)
+        if not is_measured(cells[n]):
+            return cell_words(cells[n], 28)
         if n == "vanilla" or not speed.get(n):
-            return _num(cells[n]["it_per_s_median"])
+            return fmt_num(cells[n]["it_per_s_median"])
         ratio, _, verdict = vs(n, "vanilla", speed).partition(" (")
-        return f"{_num(cells[n]['it_per_s_median'])} ({ratio}" + (f", {verdict}" if verdict else ")")
+        return f"{fmt_num(cells[n]['it_per_s_median'])} ({ratio}" + (f", {verdict}" if verdict else ")")
 
     s = t["setting"]
     ours = [headline(n) for n in names]
@@ -151,10 +59,10 @@ def render_table1(t: dict, env: dict) -> str:
     if pub:
         its = pub["it_per_s"]
         pv = its.get("vanilla")
-        prow = [f"{_num(its[n])}" + (f" ({_x(its[n] / pv)})" if n != "vanilla" and pv else "") if n in its else "–" for n in names]
+        prow = [f"{fmt_num(its[n])}" + (f" ({fmt_x(its[n] / pv)})" if n != "vanilla" and pv else "") if n in its else "–" for n in names]
         pbest = max(((its[n] / pv, n) for n in its if n != "vanilla"), default=None) if pv else None
         rows.append([f"published: {pub['device']} (diffusers docs v0.18)", *prow,
-                     f"{_x(pbest[0])} ({pbest[1]})" if pbest else "–"])
+                     f"{fmt_x(pbest[0])} ({pbest[1]})" if pbest else "–"])
     head = ["device"] + [f"{n} ({PUBLISHED_NAMES[n]})" if n in PUBLISHED_NAMES else n for n in names] + ["best vs vanilla"]
     out = [
         "### 1. Denoising-loop it/s per attention processor",
@@ -164,23 +72,23 @@ def render_table1(t: dict, env: dict) -> str:
         f"samples (column n below), one per interleaved round after a warm-up: up to {s['repeats']} rounds, "
         f"fewer where the time budget ended them; {_speedup_legend(cells)}.",
         "",
-        _md_table(head, rows),
+        md_table(head, rows),
     ]
     if not pub:
         out += ["", f"(no published row: the published table did not measure {env['device_name']})"]
     detail = []
     for n in names:
         c = cells[n]
-        if _ok(c):
-            detail.append([n, _num(c["it_per_s_median"]), str(c.get("samples", len(c.get("it_per_s") or []))),
-                           f"{_num(c['it_per_s_min'])}–{_num(c['it_per_s_max'])}",
-                           _num(c.get("loop_it_per_s_median")), _num(c.get("seconds_median")),
-                           vs(n, "vanilla", speed), vs(n, "sdpa", vs_sdpa), _num(c.get("warmup_seconds"), 1)])
+        if is_measured(c):
+            detail.append([n, fmt_num(c["it_per_s_median"]), str(c.get("samples", len(c.get("it_per_s") or []))),
+                           f"{fmt_num(c['it_per_s_min'])}–{fmt_num(c['it_per_s_max'])}",
+                           fmt_num(c.get("loop_it_per_s_median")), fmt_num(c.get("seconds_median")),
+                           vs(n, "vanilla", speed), vs(n, "sdpa", vs_sdpa), fmt_num(c.get("warmup_seconds"), 1)])
         else:
-            detail.append([n, "–", "0", "–", "–", "–", "–", "–", _text(c, 200)])
-    out += ["", _md_table(["processor", "it/s (median)", "n", "min–max", "whole-loop it/s", "s per loop",
+            detail.append([n, "–", "0", "–", "–", "–", "–", "–", cell_words(c, 200)])
+    out += ["", md_table(["processor", "it/s (median)", "n", "min–max", "whole-loop it/s", "s per loop",
                            "vs vanilla", "vs sdpa", "warm-up s / status"], detail)]
-    lines = noise_lines(cells, "it_per_s", _num)
+    lines = noise_lines(cells, "it_per_s", fmt_num)
     return "\n".join(out + (["", *lines] if lines else []))
 
 
@@ -188,9 +96,9 @@ def _speedup_legend(cells: dict[str, dict]) -> str:
     """What (xN) means in table 1, or why there is none: a ratio over vanilla is promised
     only where vanilla was measured."""
     van = cells.get("vanilla")
-    if _ok(van):
+    if is_measured(van):
         return "(xN) = speedup over vanilla"
-    why = "not in this run" if van is None else f"not measured: {_text(van, 80)}"
+    why = "not in this run" if van is None else f"not measured: {cell_words(van, 80)}"
     return f"no speedup over vanilla (vanilla {why})"
 
 
@@ -212,12 +120,12 @@ def render_table2(t: dict, env: dict) -> str:
 
     rows, shown = [], set()
     for i, r in enumerate(t["rows"]):
-        if not _ok(r, "seconds"):
+        if not is_measured(r, "seconds"):
             continue
         j = published_index(i, r)
         shown.add(j)
-        rows.append([r["name"], _num(r["seconds_median"], 3), str(r.get("samples", len(r.get("seconds") or []))),
-                     f"{_num(r['seconds_min'], 3)}–{_num(r['seconds_max'], 3)}",
+        rows.append([r["name"], fmt_num(r["seconds_median"], 3), str(r.get("samples", len(r.get("seconds") or []))),
+                     f"{fmt_num(r['seconds_min'], 3)}–{fmt_num(r['seconds_max'], 3)}",
                      marked_ratio(r.get("speedup_vs_fp32"), r, base, "seconds", noise),
                      "" if j is None else step(j)])
     out = [
@@ -227,7 +135,7 @@ def render_table2(t: dict, env: dict) -> str:
         f"ladder of the diffusers docs ({pub.get('device', '')}, 512x512, 50 DDIM steps, traced UNet where we compile).",
     ]
     if rows:
-        out += ["", _md_table(["step", "s / image", "n", "min–max", "speedup vs fp32",
+        out += ["", md_table(["step", "s / image", "n", "min–max", "speedup vs fp32",
                                f"published ({pub.get('device', '')})"], rows)]
     gone = not_measured(t["rows"], "seconds", 200)
     if gone:
@@ -263,14 +171,14 @@ def render_table3(t: dict, env: dict) -> str:
                 c = entry["cells"].get(n)
                 if c is None:
                     row.append("–")
-                elif _ok(c):
+                elif is_measured(c):
                     sv = entry["speedup_vs_vanilla"].get(n)
                     sx = entry["speedup_vs_xformers"].get(n)
-                    extra = " / ".join(x for x in (_x(sv) if sv and n != "vanilla" else "",
-                                                   _x(sx) + " xf" if sx and n != "xformers" else "") if x)
-                    row.append(f"{_num(c['it_per_s_median'] * b)}" + (f" ({extra})" if extra else ""))
+                    extra = " / ".join(x for x in (fmt_x(sv) if sv and n != "vanilla" else "",
+                                                   fmt_x(sx) + " xf" if sx and n != "xformers" else "") if x)
+                    row.append(f"{fmt_num(c['it_per_s_median'] * b)}" + (f" ({extra})" if extra else ""))
                 else:
-                    row.append(_text(c, 24))
+                    row.append(cell_words(c, 24))
             rows.append(row)
 
         def largest_text(n: str) -> str:
@@ -283,9 +191,9 @@ def render_table3(t: dict, env: dict) -> str:
 
         rows.append(["largest batch"] + [largest_text(n) for n in names])
         out += ["", title + (f" — {run['stopped']}" if run.get("stopped") else ""), "",
-                _md_table(["batch"] + names, rows)]
+                md_table(["batch"] + names, rows)]
     if t.get("mem_cap_bytes"):
-        out += ["", f"(CPU: the sweep ran in its own process with its address space capped at {_bytes(t['mem_cap_bytes'])} over its start)"]
+        out += ["", f"(CPU: the sweep ran in its own process with its address space capped at {fmt_bytes(t['mem_cap_bytes'])} over its start)"]
     return "\n".join(out)
 
 
@@ -294,19 +202,19 @@ def render_table4(t: dict, env: dict) -> str:
     rows = []
     for n, c in t["cells"].items():
         if c.get("status") == "ok":
-            rows.append([n, _bytes(c.get("peak_bytes")), _bytes(c.get("activation_bytes")), _bytes(c.get("baseline_bytes"))])
+            rows.append([n, fmt_bytes(c.get("peak_bytes")), fmt_bytes(c.get("activation_bytes")), fmt_bytes(c.get("baseline_bytes"))])
         else:
-            rows.append([n, _text(c, 60), "–", "–"])
+            rows.append([n, cell_words(c, 60), "–", "–"])
     out = [
         "### 4. Peak memory per processor",
         f"{t['method']}; {s['resolution']}x{s['resolution']}, batch {s['batch']}, {s['dtype']}, {s['steps']} steps. "
         "One measurement per processor; 'over baseline' is what the loop adds to the weights and inputs.",
         "",
-        _md_table(["processor", "peak", "over baseline", "baseline (weights, inputs)"], rows),
+        md_table(["processor", "peak", "over baseline", "baseline (weights, inputs)"], rows),
     ]
     dec = t.get("vae_decode") or {}
     if dec.get("peak_bytes"):
-        out += ["", f"VAE decode (diffusers' own attention, the same for every row): peak {_bytes(dec['peak_bytes'])}."]
+        out += ["", f"VAE decode (diffusers' own attention, the same for every row): peak {fmt_bytes(dec['peak_bytes'])}."]
     return "\n".join(out)
 
 
@@ -329,17 +237,17 @@ def render_table5(t: dict, env: dict) -> str:
         rows = []
         noise = run_noise(cells.values(), "step_seconds")
         for n, c in cells.items():
-            if _ok(c, "step_seconds"):
+            if is_measured(c, "step_seconds"):
                 ratios = [marked_ratio(vs.get(base, {}).get(n), c, cells.get(base), "step_seconds", noise)
                           for base in ("native", "stock")]
-                rows.append([n, c.get("how", ""), _num(c["step_seconds_median"], 3), str(c.get("samples", 0)),
-                             f"{_num(c['step_seconds_min'], 3)}–{_num(c['step_seconds_max'], 3)}",
+                rows.append([n, c.get("how", ""), fmt_num(c["step_seconds_median"], 3), str(c.get("samples", 0)),
+                             f"{fmt_num(c['step_seconds_min'], 3)}–{fmt_num(c['step_seconds_max'], 3)}",
                              *ratios, c.get("where", "")])
             else:
-                rows.append([n, c.get("how", ""), "–", "0", "–", "–", "–", _text(c, 200)])
-        out.append(_md_table(["attention", "set by", "s / step", "n", "min–max", "vs native", "vs stock",
+                rows.append([n, c.get("how", ""), "–", "0", "–", "–", "–", cell_words(c, 200)])
+        out.append(md_table(["attention", "set by", "s / step", "n", "min–max", "vs native", "vs stock",
                               "where it went / status"], rows))
-        lines = noise_lines(cells, "step_seconds", lambda v: _num(v, 3), higher_is_faster=False)
+        lines = noise_lines(cells, "step_seconds", lambda v: fmt_num(v, 3), higher_is_faster=False)
         out += ["", *lines] if lines else []
         out += ["", _target_line(cells, vs.get("native", {})), ""]
     return "\n".join(out).rstrip()
@@ -352,14 +260,14 @@ def _target_line(cells: dict, vs_native: dict) -> str:
         c = cells.get(name)
         if c is None:
             continue
-        if not _ok(c, "step_seconds") or "native" not in vs_native:
-            why = _text(c, 80) if not _ok(c, "step_seconds") else "native not measured"
+        if not is_measured(c, "step_seconds") or "native" not in vs_native:
+            why = cell_words(c, 80) if not is_measured(c, "step_seconds") else "native not measured"
             parts.append(f"{name} not measured: {why}")
             continue
         sep = separated(c["step_seconds"], cells["native"]["step_seconds"],
-                        typical_spread(x["step_seconds"] for x in cells.values() if _ok(x, "step_seconds")))
+                        typical_spread(x["step_seconds"] for x in cells.values() if is_measured(x, "step_seconds")))
         verdict = {True: "a difference beyond noise", False: "within noise", None: "one sample: not established"}[sep]
-        parts.append(f"{name} {_x(vs_native[name])} of native ({verdict})")
+        parts.append(f"{name} {fmt_x(vs_native[name])} of native ({verdict})")
     return "Target: attnkit at most x1.02 of diffusers' native per step. " + "; ".join(parts) + "." if parts else ""
 
 

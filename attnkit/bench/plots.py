@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import textwrap
 
-from .markdown import not_measured, ratio_verdict, run_noise
 from .measure import cell_text, ranking
 from .progress import EXTRA_HINT
+from .wording import is_measured, not_measured, ratio_verdict, run_noise
 
 WIDTH = 9.0  # inches; text is wrapped to fit
 MARGIN = 0.03  # of the value axis, past the furthest bar end, whisker or label
@@ -29,10 +29,6 @@ def _wrap(text: str, chars: int = 110, lines: int | None = None) -> str:
     return "\n".join(textwrap.wrap(" ".join(str(text).split()), chars, max_lines=lines, placeholder="…")) or ""
 
 
-def _ok(cell: dict, key: str) -> bool:
-    return cell.get("status") == "ok" and bool(cell.get(f"{key}_median"))
-
-
 def _reason(cell: dict) -> str:
     """A cell's status and reason beside where its bar would be: two lines at most."""
     return _wrap(cell_text(cell.get("status"), cell.get("reason", ""), 200), 80, lines=2)
@@ -41,7 +37,7 @@ def _reason(cell: dict) -> str:
 def _not_measured(cells: dict[str, dict], key: str) -> str:
     """'not measured: name: why; ...' for the cells without a `key` median (memory: `key`)."""
     gone = [f"{n}: {cell_text(c.get('status'), c.get('reason', ''), 70)}" for n, c in cells.items()
-            if not (_ok(c, key) or c.get(key))]
+            if not (is_measured(c, key) or c.get(key))]
     return _wrap("not measured: " + "; ".join(gone)) if gone else ""
 
 
@@ -124,7 +120,7 @@ def _hbars(ax, labels: list[str], values: list[float], texts: list[str], color: 
 
 def plot_it_per_s(plt, t1: dict, device: str):
     cells = t1["cells"]
-    names = [n for n in cells if _ok(cells[n], "it_per_s")]
+    names = [n for n in cells if is_measured(cells[n], "it_per_s")]
     if not names:
         return None
     med = [cells[n]["it_per_s_median"] for n in names]
@@ -168,7 +164,7 @@ def plot_it_per_s(plt, t1: dict, device: str):
 def plot_ladder(plt, t2: dict, device: str):
     """The measured steps only; the others named under the axes, once per reason (as in
     table 2)."""
-    measured = [r for r in t2["rows"] if _ok(r, "seconds")]
+    measured = [r for r in t2["rows"] if is_measured(r, "seconds")]
     if not measured:
         return None
     base = next((r for r in t2["rows"] if r["name"] == "fp32"), None)
@@ -246,7 +242,7 @@ def plot_sweep(plt, t3: dict, device: str):
 
 
 def plot_transformers(plt, t5: dict, device: str):
-    models = [m for m in t5.get("models", []) if any(_ok(c, "step_seconds") for c in m["cells"].values())]
+    models = [m for m in t5.get("models", []) if any(is_measured(c, "step_seconds") for c in m["cells"].values())]
     if not models:
         return None
     heights = [0.45 * len(m["cells"]) + 1.6 for m in models]
@@ -255,13 +251,13 @@ def plot_transformers(plt, t5: dict, device: str):
     for (ax,), m in zip(axes, models):
         cells = m["cells"]
         vs = m.get("ratio_vs", {}).get("native", {})
-        values = [c["step_seconds_median"] if _ok(c, "step_seconds") else 0.0 for c in cells.values()]
-        spread = [(c["step_seconds_min"], c["step_seconds_max"]) if _ok(c, "step_seconds") else (0.0, 0.0)
+        values = [c["step_seconds_median"] if is_measured(c, "step_seconds") else 0.0 for c in cells.values()]
+        spread = [(c["step_seconds_min"], c["step_seconds_max"]) if is_measured(c, "step_seconds") else (0.0, 0.0)
                   for c in cells.values()]
         noise = run_noise(cells.values(), "step_seconds")
         texts = []
         for n, c in cells.items():
-            if not _ok(c, "step_seconds"):
+            if not is_measured(c, "step_seconds"):
                 texts.append(_reason(c))
                 continue
             ratio = (_with_verdict(f"x{vs[n]:.3f} of native", ratio_verdict(c, cells.get("native"), "step_seconds",
