@@ -1,4 +1,5 @@
-"""The whole model zoo: the cases of both halves, and how to run a case in float64.
+"""The whole model zoo: the cases of every model family (tests/zoo/cases/), and how to run a
+case in float64.
 
 ``CASES`` holds one or more tiny configurations of every diffusers model class that has
 attention; ``NO_ATTENTION`` the classes that have none, each with the reason.
@@ -10,12 +11,44 @@ from typing import Any
 
 import torch
 
-from tests.zoo import _zoo_cases_a
-from tests.zoo import _zoo_cases_b
+from tests.zoo.cases import (
+    audio,
+    autoencoders,
+    cogvideo,
+    cosmos,
+    dit,
+    flux,
+    hunyuan,
+    image,
+    kandinsky,
+    ltx,
+    lumina,
+    qwen,
+    rfd4,
+    sana,
+    sd3,
+    unets,
+    video,
+    wan,
+)
 
-CASES = _zoo_cases_a.CASES + _zoo_cases_b.CASES
-NO_ATTENTION = {**_zoo_cases_a.NO_ATTENTION, **_zoo_cases_b.NO_ATTENTION}
+FAMILIES = {
+    m.__name__.rsplit(".", 1)[1]: m
+    for m in (audio, autoencoders, cogvideo, cosmos, dit, flux, hunyuan, image, kandinsky, ltx, lumina, qwen, rfd4,
+              sana, sd3, unets, video, wan)
+}
+CASES = [case for family in FAMILIES.values() for case in family.CASES]
+NO_ATTENTION = {name: why for family in FAMILIES.values() for name, why in family.NO_ATTENTION.items()}
 BY_ID = {case.id: case for case in CASES}
+
+# The zoo was first written in two halves of diffusers' exported model classes (by name, in
+# Python's string order), each with its own set of stock checks (tests/zoo/_stock_a.py and
+# _stock_b.py): a case keeps the checks of the half its class is in.
+SECOND_HALF_FROM = "Ideogram4Transformer2DModel"
+
+
+def in_second_half(name: str) -> bool:
+    return name >= SECOND_HALF_FROM
 
 
 def cast_floats(x: Any, dtype: torch.dtype) -> Any:
@@ -31,6 +64,16 @@ def cast_floats(x: Any, dtype: torch.dtype) -> Any:
     if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
         return type(x)(cast_floats(v, dtype) for v in x)
     return x
+
+
+def copy_function(f):
+    """A new function object with ``f``'s code: parametrized marks go on the copy, so that
+    each test module parametrizes the shared test bodies over its own cases."""
+    import types
+
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    g.__kwdefaults__, g.__doc__, g.__qualname__, g.__module__ = f.__kwdefaults__, f.__doc__, f.__qualname__, f.__module__
+    return g
 
 
 def missing_requirement(case) -> str | None:

@@ -3,7 +3,7 @@
 Each :class:`ZooCase` builds a diffusers model from a tiny config (random weights, no hub)
 and draws random inputs for its forward, so that a test can run the same model with its
 stock attention and with attnkit's and compare. The cases themselves live in
-``_zoo_cases_*.py``; :mod:`_zoo` collects them.
+``cases/<family>.py``; :mod:`_zoo` collects them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Every diffusers model class with attention, through attnkit: served and equal to stock,
-or clearly kept.
+or clearly kept. The tests of one family's cases come from ``tests_for(cases)``: each
+tests/zoo/test_<family>.py takes them in (with the stock checks: _checks.py).
 
 For each case of the zoo (a tiny config of every model class, with real masks and random
-rotary angles; see _zoo.py): the model with diffusers' own attention, then with
+rotary angles; see _zoo.py and cases/): the model with diffusers' own attention, then with
 ``attnkit.apply(model, attnkit.auto())`` and with ``attnkit.apply(model,
 VanillaProcessor())`` (attnkit's own math, so that nothing passes because two paths
 run the same torch kernel), and, where diffusers' ``set_attention_backend`` reaches the
@@ -18,13 +19,11 @@ fails here.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
 import attnkit
-from tests.zoo._zoo import CASES, NO_ATTENTION, cast_floats, missing_requirement
+from tests.zoo._zoo import cast_floats, copy_function, missing_requirement
 from attnkit.testing import rel_error
 
 # Processors and modules attnkit keeps as they are: (kind, why that is right).
@@ -53,9 +52,9 @@ EPS = 1e-6  # a few float32 units
 FALLBACK_TOL = 1e-4
 
 
-def _params():
+def _params(cases):
     out = []
-    for case in CASES:
+    for case in cases:
         marks = []
         if "slow" in case.extra:
             marks.append(pytest.mark.skip(reason=f"slow case ({case.extra['slow']})"))
@@ -161,8 +160,6 @@ def _kept_class(model, name: str) -> str:
     return type(proc).__name__ if proc is not None else type(module).__name__
 
 
-@pytest.mark.parametrize("case", _params())
-@pytest.mark.parametrize("proc_name", ["auto", "vanilla"])
 def test_apply_serves_and_matches_stock(case, proc_name):
     refs = _refs_of(case)
     model = case.build(SEED)
@@ -204,7 +201,6 @@ def _reached_by_set_attention_backend(model) -> bool:
     )
 
 
-@pytest.mark.parametrize("case", _params())
 def test_set_attention_backend_attnkit_matches_stock(case):
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
@@ -228,7 +224,6 @@ def test_set_attention_backend_attnkit_matches_stock(case):
     refs.check(outs, f"{case.id} with set_attention_backend('attnkit')")
 
 
-@pytest.mark.parametrize("case", _params())
 def test_set_attn_processor_serves_exactly_or_refuses(case):
     """``model.set_attn_processor(attnkit processor)`` on every model that has it: each
     module served by what its own processor computed (as attnkit.apply decides), and
@@ -285,16 +280,23 @@ def _modules_that_run(model, modules) -> set[int]:
     return ran
 
 
-def test_every_model_class_with_attention_has_a_case():
-    """Discovered from the installed diffusers: a new model class without a case fails."""
-    import diffusers
-    from diffusers import ModelMixin
-
-    exported = sorted(
-        n for n in dir(diffusers)
-        if inspect.isclass(getattr(diffusers, n, None)) and issubclass(getattr(diffusers, n), ModelMixin)
-        and getattr(diffusers, n) is not ModelMixin
-    )
-    covered = {c.name for c in CASES}
-    missing = [n for n in exported if n not in covered and n not in NO_ATTENTION]
-    assert not missing, f"diffusers model classes with neither a zoo case nor a reason in NO_ATTENTION: {missing}"
+def tests_for(cases) -> dict:
+    """The tests above, parametrized over ``cases`` (one family's), with this module's
+    fixtures: for a test module's globals. Each test module gets its own copies."""
+    params = _params(cases)
+    if not params:
+        return {}
+    case = pytest.mark.parametrize("case", params)
+    return {
+        "_quiet_single_thread": _quiet_single_thread,
+        "_no_forced_backend": _no_forced_backend,
+        "test_apply_serves_and_matches_stock": case(
+            pytest.mark.parametrize("proc_name", ["auto", "vanilla"])(copy_function(test_apply_serves_and_matches_stock))
+        ),
+        "test_set_attention_backend_attnkit_matches_stock": case(
+            copy_function(test_set_attention_backend_attnkit_matches_stock)
+        ),
+        "test_set_attn_processor_serves_exactly_or_refuses": case(
+            copy_function(test_set_attn_processor_serves_exactly_or_refuses)
+        ),
+    }

@@ -1,5 +1,7 @@
 """The zoo cases of the first half of diffusers' model classes (AceStep... to I2VGenXLUNet),
 with their stock attention: what a comparison of attention backends through them relies on.
+``tests_for(cases)`` parametrizes the checks over one family's cases of this half, for
+tests/zoo/test_<family>.py (see _checks.py).
 
 For every case:
 - the stock forward runs twice on the same inputs with identical bits, finite, in the
@@ -14,8 +16,8 @@ Attention modules are found, not listed: every instance of diffusers' ``Attentio
 methods name an attention primitive (softmax, scaled_dot_product_attention,
 dispatch_attention_fn, baddbmm; transformers' attention functions), or whose ``processor``
 object's class does.
-And one discovery test: every ``ModelMixin`` class that diffusers exports in this half of the
-alphabet has a case, or a reason in NO_ATTENTION.
+And one discovery test (in test_zoo_coverage.py): every ``ModelMixin`` class that diffusers
+exports in this half of the alphabet has a case, or a reason in NO_ATTENTION.
 """
 
 from __future__ import annotations
@@ -24,18 +26,20 @@ import functools
 import importlib.util
 import inspect
 
-import diffusers
 import pytest
 import torch
 from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention, MochiAttention, SanaMultiscaleLinearAttention
 from torch import nn
 
-from tests.zoo._zoo_cases_a import CASES, NO_ATTENTION
+from tests.zoo import _zoo
+from tests.zoo._zoo import copy_function
 from tests.zoo._zoo_common import ZooCase
 
 # This file's half of diffusers' exported ModelMixin classes, by sorted name.
 FIRST, LAST = "A", "I2VGenXLUNet"
+CASES = [c for c in _zoo.CASES if not _zoo.in_second_half(c.name)]
+NO_ATTENTION = {name: why for name, why in _zoo.NO_ATTENTION.items() if not _zoo.in_second_half(name)}
 
 ATTENTION_BASES = (Attention, MochiAttention, AttentionModuleMixin, SanaMultiscaleLinearAttention, nn.MultiheadAttention)
 # A module class whose own methods reference one of these names computes attention
@@ -50,7 +54,7 @@ NOT_ATTENTION_CLASSES = {
 }
 # Noise of PERTURBATION times the std of one attention module's output (an attention half
 # wrong) must move the model output by at least MIN_EFFECT (relative): 10x the loosest
-# tolerance of a backend comparison (test_model_zoo.py's FALLBACK_TOL, where no float64
+# tolerance of a backend comparison (_served.py's FALLBACK_TOL, where no float64
 # model builds; 2x stock's error + 1e-6 is ~1e-5 or less), so a wrong attention result
 # cannot hide in it. The effect depends on the random weights: 40 draws of every case put
 # the least at 1.2e-3 or more, and 300 draws of the next weakest at 1.5e-3 or more; the
@@ -165,37 +169,6 @@ def _expected_shape(b: Built) -> tuple[int, ...] | None:
     return tuple(sample.shape) if isinstance(sample, torch.Tensor) else None
 
 
-def test_every_class_of_this_half_has_a_case_or_a_reason():
-    exported = []
-    for name in dir(diffusers):
-        if not (FIRST <= name <= LAST) or name == "ModelMixin":
-            continue
-        obj = getattr(diffusers, name)
-        if isinstance(obj, type) and issubclass(obj, diffusers.ModelMixin):
-            exported.append(name)
-    covered = {c.name for c in CASES}
-    missing = [n for n in exported if n not in covered and n not in NO_ATTENTION]
-    assert not missing, f"no zoo case and no reason in NO_ATTENTION for: {missing}"
-    both = sorted(covered & set(NO_ATTENTION))
-    assert not both, f"in CASES and in NO_ATTENTION at once: {both}"
-    foreign = sorted((covered | set(NO_ATTENTION)) - set(exported))
-    assert not foreign, f"not a ModelMixin class of this half exported by diffusers: {foreign}"
-    assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique"
-
-
-@pytest.mark.parametrize("name", sorted(NO_ATTENTION))
-def test_no_attention_classes_really_have_none(name):
-    """A class said to have no attention has no module computing it in its default
-    configuration (built on the meta device: no memory, no weights), nor a processor."""
-    cls = getattr(diffusers, name)
-    with torch.device("meta"):
-        model = cls()
-    found = attention_modules(model)
-    assert not found, f"{name} has attention modules: {sorted({type(m).__name__ for m in found.values()})}"
-    assert not getattr(model, "attn_processors", {}), f"{name} has attention processors"
-
-
-@pytest.mark.parametrize("built", _params(CASES), indirect=True)
 def test_stock_forward_is_deterministic_finite_and_shaped(built):
     b = built
     with torch.no_grad():
@@ -210,7 +183,6 @@ def test_stock_forward_is_deterministic_finite_and_shaped(built):
         assert tuple(b.out[0].shape) == shape
 
 
-@pytest.mark.parametrize("built", _params(CASES), indirect=True)
 def test_every_attention_module_is_called(built):
     b = built
     modules = attention_modules(b.model)
@@ -233,7 +205,6 @@ def test_every_attention_module_is_called(built):
     assert not never, f"attention modules the forward never calls: {never}"
 
 
-@pytest.mark.parametrize("built", _params(CASES), indirect=True)
 def test_attention_output_matters(built):
     """Perturbing the output of each attention module (one at a time) moves the model's
     output by more than MIN_EFFECT: a wrong attention anywhere would be seen."""
@@ -254,10 +225,6 @@ def test_attention_output_matters(built):
     assert not weak, f"attention modules whose output barely reaches the model output: {weak}"
 
 
-MASKED = [c for c in CASES if c.extra.get("mask_keys")]
-
-
-@pytest.mark.parametrize("built", _params(MASKED), indirect=True)
 def test_masks_reach_the_output(built):
     """Without its masks (all tokens valid) a masked case gives a clearly different output:
     the masks are used, and a backend that dropped them would be seen."""
@@ -269,10 +236,6 @@ def test_masks_reach_the_output(built):
     assert effect > MIN_EFFECT, f"dropping {b.case.extra['mask_keys']} changes the output by only {effect:.2e}"
 
 
-ROTARY = [c for c in CASES if c.extra.get("rotary_keys")]
-
-
-@pytest.mark.parametrize("built", _params(ROTARY), indirect=True)
 def test_rotary_inputs_reach_the_output(built):
     """Other random rotary angles (the same inputs drawn with another seed, rotary only)
     give a clearly different output: the rotary embedding passed in is used, and a backend
@@ -286,3 +249,24 @@ def test_rotary_inputs_reach_the_output(built):
         out = b.case.run(b.model, inputs)
     effect = max(_rel(o, ref) for o, ref in zip(out, b.out))
     assert effect > MIN_EFFECT, f"other {b.case.extra['rotary_keys']} change the output by only {effect:.2e}"
+
+
+def tests_for(cases) -> dict:
+    """The per-case tests above, parametrized over ``cases`` (one family's cases of this
+    half), with this module's fixtures: for a test module's globals. A test over an empty
+    list is left out (it would collect as one skipped test)."""
+    masked = [c for c in cases if c.extra.get("mask_keys")]
+    rotary = [c for c in cases if c.extra.get("rotary_keys")]
+    tests = {}
+    for subset, test in (
+        (cases, test_stock_forward_is_deterministic_finite_and_shaped),
+        (cases, test_every_attention_module_is_called),
+        (cases, test_attention_output_matters),
+        (masked, test_masks_reach_the_output),
+        (rotary, test_rotary_inputs_reach_the_output),
+    ):
+        if subset:
+            tests[test.__name__] = pytest.mark.parametrize("built", _params(subset), indirect=True)(copy_function(test))
+    if tests:
+        tests.update(_one_thread=_one_thread, built=built)
+    return tests

@@ -1,4 +1,6 @@
-"""Stock checks of the model zoo, second half (the cases of ``_zoo_cases_b.py``).
+"""Stock checks of the model zoo, second half (the cases of the classes from
+Ideogram4Transformer2DModel on). ``tests_for(cases)`` parametrizes them over one family's cases
+of this half, for tests/zoo/test_<family>.py (see _checks.py).
 
 Every case must be usable by a comparison of attention backends, so with diffusers' own
 (stock) attention each case is checked for:
@@ -8,8 +10,8 @@ Every case must be usable by a comparison of attention backends, so with diffuse
   (so a module class that computes attention cannot be missed);
 - sensitivity: perturbing the output of every attention module changes the model output
   measurably (so a comparison through the case can fail).
-And the half's class list: every diffusers model class of this half is a case or is declared
-attention-free, and the attention-free ones hold no attention module.
+And the half's class list (in test_zoo_coverage.py): every diffusers model class of this half is
+a case or is declared attention-free, and the attention-free ones hold no attention module.
 
 An attention module is a diffusers ``Attention``, an ``AttentionModuleMixin``, or a module of a
 class the case names in ``extra["attention_classes"]``. An attention computation is a call of
@@ -27,11 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from tests.zoo import _zoo_cases_b as zoo
+from tests.zoo import _zoo
+from tests.zoo._zoo import copy_function
 
 # The split of diffusers' model classes between the two halves of the zoo: this half holds every
 # exported ModelMixin subclass from this name on (in Python's string order).
-FIRST_CLASS = "Ideogram4Transformer2DModel"
+FIRST_CLASS = _zoo.SECOND_HALF_FROM
+HALF_CASES = [c for c in _zoo.CASES if _zoo.in_second_half(c.name)]
+HALF_NO_ATTENTION = {name: why for name, why in _zoo.NO_ATTENTION.items() if _zoo.in_second_half(name)}
 
 # Scaling every attention output by 1.25 (plus a little noise) must move the model output by at
 # least this much, relative to its size (combined over the outputs): 10^4 times float32 round-off.
@@ -47,9 +52,6 @@ def _param(case):
     if "slow" in case.extra and not SLOW:
         marks.append(pytest.mark.skip(reason=f"slow case ({case.extra['slow']}); run with ATTNKIT_ZOO_SLOW=1"))
     return pytest.param(case, id=case.id, marks=marks)
-
-
-CASES = [_param(c) for c in zoo.CASES]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -145,7 +147,6 @@ def dispatch_spy(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES)
 def test_stock_forward_is_deterministic(case, module_seed):
     model, inputs = _model_and_inputs(case, module_seed)
     first = _run(case, model, inputs)
@@ -162,7 +163,6 @@ def test_stock_forward_is_deterministic(case, module_seed):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES)
 def test_every_attention_module_runs(case, module_seed, dispatch_spy):
     model, inputs = _model_and_inputs(case, module_seed)
     modules = _attention_modules(case, model)
@@ -223,7 +223,6 @@ def _perturbed(out, gen):
     return out
 
 
-@pytest.mark.parametrize("case", CASES)
 def test_attention_changes_the_output(case, module_seed):
     model, inputs = _model_and_inputs(case, module_seed)
     reference = _run(case, model, inputs)
@@ -249,56 +248,7 @@ def test_attention_changes_the_output(case, module_seed):
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# The class list of this half
-# ---------------------------------------------------------------------------------------------
-
-
-def _half_classes():
-    import diffusers
-    from diffusers import ModelMixin
-
-    return sorted(
-        name
-        for name in dir(diffusers)
-        if name >= FIRST_CLASS
-        and name != "ModelMixin"
-        and isinstance(getattr(diffusers, name, None), type)
-        and issubclass(getattr(diffusers, name), ModelMixin)
-    )
-
-
-def test_every_class_of_the_half_is_covered():
-    cased = {c.name for c in zoo.CASES}
-    overlap = cased & set(zoo.NO_ATTENTION)
-    assert not overlap, f"both a case and declared attention-free: {sorted(overlap)}"
-    missing = [n for n in _half_classes() if n not in cased and n not in zoo.NO_ATTENTION]
-    assert not missing, f"model classes with neither a zoo case nor a NO_ATTENTION reason: {missing}"
-    unknown = sorted((cased | set(zoo.NO_ATTENTION)) - set(_half_classes()))
-    assert not unknown, f"names that are not diffusers model classes of this half: {unknown}"
-
-
-@pytest.mark.parametrize("name", sorted(zoo.NO_ATTENTION))
-def test_attention_free_classes_hold_no_attention(name):
-    """Built with their default configs (on the meta device: no memory, no compute)."""
-    import diffusers
-    from diffusers.models.attention import AttentionModuleMixin
-    from diffusers.models.attention_processor import Attention
-
-    with torch.device("meta"):
-        if name == "MultiAdapter":
-            model = diffusers.MultiAdapter([diffusers.T2IAdapter(), diffusers.T2IAdapter()])
-        else:
-            model = getattr(diffusers, name)()
-    suspects = [
-        f"{n} ({type(m).__name__})"
-        for n, m in model.named_modules()
-        if isinstance(m, (Attention, AttentionModuleMixin)) or "attention" in type(m).__name__.lower()
-    ]
-    assert not suspects, f"{name} is declared attention-free but holds {suspects}"
-
-
-# Output shapes of every case (structural: from the configs and input sizes of _zoo_cases_b.py).
+# Output shapes of every case (structural: from the configs and input sizes of the cases).
 EXPECTED_SHAPES = {
     "Ideogram4Transformer2DModel": ((1, 11, 16),),
     "Ideogram4Transformer2DModel-masked": ((2, 11, 16),),
@@ -426,3 +376,16 @@ EXPECTED_SHAPES = {
     "VQModel": ((2, 3, 16, 16),),
     "VQModel-movq": ((2, 3, 16, 16),),
 }
+
+
+def tests_for(cases) -> dict:
+    """The per-case tests above, parametrized over ``cases`` (one family's cases of this half),
+    with this module's fixtures: for a test module's globals (nothing for no cases)."""
+    if not cases:
+        return {}
+    params = pytest.mark.parametrize("case", [_param(c) for c in cases])
+    tests = {
+        test.__name__: params(copy_function(test))
+        for test in (test_stock_forward_is_deterministic, test_every_attention_module_runs, test_attention_changes_the_output)
+    }
+    return {**tests, "_quiet_single_thread": _quiet_single_thread, "dispatch_spy": dispatch_spy}
