@@ -1,0 +1,90 @@
+"""Masks as additive biases, written once for every route and backend.
+
+Every caller that takes a mask (diffusers' ``attention_mask``, dispatch_attention_fn's and
+torch SDPA's ``attn_mask``, context parallelism's ``attn_bias``, the float64 reference)
+turns it into what the backends compute with, an additive float bias, here:
+:func:`to_additive_bias`. A boolean mask means True = attend (torch SDPA's convention)
+and becomes 0 / -inf once; a float mask is already additive and is returned as it is.
+Broadcast dimensions keep size 1: a mask is never expanded in memory here.
+
+The callers keep their own words: each passes the messages its users read (naming the
+argument they gave), formatted only when a mask is refused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._text import describe_module
+
+# dispatch_attention_fn's attn_mask (diffusers' native backend reads it as torch SDPA does)
+SHAPE_ERROR = (
+    "attn_mask of shape {shape} does not broadcast to (batch={full[0]}, heads={full[1]}, "
+    "queries={full[2]}, keys={full[3]}); pass (batch, keys) or a mask broadcastable to (batch, heads, queries, keys)"
+)
+DTYPE_ERROR = "attn_mask has dtype {dtype}; pass a boolean mask (True = attend) or an additive float one"
+
+
+def to_additive_bias(
+    mask: torch.Tensor,
+    dtype: torch.dtype,
+    full: tuple[int, ...] | None = None,
+    *,
+    key_padding: bool = False,
+    shape_error: str = SHAPE_ERROR,
+    dtype_error: str = DTYPE_ERROR,
+    who=None,
+) -> torch.Tensor:
+    """``mask`` as an additive bias: boolean (True = attend) as 0 / -inf in ``dtype``,
+    additive float as it is; any other dtype is refused with ``dtype_error``.
+
+    full: the shape the bias must broadcast to, from the right as torch SDPA broadcasts a
+    mask; the bias then has ``len(full)`` dims, broadcast ones of size 1 (a mask that does
+    not broadcast is refused with ``shape_error``). None: the mask's shape is the caller's
+    business, kept as it is.
+    key_padding: a 2-D mask of shape (full's batch, full's keys) is key padding,
+    (B, N) -> (B, 1, 1, N), as diffusers' native backend reads it.
+    The messages are format strings: ``{shape}`` (the mask's), ``{full}``, ``{dtype}``
+    and ``{who}`` (:func:`~attnkit._text.describe_module` of ``who``).
+    """
+    given = mask
+    if full is not None:
+        if key_padding and mask.dim() == 2 and mask.shape[0] == full[0] and mask.shape[1] == full[-1]:
+            mask = mask[:, None, None, :]
+        if mask.dim() > len(full) or any(got not in (1, want) for got, want in zip(mask.shape[::-1], full[::-1])):
+            raise ValueError(_say(shape_error, given, full, who))
+        while mask.dim() < len(full):
+            mask = mask.unsqueeze(0)
+    if mask.dtype == torch.bool:
+        return hidden_to_bias(~mask, dtype)
+    if not mask.is_floating_point():
+        raise ValueError(_say(dtype_error, given, full, who))
+    return mask
+
+
+def hidden_to_bias(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask of what is hidden (True = ignore, as a causal mask says it) as an
+    additive bias in ``dtype`` on its device: 0 where seen, -inf where hidden."""
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(hidden, float("-inf"))
+
+
+def _say(template: str, mask: torch.Tensor, full, who) -> str:
+    return template.format(shape=tuple(mask.shape), full=full, dtype=mask.dtype,
+                           who=describe_module(who) if "{who}" in template else "")
+
+
+def expand_kv_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool):
+    """k and v with q's head count: grouped-query attention (each of H_kv key/value heads
+    serves H / H_kv query heads) as torch SDPA's enable_gqa computes it."""
+    h, hk = q.shape[1], k.shape[1]
+    if h == hk:
+        return k, v
+    if not enable_gqa or h % hk:
+        raise ValueError(
+            f"query has {h} heads and key/value {hk}: grouped-query attention needs enable_gqa=True "
+            f"and a head count {h} divisible by {hk}"
+        )
+    return k.repeat_interleave(h // hk, dim=1), v.repeat_interleave(h // hk, dim=1)
+
+
+__all__ = ["DTYPE_ERROR", "SHAPE_ERROR", "expand_kv_heads", "hidden_to_bias", "to_additive_bias"]
