@@ -9,12 +9,13 @@ import math
 
 import torch
 
+from .masks import to_additive_bias
+
 
 def _bias_to_additive(attn_bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if attn_bias.dtype == torch.bool:
         # True = attend, as in torch's scaled_dot_product_attention.
-        out = torch.zeros(attn_bias.shape, dtype=dtype, device=attn_bias.device)
-        return out.masked_fill(~attn_bias, float("-inf"))
+        return to_additive_bias(attn_bias, dtype)
     return attn_bias.to(dtype)
 
 
@@ -212,7 +213,7 @@ def make_bias(
         keep = keep.to(device)
         if kind == "key_padding_bool":
             return keep
-        return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+        return to_additive_bias(keep, dtype)
     if kind == "perhead":
         return randn(batch, heads, 1, kv_len)
     if kind == "headq":

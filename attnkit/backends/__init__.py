@@ -16,6 +16,8 @@ from .base import (
     Capabilities,
     DeviceInfo,
     Signature,
+    _sorted_dtypes,
+    dtype_name,
     mask_kind,
     signature,
 )
@@ -70,8 +72,6 @@ __all__ = [
 def capability_columns(caps: Capabilities) -> dict[str, str]:
     """A backend's declared limits, one readable value per column: the README's limits
     table and ``attnkit info`` both show these."""
-    from .base import _sorted_dtypes, dtype_name
-
     dims = f"{caps.min_head_dim}–{caps.max_head_dim}" if caps.max_head_dim else f"≥ {caps.min_head_dim}"
     if caps.head_dim_multiple > 1:
         dims += f", multiple of {caps.head_dim_multiple}"

@@ -2,7 +2,7 @@
 
 A backend computes ``softmax(q @ k^T * scale + attn_bias) @ v`` on tensors of shape
 (B, H, M, D) / (B, H, N, D) and nothing else: the diffusers-facing work (projections,
-norms, reshapes, residuals) lives once in :mod:`attnkit.processor`.
+norms, reshapes, residuals) lives once in :mod:`attnkit.diffusers.processor`.
 
 Each backend states what it supports as data (:class:`Capabilities`), and
 ``not_supported_reasons(call)`` turns a mismatch into sentences a user can act on. An

@@ -12,6 +12,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from ..masks import hidden_to_bias
 from .base import (
     AttentionCall,
     Backend,
@@ -159,7 +160,7 @@ class SDPABackend(Backend):
         if causal_offset is not None and not is_causal:
             # SDPA's is_causal is offset 0 and takes no mask besides: as an additive bias
             hidden = causal_mask(q.shape[-2], k.shape[-2], causal_offset, q.device)
-            causal = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
+            causal = hidden_to_bias(hidden, q.dtype)
             attn_bias = causal if attn_bias is None else attn_bias + causal
         if attn_bias is not None:
             if kernel == "flash" and torch.is_grad_enabled() and attn_bias.requires_grad:
@@ -232,7 +233,7 @@ class SDPABackend(Backend):
         is_causal = causal_offset == 0 and attn_bias is None
         if causal_offset is not None and not is_causal:
             hidden = causal_mask(q.shape[-2], k.shape[-2], causal_offset, q.device)
-            causal = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, float("-inf"))
+            causal = hidden_to_bias(hidden, q.dtype)
             attn_bias = causal if attn_bias is None else attn_bias + causal
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, attn_mask=attn_bias, scale=scale)

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ..masks import to_additive_bias
 from .comm import all_gather_rows, group_rank
 from .local import check_local_attention
 
@@ -88,6 +89,9 @@ def _probe(local: Callable, dtype: torch.dtype, device: torch.device, D: int, Dv
     return _PROBED[key]
 
 
+_BIAS_DTYPE_ERROR = "attn_bias must be additive float or bool (True = attend); got {dtype}"
+
+
 def _prepare(q, k, v, attn_bias, scale, bias_sharding, kv_sharded, local) -> _Call:
     """Check this rank's arguments; ValueError names what is wrong and what to do."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -129,11 +133,8 @@ def _prepare(q, k, v, attn_bias, scale, bias_sharding, kv_sharded, local) -> _Ca
         if bias.device != q.device:
             raise ValueError(f"attn_bias is on {bias.device}, q on {q.device}")
         bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
-        if bias.dtype == torch.bool:
-            # True = attend; -inf and 0 are exact in every float dtype
-            bias = torch.zeros(bias.shape, dtype=q.dtype, device=q.device).masked_fill(~bias, float("-inf"))
-        elif not bias.dtype.is_floating_point:
-            raise ValueError(f"attn_bias must be additive float or bool (True = attend); got {bias.dtype}")
+        # True = attend; -inf and 0 are exact in every float dtype
+        bias = to_additive_bias(bias, q.dtype, dtype_error=_BIAS_DTYPE_ERROR)
         bb, bh, bm, bn = bias.shape
         if bb not in (1, B) or bh not in (1, H):
             raise ValueError(f"attn_bias {tuple(attn_bias.shape)} does not broadcast to batch {B}, heads {H}")

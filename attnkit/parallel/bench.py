@@ -30,6 +30,9 @@ from typing import Optional, Sequence
 import torch
 
 from . import model
+from .api import context_parallel_attention
+from .comm import count_bytes
+from .local import math_attention
 
 
 @dataclass(frozen=True)
@@ -108,10 +111,6 @@ def _split(total: int, parts: int) -> list[int]:
 
 def _measure(shape: BenchShape, ranks: int, ring: int, ulysses: int, repeats: int, groups) -> dict:
     import torch.distributed as dist
-
-    from .api import context_parallel_attention
-    from .comm import count_bytes
-    from .local import math_attention
 
     rank = dist.get_rank() if ranks > 1 else 0
     n = _split(shape.tokens, ranks)[rank]
