@@ -21,10 +21,13 @@ from typing import Any
 
 import torch
 
-from .chooser import ENV_VAR, AutoChooser
+from . import __version__
+from ._text import describe_exception
 from .backends import AttentionCall, Capabilities, DeviceInfo, capability_columns
 from .backends.base import dtype_name, package_version
-from .policy import CANDIDATES, install_hint_of, installed_packages, reasons_of
+from .choose.auto import ENV_VAR, AutoChooser
+from .choose.policy import CANDIDATES, PRIORITIES, install_hint_of, installed_packages, reasons_of
+from .diffusers.apply import plan
 
 VERSIONED = ("torch", "diffusers", "triton", "xformers", "flash_attn", "flash_attn_3")
 
@@ -68,8 +71,6 @@ def describe_capabilities(caps: Capabilities) -> str:
 
 
 def _why(order_name: str) -> str:
-    from .policy import PRIORITIES
-
     if order_name in PRIORITIES:
         return PRIORITIES[order_name].why
     return f"{order_name} (set in the environment): auto() runs this backend only"
@@ -77,8 +78,6 @@ def _why(order_name: str) -> str:
 
 def collect() -> dict[str, Any]:
     """Everything ``attnkit info`` prints, as plain data."""
-    from . import __version__
-
     device = _primary_device()
     dev_info = DeviceInfo.of(device)
     packages = installed_packages(refresh=True)
@@ -305,9 +304,6 @@ def model_plan(where: str):
     """The route of every attention module of the model a config describes (built on
     the meta device: no weights, no memory), as attnkit.plan gives it."""
     import diffusers
-
-    from ._text import describe_exception
-    from .apply import plan
 
     config = load_config(where)
     name = config["_class_name"]

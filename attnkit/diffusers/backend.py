@@ -41,7 +41,13 @@ from typing import Any, Callable
 
 import torch
 
-from .protocol import Caller
+from .._text import Caller
+from ..choose.auto import AutoChooser
+from ..choose.fixed import FixedChooser
+from ..choose.policy import CANDIDATES, default_backend
+from ..errors import DiffusersBackendUnavailable, UnsupportedModule
+from ..masks import expand_kv_heads, to_additive_bias
+from .context_parallel import context_parallel
 
 logger = logging.getLogger("attnkit")
 
@@ -98,10 +104,6 @@ def _check_internals() -> str | None:
 
 if PROBLEM is None:
     PROBLEM = _check_internals()
-
-
-class DiffusersBackendUnavailable(RuntimeError):
-    """attnkit cannot register itself as a diffusers attention backend here."""
 
 
 def require() -> None:
@@ -215,20 +217,16 @@ def registered_names() -> list[str]:
 
 
 def _register_defaults() -> None:
-    from .chooser import AutoChooser
-    from .policy import CANDIDATES, default_backend
-    from .processor import FixedChooser
-
     _register(PREFIX, AutoChooser)
     for label in CANDIDATES:
-        _register(f"{PREFIX}_{label}", functools.partial(_fixed, label, default_backend, FixedChooser))
+        _register(f"{PREFIX}_{label}", functools.partial(_fixed, label))
 
 
-def _fixed(label, default_backend, fixed_chooser):
+def _fixed(label):
     backend = default_backend(label)
     if isinstance(backend, Exception):
         raise DiffusersBackendUnavailable(f"attnkit backend {label!r} could not be loaded: {backend}") from backend
-    return fixed_chooser(backend)
+    return FixedChooser(backend)
 
 
 # -- the backend function ----------------------------------------------------------------
@@ -252,8 +250,6 @@ def attention(
     query: (B, S_q, H, D); key, value: (B, S_kv, H_kv, D) (H_kv < H with enable_gqa).
     Returns (B, S_q, H, Dv), and the log-sum-exp (B, S_q, H) float32 with return_lse.
     """
-    from .processor import UnsupportedModule
-
     if unknown:
         raise UnsupportedModule(
             f"attnkit's diffusers backend was given {', '.join(sorted(unknown))}, which it does not "
@@ -261,8 +257,6 @@ def attention(
             "leave it to its own processor (attnkit.apply keeps processors it cannot serve)"
         )
     if _parallel_config is not None:
-        from .parallel.diffusers_cp import context_parallel
-
         return context_parallel(_holder.get(), query, key, value, attn_mask, dropout_p, is_causal, scale,
                                 enable_gqa, return_lse, _parallel_config)
     key, value = check_qkv(query, key, value)
@@ -304,32 +298,16 @@ def check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
     )
 
 
-def expand_kv_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool):
-    """k and v with q's head count: grouped-query attention (each of H_kv key/value heads
-    serves H / H_kv query heads) as torch SDPA's enable_gqa computes it."""
-    h, hk = q.shape[1], k.shape[1]
-    if h == hk:
-        return k, v
-    if not enable_gqa or h % hk:
-        raise ValueError(
-            f"query has {h} heads and key/value {hk}: grouped-query attention needs enable_gqa=True "
-            f"and a head count {h} divisible by {hk}"
-        )
-    return k.repeat_interleave(h // hk, dim=1), v.repeat_interleave(h // hk, dim=1)
-
-
 def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     """diffusers' attn_mask as an additive bias broadcastable to (B, H, M, N), read as
     diffusers' native backend reads it: a 2-D (B, N) mask is key padding; any other
     mask broadcasts to (B, H, M, N) from the right, as torch SDPA broadcasts it; True
     (or 0.0) = attend. Never expanded in memory."""
-    from .processor import UnsupportedModule
-
     if attn_mask is None:
         return None
-    b, h, m, _ = q.shape
-    n = k.shape[-2]
     if not isinstance(attn_mask, torch.Tensor):
+        b, _, m, _ = q.shape
+        n = k.shape[-2]
         if "BlockMask" in type(attn_mask).__name__:
             raise UnsupportedModule(
                 f"attn_mask is a flex-attention {type(attn_mask).__name__}, which attnkit does not implement; "
@@ -340,33 +318,17 @@ def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
             f"shape (batch={b}, keys={n}) or broadcastable to (batch, heads, queries={m}, keys), boolean "
             "(True = attend) or additive float (torch.as_tensor turns a list or a numpy array into one)"
         )
-    mask = attn_mask
-    if mask.dim() == 2 and mask.shape[0] == b and mask.shape[1] == n:
-        mask = mask[:, None, None, :]
-    if mask.dim() > 4 or any(got not in (1, want) for got, want in zip(mask.shape[::-1], (n, m, h, b))):
-        raise ValueError(
-            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch={b}, heads={h}, "
-            f"queries={m}, keys={n}); pass (batch, keys) or a mask broadcastable to (batch, heads, queries, keys)"
-        )
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    if not mask.is_floating_point():
-        raise ValueError(
-            f"attn_mask has dtype {mask.dtype}; pass a boolean mask (True = attend) or an additive float one"
-        )
-    return mask
+    return to_additive_bias(attn_mask, q.dtype, (*q.shape[:3], k.shape[-2]), key_padding=True)
 
 
 def register_defaults() -> None:
-    """Register "attnkit" and "attnkit_<backend>" (attnkit/__init__.py calls it once
-    everything is imported: the choosers behind the names live above this module)."""
+    """Register "attnkit" and "attnkit_<backend>" in diffusers' registry (attnkit/__init__.py
+    calls it once: registering is a change to diffusers, never a side effect of an import)."""
     if PROBLEM is None:
         _register_defaults()
     else:
         logger.info("attnkit: %s", PROBLEM)
 
 
-__all__ = ["PROBLEM", "DiffusersBackendUnavailable", "attention", "mask_to_bias", "member_for",
+__all__ = ["PROBLEM", "DiffusersBackendUnavailable", "attention", "expand_kv_heads", "mask_to_bias", "member_for",
            "registered_names", "require"]

@@ -5,7 +5,7 @@ module. A module's own processor is what decides what it computes (linear attent
 a joint text+image concatenation, two outputs), so attnkit must know what it replaced:
 diffusers' ``set_processor`` is wrapped, once, to note the processor an attnkit one
 replaces (:data:`STOCK`), and to bind the module there and then (:data:`SERVE`), by the
-same routes :func:`attnkit.apply` takes (see :mod:`attnkit.routes`):
+same routes :func:`attnkit.apply` takes (see :mod:`attnkit.diffusers.routes`):
 
 * ``protocol``: attnkit's processor computes diffusers' Attention protocol itself;
 * ``dispatch``: a copy of the replaced processor, with its ``dispatch_attention_fn``
@@ -36,8 +36,10 @@ import torch.nn.functional as F
 from diffusers.models import attention_processor as ap
 from torch import nn
 
-from . import diffusers_backend
-from .protocol import UnsupportedModule, check_module_problem, describe_module
+from .._text import describe_module
+from ..errors import UnsupportedModule
+from . import backend as diffusers_backend
+from .protocol import check_module_problem
 from .routes import METHODS, Route, bound_processor, classify
 
 logger = logging.getLogger("attnkit")

@@ -28,7 +28,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .api import context_parallel_attention
+from ..masks import expand_kv_heads, to_additive_bias
+from ..parallel.api import context_parallel_attention
 
 WHO = "a context-parallel shard"
 
@@ -49,8 +50,6 @@ def context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal
                      return_lse, parallel_config: Any):
     """dispatch_attention_fn's call under diffusers' context parallelism: (B, S, H, D)
     shards in, (B, S, H, Dv) out [and lse (B, S, H)]."""
-    from ..diffusers_backend import expand_kv_heads, mask_to_bias
-
     if dropout_p:
         raise ValueError(
             f"dropout_p={dropout_p} under context parallelism: attnkit's context parallelism has no dropout "
@@ -63,7 +62,7 @@ def context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal
     ulysses = cp._ulysses_mesh.get_group() if cp.ulysses_degree > 1 else None
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     k, v = expand_kv_heads(q, k, v, enable_gqa)
-    bias = _bias(attn_mask, q, k, mask_to_bias)
+    bias = _bias(attn_mask, q, k)
     by_key = bias is not None and bias.shape[-1] == k.shape[-2] and bias.shape[-2] == 1
     # return_lse only when asked: with k and v the same on every rank, 'auto' takes them as
     # whole, and refuses the log-sum-exp (which the other reading, copies, would change)
@@ -78,7 +77,7 @@ def context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal
     return got.transpose(1, 2)
 
 
-def _bias(attn_mask, q: torch.Tensor, k: torch.Tensor, mask_to_bias):
+def _bias(attn_mask, q: torch.Tensor, k: torch.Tensor):
     """The mask as an additive bias; a key-padding mask's key count is the shard's or
     the whole sequence's, whichever this rank was given."""
     if attn_mask is None:
@@ -86,12 +85,10 @@ def _bias(attn_mask, q: torch.Tensor, k: torch.Tensor, mask_to_bias):
     if attn_mask.dim() == 2 and attn_mask.shape[0] == q.shape[0]:
         attn_mask = attn_mask[:, None, None, :]  # (B, N) key padding, N local or whole
     if attn_mask.shape[-1] != k.shape[-2]:
-        # a mask over the whole sequence's keys (bias_sharding="query"): checked there
-        if attn_mask.dtype == torch.bool:
-            return torch.zeros(attn_mask.shape, dtype=q.dtype, device=attn_mask.device).masked_fill_(
-                ~attn_mask, float("-inf"))
+        # a mask over the whole sequence's keys (bias_sharding="query"): checked and made
+        # additive by context_parallel_attention
         return attn_mask
-    return mask_to_bias(attn_mask, q, k)
+    return to_additive_bias(attn_mask, q.dtype, (*q.shape[:3], k.shape[-2]))
 
 
 # -- enable_parallelism on any machine -------------------------------------------------------

@@ -4,154 +4,44 @@ diffusers calls ``processor(attn, hidden_states, encoder_hidden_states, attentio
 temb, **cross_attention_kwargs)`` for each ``Attention`` module. Everything around the
 attention itself (spatial/group/cross norms, projections, qk-norm, head split, masks,
 output projection, residual, rescale) is here, once; the backends only compute
-``softmax(q k^T * scale + bias) v`` on (B, H, N, D) tensors.
+``softmax(q k^T * scale + bias) v`` on (B, H, N, D) tensors, as a chooser
+(:mod:`attnkit.choose`) picks them.
 
 One processor instance is shared by every module of a model, so it holds no per-layer
-state: only its backend and a cache of "can this backend serve this kind of call".
+state: only its chooser.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-from ._compile import CompileOwner, compile_owner, is_compiling, mark_compile_constant
-from .protocol import (  # noqa: F401  (UnsupportedModule and the checks are part of this module's API)
+from .._text import describe_module
+from ..backends import AttentionCall, Backend, get_backend
+from ..choose._compile import is_compiling
+from ..choose.auto import AUTO_OPTIONS, AutoChooser, Decision
+from ..choose.fixed import Chooser, FixedChooser
+from ..errors import UnsupportedModule
+from .binding import SERVE, keep_accepted, protocol_fits, served_by
+from .protocol import (  # noqa: F401  (check_module_problem and PROCESSOR_ARGUMENTS: read here before 0.2's layout)
     APPLY_HINT,
-    CHECK_FINITE_VAR,
     PROCESSOR_ARGUMENTS,
-    UnsupportedModule,
-    _check_finite,
     _fields_of,
+    _holds,
     _norm_width,
     _PROTOCOL_FIELDS,
     _PROTOCOL_MODULES,
-    _holds,
     advertised_signature,
     check_module,
     check_module_problem,
-    describe_module,
     prepare_bias,
 )
-from .backends import AttentionCall, Backend, BackendUnavailable, Signature, get_backend, signature
-from .backends.base import compile_key
-from .binding import SERVE, keep_accepted, protocol_fits, served_by
 
 logger = logging.getLogger("attnkit")
 
-
-class Chooser(Protocol):
-    """What a processor asks for the attention itself: it chooses a backend (one fixed
-    backend, or auto()'s walk) and runs it on (B, H, N, D) tensors. ``who`` is the
-    module, for logs and errors."""
-
-    def attention(self, who: nn.Module | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  attn_bias: torch.Tensor | None, scale: float | None, upcast: bool, *,
-                  causal_offset: int | None = None, dropout_p: float = 0.0, return_lse: bool = False): ...
-
-
-def run_backend(backend: Backend, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse):
-    """Call ``backend`` as a call asks: forward_with_lse when the caller needs the LSE,
-    and the causal and dropout arguments only when they are set (a backend that does
-    not declare them is never handed one)."""
-    if return_lse:
-        return backend.forward_with_lse(q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset)
-    if causal_offset is None and dropout_p == 0.0:
-        return backend.forward(q, k, v, attn_bias, scale, upcast)
-    return backend.forward(q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p)
-
-
-def finite_checked(who, run, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse):
-    """``run(...)`` with ATTNKIT_CHECK_FINITE's checks of its inputs and output, naming
-    ``who``: every route's calls pass here (a debugging aid: it syncs with the device)."""
-    _check_finite(who, q=q, k=k, v=v, **({} if attn_bias is None else {"attn_bias": attn_bias}))
-    out = run(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p,
-              return_lse=return_lse)
-    _check_finite(who, output=out[0] if return_lse else out)
-    return out
-
-
-def check_finite_on() -> bool:
-    return os.environ.get(CHECK_FINITE_VAR, "") not in ("", "0")
-
-
-def call_flags(causal_offset, dropout_p: float, return_lse: bool) -> tuple[bool, bool, bool]:
-    """(causal, dropout, lse): the flags of a call's signature, as plain bools. Under
-    torch.compile(dynamic=True) ``dropout_p > 0.0`` is symbolic, and the trace-time
-    choice takes constants only."""
-    return causal_offset is not None, True if dropout_p > 0.0 else False, return_lse
-
-
-class ChooserBase(CompileOwner):
-    """What every chooser's ``attention`` does before its own ``_attention``: the
-    ATTNKIT_CHECK_FINITE checks, read when the chooser is made, for every route."""
-
-    check_finite = False
-
-    def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                  return_lse=False):
-        if self.check_finite:
-            return finite_checked(who, self._attention, q, k, v, attn_bias, scale, upcast, causal_offset,
-                                  dropout_p, return_lse)
-        return self._attention(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset,
-                               dropout_p=dropout_p, return_lse=return_lse)
-
-    def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                   return_lse=False):
-        raise NotImplementedError
-
-
-class FixedChooser(ChooserBase):
-    """One named backend. A call it cannot serve raises :class:`BackendUnavailable` with
-    every reason; it never silently hands the call to another backend."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self._reasons: dict[Signature, list[str]] = {}
-        self.check_finite = check_finite_on()
-        self._take_compile_token()
-        mark_compile_constant(_fixed_problem)
-
-    def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                   return_lse=False):
-        flags = call_flags(causal_offset, dropout_p, return_lse)
-        if is_compiling():
-            problem = _fixed_problem(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
-            if problem:
-                raise BackendUnavailable(problem, reasons={self.backend.name: [problem]})
-        else:
-            sig = signature(q, k, v, attn_bias, *flags)
-            reasons = self._reasons.get(sig)
-            if reasons is None:
-                reasons = self._reasons[sig] = self.backend.not_supported_reasons(AttentionCall.from_signature(sig))
-            if reasons:
-                raise BackendUnavailable(self.refusal(who, reasons), reasons={self.backend.name: reasons})
-        return run_backend(self.backend, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
-
-    def refusal(self, who: nn.Module | None, reasons: list[str]) -> str:
-        what = describe_module(who) if who is not None else "this call"
-        return (
-            f"attnkit backend {self.backend.name!r} cannot serve {what}: "
-            + "; ".join(reasons)
-            + ". Choose another processor (attnkit.auto() picks one that can run; "
-            "`attnkit info` lists every backend and its limits)."
-        )
-
-    def describe(self) -> str:
-        return repr(self.backend)
-
-
-def _fixed_problem(token: str, key: tuple) -> str:
-    """Run by torch.compile while tracing (a trace-time constant): "" when the backend of
-    the FixedChooser with this compile_token can serve calls of this signature (a
-    compile_key), else the refusal message."""
-    chooser = compile_owner(token)
-    reasons = chooser.backend.not_supported_reasons(AttentionCall.from_signature(Signature(*key)))
-    return chooser.refusal(None, reasons) if reasons else ""
 
 
 class AttnkitProcessor:
@@ -164,7 +54,7 @@ class AttnkitProcessor:
     """
 
     backend_name: str | None = None
-    _attnkit_processor = True  # what attnkit.binding and attnkit.routes recognise it by
+    _attnkit_processor = True  # what attnkit.diffusers.binding and .routes recognise it by
 
     def __init__(self, backend: Backend | str | Chooser | None = None, **options: Any):
         if backend is None:
@@ -195,7 +85,7 @@ class AttnkitProcessor:
     # -- diffusers' protocol --------------------------------------------------------------
     def __call__(self, attn: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
         """What a module's forward calls. Each module is served by what its own processor
-        computed before (see :mod:`attnkit.binding`): diffusers' Attention protocol here,
+        computed before (see :mod:`attnkit.diffusers.binding`): diffusers' Attention protocol here,
         or the replaced processor with attnkit's attention (its dispatch_attention_fn or
         scaled_dot_product_attention call), or a refusal where attnkit cannot compute it
         exactly (linear attention, ...).
@@ -404,3 +294,43 @@ PROCESSORS = {
     "flash_attn": FlashAttnProcessor,
     "triton": TritonProcessor,
 }
+
+
+class AutoProcessor(AttnkitProcessor):
+    """The diffusers attention processor that picks a backend per call (see
+    :mod:`attnkit.choose.auto`). Options as :func:`auto`."""
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(AUTO_OPTIONS))
+        if unknown:
+            raise TypeError(f"attnkit.auto() has no option {', '.join(map(repr, unknown))}; its options are "
+                            f"{', '.join(AUTO_OPTIONS)} (help(attnkit.auto) says what each does)")
+        super().__init__(AutoChooser(**options))
+
+    def __repr__(self) -> str:
+        return self.chooser.describe()
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return self.chooser.decisions
+
+    def explain(self, call: AttentionCall | None = None) -> str:
+        """The routes into each model attnkit.apply gave this processor, then every
+        decision per call signature (see AutoChooser.explain); with ``call``, the table
+        for that one call."""
+        if call is not None:
+            return self.chooser.explain(call)
+        routes = self.routes()
+        return (routes + "\n" if routes else "") + self.chooser.explain()
+
+
+def auto(**options: Any) -> AutoProcessor:
+    """A processor for ``set_attn_processor`` / ``attnkit.apply`` that picks, per call,
+    the first backend of the device's priority list that can serve it.
+
+    Options: ``tune=True`` (time candidates on first sight, keep the fastest, persist
+    to ``cache_path``), ``order=[...]``, ``exclude=[...]``, ``backend_options={...}``,
+    ``backends={label: Backend}``, ``tune_iters``. ``ATTNKIT_BACKEND=name`` forces one
+    backend. ``processor.explain()`` shows every decision and why.
+    """
+    return AutoProcessor(**options)

@@ -18,8 +18,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo, get_backend
-from .backends.base import dtype_name, package_version
+from ..backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo, get_backend
+from ..backends.base import dtype_name, package_version
 
 # What auto() can choose: label -> (registered backend name, constructor options).
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {

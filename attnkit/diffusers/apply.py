@@ -10,9 +10,9 @@ from typing import Any
 
 from torch import nn
 
-from . import binding, diffusers_backend
-from .chooser import auto
-from .processor import PROCESSORS, AttnkitProcessor
+from . import backend as diffusers_backend
+from . import binding
+from .processor import PROCESSORS, AttnkitProcessor, auto
 from .routes import METHODS, Route, bind_module, bound_processor, classify, classify_forward
 
 logger = logging.getLogger("attnkit")
@@ -127,7 +127,7 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
 
     Works on any ``nn.Module`` (it walks the modules itself; the model needs no
     ``set_attn_processor``). Per module, by what its processor computes (see
-    :mod:`attnkit.routes`): diffusers' transformer processors keep their own work and
+    :mod:`attnkit.diffusers.routes`): diffusers' transformer processors keep their own work and
     send their dispatch_attention_fn call to attnkit; processors computing diffusers'
     Attention protocol are replaced by ``proc``; other processors calling
     scaled_dot_product_attention run as they are with that call served by attnkit;

@@ -1,12 +1,15 @@
-"""auto(): one processor that picks, per call, the first backend that can serve it.
+"""auto()'s chooser: per call, the first backend that can serve it.
 
     unet.set_attn_processor(attnkit.auto())
+
+(:func:`attnkit.auto` and its processor, :class:`~attnkit.diffusers.processor.AutoProcessor`,
+are diffusers' side; the decision, here, knows nothing of diffusers.)
 
 How a backend is chosen
 -----------------------
 Each call is reduced to its :class:`~attnkit.backends.Signature` (device, dtype, head
 dim, lengths, batch, heads, mask kind, grad, ...). The first call of a signature walks
-the device's priority list (:mod:`attnkit.policy`) and takes the first backend with no
+the device's priority list (:mod:`attnkit.choose.policy`) and takes the first backend with no
 reason against it; the decision is cached, so later calls of the signature cost one
 tuple and one dict lookup more than the backend itself. Each decision is logged once at
 INFO on the "attnkit" logger, naming the first module that needed it and why the
@@ -34,7 +37,7 @@ Tuning
 ------
 ``auto(tune=True)``: on the first call of a signature, every candidate that can serve
 it is timed on the real inputs and the fastest is kept, in a JSON file shared by every
-process (:mod:`attnkit.tuning`). With a single candidate nothing is timed or written.
+process (:mod:`attnkit.choose.tuning`). With a single candidate nothing is timed or written.
 
 torch.compile
 -------------
@@ -55,15 +58,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 
+from .._text import describe_exception, describe_module
+from ..backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
+from ..backends.base import compile_key
 from . import policy, tuning
 from ._compile import compile_owner, is_compiling, mark_compile_constant
-from ._text import describe_exception
-from .backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
-from .backends.base import compile_key
-from .policy import CANDIDATES, LAST_RESORT, LOCK, describe_call, installed_packages
-from .processor import (
-    AttnkitProcessor, ChooserBase, call_flags, check_finite_on, describe_module, run_backend,
-)
+from .fixed import ChooserBase, call_flags, check_finite_on, run_backend
+from .policy import CANDIDATES, LOCK, describe_call, installed_packages
 
 logger = logging.getLogger("attnkit")
 
@@ -94,7 +95,7 @@ class _Slot:
         self.backend = backend
 
 
-class AutoChooser(ChooserBase):
+class AutoChooser(tuning.Tuned, ChooserBase):
     """The decision behind :func:`auto`: per signature, the first backend of the walk."""
 
     def __init__(
@@ -183,7 +184,7 @@ class AutoChooser(ChooserBase):
         return cls, priority.order
 
     def walk(self, call: AttentionCall, failed: Mapping[str, str] | None = None):
-        """(label or None, table, order name): :func:`attnkit.policy.walk` with this
+        """(label or None, table, order name): :func:`attnkit.choose.policy.walk` with this
         chooser's order, exclusions (not when forced) and instances."""
         name, order = self.order_for(call)
         exclude = () if self.forced is not None else self.exclude
@@ -218,71 +219,6 @@ class AutoChooser(ChooserBase):
             backend = self._decisions[sig] = self.backend(label)
             logger.info("%s", log_line(record))
             return backend
-
-    # -- tuning ---------------------------------------------------------------------
-    def _tuned(self, call, table, args):
-        ok = [label for label, reasons in table.items() if not reasons]
-        candidates = ok
-        if self.order is None:
-            # the last resorts are timed only when nothing else can run
-            candidates = [x for x in ok if x not in LAST_RESORT] or ok[:1]
-        if len(candidates) == 1:
-            self._note_once(
-                ("single", candidates[0]),
-                "attnkit.auto(tune=True): only %s can serve calls like %s here; nothing to time",
-                candidates[0], describe_call(call),
-            )
-            return candidates[0], "priority", {}
-        key = tuning.cache_key(call)
-        cached = self._load_disk().get(key)
-        if cached is not None and cached["backend"] in candidates:
-            return cached["backend"], "tune cache", dict(cached.get("ms", {}))
-        ms: dict[str, float] = {}
-        for label in candidates:
-            try:
-                ms[label] = tuning.time_backend(self.backend(label), args, iters=self.tune_iters)
-            except Exception as exc:
-                logger.warning("attnkit.auto(tune=True): %s failed while timing %s (%s); skipped",
-                               label, describe_call(call), describe_exception(exc))
-        if not ms:
-            return candidates[0], "priority", {}
-        best = min(ms, key=ms.get)
-        entry = {"backend": best, "ms": {k2: round(v2, 6) for k2, v2 in ms.items()}}
-        self._disk[key] = entry
-        self._save(key, entry)
-        return best, "tuned", ms
-
-    def _load_disk(self) -> dict[str, dict]:
-        if self._disk is None:
-            self._disk = {}
-            try:
-                self._disk, others = tuning.read_cache(self.cache_path, CANDIDATES)
-                if others:
-                    logger.info("attnkit.auto(tune=True): %s holds %d entries this attnkit does not use "
-                                "(kept)", self.cache_path, others)
-            except FileNotFoundError:
-                logger.info("attnkit.auto(tune=True): no tuning cache at %s yet; timings will be saved there",
-                            self.cache_path)
-            except tuning.CacheError as exc:
-                self._warn_once(("read", str(self.cache_path)),
-                                "attnkit.auto(tune=True): cannot use the tuning cache %s: %s", self.cache_path, exc)
-            except Exception as exc:  # a cache problem never fails a model call
-                self._warn_once(("read", str(self.cache_path)),
-                                "attnkit.auto(tune=True): cannot read the tuning cache %s (%s)",
-                                self.cache_path, describe_exception(exc))
-        return self._disk
-
-    def _save(self, key: str, entry: dict) -> None:
-        try:
-            for note in tuning.update_cache(self.cache_path, {key: entry}, CANDIDATES):
-                logger.warning("attnkit.auto(tune=True): %s", note)
-        except tuning.CacheNotWritten as exc:
-            self._warn_once(("write", str(self.cache_path)),
-                            "attnkit.auto(tune=True): %s; tuned choices are not saved", exc)
-        except Exception as exc:  # a cache problem never fails a model call
-            self._warn_once(("write", str(self.cache_path)),
-                            "attnkit.auto(tune=True): cannot write the tuning cache %s (%s); tuned "
-                            "choices are not saved", self.cache_path, describe_exception(exc))
 
     def _warn_once(self, what, msg, *args) -> None:
         if what not in self._warned:
@@ -437,48 +373,8 @@ def format_decision(record: Decision) -> str:
     return "\n".join(rows)
 
 
-class AutoProcessor(AttnkitProcessor):
-    """The diffusers attention processor that picks a backend per call (see the module
-    doc). Options as :func:`auto`."""
-
-    def __init__(self, **options: Any) -> None:
-        unknown = sorted(set(options) - set(AUTO_OPTIONS))
-        if unknown:
-            raise TypeError(f"attnkit.auto() has no option {', '.join(map(repr, unknown))}; its options are "
-                            f"{', '.join(AUTO_OPTIONS)} (help(attnkit.auto) says what each does)")
-        super().__init__(AutoChooser(**options))
-
-    def __repr__(self) -> str:
-        return self.chooser.describe()
-
-    @property
-    def decisions(self) -> list[Decision]:
-        return self.chooser.decisions
-
-    def explain(self, call: AttentionCall | None = None) -> str:
-        """The routes into each model attnkit.apply gave this processor, then every
-        decision per call signature (see AutoChooser.explain); with ``call``, the table
-        for that one call."""
-        if call is not None:
-            return self.chooser.explain(call)
-        routes = self.routes()
-        return (routes + "\n" if routes else "") + self.chooser.explain()
-
-
-def auto(**options: Any) -> AutoProcessor:
-    """A processor for ``set_attn_processor`` / ``attnkit.apply`` that picks, per call,
-    the first backend of the device's priority list that can serve it.
-
-    Options: ``tune=True`` (time candidates on first sight, keep the fastest, persist
-    to ``cache_path``), ``order=[...]``, ``exclude=[...]``, ``backend_options={...}``,
-    ``backends={label: Backend}``, ``tune_iters``. ``ATTNKIT_BACKEND=name`` forces one
-    backend. ``processor.explain()`` shows every decision and why.
-    """
-    return AutoProcessor(**options)
-
-
 # auto()'s options: AutoChooser's keyword arguments, read from it so that the two never differ
 AUTO_OPTIONS = tuple(name for name in inspect.signature(AutoChooser.__init__).parameters if name != "self")
 
 
-__all__ = ["AutoChooser", "AutoProcessor", "Decision", "ENV_VAR", "auto", "format_decision", "log_line"]
+__all__ = ["AUTO_OPTIONS", "AutoChooser", "Decision", "ENV_VAR", "format_decision", "log_line"]

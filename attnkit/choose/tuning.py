@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import re
-import stat
 import statistics
 import tempfile
 import time
@@ -37,8 +36,22 @@ from typing import Any, Mapping
 
 import torch
 
-from .backends import AttentionCall, Backend
-from .backends.base import dtype_name
+from .._text import describe_exception
+from ..backends import AttentionCall, Backend
+from ..backends.base import dtype_name
+from ._files import (  # noqa: F401  (CacheNotWritten and NotRegularFile: raised to this module's callers)
+    CacheNotWritten,
+    NotRegularFile,
+    _free_name,
+    _keep_owner,
+    _not_regular,
+    _pid_alive,
+    _read_bytes,
+    _refuse_special,
+    _umask,
+)
+from .fixed import run_backend
+from .policy import CANDIDATES, LAST_RESORT, describe_call
 
 logger = logging.getLogger("attnkit")
 
@@ -52,67 +65,6 @@ def default_cache_path() -> Path:
     """$XDG_CACHE_HOME/attnkit/autotune.json, or ~/.cache/attnkit/autotune.json."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "attnkit" / "autotune.json"
-
-
-class CacheNotWritten(OSError):
-    """The cache was left as it is, on purpose; the message says why."""
-
-
-class NotRegularFile(CacheNotWritten):
-    """The cache path is a FIFO, a device, a directory...: not read, moved or replaced."""
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _not_regular(path: str | os.PathLike, mode: int) -> NotRegularFile | None:
-    """The refusal for a path whose (followed) mode is not a regular file's, else None."""
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _KINDS if test(mode)), f"of file type {stat.S_IFMT(mode):#o}")
-    path = Path(path)
-    link = f" (a symlink to {os.path.realpath(path)})" if path.is_symlink() else ""
-    # what to do: /dev/null is sometimes passed on purpose; "remove it" would be bad advice
-    meant = f" such as {path / 'autotune.json'}" if stat.S_ISDIR(mode) else ""
-    return NotRegularFile(
-        f"{path}{link} is {kind}, not a regular file: attnkit does not read, move or replace "
-        f"it; to keep tuned choices, pass auto(tune=True, cache_path=...) the path of a "
-        f"file{meant}"
-    )
-
-
-def _refuse_special(path: str | os.PathLike) -> None:
-    """Raise NotRegularFile if ``path`` exists and is not a regular file, judged by
-    ``os.stat`` (a symlink by what it points to), without opening it: opening a FIFO waits
-    for a writer and opening a device may act on it. FileNotFoundError if there is none."""
-    refusal = _not_regular(path, os.stat(path).st_mode)
-    if refusal is not None:
-        raise refusal
-
-
-# O_NONBLOCK: a FIFO that appeared after _refuse_special does not wait for a writer
-# (fstat then refuses it); O_NOCTTY: a terminal never becomes ours. Both absent on
-# Windows, which needs O_BINARY instead to read the bytes as they are.
-_READ_FLAGS = (
-    os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
-)
-
-
-def _read_bytes(path: str | os.PathLike) -> bytes:
-    """The bytes of ``path`` if it is a regular file; NotRegularFile otherwise."""
-    _refuse_special(path)
-    fd = os.open(path, _READ_FLAGS)
-    with os.fdopen(fd, "rb") as fh:
-        refusal = _not_regular(path, os.fstat(fd).st_mode)
-        if refusal is not None:
-            raise refusal
-        return fh.read()
 
 
 class CacheError(ValueError):
@@ -225,16 +177,6 @@ def _remove_stale_tmp(path: Path) -> None:
                 tmp.unlink()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
-
 def update_cache(path: str | os.PathLike, entries: Mapping[str, dict], known: Mapping[str, Any]) -> list[str]:
     """Merge ``entries`` into the cache file, keeping everything else it holds.
 
@@ -296,24 +238,6 @@ def update_cache(path: str | os.PathLike, entries: Mapping[str, dict], known: Ma
     return notes
 
 
-def _keep_owner(tmp: str, st: os.stat_result) -> None:
-    """Give ``tmp`` the owner and group of the file it replaces (before the mode: chown
-    may clear set-id bits). Root rewriting a user's cache must leave it theirs, or that
-    user can no longer save. Only root may give a file away; anyone else keeps at least
-    the group (a member may), so those who wrote through the group still can."""
-    if not hasattr(os, "chown"):  # Windows
-        return
-    # never through a symlink: the name is ours, and one swapped in must not give its target away
-    own = os.stat(tmp, follow_symlinks=False)
-    if (own.st_uid, own.st_gid) == (st.st_uid, st.st_gid):
-        return
-    try:
-        os.chown(tmp, st.st_uid, st.st_gid, follow_symlinks=False)
-    except PermissionError:
-        with contextlib.suppress(OSError):
-            os.chown(tmp, -1, st.st_gid, follow_symlinks=False)
-
-
 def _give_lock_to_owner(target: Path, st: os.stat_result) -> None:
     """A lock file that root has just made beside a user's cache goes to that user: left
     root's (0644), it would stop the user's next save at the lock."""
@@ -323,21 +247,6 @@ def _give_lock_to_owner(target: Path, st: os.stat_result) -> None:
     with contextlib.suppress(OSError):
         if os.stat(lock, follow_symlinks=False).st_uid == os.geteuid() != st.st_uid:
             _keep_owner(lock, st)
-
-
-def _free_name(path: Path) -> Path:
-    """``path``, or ``path.1``, ``path.2``... : a name no file has (an earlier .bad stays)."""
-    candidate, n = path, 0
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}.{n}")
-    return candidate
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def cache_key(call: AttentionCall) -> str:
@@ -359,8 +268,6 @@ def time_backend(backend: Backend, args: tuple, warmup: int = 2, iters: int = 7)
     """Median milliseconds of one forward on ``args`` (run_backend's arguments after the
     backend: q, k, v, bias, scale, upcast, causal_offset, dropout_p, return_lse), with
     CUDA events on CUDA."""
-    from .processor import run_backend
-
     q = args[0]
     with torch.no_grad():
         for _ in range(warmup):
@@ -384,11 +291,86 @@ def time_backend(backend: Backend, args: tuple, warmup: int = 2, iters: int = 7)
     return statistics.median(times)
 
 
+# -- auto(tune=True): what the AutoChooser does with the timings and the cache file --------------------
+class Tuned:
+    """The AutoChooser's tuning (a mixin: it reads the chooser's ``order``,
+    ``cache_path``, ``tune_iters``, ``backend()`` and its warn-once notes): on the first
+    call of a signature, the candidates that can serve it are timed on the real inputs,
+    or the cache file's entry for it is taken; the fastest is kept in the file."""
+
+    _disk: dict[str, dict] | None = None
+
+    def _tuned(self, call, table, args):
+        ok = [label for label, reasons in table.items() if not reasons]
+        candidates = ok
+        if self.order is None:
+            # the last resorts are timed only when nothing else can run
+            candidates = [x for x in ok if x not in LAST_RESORT] or ok[:1]
+        if len(candidates) == 1:
+            self._note_once(
+                ("single", candidates[0]),
+                "attnkit.auto(tune=True): only %s can serve calls like %s here; nothing to time",
+                candidates[0], describe_call(call),
+            )
+            return candidates[0], "priority", {}
+        key = cache_key(call)
+        cached = self._load_disk().get(key)
+        if cached is not None and cached["backend"] in candidates:
+            return cached["backend"], "tune cache", dict(cached.get("ms", {}))
+        ms: dict[str, float] = {}
+        for label in candidates:
+            try:
+                ms[label] = time_backend(self.backend(label), args, iters=self.tune_iters)
+            except Exception as exc:
+                logger.warning("attnkit.auto(tune=True): %s failed while timing %s (%s); skipped",
+                               label, describe_call(call), describe_exception(exc))
+        if not ms:
+            return candidates[0], "priority", {}
+        best = min(ms, key=ms.get)
+        entry = {"backend": best, "ms": {k2: round(v2, 6) for k2, v2 in ms.items()}}
+        self._disk[key] = entry
+        self._save(key, entry)
+        return best, "tuned", ms
+
+    def _load_disk(self) -> dict[str, dict]:
+        if self._disk is None:
+            self._disk = {}
+            try:
+                self._disk, others = read_cache(self.cache_path, CANDIDATES)
+                if others:
+                    logger.info("attnkit.auto(tune=True): %s holds %d entries this attnkit does not use "
+                                "(kept)", self.cache_path, others)
+            except FileNotFoundError:
+                logger.info("attnkit.auto(tune=True): no tuning cache at %s yet; timings will be saved there",
+                            self.cache_path)
+            except CacheError as exc:
+                self._warn_once(("read", str(self.cache_path)),
+                                "attnkit.auto(tune=True): cannot use the tuning cache %s: %s", self.cache_path, exc)
+            except Exception as exc:  # a cache problem never fails a model call
+                self._warn_once(("read", str(self.cache_path)),
+                                "attnkit.auto(tune=True): cannot read the tuning cache %s (%s)",
+                                self.cache_path, describe_exception(exc))
+        return self._disk
+
+    def _save(self, key: str, entry: dict) -> None:
+        try:
+            for note in update_cache(self.cache_path, {key: entry}, CANDIDATES):
+                logger.warning("attnkit.auto(tune=True): %s", note)
+        except CacheNotWritten as exc:
+            self._warn_once(("write", str(self.cache_path)),
+                            "attnkit.auto(tune=True): %s; tuned choices are not saved", exc)
+        except Exception as exc:  # a cache problem never fails a model call
+            self._warn_once(("write", str(self.cache_path)),
+                            "attnkit.auto(tune=True): cannot write the tuning cache %s (%s); tuned "
+                            "choices are not saved", self.cache_path, describe_exception(exc))
+
+
 __all__ = [
     "CACHE_VERSION",
     "CacheError",
     "CacheNotWritten",
     "NotRegularFile",
+    "Tuned",
     "cache_key",
     "default_cache_path",
     "read_cache",

@@ -5,77 +5,14 @@ argument names it advertises, and how it refuses what it does not implement."""
 from __future__ import annotations
 
 import inspect
-import sys
 from typing import Any
 
 import torch
 from torch import nn
 
-
-class UnsupportedModule(ValueError):
-    """An Attention module whose computation attnkit's processors cannot reproduce."""
-
-
-def describe_module(attn: nn.Module | str | None) -> str:
-    """A short label for error messages and logs: the module's name when known."""
-    if attn is None:
-        return "this call"
-    if isinstance(attn, str):
-        return attn
-    if isinstance(attn, Caller):
-        return attn.describe()
-    name = getattr(attn, "_attnkit_name", None)
-    heads = getattr(attn, "heads", "?")
-    inner = getattr(getattr(attn, "to_q", None), "out_features", None)
-    dims = f"heads={heads}" + (f", head_dim={inner // heads}" if inner and isinstance(heads, int) else "")
-    label = f"{type(attn).__name__}({dims})"
-    return f"{name} [{label}]" if name else label
-
-
-class Caller:
-    """Who makes an attention call that arrives without its module (a processor's
-    dispatch_attention_fn or scaled_dot_product_attention call): found on the call stack
-    only when a log line or an error names it, never on the hot path."""
-
-    __slots__ = ("how",)
-
-    def __init__(self, how: str) -> None:
-        self.how = how
-
-    def module(self) -> nn.Module | None:
-        """The attention module whose call this is (None if none is on the stack)."""
-        return self._find()[0]
-
-    def describe(self) -> str:
-        module, model = self._find()
-        if module is None:
-            return self.how
-        if getattr(module, "_attnkit_name", None) is None and model is not None and model is not module:
-            name = next((n for n, m in model.named_modules() if m is module), None)
-            if name:
-                module._attnkit_name = name
-        return f"{describe_module(module)} ({self.how})"
-
-    @staticmethod
-    def _find() -> tuple[nn.Module | None, nn.Module | None]:
-        """(the innermost attention module, the outermost module) on the call stack."""
-        frame = sys._getframe(2)
-        module = model = None
-        while frame is not None:
-            local = frame.f_locals
-            attn, owner = local.get("attn"), local.get("self")
-            if module is None and isinstance(attn, nn.Module):
-                module = attn
-            if isinstance(owner, nn.Module):
-                if module is None and hasattr(owner, "processor"):
-                    module = owner
-                model = owner  # the outermost module on the stack: the model
-            frame = frame.f_back
-        return module, model
-
-    def __repr__(self) -> str:
-        return self.how
-
+from .._text import describe_module
+from ..errors import UnsupportedModule
+from ..masks import to_additive_bias
 
 APPLY_HINT = (
     "attnkit.apply(model, processor) keeps this module's own processor and serves only its "
@@ -195,35 +132,11 @@ def prepare_bias(
             f"(batch, keys), (batch, 1 or queries, keys), (batch*heads, 1 or queries, keys) "
             f"or (batch, heads, 1 or queries, keys)"
         )
-    bias = mask.reshape(b0, h0, m0, kv_len)
-    if bias.dtype == torch.bool:
-        bias = torch.zeros(bias.shape, dtype=dtype, device=bias.device).masked_fill_(~bias, float("-inf"))
-    elif not bias.is_floating_point():
-        raise ValueError(
-            f"{describe_module(attn)}: attention_mask has dtype {mask.dtype}; pass an additive "
-            "float mask (0 = attend, large negative = ignore) or a boolean one (True = attend)"
-        )
-    return bias
+    return to_additive_bias(mask.reshape(b0, h0, m0, kv_len), dtype, dtype_error=_DTYPE_ERROR, who=attn)
 
 
-# ATTNKIT_CHECK_FINITE=1: stop at the first attention whose inputs or output hold NaN or
-# inf, naming the module (a debugging aid for black images; it synchronises every call).
-CHECK_FINITE_VAR = "ATTNKIT_CHECK_FINITE"
-
-
-def _check_finite(who: nn.Module | None, **tensors: torch.Tensor) -> None:
-    for name, t in tensors.items():
-        bad = ~torch.isfinite(t)
-        if name == "attn_bias":
-            bad = torch.isnan(t)  # -inf is how a mask says "ignore"
-        count = int(bad.sum())
-        if count:
-            raise FloatingPointError(
-                f"{CHECK_FINITE_VAR}: {name} of {describe_module(who)} holds {count} non-finite "
-                f"value(s) ({t.dtype}, shape {tuple(t.shape)}). In fp16 this is usually an overflow "
-                "above 65504 before attention: run the model in bfloat16 or float32, or set "
-                "upcast_attention on the module; unset the variable to skip this check."
-            )
+_DTYPE_ERROR = ("{who}: attention_mask has dtype {dtype}; pass an additive float mask (0 = attend, large "
+                "negative = ignore) or a boolean one (True = attend)")
 
 
 # Every argument name a diffusers processor takes (a test keeps this equal to the
