@@ -44,6 +44,7 @@ from attnkit.testing import (
     rel_error,
     torch_math_attention,
 )
+from tests._masks import key_padding_bias
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -403,14 +404,14 @@ def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, monkeypatch
     if dtype == "bool":
         mask = keep.to(DEVICE)
     else:
-        mask = torch.zeros(B, N, dtype=torch.float16).masked_fill(~keep, float("-inf")).to(DEVICE)
+        mask = key_padding_bias(keep, torch.float16, dims=2).to(DEVICE)
     expanded = mask[:, None, None, :].expand(B, H, M, N)
     assert expanded.stride()[1:3] == (0, 0)
     out = flash_attention(q, k, v, expanded)
     (kernel, variant, bias_dtype, nbytes), = seen
     assert (kernel, variant, bias_dtype) == ("fwd", "keypad", torch.float32)
     assert nbytes <= B * N * 4, f"the converted mask holds {nbytes} bytes: it was written out in full"
-    ref_bias = torch.zeros(B, 1, 1, N, dtype=torch.float64).masked_fill(~keep[:, None, None, :], float("-inf"))
+    ref_bias = key_padding_bias(keep)
     assert_close_to_reference(out, q, k, v, ref_bias.to(DEVICE))
 
 

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, rel_error, torch_math_attention
+from tests._masks import additive, causal_bias
 
 triton = pytest.importorskip("triton")
 
@@ -47,28 +48,15 @@ def poison(monkeypatch):
     monkeypatch.setattr(fl, "POISON_OUTPUTS", True)
 
 
-def causal_mask(M: int, N: int, offset: int) -> torch.Tensor:
-    """(M, N) float64: 0 where row i sees key j (j <= i + offset), -inf elsewhere."""
-    i = torch.arange(M)[:, None]
-    j = torch.arange(N)[None, :]
-    return torch.zeros(M, N, dtype=torch.float64).masked_fill(j > i + offset, float("-inf"))
-
-
-def _additive(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if bias.dtype == torch.bool:
-        return torch.zeros(bias.shape, dtype=dtype).masked_fill(~bias, float("-inf"))
-    return bias.to(dtype)
-
-
 def check(q, k, v, bias=None, scale=None, causal=False, offset=0, grads=True, bias_grad=False):
     """Output, LSE and gradients of the kernel against the float64 reference (the bias
     plus the causal mask), with the tolerance rule of attnkit.testing: twice the error
     of plain torch in the same dtype, plus rounding. Returns the kernel's (out, lse)."""
     M, N = q.shape[2], k.shape[2]
-    mask = causal_mask(M, N, offset) if causal else None
+    mask = causal_bias(M, N, offset) if causal else None
 
     def with_mask(b, dtype):
-        out = None if b is None else _additive(b, dtype)
+        out = additive(b, dtype)
         if mask is not None:
             out = mask.to(dtype) if out is None else out + mask.to(dtype)
         return out
@@ -163,7 +151,7 @@ def test_tiles_above_the_diagonal_are_never_read(seed):
     k[:, :, 64:] = float("nan")
     v[:, :, 64:] = float("nan")
     out = flash_attention(q, k, v, causal=True)
-    ref = reference_attention(q, k[:, :, :64], v[:, :, :64], causal_mask(40, 64, 0))
+    ref = reference_attention(q, k[:, :, :64], v[:, :, :64], causal_bias(40, 64, 0))
     assert rel_error(out, ref) < 2e-3
     q.requires_grad_()
     k.requires_grad_()
