@@ -14,6 +14,7 @@ import torch
 
 from attnkit.backends import AttentionCall, DeviceInfo, get_backend
 from attnkit.testing import assert_close_to_reference, make_bias, make_qkv, reference_attention, rel_error
+from tests._masks import additive
 
 # (backend name, constructor options, id)
 CPU_BACKENDS = [
@@ -72,12 +73,6 @@ def make_inputs(b, h, m, n, d, dtype, layout, mask, scale_kind="default"):
     return q, k, v, bias, scale
 
 
-def _additive(bias, dtype):
-    if bias is None or bias.dtype != torch.bool:
-        return bias
-    return torch.zeros(bias.shape, dtype=dtype).masked_fill(~bias, float("-inf"))
-
-
 def _params():
     out = []
     for name, opts, bid in CPU_BACKENDS:
@@ -106,7 +101,7 @@ def _params():
 def test_backend_matches_float64_reference(seed, name, opts, dtype, d, m, n, mask, layout):
     backend = get_backend(name, **opts)
     q, k, v, bias, scale = make_inputs(2, 2, m, n, d, dtype, layout, mask)
-    bias = _additive(bias, dtype)
+    bias = additive(bias, dtype)
     out = backend.forward(q, k, v, bias, scale)
     assert out.dtype == dtype
     assert out.shape == (2, 2, m, d)
@@ -139,7 +134,7 @@ def test_fully_masked_row_gives_zeros(seed, name, opts, bid):
     q, k, v, _, _ = make_inputs(2, 2, 5, 7, 16, torch.float32, "contig", "none")
     keep = torch.ones(2, 1, 5, 7, dtype=torch.bool)
     keep[0, :, 2, :] = False  # query 2 of batch 0 sees no key
-    bias = _additive(keep, torch.float32)
+    bias = additive(keep, torch.float32)
     out = backend.forward(q, k, v, bias)
     assert torch.isfinite(out).all()
     assert torch.equal(out[0, :, 2], torch.zeros_like(out[0, :, 2]))

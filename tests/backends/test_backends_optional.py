@@ -21,6 +21,7 @@ from attnkit.backends.base import package_version
 from attnkit.backends.flash_attn import FlashAttnBackend
 from attnkit.backends.xformers import XFormersBackend, aligned_bias
 from attnkit.testing import assert_close_to_reference, reference_attention
+from tests._masks import additive
 
 A100 = DeviceInfo("cuda", (8, 0), "NVIDIA A100")
 T4 = DeviceInfo("cuda", (7, 5), "Tesla T4")
@@ -198,7 +199,7 @@ def test_xformers_preparation_meets_xformers_rules(seed, monkeypatch, mask, d, n
     if mask == "key_padding":
         keep = torch.rand(b, 1, 1, n) > 0.3
         keep[..., 0] = True
-        bias = torch.zeros(b, 1, 1, n).masked_fill(~keep, float("-inf"))
+        bias = additive(keep, torch.float32)
     elif mask == "per_head":
         bias = torch.randn(1, h, 1, n)
     elif mask == "bias":
@@ -249,7 +250,7 @@ def test_xformers_matches_reference(seed, shape, dtype, mask):
     if mask == "key_padding":
         keep = torch.rand(b, 1, 1, n, device="cuda") > 0.3
         keep[..., 0] = True
-        bias = torch.zeros(b, 1, 1, n, device="cuda", dtype=dtype).masked_fill(~keep, -math.inf)
+        bias = additive(keep, dtype)
     elif mask == "bias":
         bias = torch.randn(b, h, m, n, device="cuda", dtype=dtype)
         bias[:, :, 0] = -math.inf
