@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnkit.backends import limits_table
-from attnkit.policy import priority_table
+from attnkit.choose.policy import priority_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -22,7 +22,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 @pytest.mark.parametrize(
     "page, marker, generate, source",
     [(README, "limits-table", limits_table, "attnkit.backends.limits_table()"),
-     (AUTO_DOC, "priority-table", priority_table, "priority_table() from auto()'s policy module")],
+     (AUTO_DOC, "priority-table", priority_table, "attnkit.choose.policy.priority_table()")],
     ids=["limits", "priorities"],
 )
 def test_tables_are_generated_from_the_code(page, marker, generate, source):
