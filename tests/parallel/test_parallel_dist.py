@@ -19,6 +19,7 @@ import torch
 from tests.parallel._parallel_harness import run_ranks, values
 from attnkit.parallel import model
 from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, rel_error, tolerance, torch_math_attention
+from tests._masks import additive, causal_bias
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 SHORT = {F64: "f64", F32: "f32", BF16: "bf16"}
@@ -82,20 +83,11 @@ def build_bias(spec: Spec, gen):
     raise ValueError(spec.bias)
 
 
-def additive(bias: Optional[torch.Tensor], dtype=torch.float64) -> Optional[torch.Tensor]:
-    if bias is None:
-        return None
-    if bias.dtype == torch.bool:
-        return torch.zeros(bias.shape, dtype=dtype).masked_fill(~bias, float("-inf"))
-    return bias.to(dtype)
-
-
 def reference_bias(spec: Spec, bias, dtype=torch.float64):
     """The whole problem's bias for one process, causal mask folded in."""
     b = additive(bias, dtype)
     if spec.causal:
-        hidden = torch.arange(spec.N)[None, :] > torch.arange(spec.M)[:, None]
-        c = torch.zeros(spec.M, spec.N, dtype=dtype).masked_fill(hidden, float("-inf"))
+        c = causal_bias(spec.M, spec.N, dtype=dtype)
         b = c if b is None else b + c
     return b
 

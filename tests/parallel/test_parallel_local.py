@@ -12,13 +12,9 @@ from attnkit.parallel import context_parallel_attention, math_attention, merge_p
 from attnkit.parallel.local import check_local_attention
 from attnkit.parallel.ring import RingSchedule
 from attnkit.testing import make_bias, make_qkv, reference_attention, rel_error, tolerance
+from tests._masks import additive, causal_bias
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16}
-
-
-def causal_bias(m: int, n: int, offset: int, dtype=torch.float64) -> torch.Tensor:
-    hidden = torch.arange(n)[None, :] > torch.arange(m)[:, None] + offset
-    return torch.zeros(m, n, dtype=dtype).masked_fill(hidden, float("-inf"))
 
 
 def reference_lse(q, k, bias=None, scale=None) -> torch.Tensor:
@@ -40,9 +36,7 @@ def test_math_attention_matches_reference(dtype, kind, seed):
     assert lse.dtype == (torch.float64 if dt == torch.float64 else torch.float32) and lse.shape == (2, 3, 17)
     ref = reference_attention(q, k, v, bias)
     assert rel_error(out, ref) <= tolerance(q, k, v, bias, ref=ref)
-    additive = None if bias is None else (bias if bias.dtype != torch.bool else
-                                          torch.zeros(bias.shape).masked_fill(~bias, float("-inf")))
-    lse_ref = reference_lse(q, k, additive)
+    lse_ref = reference_lse(q, k, additive(bias))
     # lse is computed in float32 (float64): hold it to that precision
     assert rel_error(lse, lse_ref) <= (1e-13 if dt == torch.float64 else 1e-5)
 

@@ -22,6 +22,7 @@ import torch
 
 from tests.parallel._parallel_harness import run_ranks, values
 from attnkit.testing import EPSILON, rel_error
+from tests._masks import causal_bias
 
 F64 = torch.float64
 TOL = 1e-12  # float64 end to end: the rule's 2x float64 rounding + 1e-12, at these sizes
@@ -37,7 +38,7 @@ def _attend(q, k, v, bias=None, causal=False):
     if bias is not None:
         s = s + bias
     if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        s = s + causal_bias(*s.shape[-2:], dtype=s.dtype)
     return torch.softmax(s, -1) @ v
 
 
