@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from ...masks import hidden_to_bias
 from .. import devices
 from ..limits import input_problems
 from . import launch
@@ -236,7 +237,7 @@ def _float32_bias(bias: torch.Tensor) -> torch.Tensor:
     stored = bias if 0 not in strides else bias[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None)
                                                        for n, st in zip(bias.shape, strides))]
     if bias.dtype == torch.bool:
-        out = torch.zeros(stored.shape, dtype=torch.float32, device=bias.device).masked_fill(~stored, float("-inf"))
+        out = hidden_to_bias(~stored, torch.float32)
     else:
         out = stored.to(torch.float32)
     return out if stored is bias else out.expand(bias.shape)
