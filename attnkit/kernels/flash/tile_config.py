@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 VARIANTS = ("none", "keypad", "full")  # the bias kinds the kernels specialise on
+WIDTHS = ("16bit", "32bit")  # the input widths the lists are kept by
 ALL = frozenset(VARIANTS)
 # Short names of the sets a tile serves, as tiles.py writes them.
 N = frozenset({"none"})
@@ -65,4 +66,8 @@ def nest(entries) -> dict:
     for target, kernel, width, band, tile in entries:
         lst = out.setdefault(target, {}).setdefault(kernel, {}).setdefault(width, {})
         lst[band] = lst.get(band, ()) + (tile,)
+    for kernels in out.values():  # a width without lists stays, empty (fwd_lo has no fp32 lists)
+        for widths in kernels.values():
+            for width in WIDTHS:
+                widths.setdefault(width, {})
     return out
