@@ -89,9 +89,6 @@ def _probe(local: Callable, dtype: torch.dtype, device: torch.device, D: int, Dv
     return _PROBED[key]
 
 
-_BIAS_DTYPE_ERROR = "attn_bias must be additive float or bool (True = attend); got {dtype}"
-
-
 def _prepare(q, k, v, attn_bias, scale, bias_sharding, kv_sharded, local) -> _Call:
     """Check this rank's arguments; ValueError names what is wrong and what to do."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -134,7 +131,8 @@ def _prepare(q, k, v, attn_bias, scale, bias_sharding, kv_sharded, local) -> _Ca
             raise ValueError(f"attn_bias is on {bias.device}, q on {q.device}")
         bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
         # True = attend; -inf and 0 are exact in every float dtype
-        bias = to_additive_bias(bias, q.dtype, dtype_error=_BIAS_DTYPE_ERROR)
+        bias = to_additive_bias(bias, q.dtype,
+                                dtype_error="attn_bias must be additive float or bool (True = attend); got {dtype}")
         bb, bh, bm, bn = bias.shape
         if bb not in (1, B) or bh not in (1, H):
             raise ValueError(f"attn_bias {tuple(attn_bias.shape)} does not broadcast to batch {B}, heads {H}")
