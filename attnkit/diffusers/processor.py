@@ -26,7 +26,7 @@ from ..choose.auto import AUTO_OPTIONS, AutoChooser, Decision
 from ..choose.fixed import Chooser, FixedChooser
 from ..errors import UnsupportedModule
 from .binding import SERVE, keep_accepted, protocol_fits, served_by
-from .protocol import (  # noqa: F401  (check_module_problem and PROCESSOR_ARGUMENTS: read here before 0.2's layout)
+from .protocol import (  # noqa: F401  (check_module_problem, PROCESSOR_ARGUMENTS: read here by code older than attnkit.diffusers)
     APPLY_HINT,
     PROCESSOR_ARGUMENTS,
     _fields_of,
