@@ -33,13 +33,16 @@ bench: $(VENV)/.setup-bench
 bench-kernels: $(VENV)/.setup-test
 	$(PY) -m pytest bench/ --benchmark-only $(PYTEST_ARGS)
 
-# The static performance report of the Triton kernel (no GPU needed): compiles every
-# shipped configuration for sm_80 and sm_90, writes bench/results/static/, fails on
-# spills, duplicated work or an instr/score above its budget. 3 to 4 hours on two cores
-# without Triton's cache (about half an hour with it); the targets' rows compile first, and an
-# interrupted run (Ctrl-C, SIGTERM) still writes a report, marked partial.
+# The static performance report of the Triton kernel (no GPU needed; tools/static_report,
+# not installed): compiles every shipped configuration for sm_80 and sm_90, writes
+# bench/results/static/, fails on spills, duplicated work or an instr/score above its
+# budget. Resumed by source key: a row is recompiled only when the code it is compiled
+# from (the kernels, limits.py, the SASS analysis, the tool's compile functions) or its
+# own tile changed, so a comment, a host-code edit or a new tile recompiles nothing else;
+# a killed run resumes from bench/results/static/rows.partial.jsonl. From nothing: 3 to 4
+# hours on two cores; Ctrl-C or SIGTERM still writes a report, marked partial.
 inspect: $(VENV)/.setup-test
-	$(PY) -m attnkit.kernels.inspect $(INSPECT_ARGS)
+	$(PY) -m tools.static_report --resume $(INSPECT_ARGS)
 
 info: $(VENV)/.setup-test
 	$(PY) -m attnkit info

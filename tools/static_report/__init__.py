@@ -1,0 +1,83 @@
+"""Compile every shipped configuration of the flash-attention kernels for real GPUs and
+read their machine code: a static performance report, and a gate. Not installed with
+attnkit: run it from a checkout (make inspect).
+
+    python -m tools.static_report --resume   # everything, sm_80 and sm_90 (make inspect); writes the report
+    python -m tools.static_report --quick    # the default config of each kernel at head dims 40 / 128
+    python -m tools.static_report --kernel fwd --head-dim 80 --dtype bf16 --arch 90 --bias none
+    python -m tools.static_report --reference 06-fused-attention.py   # beside Triton's tutorial kernel
+    python -m tools.static_report --render bench/results/static       # report.md again, no compiling
+    python -m tools.static_report tiles --check   # the tile table is what tiles.py writes (tiles.py)
+
+No GPU is needed: Triton compiles for a named target and ships ptxas and cuobjdump.
+For each (kernel, head dim, dtype, bias variant, causal or not, TMA or pointer loads,
+tile config, target) it reads from the cubin: registers per thread, stack bytes (a
+non-zero stack is register spilling), shared memory; and from the SASS of the main loop
+(sass.py says how it is found): its length, the matrix instructions it issues,
+its exponentials. Every figure is static: instructions in the program text.
+
+Definitions (written into the report too):
+
+* scores per iteration: BLOCK_M x BLOCK_N, the query-key pairs one iteration of the
+  main loop computes;
+* instr/score = (main-loop length x warps) / scores: warp instructions issued per score;
+* exp/score = (MUFU.EX2 in the loop x 32 x warps) / scores; one per score plus the
+  row rescales of the forward (1 / BLOCK_N) is the least; twice that is duplication;
+* MMA duplication = matrix FLOPs the loop issues / the FLOPs its matmuls need
+  (2 x scores x padded head dim per matmul: 2 matmuls forward, 3 for dQ, 4 for dK/dV);
+* tensor-bound limit: the tensor cores are the limit while the warp schedulers can
+  issue the loop's instructions in the time its matrix work takes. An H100 SM issues 4
+  warp instructions and 4096 dense fp16/bf16 FLOPs per clock (989 TFLOP/s at 1.83 GHz
+  boost over 132 SMs), an A100 SM 4 and 2048 (312 TFLOP/s, 1.41 GHz, 108 SMs), so the
+  limit is instr/score <= matmuls x 2 x padded head dim x 4 / FLOPs per clock: D/256
+  for the forward on H100 (D = padded head dim), D/128 on A100.
+
+It exits with status 1 if a configuration spills, needs more shared memory than its
+target has, issues no tensor-core instruction in 16 bits, duplicates matrix work or
+exponentials, compiles to more instr/score than the budget written next to it in
+the tile table (attnkit/kernels/flash/tiles.py), or fails to compile. One exception, reported but not gated:
+exact fp32 (dots on the FMA units) shows about 2 exp/score: in Triton's FMA layout 16
+threads share each row, and each computes the row's rescale exp2 itself, which at 16-32
+keys per tile costs about as many exponentials again as the scores' own (the TTGIR has
+one exp2 per score). That loop is issue-bound at about 6 instr/score, of which the extra
+exponential is one; 16-bit inputs and tf32 run on tensor cores, where the gate holds,
+and on GPUs auto() sends fp32 to SDPA first.
+
+Compiled variants. The kernels specialise on the bias (none, key padding, a full
+(B, H, M, N) fp32 bias), on causality, and on Hopper on TMA or pointer loads (TMA where
+the tensors are 16-byte aligned; both can run). The budget gates the variant a target
+runs for aligned inputs: TMA loads on sm_90 (16-bit), pointer loads elsewhere; the
+pointer variant on sm_90 is gated for spills, shared memory and duplication, and its
+instr/score is reported. The kernels dkdv_dbias and dq_dbias are dkdv and dq when they
+also write the gradient of the bias (the first sums dS over the queries in registers,
+the second stores dS tiles), with their own candidates; they run only with a bias.
+fwd_lo is the forward that also stores its rounding residual for the backward (16-bit
+only). --quick compiles the default (first) configuration of each list only.
+
+Resuming. A row is keyed by source_key() (key.py: a hash of the code of the kernels,
+limits.py, sass.py, the launcher's _align and _COMPILE_OPTIONS, and this tool's functions
+that compile and read a row; comments and docstrings left out) and by its own tile and
+variant (compile_spec). --resume keeps every row of the report in the output folder, and
+of the checkpoint rows.partial.jsonl that each run appends to as it compiles, whose key
+is this checkout's, and compiles only the rest: a comment, a host-code edit or a tile
+added to the table recompiles nothing else; a killed run (even SIGKILL) loses at most
+the row it was writing.
+
+Storage (store.py). The full run writes bench/results/static/: report.md (the tables),
+report.json (the triton version, the commit, the source key, the date, the command, the
+definitions, the targets' verdicts, the warp-specialization check and the tutorial's
+rows) and the rows, one JSON object a line, in rows/sm80-fwd.jsonl, rows/sm90-dkdv.jsonl,
+... (by target and kernel family: fwd with fwd_lo, dkdv with dkdv_dbias, dq with
+dq_dbias). Not one file: the rows are 2.2 MB, and no tracked file may exceed 1 MB (the
+largest row file is about 0.5 MB; one that would exceed 1 MB is split by dtype). Not
+gzip: a new report's diff stays readable, a changed row is a changed line in the file of
+its kernel, and git stores the unchanged lines once. Reading accepts the earlier
+single-file layout too (every row inline in report.json); --render DIR rewrites it in
+this one.
+
+Modules: cli.py (this command line), jobs.py (which rows, in what order), compile.py
+(one row: compile, read the cubin, gate), key.py (source key), store.py (the report's
+files, resuming), targets.py (targets and report.md), sass.py (the SASS analysis),
+reference.py (the tutorial kernel), warpspec.py (the warp-specialization check),
+tiles.py (the tile table attnkit/kernels/flash/tiles.py, and its subcommand).
+"""

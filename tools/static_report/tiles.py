@@ -2,20 +2,38 @@
 line, never edited by hand.
 
     python -m tools.static_report tiles                       # rewrite it as it is (canonical form)
-    python -m tools.static_report tiles --add "sm90 fwd 16bit 128 T(128, 64, 8, 2, budget=0.6)"
+    python -m tools.static_report tiles --add "sm90 fwd 16bit 128 T(128, 64, 8, 2, budget=0.6)" [--position 0]
     python -m tools.static_report tiles --remove "sm90 fwd 16bit 128 M128-N64-w8-s2"
     python -m tools.static_report tiles --budgets    # each budget 5% above the report's worst figure
+    python -m tools.static_report tiles --check      # exit 1 if the file is not what this writes
 
 An entry is (target, kernel, width, head-dim band, tile); a list's entries keep their order
 (its first entry that serves a call is the call's default). --add appends to its list, or
-inserts at --position. --budgets sets each gated entry's budget to 5% above the worst
-instr/score bench/results/static/report.json measured for it (its head dims, 16-bit dtypes,
-variants, causality and loads), rounded up to 0.01: run it after accepting a new report.
+inserts at --position (0: the list's new default); the tile is written as in tiles.py,
+T(block_m, block_n, num_warps, num_stages, field=value, ...) with the names N, K, F, NK,
+KF, NF, TMA, PTR, CAUSAL, UNCAUSAL. --remove names the tile as the report does
+(str(TileConfig): M128-N64-w8-s2, -r for reload, -reg255 for a register cap), or by its
+T(...) where two tiles of a list share that name; it fails, naming the list's tiles, when
+none or two match. --budgets sets the budget of each entry that has one (None: not gated)
+to 5% above the worst instr/score the report (bench/results/static, --report DIR)
+measured for it, rounded up to 0.01. The rows that count: the entry's target, kernel and
+band, its width's dtypes (16bit: fp16 and bf16; 32bit: fp32), its tile (block sizes,
+warps, stages, reload, register cap), a bias variant, causality, loads and head dim the
+entry serves, the variant the budget gates (on sm_90 in 16 bits the TMA loads; pointer
+loads elsewhere), and a main loop found. An entry without such rows keeps its budget.
+Run it after accepting a new report. --check (CI: tests/static_report) changes nothing
+and exits 1 if tiles.py is not render(its entries), e.g. after an edit by hand.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
+import dataclasses
+import difflib
 import math
+import os
+import sys
 
 from attnkit.kernels.flash import tile_config
 
@@ -120,3 +138,247 @@ def entries_of(configs: dict) -> list[tuple]:
 def budget_for(worst: float) -> float:
     """5% above the worst instr/score measured, rounded up to 0.01."""
     return math.ceil(worst * 1.05 * 100 - 1e-9) / 100
+
+
+# -- reading and editing the table -------------------------------------------------------
+
+TARGETS = {"sm80": 80, "sm90": 90}
+WIDTHS = {"16bit": ("fp16", "bf16"), "32bit": ("fp32",)}
+# The names a T(...) of tiles.py (or of --add) may use.
+_NAMES = {"T": tile_config.TileConfig, **{n: v for v, n in _SET_NAMES.items()}, **{n: v for v, n in _CAUSAL_NAMES.items()}}
+
+
+def parse_tile(text: str) -> tile_config.TileConfig:
+    """A T(...) as tiles.py writes it: a call of T with numbers, True / False / None,
+    (lo, hi) and the set names (N, NK, TMA, CAUSAL, ...) only."""
+    tree = ast.parse(text.strip(), mode="eval")
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "T"):
+        raise ValueError(f"not a tile: {text!r} (write T(block_m, block_n, num_warps, num_stages, field=value, ...))")
+    for node in ast.walk(call):
+        ok = isinstance(node, (ast.Call, ast.Constant, ast.Tuple, ast.keyword, ast.Load, ast.USub, ast.UnaryOp))
+        if isinstance(node, ast.Name):
+            ok = node.id in _NAMES
+        if not ok:
+            raise ValueError(f"{text!r}: only numbers, True / False / None, (lo, hi) and the names "
+                             f"{', '.join(sorted(_NAMES))} may appear in a tile")
+    return eval(compile(tree, "<tile>", "eval"), {"__builtins__": {}}, dict(_NAMES))  # checked above
+
+
+def read_entries(path: str = None) -> list[tuple]:
+    """The ENTRIES of a tiles.py (the shipped one by default), read from its text (no
+    import: a copy elsewhere reads the same)."""
+    with open(path or _path()) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ENTRIES" for t in node.targets):
+            return [(*(ast.literal_eval(x) for x in e.elts[:4]), parse_tile(ast.unparse(e.elts[4])))
+                    for e in node.value.elts]
+    raise ValueError(f"{path}: no ENTRIES")
+
+
+def canonical(entries) -> list[tuple]:
+    """The entries in the order tiles.py lists them: each list's entries together, in
+    their order (nest keeps the first appearance of each list)."""
+    return entries_of(tile_config.nest(entries))
+
+
+def parse_spec(spec: str) -> tuple[tuple, str]:
+    """("sm90", "fwd", "16bit", 128), and the rest (a T(...) or a tile name) of a spec
+    "sm90 fwd 16bit 128 ..."."""
+    from attnkit.kernels import limits
+
+    from .jobs import KERNELS
+
+    parts = spec.split(None, 4)
+    if len(parts) < 5:
+        raise ValueError(f"{spec!r}: write TARGET KERNEL WIDTH BAND TILE, e.g. \"sm90 fwd 16bit 128 "
+                         "T(128, 64, 8, 2, budget=0.6)\" or \"sm90 fwd 16bit 128 M128-N64-w8-s2\"")
+    target, kernel, width, band, rest = parts
+    problems = [f"target {target!r} not one of {sorted(TARGETS)}"] if target not in TARGETS else []
+    problems += [f"kernel {kernel!r} not one of {list(KERNELS)}"] if kernel not in KERNELS else []
+    problems += [f"width {width!r} not one of {sorted(WIDTHS)}"] if width not in WIDTHS else []
+    if not band.isdigit() or int(band) not in limits.BANDS:
+        problems.append(f"band {band!r} not one of {list(limits.BANDS)}")
+    if problems:
+        raise ValueError(f"{spec!r}: " + "; ".join(problems))
+    return (target, kernel, width, int(band)), rest.strip()
+
+
+def _list(entries, key) -> list[int]:
+    return [i for i, e in enumerate(entries) if tuple(e[:4]) == key]
+
+
+def _describe(entries, key) -> str:
+    where = _list(entries, key)
+    if not where:
+        return f"no list {' '.join(map(str, key))}"
+    return f"list {' '.join(map(str, key))} holds: " + "; ".join(tile_source(entries[i][4]) for i in where)
+
+
+def add(entries, spec: str, position: int | None = None) -> list[tuple]:
+    """entries with the tile of spec ("sm90 fwd 16bit 128 T(128, 64, 8, 2, budget=0.6)")
+    appended to its list, or inserted at position (0: the list's new default)."""
+    key, rest = parse_spec(spec)
+    tile = parse_tile(rest)
+    entries = list(entries)
+    where = _list(entries, key)
+    if any(dataclasses.replace(entries[i][4], budget=None) == dataclasses.replace(tile, budget=None) for i in where):
+        raise ValueError(f"{spec!r}: already there ({_describe(entries, key)})")
+    if where:
+        if position is not None and not 0 <= position <= len(where):
+            raise ValueError(f"--position {position}: the list has {len(where)} entries (0 to {len(where)})")
+        at = where[position] if position is not None and position < len(where) else where[-1] + 1
+    else:  # a new list: after the lists of its target, kernel and width with smaller bands
+        if position not in (None, 0):
+            raise ValueError(f"--position {position}: {_describe(entries, key)} yet")
+        before = [i for i, e in enumerate(entries) if tuple(e[:3]) == key[:3] and e[3] < key[3]]
+        after = [i for i, e in enumerate(entries) if tuple(e[:3]) == key[:3] and e[3] > key[3]]
+        at = before[-1] + 1 if before else after[0] if after else len(entries)
+    entries.insert(at, (*key, tile))
+    return entries
+
+
+def remove(entries, spec: str) -> list[tuple]:
+    """entries without the tile of spec ("sm90 fwd 16bit 128 M128-N64-w8-s2": the tile's
+    name, str(TileConfig); or its T(...) where two tiles of the list share a name)."""
+    key, rest = parse_spec(spec)
+    where = _list(entries, key)
+    if rest.startswith("T("):
+        tile = parse_tile(rest)
+        found = [i for i in where if entries[i][4] == tile]
+    else:
+        found = [i for i in where if str(entries[i][4]) == rest]
+    if not found:
+        raise ValueError(f"{spec!r}: not found ({_describe(entries, key)})")
+    if len(found) > 1:
+        raise ValueError(f"{spec!r}: {len(found)} tiles of the list are {rest}: "
+                         + "; ".join(tile_source(entries[i][4]) for i in found)
+                         + " (give the one to remove as its T(...))")
+    return [e for i, e in enumerate(entries) if i != found[0]]
+
+
+def serves(entry, row) -> bool:
+    """Whether a report row (a Result) was compiled from this entry: the same target,
+    kernel, width, band and tile, and a variant, causality, loads and head dim it serves."""
+    from attnkit.kernels import limits
+
+    target, kernel, width, band, t = entry
+    j = row.job
+    padded = limits.padded_head_dim(j.head_dim)
+    return (j.arch == TARGETS[target] and j.kernel == kernel and j.dtype in WIDTHS[width] and j.band == band
+            and j.config == (t.block_m, t.block_n, t.num_warps, t.num_stages, int(t.reload))
+            and (j.maxnreg or None) == t.maxnreg and j.bias in t.variants and j.causal in t.causal
+            and ("tma" if j.tma else "ptr") in t.loads and (t.dims is None or t.dims[0] <= padded <= t.dims[1]))
+
+
+def _gated_variant(row) -> bool:
+    """The variant the budget gates (compile.Result.gated without the budget): what the
+    target runs for aligned inputs, TMA loads on sm_90 in 16 bits, pointer loads elsewhere."""
+    j = row.job
+    return j.tma or j.arch != 90 or j.dtype == "fp32"
+
+
+def budgets(entries, results) -> tuple[list[tuple], list[str]]:
+    """entries with each budget set to budget_for(the worst instr/score of the rows it
+    gates), and what changed. Only entries that have a budget are changed (None: not
+    gated, e.g. the pointer-only tiles of sm_90); the rows that count are those serves()
+    gives, of the gated variant, with a figure (compiled, main loop found)."""
+    out, notes = [], []
+    for entry in entries:
+        t = entry[4]
+        if t.budget is None:
+            out.append(entry)
+            continue
+        rows = [r for r in results if serves(entry, r)]
+        figures = [r.instr_per_score for r in rows if _gated_variant(r)
+                   and r.loop_length > 0 and r.instr_per_score == r.instr_per_score]
+        name = f"{' '.join(map(str, entry[:4]))} {tile_source(t)}"
+        if not figures:
+            why = "none of its rows is of the gated variant (on sm_90, 16-bit: TMA loads)" if rows else "no rows"
+            notes.append(f"{name}: {why} in the report: budget kept")
+            out.append(entry)
+            continue
+        new = budget_for(max(figures))
+        if new != t.budget:
+            notes.append(f"{name}: budget {t.budget} -> {new} (worst of {len(figures)} rows: {max(figures):.4f})")
+        out.append((*entry[:4], dataclasses.replace(t, budget=new)))
+    return out, notes
+
+
+def _path() -> str:
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), TILES_PATH)
+
+
+def main(argv=None) -> int:
+    from . import store
+
+    ap = argparse.ArgumentParser(prog="python -m tools.static_report tiles",
+                                 description="Write the tile table (attnkit/kernels/flash/tiles.py) again, in its "
+                                 "canonical form, with the changes asked for. " + __doc__.split("\n\n")[-1].strip(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--add", action="append", default=[], metavar="SPEC",
+                    help='"TARGET KERNEL WIDTH BAND T(...)", e.g. "sm90 fwd 16bit 128 T(128, 64, 8, 2, budget=0.6)"; '
+                         "appended to its list (repeatable)")
+    ap.add_argument("--position", type=int, help="with one --add: its index in its list (0: the list's default)")
+    ap.add_argument("--remove", action="append", default=[], metavar="SPEC",
+                    help='"TARGET KERNEL WIDTH BAND NAME", e.g. "sm90 fwd 16bit 128 M128-N64-w8-s2" (the name '
+                         "the report shows; a T(...) where two tiles of a list share it); repeatable")
+    ap.add_argument("--budgets", action="store_true",
+                    help="set each gated entry's budget 5%% above the worst instr/score the report measured for it")
+    ap.add_argument("--report", metavar="DIR", default=store.REPORT_DIR,
+                    help="the report --budgets reads (default %(default)s)")
+    ap.add_argument("--check", action="store_true",
+                    help="change nothing; exit 1 if the file is not what this command writes (an edit by hand)")
+    ap.add_argument("--file", default=None, help=f"the table to read and write (default {TILES_PATH})")
+    args = ap.parse_args(argv)
+    path = args.file or _path()
+    if args.position is not None and len(args.add) != 1:
+        ap.error("--position goes with one --add")
+    with open(path) as f:
+        text = f.read()
+    entries = read_entries(path)
+    if args.check:
+        if args.add or args.remove or args.budgets:
+            ap.error("--check changes nothing: give it alone")
+        want = render(canonical(entries))
+        if text == want:
+            print(f"{path}: as generated")
+            return 0
+        diff = difflib.unified_diff(text.splitlines(True), want.splitlines(True), path, "generated", n=1)
+        sys.stdout.writelines(list(diff)[:40])
+        print(f"{path} is not what tools/static_report/tiles.py writes (edited by hand?): make the change with "
+              "`python -m tools.static_report tiles [--add SPEC] [--remove SPEC] [--budgets]`, or run "
+              "`python -m tools.static_report tiles` to write it in its canonical form.")
+        return 1
+    try:
+        for spec in args.remove:
+            entries = remove(entries, spec)
+            print(f"removed {spec}")
+        for spec in args.add:
+            entries = add(entries, spec, args.position)
+            print(f"added {spec}")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.budgets:
+        record = store.read_record(args.report)
+        if record.get("partial"):
+            print(f"note: {args.report} is a partial report ({record['partial']}): entries without rows keep "
+                  "their budget")
+        if record.get("source_key") != store.source_key():
+            print(f"note: {args.report} was not compiled from this code (source key {record.get('source_key')}, "
+                  f"this checkout's {store.source_key()}): its figures may be stale")
+        entries, notes = budgets(entries, [store._from_record(r) for r in record["rows"]])
+        print("\n".join(notes) or "budgets: no change")
+    out = render(canonical(entries))
+    if out == text:
+        print(f"{path}: unchanged")
+        return 0
+    with open(path, "w") as f:
+        f.write(out)
+    print(f"wrote {path}")
+    if args.add:
+        print("its rows: `make inspect` (python -m tools.static_report --resume) compiles only the rows it "
+              "does not have; then --budgets, if the entry is gated")
+    return 0

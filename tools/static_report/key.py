@@ -1,0 +1,102 @@
+"""What keys a row of the static report: source_key(), a hash of the code every row is
+compiled and analysed from, and compile_spec(), what one row is compiled from besides
+that code (its tile and variant).
+
+A row is kept by --resume while both are the same: a comment, a docstring, a line moved,
+an edit of the launcher's other host code (ops.py, launch.py outside _align and
+_COMPILE_OPTIONS) or of the tile table (tiles.py) keeps every other row; an edit of the
+kernels' code, of the head-dim split (limits.py), of the SASS analysis (sass.py) or of
+the functions that compile and read a row (_ROW_FUNCTIONS, found by name in any module
+of tools/static_report, so they may move between its modules) makes every row stale.
+Not in the key: the module-level constants those functions read (MATMULS, SMEM_LIMIT,
+... in compile.py) and triton's own files beyond its version: after editing one, rerun
+without --resume.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+
+from .compile import Job
+
+# What a row's figures depend on besides triton and the row's own tile: the kernels'
+# code, the limits that split the head dim, the SASS analysis, and the functions of this
+# tool that compile and read a row. A row is kept (--resume) while this key is the same.
+_ROW_MODULES = ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/limits.py", "tools/static_report/sass.py")
+_ROW_FUNCTIONS = ("compile_job", "analyse", "_read_cubin", "_compile", "_signature", "_tool", "Result", "Job")
+# The host helpers of attnkit/kernels/flash/launch.py that compile_job reads.
+_ROW_HELPERS = ("_align", "_COMPILE_OPTIONS")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class _NoDocstrings(ast.NodeTransformer):
+    """Docstrings left out: like comments, they cannot change a compiled kernel."""
+
+    def _strip(self, node):
+        self.generic_visit(node)
+        body = getattr(node, "body", None)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+        return node
+
+    visit_Module = visit_FunctionDef = visit_ClassDef = visit_AsyncFunctionDef = _strip
+
+
+def _code(source: str) -> ast.Module:
+    return _NoDocstrings().visit(ast.parse(source))
+
+
+def _named(tree: ast.Module, names) -> list[str]:
+    out = []
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names:
+            out.append(ast.dump(n))
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)) and _assigned(n) & set(names):
+            out.append(ast.dump(n))
+    return out
+
+
+def _assigned(node: ast.AST) -> set[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return {x.id for t in targets for x in ast.walk(t) if isinstance(x, ast.Name)}  # a, b = ... too
+
+
+def source_key(root: str = _ROOT) -> str:
+    """A hash of what every row is compiled and analysed from (see _ROW_MODULES): the code
+    only, so a comment, a docstring, a line moved or an edit of the host code elsewhere
+    keeps it; the tile lists are not in it (each row carries its own tile)."""
+    import triton
+
+    h = hashlib.sha256(f"triton {triton.__version__}\n".encode())
+    for rel in _ROW_MODULES:
+        with open(os.path.join(root, rel)) as f:
+            h.update(ast.dump(_code(f.read())).encode())
+    with open(os.path.join(root, "attnkit/kernels/flash/launch.py")) as f:
+        h.update("".join(_named(_code(f.read()), _ROW_HELPERS)).encode())
+    here = os.path.join(root, "tools", "static_report")
+    found = {}
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name)) as f:
+                tree = _code(f.read())
+            for n in tree.body:
+                if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in _ROW_FUNCTIONS:
+                    found[n.name] = ast.dump(n)
+    missing = set(_ROW_FUNCTIONS) - set(found)
+    if missing:
+        raise RuntimeError(f"source_key: {sorted(missing)} not found in tools/static_report")
+    for name in _ROW_FUNCTIONS:
+        h.update(found[name].encode())
+    return h.hexdigest()[:16]
+
+
+def compile_spec(job: Job) -> tuple:
+    """What a row is compiled from besides the source: its tile and its variant (not its
+    budget or whether it is a list's default, which only gate or label it)."""
+    return (job.kernel, job.head_dim, job.dtype, tuple(job.config), job.arch, job.bias, job.causal, job.tma,
+            job.warp_specialize, job.piece, job.grads, job.maxnreg)
+
+
