@@ -304,8 +304,15 @@ def test_a_row_is_kept_across_a_budget_change_and_dropped_with_its_tile(tmp_path
     r = kept[rebudgeted]
     assert r.job.budget == 0.3 and not r.job.default and r.instr_per_score == 0.4 and r.regs == 128
     assert r.problems == ["instr/score 0.400 > budget 0.3"]  # gated on this run's budget
+    # A finished run takes out of the checkpoint the rows its report holds; rows of other
+    # jobs (a killed full run's, before a subset ran into the same folder) stay.
+    stale_row = dict(rec, head_dim=80)
+    (tmp_path / store.CHECKPOINT).write_text(json.dumps(rec) + "\n" + json.dumps(stale_row) + "\n")
+    store.retire_checkpoint(str(tmp_path), [r], "k1")
+    assert [json.loads(x) for x in (tmp_path / store.CHECKPOINT).read_text().splitlines()] == [stale_row]
+    store.retire_checkpoint(str(tmp_path), [r, store._from_record(stale_row)], "k1")
+    assert not (tmp_path / store.CHECKPOINT).exists()
     # A report's rows are keyed by its source_key (the single-file layout's too).
-    (tmp_path / store.CHECKPOINT).unlink()
     (tmp_path / "report.json").write_text(json.dumps({"source_key": "k1", "rows": [store._record(r)]}))
     assert list(store.resumable_rows(str(tmp_path), [job], "k1")[0]) == [job]
     assert store.resumable_rows(str(tmp_path), [job], "k2")[0] == {}

@@ -19,8 +19,8 @@ from .compile import SMEM_LIMIT, Job, Result, _flash, compile_job
 from .jobs import ARCHS, BIASES, DTYPES, HEAD_DIMS, KERNELS, jobs_for
 from .key import source_key
 from .reference import compile_reference
-from .store import (CHECKPOINT, REPORT_DIR, _record, render, resumable_reference, resumable_rows, source_state,
-                    write_report)
+from .store import (CHECKPOINT, REPORT_DIR, _record, render, resumable_reference, resumable_rows,
+                    retire_checkpoint, source_state, write_report)
 from .warpspec import check_warp_specialization
 
 
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
                              key=key)
         print("wrote " + " and ".join(paths))
         if not interrupted:
-            os.remove(os.path.join(out_dir, CHECKPOINT))  # every row is in the report now
+            retire_checkpoint(out_dir, results, key)  # its rows are in the report now
     if interrupted:
         return 130
     return 1 if failed else 0

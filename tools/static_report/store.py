@@ -13,7 +13,8 @@ the package docstring, "Storage"):
                               sm80-dq (dq and dq_dbias), the same for sm90; a file that would
                               exceed ROW_FILE_LIMIT is split by dtype (sm90-fwd-fp16, ...)
     rows.partial.jsonl        the checkpoint: each row appended as it compiles, with its
-                              source key (git-ignored; removed when the report is written)
+                              source key (git-ignored; when a run finishes, the rows its
+                              report holds are taken out, and an empty file removed)
     report.previous.*         the report a run replaced (git-ignored): .json, .md, .rows/
 
 The rows are written in jobs.row_order and read back in it. Reading accepts the earlier
@@ -273,6 +274,20 @@ def resumable_rows(out_dir: str, jobs: list[Job], key: str) -> tuple[dict, str]:
             r.job = j
             kept[j] = r
     return kept, f"{len(found)} rows compiled from source key {key} in {out_dir}"
+
+
+def retire_checkpoint(out_dir: str, results: list[Result], key: str) -> None:
+    """After a report is written: the checkpoint without the rows the report holds (all
+    of them, for a run that finished: the file goes); rows of other jobs (a killed full
+    run's, when a subset ran into the same folder) stay for the next --resume."""
+    path = os.path.join(out_dir, CHECKPOINT)
+    written = {compile_spec(r.job) for r in results}
+    left = [rec for spec, rec in _read_rows(path, key).items() if spec not in written]
+    if left:
+        with open(path, "w") as f:
+            f.write("".join(json.dumps(rec, separators=(",", ":")) + "\n" for rec in left))
+    elif os.path.exists(path):
+        os.remove(path)
 
 
 def resumable_reference(out_dir: str) -> list[Result]:
