@@ -52,7 +52,7 @@ class TritonBackend(Backend):
         max_head_dim=limits.MAX_HEAD_DIM,
         # 8.0: bf16 tensor-core MMA starts with Ampere, and the tile configurations are
         # compiled and checked (registers, shared memory) for sm_80 and sm_90 only
-        # (python -m attnkit.kernels.inspect). Turing would need its own fp16-only tiles.
+        # (python -m tools.static_report). Turing would need its own fp16-only tiles.
         min_capability=(8, 0),
         masks=frozenset(MASK_KINDS),
         backward=True,

@@ -19,7 +19,7 @@ specifications per compute capability):
 
 Consumer Blackwell (12.x) has no warp-group MMA, and the sm90 lists' Hopper tiles need up
 to 227 KiB: it runs the sm80 lists. Each sm80 default fits 99 KiB where a tile that does
-and compiles clean (no spill, no duplicated work) exists (`python -m attnkit.kernels.inspect`
+and compiles clean (no spill, no duplicated work) exists (`python -m tools.static_report`
 checks it); where none does, the default is A100's clean tile and the call is in NEEDS
 below. On a GPU with less shared memory than the call needs the backend refuses it up
 front (auto() then picks another backend, before the forward rather than at a backward

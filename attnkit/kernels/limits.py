@@ -4,7 +4,7 @@
 
 This module imports neither triton nor the kernels: attnkit's backend reads it to answer
 "can you serve this call?" on machines where triton is not installed, and the kernel
-module (flash_attention.py) takes its limits from here, so there is one copy of each.
+package (flash/) takes its limits from here, so there is one copy of each.
 
 Head dims. Triton tiles are powers of two, and tensor-core dots need a reduction length
 of at least 16. Padding the head dim to the next power of two wastes a lot at the head

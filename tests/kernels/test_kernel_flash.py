@@ -14,7 +14,7 @@ their dots, the fp32 softmax. So the bf16 tests prove the bf16 data path and its
 roundings; they do not prove the bf16 tensor-core instruction, which only the compiler
 emits (EMULATE_BF16 is a constexpr, False in every compiled kernel: the branch does not
 exist there). That the compiled bf16 kernels use tensor cores (mma on sm_80, wgmma on
-sm_90) is checked by `python -m attnkit.kernels.inspect` (tests/static_report/test_kernel_inspect.py).
+sm_90) is checked by `python -m tools.static_report` (tests/static_report/test_kernel_inspect.py).
 
 The interpreter also truncates fp32 to bf16 where a GPU rounds to nearest; conftest
 installs tests/kernels/_interpreter_rounding.py so that those roundings (the output, P, dS, the

@@ -397,7 +397,7 @@ def _fwd_loops(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, OFF, n
     WARP_SPEC marks the unmasked loop for Triton's automatic warp specialization. The
     launcher leaves it off: with triton 3.9 on sm_90 it compiles to the same machine
     code (8 warps) or fails to compile (4 warps); the static report checks it again on
-    every run (python -m attnkit.kernels.inspect)."""
+    every run (python -m tools.static_report)."""
     for start_n in tl.range(0, n_unmasked, BLOCK_N, warp_specialize=WARP_SPEC):
         acc0, acc1, m_i, l_i = _fwd_tile(
             acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n, m_left, n_hi - start_n,
