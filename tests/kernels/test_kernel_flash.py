@@ -44,7 +44,7 @@ from attnkit.testing import (
     rel_error,
     torch_math_attention,
 )
-from tests._masks import key_padding_bias
+from tests._masks import additive, key_padding_bias
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -126,7 +126,7 @@ def test_forward_matches_reference(case, seed):
     assert out.dtype == q.dtype and out.shape == q.shape
     # The output keeps q's layout: a (B, M, H, D) view stays one (no copy to undo).
     assert out.stride() == q.stride()
-    assert_close_to_reference(out, q, k, v, bias)
+    assert_close_to_reference(out, q, k, v, additive(bias))  # a bool mask converted by the tests' own rule
 
 
 def test_custom_scale_and_last_dim_strided_input(seed):
