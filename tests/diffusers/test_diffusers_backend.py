@@ -26,6 +26,7 @@ from tests.zoo._zoo import BY_ID
 from attnkit import diffusers_backend
 from attnkit.processor import PROCESSOR_ARGUMENTS, UnsupportedModule
 from attnkit.testing import assert_close_to_reference, reference_attention, rel_error
+from tests._masks import additive, causal_bias
 
 
 @pytest.fixture(autouse=True)
@@ -85,8 +86,7 @@ def test_backend_matches_native_and_float64(seed, mask_kind):
     bias = mask
     if mask is not None and mask.dim() == 2:
         bias = mask[:, None, None, :]
-    if bias is not None and bias.dtype != torch.bool:
-        bias = bias.float()
+    bias = additive(bias)  # a bool mask converted by the tests' own rule, not attnkit.masks
     ref = reference_bsd(q, k, v, None if bias is None else (bias if bias.dim() == 4 else bias[None]))
     assert out.shape == (b, m, h, d) and torch.isfinite(out).all()
     assert rel_error(out, ref) <= 2 * rel_error(native(q, k, v, attn_mask=mask).nan_to_num(0.0), ref) + 1e-6
@@ -99,7 +99,7 @@ def test_scale_causal_and_gqa(seed):
     k, v = bsd(2, 9, 2, 16), bsd(2, 9, 2, 16)
     out = ours(q, k, v, scale=0.3, enable_gqa=True, is_causal=True)
     kk, vv = (x.repeat_interleave(2, dim=2) for x in (k, v))
-    causal = torch.ones(6, 9, dtype=torch.bool).tril()
+    causal = causal_bias(6, 9)
     assert_close_to_reference(out.transpose(1, 2), q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
                               causal, 0.3)
     with pytest.raises(ValueError, match="enable_gqa=True"):

@@ -18,6 +18,7 @@ from diffusers.models.attention_processor import Attention, AttnProcessor, AttnP
 import attnkit
 from attnkit.processor import UnsupportedModule
 from attnkit.testing import reference_attention, rel_error
+from tests._masks import additive
 
 PROCESSORS = {
     "vanilla": lambda: attnkit.VanillaProcessor(),
@@ -143,8 +144,8 @@ def _mask_variants(b, h, m, n):
     return {
         # the UNet turns encoder_attention_mask (B, N) into (B, 1, N) -10000 bias
         "unet-encoder-mask": (add[:, None, :], add[:, None, None, :]),
-        "bool-2d": (keep, keep[:, None, None, :]),
-        "bool-3d": (keep[:, None, :], keep[:, None, None, :]),
+        "bool-2d": (keep, additive(keep[:, None, None, :])),
+        "bool-3d": (keep[:, None, :], additive(keep[:, None, None, :])),
         "additive-2d": (add, add[:, None, None, :]),
         # after Attention.prepare_attention_mask: (B*H, 1, N)
         "prepared-bh": (add.repeat_interleave(h, 0)[:, None, :], add[:, None, None, :]),
