@@ -10,7 +10,7 @@ import torch
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit.chooser import AutoProcessor
+from attnkit.diffusers.processor import AutoProcessor
 from attnkit.backends import AttentionCall, BackendUnavailable, DeviceInfo
 from attnkit.backends.sdpa import SDPABackend
 from attnkit.backends.sliced import SlicedBackend

@@ -1,7 +1,7 @@
 """The priority rules per hardware class, as data and through the processor's real path.
 
 The choice for an H100 with flash-attn installed is a pure function of the described
-call (attnkit.policy.walk), so it is tested here on a CPU. The same matrix then runs
+call (attnkit.choose.policy.walk), so it is tested here on a CPU. The same matrix then runs
 through a diffusers Attention module and attnkit.auto(), with only the device's
 description and the installed packages stood in for, so that a processor that ignored
 the order, an exclusion or a reason would fail it.
@@ -14,12 +14,12 @@ import torch
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit import chooser as chooser_module
-from attnkit import policy
+from attnkit.choose import auto as chooser_module
+from attnkit.choose import policy
 from attnkit.backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo
 from attnkit.backends import base as backends_base
 from attnkit.backends.sdpa import SDPABackend
-from attnkit.policy import CANDIDATES, LAST_RESORT, PRIORITIES, choose, hardware_class, walk
+from attnkit.choose.policy import CANDIDATES, LAST_RESORT, PRIORITIES, choose, hardware_class, walk
 from attnkit.testing import make_bias
 
 ALL = {"flash_attn": "2.6.3", "flash_attn_3": "3.0.0b1", "xformers": "0.0.28", "triton": "3.1.0"}

@@ -20,9 +20,9 @@ import pytest
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit import tuning
+from attnkit.choose import tuning
 from attnkit.backends import AttentionCall
-from attnkit.policy import CANDIDATES
+from attnkit.choose.policy import CANDIDATES
 from attnkit.testing import assert_close_to_reference, make_bias, make_qkv
 
 
@@ -405,7 +405,7 @@ def test_concurrent_writers_do_not_corrupt_the_cache(tmp_path):
 _KILLED_WRITER = r"""
 import os, sys, time, tempfile
 from pathlib import Path
-from attnkit import tuning
+from attnkit.choose import tuning
 path = Path(sys.argv[1])
 fd, tmp = tempfile.mkstemp(prefix=tuning._tmp_prefix(path), suffix=".tmp", dir=path.parent)
 os.write(fd, b'{"version": 1, "entries": {"half": ')

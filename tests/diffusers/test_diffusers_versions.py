@@ -21,7 +21,7 @@ CHILD = r"""
 import torch, warnings
 warnings.filterwarnings("ignore")
 import diffusers, attnkit
-from attnkit import diffusers_backend
+from attnkit.diffusers import backend as diffusers_backend
 assert diffusers.__version__ == VERSION, diffusers.__version__
 assert diffusers_backend.PROBLEM is None, diffusers_backend.PROBLEM
 from diffusers import FluxTransformer2DModel

@@ -73,7 +73,7 @@ def test_a_malformed_dispatch_call_raises_and_demotes_nothing(seed, restore_acti
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
     proc = attnkit.auto()
-    member = attnkit.diffusers_backend.member_for(proc)
+    member = attnkit.diffusers.backend.member_for(proc)
     q, v = torch.randn(1, 16, 2, 64), torch.randn(1, 16, 2, 64)
     with pytest.raises(ValueError, match=r"query \(1, 16, 2, 64\), key \(1, 16, 2, 32\).*same head_dim and batch"):
         dispatch_attention_fn(q, torch.randn(1, 16, 2, 32), v, backend=member)
@@ -90,7 +90,7 @@ def test_a_key_batch_of_one_broadcasts_as_native_takes_it(seed, forced, monkeypa
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
     monkeypatch.setenv("ATTNKIT_BACKEND", forced)
-    member = attnkit.diffusers_backend.member_for(attnkit.auto())
+    member = attnkit.diffusers.backend.member_for(attnkit.auto())
     q, k, v = torch.randn(3, 8, 2, 16), torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
     expected = dispatch_attention_fn(q, k, v, backend="native")
     assert rel_error(dispatch_attention_fn(q, k, v, backend=member), expected) < 1e-5
@@ -380,7 +380,7 @@ def test_where_the_protocol_computes_what_a_generic_processor_skips_it_says_so(s
     whole reason), which then differs from stock: never silently."""
     from diffusers.models import attention_processor as ap
 
-    monkeypatch.setattr(attnkit.binding, "_SAID", set())  # said once per kind of module and process
+    monkeypatch.setattr(attnkit.diffusers.binding, "_SAID", set())  # said once per kind of module and process
 
     attn = ap.Attention(query_dim=32, heads=2, dim_head=16, **kw).eval()
     attn.set_processor(getattr(ap, stock_name)())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from attnkit.backends import BACKEND_NAMES, capability_columns
 from attnkit.backends.flash_attn import FA3_DISTRIBUTIONS, FlashAttnBackend
-from attnkit.policy import CANDIDATES
+from attnkit.choose.policy import CANDIDATES
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -11,8 +11,8 @@ import torch
 from attnkit import info
 import pytest
 
-from attnkit import policy
-from attnkit.policy import CANDIDATES
+from attnkit.choose import policy
+from attnkit.choose.policy import CANDIDATES
 from attnkit.testing import assert_close_to_reference, make_qkv
 
 

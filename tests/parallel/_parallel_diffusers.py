@@ -81,7 +81,7 @@ def diffusers_cp(rank: int, world: int, payload: dict) -> dict:
     # diffusers' enable_parallelism, with what a CPU-only machine on gloo lacks filled in
     # (an accelerator to count, a gather of unequal shards, Logger.warning_once): the
     # recipe the README gives, said where it is done
-    from attnkit.parallel.diffusers_cp import enable_parallelism
+    from attnkit.diffusers.context_parallel import enable_parallelism
 
     results = {}
     for (name, build), mode, odd in itertools.product(MODELS.items(), ("ring", "ulysses"), (False, True)):

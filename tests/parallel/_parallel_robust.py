@@ -128,7 +128,7 @@ def diffusers_recipe(rank: int, world: int, payload: dict) -> dict:
 
     import attnkit  # noqa: F401  (registers the "attnkit" backends)
     from tests.parallel._parallel_diffusers import _forward_backward, wan
-    from attnkit.parallel.diffusers_cp import enable_parallelism
+    from attnkit.diffusers.context_parallel import enable_parallelism
 
     seed = payload["seed"]
     model, inputs = wan(seed, odd=True)

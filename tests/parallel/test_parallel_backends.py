@@ -10,7 +10,7 @@ import torch
 import attnkit
 from attnkit.backends import BackendUnavailable
 from attnkit.parallel import math_attention
-from attnkit.parallel.diffusers_cp import local_attention_for
+from attnkit.diffusers.context_parallel import local_attention_for
 from attnkit.testing import make_bias, make_qkv, rel_error
 
 CHOOSERS = {

@@ -11,7 +11,7 @@ compared with one process in float64.
   timeout), and the next ordinary call on the same groups gives the right answer. The
   groups' timeout is short here, so a transfer left in flight fails the batch quickly.
 - diffusers' enable_parallelism on a CPU-only machine through the README's recipe
-  (attnkit.parallel.diffusers_cp.enable_parallelism), with uneven shards, after a
+  (attnkit.diffusers.context_parallel.enable_parallelism), with uneven shards, after a
   training forward that a backend refused inside the ring.
 """
 

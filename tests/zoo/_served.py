@@ -258,7 +258,7 @@ def test_set_attn_processor_serves_exactly_or_refuses(case):
 
 def _count_calls_per_module(proc) -> dict[int, int]:
     """{id(attention module): calls attnkit's chooser served for it}."""
-    from attnkit.protocol import Caller
+    from attnkit._text import Caller
 
     counts: dict[int, int] = {}
     real = proc.chooser.attention
