@@ -23,8 +23,9 @@ from diffusers.models.attention_dispatch import (
 
 import attnkit
 from tests.zoo._zoo import BY_ID
-from attnkit import diffusers_backend
-from attnkit.processor import PROCESSOR_ARGUMENTS, UnsupportedModule
+from attnkit.diffusers import backend as diffusers_backend
+from attnkit.diffusers.protocol import PROCESSOR_ARGUMENTS
+from attnkit.errors import UnsupportedModule
 from attnkit.testing import assert_close_to_reference, reference_attention, rel_error
 from tests._masks import additive, causal_bias
 
@@ -194,7 +195,7 @@ def test_processor_arguments_cover_every_diffusers_processor():
                         names.add(p.name)
     advertised = set(inspect.signature(attnkit.auto().__call__).parameters)
     missing = sorted(names - advertised - {"self"})
-    assert not missing, f"add to attnkit.processor.PROCESSOR_ARGUMENTS: {missing}"
+    assert not missing, f"add to attnkit.diffusers.protocol.PROCESSOR_ARGUMENTS: {missing}"
     assert set(PROCESSOR_ARGUMENTS) <= advertised
 
 

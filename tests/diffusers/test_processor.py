@@ -16,7 +16,7 @@ import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
 import attnkit
-from attnkit.processor import UnsupportedModule
+from attnkit.errors import UnsupportedModule
 from attnkit.testing import reference_attention, rel_error
 from tests._masks import additive
 
@@ -302,7 +302,7 @@ def test_apply_keeps_ip_adapter_processors_and_names_modules():
     assert isinstance(unet.attn_processors[ip_name], IPAdapterAttnProcessor2_0)
     module = dict(unet.named_modules())[ip_module]
     assert module._attnkit_name == ip_module
-    from attnkit.processor import describe_module
+    from attnkit._text import describe_module
 
     assert describe_module(module).startswith(module._attnkit_name + " [Attention(heads=")
 
@@ -366,10 +366,10 @@ def test_trace_time_choices_take_only_constants(monkeypatch, seed, proc_name):
 
     import torch._dynamo as dynamo
 
-    from attnkit._compile import mark_compile_constant
+    from attnkit.choose._compile import mark_compile_constant
 
-    processor_mod = importlib.import_module("attnkit.processor")  # attnkit.processor is also a function
-    chooser_mod = importlib.import_module("attnkit.chooser")
+    processor_mod = importlib.import_module("attnkit.choose.fixed")  # FixedChooser's trace-time function
+    chooser_mod = importlib.import_module("attnkit.choose.auto")
 
     given = []
     for mod, name in ((processor_mod, "_fixed_problem"), (chooser_mod, "_compiled_choice")):
@@ -428,7 +428,7 @@ def test_copies_of_a_processor_choose_for_compile_with_their_own_chooser():
     import copy
     import pickle
 
-    from attnkit._compile import compile_owner
+    from attnkit.choose._compile import compile_owner
 
     for proc in (attnkit.auto(), attnkit.SDPAProcessor()):
         copies = [copy.deepcopy(proc), pickle.loads(pickle.dumps(proc)), copy.copy(proc.chooser)]
