@@ -266,7 +266,7 @@ def test_a_raising_local_attention_ends_every_rank_and_leaves_the_group_usable(n
 # -- diffusers on a CPU-only machine -----------------------------------------------------------
 
 def test_diffusers_cpu_recipe_after_a_refused_forward(module_seed):
-    """The README's recipe (enable_parallelism from attnkit.parallel.diffusers_cp) on a tiny
+    """The README's recipe (enable_parallelism from attnkit.diffusers.context_parallel) on a tiny
     Wan transformer, 2 gloo ranks, uneven shards (diffusers' "anything" split, whose
     gather gloo refuses unaided). First a training forward with attnkit_sdpa, refused
     inside the ring on every rank (torch's SDPA gives its lse no gradient); then the same
