@@ -43,7 +43,7 @@ SM80_LEAST = 101_376
 # The shipped default tiles that need more shared memory than SM80_LEAST, as the static
 # report (bench/results/static/report.json) measured them on their target:
 # (target, kernel, "16bit" or "32bit", head-dim band, bias variant, causal) -> bytes, the
-# most over the band's head dims, loads and launches. tests/test_kernel_inspect.py checks
+# most over the band's head dims, loads and launches. tests/static_report/test_kernel_inspect.py checks
 # that this table is exactly what the committed report says.
 NEEDS: dict[tuple[str, str, str, int, str, bool], int] = {
     ('sm80', 'dkdv', '16bit', 96, 'full', True): 107_264,
