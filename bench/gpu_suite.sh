@@ -23,7 +23,7 @@
 # $ATTNKIT_WHEELS when they are not importable: by default bench/out/wheels/ (git-ignored;
 # `pip download -d bench/out/wheels ...` creates it, see bench/README.md), carried to the
 # GPU machine with the tree.
-# attnkit itself is staged from this checkout (kernels/ as attnkit.kernels) without pip.
+# attnkit itself (with attnkit/kernels/) is staged from this checkout without pip.
 #
 # Every step has its share of the time budget (ATTNKIT_SUITE_SECONDS, default 540) and a
 # hard timeout; a step that fails or runs out of time is logged and the suite goes on, so
@@ -34,7 +34,7 @@
 # A name that is not a step, or an option other than --smoke, stops the suite before it
 # runs anything.
 # ATTNKIT_COMMIT names the commit in the record's README where the checkout's .git is not
-# current (default: git rev-parse, marked when attnkit/, kernels/ or bench/ differ from it).
+# current (default: git rev-parse, marked when attnkit/ or bench/ differ from it).
 set -uo pipefail
 
 usage() { echo "usage: $0 [OUTDIR] [--smoke]   (OUTDIR default: bench/out/gpu)" >&2; exit 2; }
@@ -96,13 +96,12 @@ if [ ${#missing[@]} -gt 0 ]; then
         say "not importable: ${missing[*]}; no wheels in $WHEELS (pip download them there: see bench/README.md)"
     fi
 fi
-# attnkit from this checkout, laid out as installed: kernels/ becomes attnkit.kernels.
+# attnkit from this checkout, copied beside the wheels' packages (no pip, no build).
 rm -rf "$DEPS/attnkit"
 cp -r "$REPO/attnkit" "$DEPS/attnkit"
-rm -rf "$DEPS/attnkit/kernels" && cp -r "$REPO/kernels" "$DEPS/attnkit/kernels"
 find "$DEPS/attnkit" -name __pycache__ -prune -exec rm -rf {} +
 export PYTHONPATH="$DEPS${PYTHONPATH:+:$PYTHONPATH}"
-cd "$LOGS"  # never import the checkout's attnkit/ (it has no kernels/) from the cwd
+cd "$LOGS"  # the staged copy is what imports, never the checkout's from the cwd
 
 if ! "$PY" -c "import torch, diffusers, attnkit" >>"$LOG" 2>&1; then
     say "cannot import torch, diffusers and attnkit: stopping (see $LOG)"
@@ -134,7 +133,7 @@ if [ -n "${ATTNKIT_COMMIT:-}" ]; then
     COMMIT=$ATTNKIT_COMMIT
 else
     COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
-    git -C "$REPO" diff --quiet HEAD -- attnkit kernels bench 2>/dev/null || COMMIT="$COMMIT (with changes not committed)"
+    git -C "$REPO" diff --quiet HEAD -- attnkit bench 2>/dev/null || COMMIT="$COMMIT (with changes not committed)"
 fi
 
 # -- the steps ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ what the compiler makes of each tile; neither runs the machine code. This does:
   key padding; the ratio is measured in one process, one case after the other.
 
 OUTDIR/summary.md holds both tables. Needs a CUDA GPU, torch and triton; attnkit must be
-importable as installed (kernels/ as attnkit.kernels: bench/gpu_suite.sh stages it so).
+importable (installed, or staged on PYTHONPATH as bench/gpu_suite.sh stages it).
 """
 
 from __future__ import annotations
