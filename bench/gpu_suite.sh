@@ -2,6 +2,8 @@
 # The whole benchmark record on one CUDA machine, in under 10 minutes.
 #
 #   bench/gpu_suite.sh [OUTDIR]           # tables 1-5 + kernel microbenchmarks + the kernel's tiles
+#   bench/gpu_suite.sh [OUTDIR] --quick   # a short record: SD1.5's table 1, the kernel microbenchmarks,
+#                                         # Flux's table 5 (about 4 minutes: for a GPU lent briefly)
 #   bench/gpu_suite.sh [OUTDIR] --smoke   # the same plumbing with the tiny UNet (any device, ~2 min)
 #
 # OUTDIR defaults to bench/out/gpu (git-ignored). It receives:
@@ -30,26 +32,35 @@
 # what finished is always kept.
 # ATTNKIT_SUITE_STEPS picks steps by name for a shorter run (comma-separated, e.g.
 # table1,table5-flux,table3; default all): table1 table4 kernels tiles table2
-# table5-flux table5-sd3 table5-wan table3 (with --smoke: table5-flux-cpu, and no tiles).
-# A name that is not a step, or an option other than --smoke, stops the suite before it
-# runs anything.
+# table5-flux table5-sd3 table5-wan table3 (with --smoke: table5-flux-cpu, and no tiles;
+# --quick: table1,kernels,table5-flux in 240 s unless these variables say otherwise).
+# A name that is not a step, or an option other than --smoke and --quick, stops the suite
+# before it runs anything.
 # ATTNKIT_COMMIT names the commit in the record's README where the checkout's .git is not
 # current (default: git rev-parse, marked when attnkit/ or bench/ differ from it).
 set -uo pipefail
 
-usage() { echo "usage: $0 [OUTDIR] [--smoke]   (OUTDIR default: bench/out/gpu)" >&2; exit 2; }
+usage() { echo "usage: $0 [OUTDIR] [--smoke | --quick]   (OUTDIR default: bench/out/gpu)" >&2; exit 2; }
 OUT=
 SMOKE=0
+QUICK=0
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
+        --quick) QUICK=1 ;;
         -h|--help) usage ;;
         -*) echo "$0: unknown option $arg" >&2; usage ;;
         *) [ -z "$OUT" ] || usage; OUT=$arg ;;
     esac
 done
+[ $SMOKE = 1 ] && [ $QUICK = 1 ] && { echo "$0: --smoke and --quick are two different runs: pick one" >&2; usage; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-STEPS=${ATTNKIT_SUITE_STEPS:-all}
+if [ $QUICK = 1 ]; then
+    STEPS=${ATTNKIT_SUITE_STEPS:-table1,kernels,table5-flux}
+    : "${ATTNKIT_SUITE_SECONDS:=240}"
+else
+    STEPS=${ATTNKIT_SUITE_STEPS:-all}
+fi
 STEPS=${STEPS// /}
 KNOWN_STEPS=",table1,table4,kernels,tiles,table2,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,table3,"
 if [ "$STEPS" != all ]; then
@@ -223,7 +234,7 @@ if [ ${#parts[@]} -gt 0 ]; then
 fi
 # The record's README: what ran; what the run showed is for whoever commits it to add.
 {
-    echo "# $DEVICE: bench/gpu_suite.sh$([ $SMOKE = 1 ] && echo ' --smoke') ($(date -u +%Y-%m-%d))"
+    echo "# $DEVICE: bench/gpu_suite.sh$([ $SMOKE = 1 ] && echo ' --smoke')$([ $QUICK = 1 ] && echo ' --quick') ($(date -u +%Y-%m-%d))"
     echo
     [ $SMOKE = 1 ] && printf '%s\n\n' "A smoke run (the tiny UNet): it checks the plumbing; its numbers are not a record."
     echo "- code: commit $COMMIT"

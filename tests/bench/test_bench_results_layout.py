@@ -43,10 +43,10 @@ def test_no_logs_scripts_wheels_or_large_files_in_results():
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("args", [["bench/results/some-gpu"], ["--quick"], ["a", "b"]])
+@pytest.mark.parametrize("args", [["bench/results/some-gpu"], ["--fast"], ["a", "b"], ["--smoke", "--quick"]])
 def test_gpu_suite_refuses_before_running_anything(args, tmp_path):
-    """An OUTDIR under bench/results/, an unknown option or two OUTDIRs stop the suite
-    (exit 2) before it creates a folder or imports anything."""
+    """An OUTDIR under bench/results/, an unknown option, two OUTDIRs or two kinds of run
+    stop the suite (exit 2) before it creates a folder or imports anything."""
     before = sorted(p.name for p in RESULTS.iterdir())
     run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=60,
