@@ -23,10 +23,8 @@ LAZY_ALLOWED = {
                                            "builders), loaded only when that command runs",
     ("attnkit.backends.triton", "attnkit.kernels"): "the Triton kernels import triton (an optional extra), "
                                                    "only when the triton backend runs",
-    ("attnkit.bench", "attnkit"): "the benchmark (optional, its own owner's): its commands load what they "
-                                  "measure when they run",
-    ("attnkit.kernels", "attnkit"): "the Triton kernels (optional, their own owner's): triton and its "
-                                    "compiler are loaded only where a kernel is built",
+    ("attnkit.bench.cli", "attnkit.parallel.bench"): "`attnkit bench --parallel`: the multi-GPU benchmark "
+                                                     "(torch.distributed) loaded only when that command runs",
 }
 
 

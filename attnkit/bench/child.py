@@ -18,6 +18,11 @@ import subprocess
 import sys
 from typing import Any
 
+from .env import cap_address_space, quiet_diffusers
+from .measure import classify_error
+from .models import build_model, load_model
+from .presets import preset_from_dict
+
 RESULT_MARKER = "ATTNKIT-BENCH-RESULT "
 
 # task name -> "module:function" (imported in the child only)
@@ -50,8 +55,6 @@ def build_model_from_spec(spec: dict):
     """(preset, model) as the parent described them: its preset, seed and --model path."""
     import torch
 
-    from .models import build_model, load_model
-    from .presets import preset_from_dict
 
     preset = preset_from_dict(spec["preset"])
     torch.manual_seed(spec.get("seed", 0))
@@ -66,11 +69,9 @@ def main() -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
-    import torch  # imported before the cap: its libraries are not the budget
     import diffusers  # noqa: F401
+    import torch  # imported before the cap: its libraries are not the budget
 
-    from .env import cap_address_space, quiet_diffusers
-    from .measure import classify_error
 
     quiet_diffusers()
     threads = spec.get("threads")

@@ -22,6 +22,19 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from attnkit._text import describe_exception
+
+from . import report
+from .availability import resolve_names
+from .context import Context
+from .dit import build_transformer, resolve_settings
+from .env import available_memory_bytes, environment, load_average, quiet_diffusers
+from .measure import Deadline
+from .models import build_model, dtype_label, load_model
+from .presets import BY_DEVICE, DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET, PRESETS, get_preset
+from .progress import EXTRA_HINT, missing_extras
+from .tables import run_tables
+
 PROG = "attnkit bench"
 
 # Knobs of the Stable Diffusion tables only: refused with a transformer preset.
@@ -30,7 +43,6 @@ SD_ONLY = ("resolution", "ladder_steps", "sweep_max_batch", "sweep_dtypes", "swe
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .presets import BY_DEVICE, DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET, PRESETS
 
     ap = argparse.ArgumentParser(
         prog=PROG,
@@ -101,7 +113,6 @@ class Plan:
 
 def run_parallel(argv: list[str]) -> int:
     """`attnkit bench --parallel ARGS`: attnkit.parallel.bench.main(ARGS), or exit 2 saying why not."""
-    from attnkit._text import describe_exception
 
     try:
         from attnkit.parallel.bench import main as parallel_main
@@ -129,9 +140,6 @@ def make_plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
     """The preset with the command line's overrides; bad arguments exit 2 with the reason."""
     import torch
 
-    from .availability import resolve_names
-    from .dit import resolve_settings
-    from .presets import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET, get_preset
 
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -171,13 +179,11 @@ def build(plan: Plan):
     """The model under test, and what results.json says about it."""
     start = time.perf_counter()
     if plan.preset.kind == "transformer":
-        from .dit import build_transformer
 
         model = build_transformer(plan.preset, plan.device, seed=plan.args.seed)
         net = model.transformer
         info = {"source": model.source, "family": model.family}
     else:
-        from .models import build_model, load_model
 
         if plan.args.model:
             model = load_model(plan.args.model, plan.device, plan.preset.dtype)
@@ -185,7 +191,6 @@ def build(plan: Plan):
             model = build_model(plan.preset, plan.device, plan.preset.dtype, seed=plan.args.seed)
         net = model.unet
         info = {"source": model.source, "family": model.family}
-    from .models import dtype_label
 
     info.update(dtype=dtype_label(model.dtype), parameters=sum(p.numel() for p in net.parameters()),
                 build_seconds=time.perf_counter() - start)
@@ -194,10 +199,6 @@ def build(plan: Plan):
 
 def run(plan: Plan, model, model_info: dict, env: dict, deadline) -> dict:
     """Every table of the plan, in order, within the budget: the results dict."""
-    from . import report
-    from .context import Context
-    from .env import available_memory_bytes, load_average
-    from .tables import run_tables
 
     args = plan.args
     notes: list[str] = []
@@ -231,10 +232,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from . import report
-    from .env import environment, quiet_diffusers
-    from .measure import Deadline
-    from .progress import EXTRA_HINT, missing_extras
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     quiet_diffusers()

@@ -29,9 +29,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+import attnkit
 
 from .measure import STATUS_NA, Config, clip, describe, measure_interleaved
 from .models import LoopTiming, StepClock, dtype_label, load_config, random_init_, torch_dtype
+from .presets import ROUTE_1, ROUTE_2
 
 LATENT_CHANNELS = 16  # Flux, SD3 and Wan VAEs
 VAE_FACTOR = 8
@@ -159,7 +161,6 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
 
 def route_of(stock: dict[nn.Module, Any]) -> str:
     """Which of the two routes the model's stock processors take."""
-    from .presets import ROUTE_1, ROUTE_2
 
     return ROUTE_1 if any(hasattr(p, "_attention_backend") for p in stock.values()) else ROUTE_2
 
@@ -184,7 +185,6 @@ def _diffusers_backend(name: str) -> Callable[[nn.Module, list[nn.Module]], str]
 
 
 def _attnkit_apply(model: nn.Module, modules: list[nn.Module]) -> str:
-    import attnkit
 
     where = attnkit.apply(model, attnkit.auto())  # {module: "attnkit..." or the processor kept}
     if not isinstance(where, dict):

@@ -9,8 +9,19 @@ machine's load. Works from the results dict alone.
 from __future__ import annotations
 
 from .measure import separated, typical_spread
-from .wording import (cell_words, fmt_bytes, fmt_num, fmt_x, marked_ratio, is_measured, md_table, noise_lines,
-                      not_measured, run_noise)
+from .published import PUBLISHED_NAMES
+from .wording import (
+    cell_words,
+    fmt_bytes,
+    fmt_num,
+    fmt_x,
+    is_measured,
+    marked_ratio,
+    md_table,
+    noise_lines,
+    not_measured,
+    run_noise,
+)
 
 
 def _best(speed: dict[str, float | None], cells: dict[str, dict], base: str) -> str:
@@ -32,7 +43,6 @@ def _best(speed: dict[str, float | None], cells: dict[str, dict], base: str) -> 
 
 # -- the tables ------------------------------------------------------------------------
 def render_table1(t: dict, env: dict) -> str:
-    from .published import PUBLISHED_NAMES
 
     cells = t["cells"]
     names = list(cells)

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from attnkit import BackendUnavailable, UnsupportedModule
 from attnkit._text import describe_exception
 
 from .env import free_memory
@@ -65,7 +66,6 @@ def unavailable_reason(exc: BaseException) -> str:
 
 def classify_error(exc: BaseException) -> tuple[str, str]:
     """(status, reason) for a configuration that raised."""
-    from attnkit import BackendUnavailable, UnsupportedModule
 
     if isinstance(exc, (BackendUnavailable, UnsupportedModule)):
         return STATUS_NA, unavailable_reason(exc)

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from .availability import availability, set_processor
-from .child import run_child
+from .child import build_model_from_spec, run_child
 from .context import Context
 from .env import free_memory, peak_rss_bytes, reset_peak_rss, status_kb
 from .measure import MARGIN, STATUS_OK, STATUS_SKIPPED, classify_error
@@ -126,7 +126,6 @@ def memory_in_subprocesses(ctx: Context) -> dict:
 
 def task_memory(spec: dict) -> dict:
     """The child's side of :func:`memory_in_subprocesses`: one processor's peak RSS."""
-    from .child import build_model_from_spec
 
     preset, model = build_model_from_spec(spec)
     name = spec["processor"]

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from .markdown import render_markdown
+from .plots import write_plots
 
 SCHEMA = 2
 REQUIRED_FIELDS = ("schema", "environment", "preset", "model", "processors", "tables", "elapsed_seconds")
@@ -38,7 +39,6 @@ def write_json(results: dict, path: str) -> None:
 
 def write_all(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
     """results.json, table.md and the plots; (paths written, what could not be drawn and why)."""
-    from .plots import write_plots
 
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, "results.json"), os.path.join(out_dir, "table.md")]
@@ -117,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         with open(argv[0]) as f:
             results: dict[str, Any] = json.load(f)
         out_dir = argv[1] if len(argv) > 1 else os.path.dirname(os.path.abspath(argv[0]))
-        from .plots import write_plots
 
         with open(os.path.join(out_dir, "table.md"), "w") as f:
             f.write(render_markdown(results))

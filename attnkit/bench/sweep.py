@@ -16,7 +16,7 @@ import torch
 
 from . import published
 from .availability import availability
-from .child import run_child
+from .child import build_model_from_spec, run_child
 from .context import Context, forget_compiled, unet_config
 from .env import free_memory
 from .measure import STATUS_NA, STATUS_OK, STATUS_OOM, STATUS_SKIPPED, Config, cell_text, measure_interleaved
@@ -143,7 +143,6 @@ def sweep_in_subprocess(ctx: Context) -> dict:
 
 def task_sweep(spec: dict) -> dict:
     """The child's side of :func:`sweep_in_subprocess`."""
-    from .child import build_model_from_spec
 
     preset, model = build_model_from_spec(spec)
     budget = spec.get("budget")

@@ -34,10 +34,20 @@ import torch
 from . import published
 from .availability import availability, make_processor
 from .context import Context, Lazy, forget_compiled, unet_config
-from .measure import (STATUS_NA, STATUS_OK, STATUS_SKIPPED, Config, Deadline, OverBudget, classify_error,
-                      measure_interleaved)
+from .dit import transformer_table
+from .measure import (
+    STATUS_NA,
+    STATUS_OK,
+    STATUS_SKIPPED,
+    Config,
+    Deadline,
+    OverBudget,
+    classify_error,
+    measure_interleaved,
+)
+from .memory import memory_cuda, memory_in_subprocesses
 from .models import dtype_label, make_conditioning, torch_dtype
-
+from .sweep import sweep, sweep_in_subprocess
 
 # Table 1 measures its first two processors (auto and sdpa by default) even when the
 # budget is spent: the headline is never empty.
@@ -174,31 +184,26 @@ class Table:
 
 
 def _sweep_here(ctx: Context) -> dict:
-    from .sweep import sweep
 
     return sweep(ctx)
 
 
 def _sweep_in_subprocess(ctx: Context) -> dict:
-    from .sweep import sweep_in_subprocess
 
     return sweep_in_subprocess(ctx)
 
 
 def _memory_cuda(ctx: Context) -> dict:
-    from .memory import memory_cuda
 
     return memory_cuda(ctx)
 
 
 def _memory_in_subprocesses(ctx: Context) -> dict:
-    from .memory import memory_in_subprocesses
 
     return memory_in_subprocesses(ctx)
 
 
 def _transformer(ctx: Context) -> dict:
-    from .dit import transformer_table
 
     return transformer_table(ctx)
 
