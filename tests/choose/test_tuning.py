@@ -20,7 +20,7 @@ import pytest
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit.choose import tuning
+from attnkit.choose import _files, tuning
 from attnkit.backends import AttentionCall
 from attnkit.choose.policy import CANDIDATES
 from attnkit.testing import assert_close_to_reference, make_bias, make_qkv
@@ -305,9 +305,16 @@ def test_a_fifo_that_appears_after_the_check_is_not_waited_on(tmp_path, monkeypa
     writer, and what was opened is checked again."""
     path = tmp_path / "tune.json"
     os.mkfifo(path)
-    monkeypatch.setattr(tuning, "_refuse_special", lambda p: None)  # the check saw a file
+    # The check saw a file: patched where _read_bytes calls it (a patch elsewhere would
+    # leave the real check to refuse the FIFO before the open, and test nothing).
+    monkeypatch.setattr(_files, "_refuse_special", lambda p: None)
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(_files.os, "open", lambda p, flags, *a: (opened.append(p) if os.fspath(p) == os.fspath(path)
+                                                                  else None) or real_open(p, flags, *a))
     with pytest.raises(tuning.NotRegularFile, match="FIFO"):
         _within(10, lambda: tuning.read_raw(path), fifo=path)
+    assert opened, "the FIFO was refused before the open: the open's own safeguards went untested"
     assert _within(10, lambda: tuning.read_cache(path, CANDIDATES), fifo=path) == ({}, 0)
     assert stat.S_ISFIFO(os.lstat(path).st_mode)
 

@@ -253,6 +253,17 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     assert sk.source_key(root) == base
 
 
+def test_another_triton_makes_every_row_stale(monkeypatch):
+    """Rows compiled by another Triton are not kept: its version is in the key."""
+    import triton
+
+    from tools.static_report import key as sk
+
+    base = sk.source_key()
+    monkeypatch.setattr(triton, "__version__", triton.__version__ + ".post1")
+    assert sk.source_key() != base
+
+
 def test_everything_a_row_reads_of_the_flash_package_is_in_the_key():
     """The row functions read the kernels module (fk: hashed whole, so what they read
     must be defined there, not imported into it) and, of the launcher (fl), only the
