@@ -1,7 +1,7 @@
 """What attnkit's processor layer costs, against diffusers' own AttnProcessor2_0.
 
     python bench/overhead.py                  # (a), (b) and (c) on the CPU
-    python bench/overhead.py --parts a --rounds 30
+    python bench/overhead.py --parts a --rounds-a 30
     python bench/overhead.py --device cuda
 
 (a) per-call overhead: one small Attention module (SD1.5's first self-attention width:
