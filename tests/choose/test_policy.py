@@ -9,6 +9,8 @@ the order, an exclusion or a reason would fail it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from diffusers.models.attention_processor import Attention
@@ -24,6 +26,7 @@ from attnkit.testing import make_bias
 
 ALL = {"flash_attn": "2.6.3", "flash_attn_3": "3.0.0b1", "xformers": "0.0.28", "triton": "3.1.0"}
 NONE: dict = {}
+ROOT = Path(__file__).resolve().parents[2]
 
 H100 = DeviceInfo("cuda", (9, 0), "NVIDIA H100 80GB HBM3")
 A100 = DeviceInfo("cuda", (8, 0), "NVIDIA A100-SXM4-80GB")
@@ -314,3 +317,111 @@ def test_unknown_names_are_refused():
         attnkit.auto(backends={"fastest": SDPABackend()})
     with pytest.raises(TypeError, match="not an attnkit Backend"):
         attnkit.auto(backends={"sdpa": object()})
+
+
+# -- rules from the GPU records (attnkit/choose/records.py) --------------------------------
+H200 = DeviceInfo("cuda", (9, 0), "NVIDIA H200")
+H100_PCIE = DeviceInfo("cuda", (9, 0), "NVIDIA H100 PCIe")  # sm_90, but no record of its own
+FLUX = dict(m=4608, n=4608)  # FLUX.1 at 1024x1024: 4096 image tokens and 512 of text
+
+
+# (device, dtype, head dim, mask, grad, lengths, expected): calls the records measured
+# pick the Triton kernel; their neighbours, which no record measured, keep SDPA.
+RECORDED = [
+    (H100, torch.float16, 128, "key_padding", False, FLUX, "triton"),
+    (H100, torch.float16, 128, "key_padding", True, FLUX, "triton"),
+    (H100, torch.float16, 128, "key_padding", False, dict(m=8192, n=8192), "triton"),
+    (H100, torch.float16, 512, "none", False, dict(m=4096, n=4096), "triton"),
+    (H200, torch.float16, 128, "key_padding", False, FLUX, "triton"),
+    (H200, torch.float16, 128, "key_padding", True, FLUX, "triton"),
+    # not measured: another dtype, head dim, a shorter call, the VAE's backward
+    (H100, torch.bfloat16, 128, "key_padding", False, FLUX, "sdpa"),
+    (H100, torch.float16, 64, "key_padding", False, FLUX, "sdpa"),
+    (H100, torch.float16, 128, "key_padding", False, dict(m=4096, n=512), "sdpa"),
+    (H100, torch.float16, 512, "none", True, dict(m=4096, n=4096), "sdpa"),
+    (H100, torch.float16, 128, "bias", False, FLUX, "sdpa"),  # measured behind (0.34)
+    (H200, torch.float16, 512, "none", False, dict(m=4096, n=4096), "sdpa"),  # measured behind (0.77)
+    (H200, torch.float16, 128, "bias", False, FLUX, "sdpa"),  # withdrawn: measured before 2ac832a
+    # the same calls on a GPU without a record: the class's order
+    (H100_PCIE, torch.float16, 128, "key_padding", False, FLUX, "sdpa"),
+    (H100_PCIE, torch.float16, 512, "none", False, dict(m=4096, n=4096), "sdpa"),
+    (DeviceInfo("cuda", (8, 0), "NVIDIA H100 80GB HBM3"), torch.float16, 128, "key_padding", False, FLUX, "sdpa"),
+]
+
+
+def _recorded_id(case):
+    device, dtype, d, mask, grad, lengths, expected = case
+    return (f"{policy.device_folder(device.name)}-sm{''.join(map(str, device.capability))}-{str(dtype)[6:]}-d{d}-"
+            f"{mask}-{lengths['m']}x{lengths['n']}{'-grad' if grad else ''}-{expected}")
+
+
+@pytest.mark.parametrize("device, dtype, d, mask, grad, lengths, expected", RECORDED,
+                         ids=[_recorded_id(c) for c in RECORDED])
+def test_record_rules_decide_where_they_measured(device, dtype, d, mask, grad, lengths, expected):
+    c = call(device, dtype, d, mask, grad, ALL, **lengths)
+    label, table = choose(c)
+    assert label == expected, table
+    order = list(table)
+    if expected == "triton":
+        # the kernel moves just ahead of SDPA; what the record did not measure keeps its place
+        rule, = policy.rules_for(c)
+        assert order == ["flash_attn3", "flash_attn", "triton", "sdpa", "xformers", "sliced", "vanilla"]
+        assert policy.rule_source(rule) in policy.describe_call(c)
+        assert (ROOT / policy.rule_source(rule).split("#")[0]).is_file()
+    else:
+        assert order == list(PRIORITIES[hardware_class(device)].order)
+        assert policy.rules_for(c) == () and "[record:" not in policy.describe_call(c)
+
+
+def test_a_gpu_without_a_record_keeps_todays_order_for_every_call():
+    for mask in ("none", "key_padding", "bias"):
+        for d in (40, 64, 128, 256, 512):
+            for grad in (False, True):
+                for dtype in (torch.float16, torch.bfloat16, torch.float32):
+                    c = call(H100_PCIE, dtype, d, mask, grad, ALL, m=8192, n=8192)
+                    assert policy.order_for(c) == ("sm_90", PRIORITIES["sm_90"].order)
+                    assert list(choose(c)[1]) == list(PRIORITIES["sm_90"].order)
+
+
+def test_a_rule_never_picks_what_cannot_run():
+    no_triton = {**ALL, "triton": None}
+    label, table = choose(call(H100, torch.float16, 128, "key_padding", False, no_triton, **FLUX))
+    assert label == "sdpa" and table["triton"] == ["triton is not installed"]
+    assert list(table).index("triton") < list(table).index("sdpa")  # the rule applied; the walk went on
+    label, table = choose(call(H100, torch.float16, 128, "key_padding", False, ALL, **FLUX),
+                          backends={"triton": _Refuses()})
+    assert label == "sdpa" and table["triton"] == ["refused for the test"]
+    # flags the records never measured: no rule
+    for flags in (dict(lse=True), dict(deterministic=True), dict(causal=True)):
+        c = AttentionCall(H100, torch.float16, 128, 4608, 4608, 2, 24, "key_padding", packages=ALL, **flags)
+        assert policy.rules_for(c) == (), flags
+
+
+def test_an_order_given_by_the_caller_is_walked_as_given():
+    c = call(H100, torch.float16, 128, "key_padding", False, ALL, **FLUX)
+    assert choose(c, order=["sdpa", "triton"])[0] == "sdpa"
+    assert choose(c, order=list(PRIORITIES["sm_90"].order))[0] == "sdpa"
+    assert choose(c, exclude=["triton"])[0] == "sdpa"
+
+
+def test_order_for_names_the_record_of_each_rule_that_moved_a_backend():
+    c = call(H100, torch.float16, 128, "key_padding", False, ALL, **FLUX)
+    name, order = policy.order_for(c)
+    rule, = policy.rules_for(c)
+    assert name == "sm_90 + " + policy.describe_rule(rule)
+    assert policy.describe_rule(rule) == f"triton ahead of sdpa: {rule.ratio:.2f}x in {policy.rule_source(rule)}"
+    assert policy.rule_source(rule) == "bench/results/nvidia-h100-80gb-hbm3/" + rule.record
+    assert order.index("triton") < order.index("sdpa")
+    assert policy.order_for(call(H100, **FLUX)) == ("sm_90", PRIORITIES["sm_90"].order)
+
+
+def test_auto_explain_names_the_record_behind_its_choice(monkeypatch):
+    proc, _ = described_auto(monkeypatch, H100, ALL)
+    c = call(H100, torch.float16, 128, "key_padding", False, ALL, **FLUX)
+    text = proc.explain(c)
+    head = text.splitlines()[0]
+    assert "-> triton" in head and "bench/results/nvidia-h100-80gb-hbm3/timing/timing.json#18" in head, text
+    assert f"{policy.rules_for(c)[0].ratio:.2f}x" in head
+    proc, _ = described_auto(monkeypatch, H100_PCIE, ALL)
+    text = proc.explain(call(H100_PCIE, torch.float16, 128, "key_padding", False, ALL, **FLUX))
+    assert "-> sdpa" in text.splitlines()[0] and "record" not in text
