@@ -1,8 +1,9 @@
 """``attnkit info`` (also ``python -m attnkit info``): what attnkit sees on this machine.
 
 The first thing to run when attention is slow or a processor refuses to run: devices,
-versions, every backend as available or not (with its reasons and declared limits), and
-what ``attnkit.auto()`` would choose for Stable Diffusion 1.5's attention shapes.
+versions, every backend as available or not (with its reasons and declared limits),
+what ``attnkit.auto()`` would choose for Stable Diffusion 1.5's attention shapes, and on a
+GPU with a committed record, the rules taken from it and the record behind each.
 
     attnkit info            # human-readable report
     attnkit info --json     # the same data as JSON
@@ -26,6 +27,7 @@ from ._text import describe_exception
 from .backends import AttentionCall, Capabilities, DeviceInfo, capability_columns
 from .backends.base import dtype_name, package_version
 from .choose.auto import ENV_VAR, AutoChooser
+from .choose import policy, records
 from .choose.policy import CANDIDATES, PRIORITIES, install_hint_of, installed_packages, reasons_of
 from .diffusers.apply import plan
 
@@ -74,6 +76,41 @@ def _why(order_name: str) -> str:
     if order_name in PRIORITIES:
         return PRIORITIES[order_name].why
     return f"{order_name} (set in the environment): auto() runs this backend only"
+
+
+def record_rules(device: DeviceInfo, chooser: AutoChooser, packages: dict[str, str | None]) -> dict[str, Any]:
+    """The GPU record of ``device`` (bench/results/<folder>/) and, per rule generated from
+    it, what auto() chooses for the smallest call the rule covers and what the hardware
+    class's order alone would choose: the rules that change a choice here, with their
+    records."""
+    folder = policy.record_of(device)
+    out: dict[str, Any] = {
+        "device": device.name or device.type,
+        "record": None if folder is None else f"{policy.RECORDS_DIR}/{folder}",
+        "recorded": [gpu.name for gpu in records.GPUS.values()],
+        "rules": [],
+    }
+    if folder is None:
+        return out
+    _, priority = policy.priority_for(device)
+    for rule in records.RULES:
+        if rule.gpu != folder:
+            continue
+        call = AttentionCall(device, getattr(torch, rule.dtype), rule.head_dim, q_len=rule.min_q, kv_len=rule.min_kv,
+                             batch=2, heads=8, mask=rule.mask, requires_grad=rule.grad, causal=rule.causal,
+                             packages=packages)
+        label, _, _ = chooser.walk(call)
+        # the class's order as a plain tuple: walked as given, without the rule
+        without, _ = policy.walk(call, tuple(priority.order), chooser.backend, chooser.exclude)
+        out["rules"].append({
+            "call": policy.describe_call(call, with_record=False),
+            "rule": policy.describe_rule(rule),
+            "source": policy.rule_source(rule),
+            "backend": label,
+            "without_rule": without,
+            "changed": label != without,
+        })
+    return out
 
 
 def collect() -> dict[str, Any]:
@@ -146,6 +183,7 @@ def collect() -> dict[str, Any]:
         "forced": chooser.forced,
         "forced_error": forced_error,
         "sd15": choices,
+        "records": record_rules(dev_info, chooser, packages),
     }
 
 
@@ -203,6 +241,21 @@ def report(data: dict[str, Any] | None = None) -> str:
                 continue
             seen_reasons.add((name, why))
             lines.append(f"    {what}: {why}")
+    rec = data.get("records")
+    if rec is not None:
+        lines.append("")
+        if rec["record"] is None:
+            lines.append(f"GPU record rules: none for {rec['device']} (recorded: {', '.join(rec['recorded'])}); "
+                         "auto() walks the hardware class's order")
+        else:
+            lines.append(f"GPU record rules for {rec['device']} ({rec['record']}, `python -m tools.records`):")
+            for r in rec["rules"]:
+                if r["changed"]:
+                    what = f"{r['backend'] or '(none)'} (the class's order alone: {r['without_rule'] or '(none)'})"
+                else:
+                    what = f"{r['backend'] or '(none)'} (the same without the rule)"
+                lines.append(f"  {r['call']} -> {what}")
+                lines.append(f"    {r['rule']}")
     lines += [
         "",
         "Force a backend with ATTNKIT_BACKEND=name; see processor.explain() after a run "

@@ -418,7 +418,7 @@ def no_backend_error(what: str, table: Mapping[str, list[str]]) -> BackendUnavai
     )
 
 
-def describe_call(call: AttentionCall) -> str:
+def describe_call(call: AttentionCall, with_record: bool = True) -> str:
     """One line: "cuda sm_90 float16 D=40 M=4096 N=77 mask=key_padding grad", and where a
     GPU record's rule covers the call, the rule and its record ("[record: triton ahead
     of sdpa: 1.84x in bench/results/nvidia-h100-80gb-hbm3/timing/timing.json#18]")."""
@@ -431,7 +431,7 @@ def describe_call(call: AttentionCall) -> str:
     return (
         f"{dev} {dtype_name(call.dtype)} D={call.head_dim}{lengths} mask={call.mask}"
         + "".join(" " + f for f in flags)
-        + "".join(f" [record: {describe_rule(r)}]" for r in rules_for(call))
+        + ("".join(f" [record: {describe_rule(r)}]" for r in rules_for(call)) if with_record else "")
     )
 
 

@@ -144,3 +144,33 @@ def test_a_withdrawal_must_name_a_measurement(tmp_path, monkeypatch):
     monkeypatch.setattr(gen, "WITHDRAWN", {("nvidia-x4/run/timing.json", "zz"): "made up"})
     with pytest.raises(gen.RecordError, match="which no record holds"):
         gen.generate(tmp_path)
+
+
+# -- `attnkit info` ---------------------------------------------------------------------------
+ALL = {"flash_attn": "2.6.3", "flash_attn_3": "3.0.0b1", "xformers": "0.0.28", "triton": "3.1.0"}
+
+
+def test_info_names_the_record_behind_each_rule_that_changes_a_choice(monkeypatch):
+    from attnkit import info
+    from attnkit.backends import DeviceInfo
+    from attnkit.choose.auto import AutoChooser
+
+    monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
+    h100 = DeviceInfo("cuda", (9, 0), "NVIDIA H100 80GB HBM3")
+    data = info.record_rules(h100, AutoChooser(), ALL)
+    assert data["record"] == "bench/results/nvidia-h100-80gb-hbm3"
+    assert len(data["rules"]) == len([r for r in records.RULES if r.gpu == H100]) > 0
+    for row in data["rules"]:
+        assert (row["backend"], row["without_rule"], row["changed"]) == ("triton", "sdpa", True), row
+        assert (ROOT / row["source"].split("#")[0]).is_file()
+    text = info.report({**info.collect(), "records": data})
+    for row in data["rules"]:
+        assert f"{row['call']} -> triton (the class's order alone: sdpa)" in text
+        assert row["rule"] in text
+    # where the rule's backend cannot run, the choice is the class's and the report says so
+    data = info.record_rules(h100, AutoChooser(), {**ALL, "triton": None})
+    assert all((r["backend"], r["changed"]) == ("sdpa", False) for r in data["rules"])
+    # a GPU without a record
+    data = info.record_rules(DeviceInfo("cuda", (9, 0), "NVIDIA H100 PCIe"), AutoChooser(), ALL)
+    assert data["record"] is None and data["rules"] == []
+    assert "GPU record rules: none for NVIDIA H100 PCIe" in info.report({**info.collect(), "records": data})
