@@ -1,6 +1,7 @@
 """The README and docs/ state every backend limit and auto()'s order; they must say what
 the code declares. The limits table is in README.md (the user-visible limits); auto()'s
-order per hardware class moved to docs/auto.md, and is checked there. Every relative link
+order per hardware class moved to docs/auto.md, and is checked there; the per-GPU
+preferences generated from the GPU records are in README.md. Every relative link
 in README.md and docs/ leads to a file, and to a heading where it names one."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from attnkit.backends import limits_table
-from attnkit.choose.policy import priority_table
+from attnkit.choose.policy import priority_table, rules_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -22,8 +23,9 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 @pytest.mark.parametrize(
     "page, marker, generate, source",
     [(README, "limits-table", limits_table, "attnkit.backends.limits_table()"),
-     (AUTO_DOC, "priority-table", priority_table, "attnkit.choose.policy.priority_table()")],
-    ids=["limits", "priorities"],
+     (AUTO_DOC, "priority-table", priority_table, "attnkit.choose.policy.priority_table()"),
+     (README, "records-table", rules_table, "attnkit.choose.policy.rules_table()")],
+    ids=["limits", "priorities", "records"],
 )
 def test_tables_are_generated_from_the_code(page, marker, generate, source):
     text = page.read_text(encoding="utf-8")
