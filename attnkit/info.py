@@ -73,8 +73,9 @@ def describe_capabilities(caps: Capabilities) -> str:
 
 
 def _why(order_name: str) -> str:
-    if order_name in PRIORITIES:
-        return PRIORITIES[order_name].why
+    cls = order_name.split(" + ")[0]  # "sm_90 + triton ahead of sdpa: ..." (policy.order_for)
+    if cls in PRIORITIES:
+        return PRIORITIES[cls].why
     return f"{order_name} (set in the environment): auto() runs this backend only"
 
 
