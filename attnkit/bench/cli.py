@@ -33,13 +33,13 @@ from .measure import Deadline
 from .models import build_model, dtype_label, load_model
 from .presets import BY_DEVICE, DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET, PRESETS, get_preset
 from .progress import EXTRA_HINT, missing_extras
-from .tables import run_tables
+from .tables import ladder_kinds, run_tables
 
 PROG = "attnkit bench"
 
 # Knobs of the Stable Diffusion tables only: refused with a transformer preset.
 SD_ONLY = ("resolution", "ladder_steps", "sweep_max_batch", "sweep_dtypes", "sweep_steps", "sweep_repeats",
-           "model", "mem_cap", "compile_mode", "processors")
+           "model", "mem_cap", "compile_mode", "processors", "ladder_rows")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,10 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, help="prompts per run (tables 1 and 4) / transformer batch (table 5)")
     ap.add_argument("--dtype", choices=["float32", "fp32", "float16", "fp16", "bfloat16", "bf16"], help="precision of tables 1, 4 and 5")
     ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
-                    help="torch.compile the UNet. auto (default): the ladder's compile row and the sweep's compiled "
-                         "runs on CUDA, table 1 eager as the published table; off on the CPU. on: also table 1, "
-                         "and on the CPU. off: nowhere. Table 5 runs eager")
-    ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default: torch's default)")
+                    help="torch.compile the model. auto (default): on CUDA the ladder's torch.compile and CUDA-graph "
+                         "rows, the sweep's compiled runs and table 5's compiled rows, table 1 eager as the published "
+                         "table; off on the CPU. on: also table 1, and on the CPU. off: nowhere")
+    ap.add_argument("--compile-mode", default=None,
+                    help="torch.compile mode of table 1, the sweep and the ladder's torch.compile rows (default: "
+                         "torch's default; the ladder's CUDA-graph rows are always reduce-overhead)")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile backend (default inductor; 'eager' traces without compiling, for tests)")
+    ap.add_argument("--ladder-rows", default=None,
+                    help="table 2's kinds of row, in order: base (fp32 -> half -> channels_last -> compile), eager, "
+                         "compile, cudagraphs (one row per processor each), or all (default)")
     ap.add_argument("--repeats", type=int, help="rounds of timed runs at most (samples per cell)")
     ap.add_argument("--warmup-steps", type=int, help="steps of the (untimed) warm-up run")
     ap.add_argument("--skip-steps", type=int, help="first steps left out of the steady-state rate")
@@ -152,13 +159,12 @@ def make_plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
                       warmup_steps=args.warmup_steps, skip_steps=args.skip_steps, budget=args.budget)
         if preset.kind == "transformer":
             given = [f"--{k.replace('_', '-')}" for k in SD_ONLY if getattr(args, k) is not None]
-            if args.compile == "on":
-                given.append("--compile on")
             if given:
                 raise ValueError(f"{', '.join(given)}: Stable Diffusion options; preset {preset.name} runs table 5 "
-                                 "(its options: --attention, --steps, --batch, --dtype, --repeats, --budget)")
+                                 "(its options: --attention, --steps, --batch, --dtype, --repeats, --budget, --compile)")
             preset = preset.with_overrides(**common)
-            return Plan(args, device, preset, tables, resolve_settings(args.attention), False, False)
+            compile_ = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
+            return Plan(args, device, preset, tables, resolve_settings(args.attention), compile_, False)
         if args.attention is not None:
             raise ValueError(f"--attention is table 5's option; preset {preset.name} runs tables 1-4 (--processors)")
         sweep_dtypes = tuple(s.strip() for s in args.sweep_dtypes.split(",")) if args.sweep_dtypes else None
@@ -166,6 +172,7 @@ def make_plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
             resolution=args.resolution, ladder_steps=args.ladder_steps, sweep_max_batch=args.sweep_max_batch,
             sweep_dtypes=sweep_dtypes, sweep_steps=args.sweep_steps, sweep_repeats=args.sweep_repeats, **common)
         names = resolve_names(args.processors)
+        ladder_kinds(args.ladder_rows)
     except ValueError as exc:
         ap.error(str(exc))  # exits 2
     if args.compile == "auto":
@@ -209,10 +216,12 @@ def run(plan: Plan, model, model_info: dict, env: dict, deadline) -> dict:
     ctx = Context(model=model, preset=plan.preset, processors=plan.names, device=plan.device,
                   device_name=device_name, compile=plan.compile, compile_table1=plan.compile_table1,
                   progress=not args.no_progress, seed=args.seed, compile_mode=args.compile_mode,
+                  compile_backend=args.compile_backend, ladder_rows=ladder_kinds(args.ladder_rows),
                   model_path=args.model, mem_cap_bytes=cap, build_seconds=model_info["build_seconds"])
     results: dict = {
         "schema": report.SCHEMA, "environment": env, "preset": plan.preset.to_dict(), "model": model_info,
-        "processors": plan.names, "compile": {"tables_2_3": plan.compile, "table_1": plan.compile_table1},
+        "processors": plan.names,
+        "compile": {"tables_2_3": plan.compile, "table_1": plan.compile_table1, "backend": args.compile_backend},
         "budget_seconds": plan.preset.budget, "notes": notes, "elapsed_seconds": 0.0,
     }
     results["tables"], results["table_seconds"] = run_tables(

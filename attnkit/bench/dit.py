@@ -31,9 +31,11 @@ from torch import nn
 
 import attnkit
 
-from .measure import STATUS_NA, Config, clip, describe, measure_interleaved
+from .context import COMPILED_WARMUP_STEPS, Compiled
+from .measure import STATUS_NA, STATUS_SKIPPED, Config, clip, describe, measure_interleaved, probe_cells
 from .models import LoopTiming, StepClock, dtype_label, load_config, random_init_, torch_dtype
 from .presets import ROUTE_1, ROUTE_2
+from .share import COMPILED_TOLERANCE, attention_modules, max_difference, safe_profile_step
 
 LATENT_CHANNELS = 16  # Flux, SD3 and Wan VAEs
 VAE_FACTOR = 8
@@ -56,13 +58,15 @@ class TransformerModel:
     kwargs: dict  # every other input of the forward, the same at every step
     tokens: dict  # {"image": n, "text": n}: what attention sees
 
-    def forward(self, latents: torch.Tensor, sigma: float) -> torch.Tensor:
+    def forward(self, latents: torch.Tensor, sigma: float, net: Callable | None = None) -> torch.Tensor:
+        """One forward of the transformer (or of `net`, a compiled one) at flow-matching `sigma`."""
         batch = latents.shape[0]
         # Flux takes the flow-matching sigma (it scales by 1000 itself); SD3 and Wan the
         # pipeline's timestep, sigma * 1000.
         t = sigma if self.family == "flux" else sigma * 1000.0
         timestep = torch.full((batch,), t, device=self.device, dtype=self.dtype)
-        return self.transformer(hidden_states=latents, timestep=timestep, return_dict=False, **self.kwargs)[0]
+        net = self.transformer if net is None else net
+        return net(hidden_states=latents, timestep=timestep, return_dict=False, **self.kwargs)[0]
 
 
 def build_transformer(preset, device: torch.device | str, seed: int = 0) -> TransformerModel:
@@ -131,34 +135,21 @@ def _inputs(preset, config, device, dtype, seed) -> tuple[torch.Tensor, dict, di
 
 
 @torch.no_grad()
-def transformer_loop(model: TransformerModel, steps: int) -> LoopTiming:
-    """`steps` forwards, each followed by the Euler flow-matching step, timed per step."""
+def transformer_loop(model: TransformerModel, steps: int, net: Callable | None = None) -> LoopTiming:
+    """`steps` forwards (of `net`, a compiled transformer, where given), each followed by the
+    Euler flow-matching step, timed per step."""
     latents = model.latents.clone()
     sigmas = torch.linspace(1.0, 1.0 / steps, steps).tolist() + [0.0]
     clock = StepClock(model.device)
     clock.start()
     for sigma, nxt in zip(sigmas, sigmas[1:]):
-        velocity = model.forward(latents, sigma)
+        velocity = model.forward(latents, sigma, net)
         latents = latents + (nxt - sigma) * velocity
         clock.mark()
     return LoopTiming(clock.finish())
 
 
 # -- ways of setting attention -----------------------------------------------------------
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """diffusers' attention modules (the legacy ``Attention`` and ``AttentionModuleMixin``)."""
-    from diffusers.models.attention_processor import Attention
-
-    kinds: tuple = (Attention,)
-    try:
-        from diffusers.models.attention import AttentionModuleMixin
-
-        kinds += (AttentionModuleMixin,)
-    except ImportError:
-        pass
-    return [m for m in model.modules() if isinstance(m, kinds)]
-
-
 def route_of(stock: dict[nn.Module, Any]) -> str:
     """Which of the two routes the model's stock processors take."""
 
@@ -220,14 +211,22 @@ HOW = {
 }
 
 
+# The compiled rows: a setting above, then torch.compile(model) (default mode; fullgraph
+# first, without it where that fails), the same model object: no copy of a 12B model.
+COMPILED_SETTINGS = {"attnkit + torch.compile": "attnkit", "native + torch.compile": "native"}
+for _name, _base in COMPILED_SETTINGS.items():
+    HOW[_name] = f"{HOW[_base]}, then torch.compile(model)"
+
+
 def resolve_settings(spec: str | None) -> list[str]:
-    """`None`/"all" -> every setting; else a comma-separated list, checked."""
+    """`None`/"all" -> every setting, the compiled ones last; else a comma-separated list, checked."""
+    known = [*SETTINGS, *COMPILED_SETTINGS]
     if spec is None or spec.strip() in ("", "all"):
-        return list(SETTINGS)
+        return known
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = [n for n in names if n not in SETTINGS]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown attention setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
+        raise ValueError(f"unknown attention setting(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -260,21 +259,77 @@ def transformer_table(ctx) -> dict:
         with _default_backend():
             return transformer_loop(model, p.warmup_steps if warmup else p.steps)
 
+    def eager_probe(name: str) -> Callable[[bool], dict]:
+        def probe(profile: bool) -> dict:
+            if not profile:
+                return {}
+            with _default_backend():
+                apply_setting(name)
+                return {"attention": safe_profile_step(lambda: model.forward(model.latents, 1.0), modules,
+                                                       ctx.device, ranges=True)}
+        return probe
+
+    def compiled_config(name: str, base: str, where: str) -> Config:
+        holder: dict = {}
+
+        def setup() -> None:
+            apply_setting(base)
+            if "fn" not in holder:
+                holder["fn"] = Compiled(net, None, ctx.compile_backend)
+
+        def run_compiled(warmup: bool) -> LoopTiming:
+            steps = max(p.warmup_steps, COMPILED_WARMUP_STEPS) if warmup else p.steps
+            with _default_backend():
+                return transformer_loop(model, steps, holder["fn"])
+
+        def probe(profile: bool) -> dict:
+            if "fn" not in holder:
+                return {}
+            out: dict = {"compile": holder["fn"].info()}
+            if not profile or not holder["fn"].called:
+                return out
+            with _default_backend():
+                apply_setting(base)
+                fn = holder["fn"]
+                out["attention"] = safe_profile_step(lambda: model.forward(model.latents, 1.0, fn), modules,
+                                                     ctx.device, ranges=False)
+                try:
+                    got = model.forward(model.latents, 1.0, fn).clone()
+                    check = max_difference(got, model.forward(model.latents, 1.0))
+                    tol = COMPILED_TOLERANCE.get(model.dtype, 1e-1)
+                    out["check"] = {**check, "tolerance": tol, "matches": check["finite"] and check["relative"] <= tol}
+                except Exception as exc:  # noqa: BLE001 - reported in the row
+                    out["check"] = {"error": describe(exc, 160)}
+            return out
+
+        return Config(name, run_compiled, setup=setup, extra={"how": HOW[name], "where": where},
+                      keep={"probe": probe, "holder": holder}, group="compile")
+
     configs = []
     with _default_backend():
         for name in ctx.processors:
+            base = COMPILED_SETTINGS.get(name)
+            if base is not None and not ctx.compile:
+                configs.append(Config(name, None, status=STATUS_SKIPPED, reason="compile off (--compile)",
+                                      extra={"how": HOW[name]}))
+                continue
             try:
-                where = apply_setting(name)
+                where = apply_setting(base or name)
             except Exception as exc:  # noqa: BLE001 - cannot be set here: a result, not a crash
                 reason = str(exc) if isinstance(exc, NotApplicable) else describe(exc, 300)
                 configs.append(Config(name, None, status=STATUS_NA, reason=reason, extra={"how": HOW[name]}))
                 continue
+            if base is not None:
+                configs.append(compiled_config(name, base, where))
+                continue
             configs.append(Config(name, run, setup=lambda name=name: apply_setting(name),
-                                  extra={"how": HOW[name], "where": where}))
+                                  extra={"how": HOW[name], "where": where}, keep={"probe": eager_probe(name)}))
+        deadline = ctx.deadline()
         try:
             cells = measure_interleaved(configs, p.repeats, p.skip_steps, desc=f"table 5: {p.name}",
-                                        progress=ctx.progress, deadline=ctx.deadline(), device=ctx.device,
+                                        progress=ctx.progress, deadline=deadline, device=ctx.device,
                                         always=2, sample_factor=p.steps / p.warmup_steps)
+            probe_cells(configs, cells, deadline)
         finally:
             apply_setting("stock")
     ref = {base: cells[base].median("step_seconds") for base in ("native", "stock")
@@ -292,8 +347,9 @@ def transformer_table(ctx) -> dict:
             "ratio_vs": {base: {n: c.median("step_seconds") / r for n, c in cells.items() if c.ok}
                          for base, r in ref.items()},
         }],
+        "interrupted": cells.interrupted,
     }
 
 
-__all__ = ["SETTINGS", "TransformerModel", "build_transformer", "resolve_settings",
+__all__ = ["COMPILED_SETTINGS", "SETTINGS", "attention_modules", "TransformerModel", "build_transformer", "resolve_settings",
            "transformer_loop", "transformer_table"]

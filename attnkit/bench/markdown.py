@@ -8,8 +8,9 @@ machine's load. Works from the results dict alone.
 
 from __future__ import annotations
 
-from .measure import separated, typical_spread
+from .measure import clip, separated, typical_spread
 from .published import PUBLISHED_NAMES
+from .share import check_text, share_text
 from .wording import (
     cell_words,
     fmt_bytes,
@@ -112,6 +113,24 @@ def _speedup_legend(cells: dict[str, dict]) -> str:
     return f"no speedup over vanilla (vanilla {why})"
 
 
+def compile_words(r: dict, limit: int = 60) -> str:
+    """How a compiled row compiled: 'fullgraph' or 'graph breaks (fullgraph: <why>)'."""
+    info = r.get("compile") or {}
+    if not info or info.get("fullgraph") is None:
+        return ""
+    if info["fullgraph"]:
+        return "fullgraph"
+    return f"not fullgraph ({clip(info.get('fullgraph_error') or 'fullgraph=True failed', limit)})"
+
+
+def first_call_words(r: dict) -> str:
+    """The first call's seconds (compilation included), and how it compiled."""
+    first = r.get("first_call_seconds")
+    how = compile_words(r)
+    text = "–" if first is None else fmt_num(first, 2)
+    return f"{text} ({how})" if how else text
+
+
 def render_table2(t: dict, env: dict) -> str:
     """The ladder's measured steps; the others after the table, once per reason."""
     s = t["setting"]
@@ -121,6 +140,9 @@ def render_table2(t: dict, env: dict) -> str:
     noise = run_noise(t["rows"], "seconds")
 
     def published_index(i: int, r: dict) -> int | None:
+        if "published_step" in r:  # the row says which published step it stands beside
+            j = r["published_step"]
+            return j if j is not None and j < len(prow) else None
         if i < 4 and i < len(prow):
             return i
         return 4 if r["name"].endswith("+ xformers") and len(prow) > 4 else None
@@ -128,33 +150,56 @@ def render_table2(t: dict, env: dict) -> str:
     def step(j: int) -> str:
         return f"{prow[j]['step']}: {prow[j]['seconds']:.2f} s, x{prow[j]['speedup']:.2f}"
 
+    probed = any("attention" in r or "compile" in r for r in t["rows"])
     rows, shown = [], set()
     for i, r in enumerate(t["rows"]):
         if not is_measured(r, "seconds"):
             continue
         j = published_index(i, r)
         shown.add(j)
-        rows.append([r["name"], fmt_num(r["seconds_median"], 3), str(r.get("samples", len(r.get("seconds") or []))),
-                     f"{fmt_num(r['seconds_min'], 3)}–{fmt_num(r['seconds_max'], 3)}",
-                     marked_ratio(r.get("speedup_vs_fp32"), r, base, "seconds", noise),
-                     "" if j is None else step(j)])
+        cols = [r["name"], fmt_num(r["seconds_median"], 3), str(r.get("samples", len(r.get("seconds") or []))),
+                f"{fmt_num(r['seconds_min'], 3)}–{fmt_num(r['seconds_max'], 3)}",
+                marked_ratio(r.get("speedup_vs_fp32"), r, base, "seconds", noise), fmt_num(r.get("it_per_s_median"))]
+        if probed:
+            cols += [first_call_words(r), share_text(r.get("attention"), "processor_calls"),
+                     share_text(r.get("attention"), "attention_kernels"), check_text(r.get("check"))]
+        rows.append(cols + ["" if j is None else step(j)])
     out = [
         "### 2. Latency ladder: seconds per image, cumulative speedup",
         f"One image, {s['resolution']}x{s['resolution']}, {s['steps']} DDIM steps; timed: {s.get('includes', '')}; "
-        f"median of n interleaved samples per row (up to {s['repeats']}); the published column is the "
+        f"median of n interleaved samples per row (up to {s['repeats']}); it/s: the denoising loop's steps per "
+        f"second in the same runs; the published column is the "
         f"ladder of the diffusers docs ({pub.get('device', '')}, 512x512, 50 DDIM steps, traced UNet where we compile).",
     ]
+    if probed:
+        out.append(
+            f"{COMPILE_LABEL_TEXT} First call: the warm-up's first step, compilation included (never a sample). "
+            "Attention: one more step under torch.profiler, after the timed runs: 'processor calls' is the "
+            "attention modules' forward (projections to output projection), 'attention kernels' the operators "
+            "(CPU) or kernels (CUDA) named as attention; as a share of the step's wall time on the CPU, of its "
+            "kernels' device time on CUDA (docs/benchmarks.md). Compiled vs eager: one UNet call through the "
+            "compiled copy against the same module eager, the largest difference relative to the output's largest value.")
     if rows:
-        out += ["", md_table(["step", "s / image", "n", "min–max", "speedup vs fp32",
-                               f"published ({pub.get('device', '')})"], rows)]
+        head = ["step", "s / image", "n", "min–max", "speedup vs fp32", "it/s"]
+        if probed:
+            head += ["first call s", "attention: processor calls", "attention kernels", "compiled vs eager"]
+        out += ["", md_table(head + [f"published ({pub.get('device', '')})"], rows)]
     gone = not_measured(t["rows"], "seconds", 200)
     if gone:
         out += ["", f"Not measured ({len(t['rows']) - len(rows)} of {len(t['rows'])} steps):",
                 *(f"- {line}" for line in gone)]
+    broken = [f"{r['name']}: {compile_words(r, 200)}" for r in t["rows"]
+              if not is_measured(r, "seconds") and (r.get("compile") or {}).get("fullgraph") is False]
+    if broken:
+        out += ["", "Of those, fullgraph=True failed first:", *(f"- {line}" for line in broken)]
     left = [step(j) for j in range(len(prow)) if j not in shown]
     if left:
         out += ["", f"Published steps without a measured step here ({pub.get('device', '')}): {'; '.join(left)}."]
     return "\n".join(out)
+
+
+COMPILE_LABEL_TEXT = ("torch.compile: default mode; CUDA graphs: torch.compile(mode='reduce-overhead'); "
+                      "fullgraph=True first, without it where that fails (the first-call column says which).")
 
 
 def render_table3(t: dict, env: dict) -> str:
@@ -246,17 +291,26 @@ def render_table5(t: dict, env: dict) -> str:
         ]
         rows = []
         noise = run_noise(cells.values(), "step_seconds")
+        probed = any("attention" in c or "compile" in c for c in cells.values())
         for n, c in cells.items():
+            extra = ([first_call_words(c), share_text(c.get("attention"), "processor_calls"),
+                      share_text(c.get("attention"), "attention_kernels"), check_text(c.get("check"))]
+                     if probed else [])
             if is_measured(c, "step_seconds"):
                 ratios = [marked_ratio(vs.get(base, {}).get(n), c, cells.get(base), "step_seconds", noise)
                           for base in ("native", "stock")]
                 rows.append([n, c.get("how", ""), fmt_num(c["step_seconds_median"], 3), str(c.get("samples", 0)),
                              f"{fmt_num(c['step_seconds_min'], 3)}–{fmt_num(c['step_seconds_max'], 3)}",
-                             *ratios, c.get("where", "")])
+                             *ratios, *extra, c.get("where", "")])
             else:
-                rows.append([n, c.get("how", ""), "–", "0", "–", "–", "–", cell_words(c, 200)])
-        out.append(md_table(["attention", "set by", "s / step", "n", "min–max", "vs native", "vs stock",
-                              "where it went / status"], rows))
+                rows.append([n, c.get("how", ""), "–", "0", "–", "–", "–", *(["–"] * len(extra)),
+                             cell_words(c, 200) + (f"; {compile_words(c, 200)}" if compile_words(c) else "")])
+        head = ["attention", "set by", "s / step", "n", "min–max", "vs native", "vs stock"]
+        if probed:
+            head += ["first call s", "attention: processor calls", "attention kernels", "compiled vs eager"]
+            out += [f"{COMPILE_LABEL_TEXT} First call, attention and compiled vs eager as in table 2 "
+                    "(one forward profiled after the timed runs).", ""]
+        out.append(md_table(head + ["where it went / status"], rows))
         lines = noise_lines(cells, "step_seconds", lambda v: fmt_num(v, 3), higher_is_faster=False)
         out += ["", *lines] if lines else []
         out += ["", _target_line(cells, vs.get("native", {})), ""]

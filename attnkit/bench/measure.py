@@ -222,6 +222,7 @@ class Cell:
     seconds: list[float] = field(default_factory=list)  # seconds per run (loop + decode if any)
     step_seconds: list[float] = field(default_factory=list)  # steady-state seconds per step
     warmup_seconds: float | None = None
+    first_call_seconds: float | None = None  # the warm-up's first step: compilation, autotuning, caches
     extra: dict = field(default_factory=dict)
 
     SERIES = ("it_per_s", "loop_it_per_s", "seconds", "step_seconds")
@@ -247,7 +248,8 @@ class Cell:
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "status": self.status, "reason": self.reason,
-               "samples": len(self.it_per_s), "warmup_seconds": self.warmup_seconds}
+               "samples": len(self.it_per_s), "warmup_seconds": self.warmup_seconds,
+               "first_call_seconds": self.first_call_seconds}
         for key in self.SERIES:
             values = getattr(self, key)
             out[key] = values
@@ -272,6 +274,37 @@ class Config:
     reason: str = ""
     extra: dict = field(default_factory=dict)
     keep: dict = field(default_factory=dict)
+    # Warm-ups are predicted from earlier warm-ups of the same group where there are some
+    # (a compiled configuration's warm-up compiles: seconds to minutes, unlike an eager one's).
+    group: str = ""
+
+
+class Cells(dict):
+    """{name: Cell}, in the configurations' order; ``interrupted`` when a SIGINT (a time
+    limit) ended the measuring: what was measured is kept and the table still written."""
+
+    interrupted = False
+
+
+def probe_cells(configs: Iterable[Config], cells: Mapping[str, Cell], deadline: Deadline | None = None) -> None:
+    """After the timing, each configuration's ``keep["probe"](profile)`` (attention's share
+    of a step, a compiled copy's output against eager: :func:`.context.unet_config`), its
+    result merged into the cell's extra. A measured cell is profiled only while the deadline
+    leaves room for a few of its runs; the others get what needs no run (how they compiled)."""
+    for config in configs:
+        probe = config.keep.get("probe")
+        if probe is None:
+            continue
+        cell = cells[config.name]
+        profile = cell.ok and not getattr(cells, "interrupted", False)
+        left = deadline.left() if deadline is not None else None
+        if profile and left is not None and left < MARGIN * 3 * (cell.median("seconds") or 0.0):
+            profile = False
+            cell.extra["attention"] = {"skipped": "time budget"}
+        try:
+            cell.extra.update(probe(profile))
+        except Exception as exc:  # noqa: BLE001 - a probe's failure is reported, never fatal
+            cell.extra["attention"] = {"error": describe(exc, 160)}
 
 
 def measure_interleaved(
@@ -303,11 +336,12 @@ def measure_interleaved(
     ``strict``, each configuration is warmed up right before its first timed run.
     """
     configs = list(configs)
-    cells = {c.name: Cell(c.name, c.status, c.reason, extra=dict(c.extra)) for c in configs}
+    cells = Cells((c.name, Cell(c.name, c.status, c.reason, extra=dict(c.extra))) for c in configs)
     live = [c for c in configs if c.status == STATUS_OK and c.run is not None]
     bar = progress_bar(len(live) * (repeats + 1), desc, progress)
     sample_cost: dict[str, float] = {}  # seconds of a configuration's last timed run (predicted before it)
     warmups: list[float] = []
+    group_warmups: dict[str, list[float]] = {}
     predicted: list[float] = []  # a timed run's seconds, as each warm-up predicted it
 
     def predict_sample(seconds: float, timing: LoopTiming) -> float:
@@ -346,7 +380,9 @@ def measure_interleaved(
         timing = attempt(config, True)
         if timing is not None:
             cells[config.name].warmup_seconds = seconds = clock() - start
+            cells[config.name].first_call_seconds = timing.step_seconds[0] if timing.step_seconds else None
             warmups.append(seconds)
+            group_warmups.setdefault(config.group, []).append(seconds)
             sample_cost[config.name] = predict_sample(seconds, timing)
             predicted.append(sample_cost[config.name])
         bar.update(1)
@@ -360,25 +396,36 @@ def measure_interleaved(
             sample_cost[config.name] = clock() - start
         bar.update(1)
 
-    first_round = 0
-    for i, config in enumerate(live):
-        if i >= always and deadline is not None:
-            warm = statistics.median(warmups) if warmups else (first_warmup or 0.0)
-            sample = statistics.median(predicted) if predicted else warm * sample_factor
-            promised = 0.0 if strict else sum(sample_cost.get(c.name, 0.0) for c in live[:i]
-                                              if cells[c.name].status == STATUS_OK)
-            if deadline.expired() or not fits(promised + warm + sample):
-                cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
-                continue
-        warm_up(config)
-        if strict and cells[config.name].status == STATUS_OK:
-            timed(config, 0)
-            first_round = 1
-    for rnd in range(first_round, repeats):
-        active = [c for c in live if cells[c.name].status == STATUS_OK]
-        if not active or (rnd > 0 and not fits(sum(sample_cost.get(c.name, 0.0) for c in active))):
-            break
-        for config in active if rnd % 2 == 0 else active[::-1]:
-            timed(config, rnd)
+    def rounds() -> None:
+        first_round = 0
+        for i, config in enumerate(live):
+            if i >= always and deadline is not None:
+                same = group_warmups.get(config.group)
+                warm = statistics.median(same or warmups) if (same or warmups) else (first_warmup or 0.0)
+                sample = statistics.median(predicted) if predicted else warm * sample_factor
+                promised = 0.0 if strict else sum(sample_cost.get(c.name, 0.0) for c in live[:i]
+                                                  if cells[c.name].status == STATUS_OK)
+                if deadline.expired() or not fits(promised + warm + sample):
+                    cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
+                    continue
+            warm_up(config)
+            if strict and cells[config.name].status == STATUS_OK:
+                timed(config, 0)
+                first_round = 1
+        for rnd in range(first_round, repeats):
+            active = [c for c in live if cells[c.name].status == STATUS_OK]
+            if not active or (rnd > 0 and not fits(sum(sample_cost.get(c.name, 0.0) for c in active))):
+                break
+            for config in active if rnd % 2 == 0 else active[::-1]:
+                timed(config, rnd)
+
+    try:
+        rounds()
+    except KeyboardInterrupt:  # a time limit's SIGINT: what was measured is kept, the rest named
+        cells.interrupted = True
+        for c in live:
+            cell = cells[c.name]
+            if cell.status == STATUS_OK and not cell.it_per_s:
+                cell.status, cell.reason = STATUS_SKIPPED, "interrupted (the run's time limit)"
     bar.close()
     return cells

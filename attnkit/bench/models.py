@@ -253,6 +253,26 @@ class LoopTiming:
         return self.loop_seconds + (self.decode_seconds or 0.0)
 
 
+def unet_step_inputs(model: SDModel, cond: Conditioning, resolution: int, dtype: torch.dtype | None = None,
+                     seed: int = 0) -> tuple[tuple, dict]:
+    """(args, kwargs) of one UNet call as a step of :func:`denoise` makes it (random latents,
+    both halves of classifier-free guidance, a mid-schedule timestep)."""
+    dtype = dtype or cond.prompt_embeds.dtype
+    device = model.device
+    gen = torch.Generator(device="cpu").manual_seed(seed + 7)
+    size = resolution // model.vae_scale_factor
+    latents = torch.randn((2 * cond.batch, model.unet.config.in_channels, size, size), generator=gen).to(device, dtype)
+    t = torch.tensor(501, device=device)  # int64, 0-dim: what scheduler.timesteps holds
+    kwargs: dict = {"encoder_hidden_states": torch.cat([cond.negative_prompt_embeds, cond.prompt_embeds]).to(dtype),
+                    "timestep_cond": None, "cross_attention_kwargs": None, "added_cond_kwargs": None,
+                    "return_dict": False}
+    if model.family == "sdxl":
+        time_ids = torch.tensor([[resolution, resolution, 0, 0, resolution, resolution]], dtype=dtype, device=device)
+        kwargs["added_cond_kwargs"] = {"text_embeds": torch.cat([cond.negative_pooled, cond.pooled]).to(dtype),
+                                       "time_ids": time_ids.repeat(2 * cond.batch, 1)}
+    return (latents, t), kwargs
+
+
 @torch.no_grad()
 def denoise(
     model: SDModel,

@@ -33,7 +33,7 @@ import torch
 
 from . import published
 from .availability import availability, make_processor
-from .context import Context, Lazy, forget_compiled, unet_config
+from .context import CUDA_GRAPHS_MODE, Context, Lazy, forget_compiled, unet_config
 from .dit import transformer_table
 from .measure import (
     STATUS_NA,
@@ -44,6 +44,7 @@ from .measure import (
     OverBudget,
     classify_error,
     measure_interleaved,
+    probe_cells,
 )
 from .memory import memory_cuda, memory_in_subprocesses
 from .models import dtype_label, make_conditioning, torch_dtype
@@ -102,12 +103,31 @@ def it_per_s(ctx: Context) -> dict:
 
 
 # -- table 2 ---------------------------------------------------------------------------
+LADDER_KINDS = ("base", "eager", "compile", "cudagraphs")
+COMPILE_LABEL = "torch.compile"
+CUDA_GRAPHS_LABEL = "CUDA graphs"  # torch.compile(mode="reduce-overhead")
+
+
+def ladder_kinds(spec: str | None) -> tuple[str, ...]:
+    """`None`/"all" -> every kind of ladder row; else a comma-separated list, checked, in its order."""
+    if spec is None or spec.strip() in ("", "all"):
+        return LADDER_KINDS
+    kinds = [k.strip() for k in spec.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in LADDER_KINDS]
+    if bad or not kinds:
+        raise ValueError(f"--ladder-rows takes {', '.join(LADDER_KINDS)} (comma-separated) or all, got {spec!r}")
+    return tuple(dict.fromkeys(kinds))
+
+
 def ladder(ctx: Context) -> dict:
-    """Seconds per image along fp32 -> half -> channels_last -> compile -> processors."""
+    """Seconds per image (and it/s) along fp32 -> half -> channels_last -> compile, then each
+    processor eager, under torch.compile and under CUDA graphs; how much of a step is
+    attention in each row, and each compiled row's output against eager."""
     p, model = ctx.preset, ctx.model
     half = torch_dtype(p.half_dtype)
     steps = p.ladder_steps or p.steps
     half_name = dtype_label(half)
+    kinds = ctx.ladder_rows
 
     # Copies are made when a row first runs: rows the budget does not admit cost nothing.
     fp32_unet = model.unet if model.dtype == torch.float32 else Lazy(lambda: model.unet_copy(torch.float32))
@@ -118,52 +138,73 @@ def ladder(ctx: Context) -> dict:
     cond32 = make_conditioning(model, 1, torch.float32, ctx.seed)
     cond_half = make_conditioning(model, 1, half, ctx.seed)
     vanilla, why = make_processor("vanilla")
-
-    def row(label, unet, vae, cond, proc, compiled=False) -> Config:
-        if proc is None:
-            return Config(label, None, status=STATUS_NA, reason=why)
-        return unet_config(ctx, label, unet, proc, cond, steps, p.warmup_steps, compiled=compiled,
-                           decode=p.ladder_decode, vae=vae)
-
     cl = f"{half_name} + channels_last"
-    rows = [row("fp32", fp32_unet, fp32_vae, cond32, vanilla),
-            row(half_name, half_unet, half_vae, cond_half, vanilla),
-            row(cl, cl_unet, half_vae, cond_half, vanilla)]
-    if ctx.compile:
-        rows.append(row(f"{cl} + torch.compile", cl_unet, half_vae, cond_half, vanilla, compiled=True))
-    else:
-        rows.append(Config(f"{cl} + torch.compile", None, status=STATUS_SKIPPED, reason="compile off (--compile)"))
-    base_label = cl + (" + torch.compile" if ctx.compile else "")
-    avail = availability(ctx.processors, model.unet, ctx.device, half, 1, ctx.tokens)  # reads the structure only
-    for name in ctx.processors:
-        if name == "vanilla":
-            continue
-        proc, status, reason = avail[name]
-        label = f"{base_label} + {name}"
-        if status != STATUS_OK:
-            rows.append(Config(label, None, status=status, reason=reason))
-        else:
-            rows.append(row(label, cl_unet, half_vae, cond_half, proc, compiled=ctx.compile))
+    no_compile = "compile off (--compile)"
+    no_graphs = (f"CUDA graphs need CUDA (torch.compile mode='{CUDA_GRAPHS_MODE}' captures them); "
+                 f"this run is on {ctx.device.type}")
 
+    def row(label, unet, vae, cond, proc, mode="eager", published_step=None, name="vanilla") -> Config:
+        extra = {"kind": mode, "processor": name, "published_step": published_step}
+        if proc is None:
+            return Config(label, None, status=STATUS_NA, reason=why, extra=extra)
+        if mode == "cudagraphs" and ctx.device.type != "cuda":
+            return Config(label, None, status=STATUS_NA, reason=no_graphs, extra=extra)
+        if mode != "eager" and not ctx.compile:
+            return Config(label, None, status=STATUS_SKIPPED, reason=no_compile, extra=extra)
+        compiled = mode != "eager"
+        config = unet_config(ctx, label, unet, proc, cond, steps, p.warmup_steps, compiled=compiled,
+                             mode=CUDA_GRAPHS_MODE if mode == "cudagraphs" else None,
+                             decode=p.ladder_decode, vae=vae, extra=extra)
+        config.group = mode
+        return config
+
+    rows = []
+    if "base" in kinds:
+        rows += [row("fp32", fp32_unet, fp32_vae, cond32, vanilla, published_step=0),
+                 row(half_name, half_unet, half_vae, cond_half, vanilla, published_step=1),
+                 row(cl, cl_unet, half_vae, cond_half, vanilla, published_step=2),
+                 row(f"{cl} + {COMPILE_LABEL}", cl_unet, half_vae, cond_half, vanilla, "compile", published_step=3)]
+    avail = availability(ctx.processors, model.unet, ctx.device, half, 1, ctx.tokens)  # reads the structure only
+    labels = {"eager": cl, "compile": f"{cl} + {COMPILE_LABEL}", "cudagraphs": f"{cl} + {CUDA_GRAPHS_LABEL}"}
+    for kind in (k for k in kinds if k != "base"):
+        for name in ctx.processors:
+            if name == "vanilla" and kind != "cudagraphs" and "base" in kinds:
+                continue  # the base rows are vanilla's eager and compiled rows
+            proc, status, reason = avail[name]
+            label = f"{labels[kind]} + {name}"
+            # the docs' ladder ends with xformers on the traced UNet
+            step = 4 if name == "xformers" and kind == "compile" else None
+            if status != STATUS_OK:
+                rows.append(Config(label, None, status=status, reason=reason,
+                                   extra={"kind": kind, "processor": name, "published_step": step}))
+            else:
+                rows.append(row(label, cl_unet, half_vae, cond_half, proc, kind, step, name))
+
+    deadline = ctx.deadline()
     cells = measure_interleaved(
         rows, p.repeats, 0, desc="table 2: latency ladder", progress=ctx.progress,
-        deadline=ctx.deadline(), device=ctx.device, strict=True, sample_factor=steps / p.warmup_steps,
+        deadline=deadline, device=ctx.device, strict=True, sample_factor=steps / p.warmup_steps,
         first_warmup=None if ctx.step_seconds is None else ctx.step_seconds * p.warmup_steps,
     )
+    probe_cells(rows, cells, deadline)
     rows.clear()
     forget_compiled(ctx)
-    first = cells["fp32"].median("seconds") if cells["fp32"].ok else None
+    fp32 = cells.get("fp32")
+    first = fp32.median("seconds") if fp32 is not None and fp32.ok else None
     out_rows = [{**c.to_dict(), "speedup_vs_fp32": _ratio(first, c.median("seconds"))} for c in cells.values()]
     return {
         "title": "latency ladder (seconds per image)",
         "setting": {
             "resolution": p.resolution, "steps": steps, "batch": 1, "half_dtype": half_name,
-            "repeats": p.repeats, "budget_seconds": ctx.budget,
+            "repeats": p.repeats, "budget_seconds": ctx.budget, "rows": list(kinds),
             "includes": ("denoising loop + VAE decode to uint8 (no text encoder)" if p.ladder_decode
                          else "denoising loop only (no VAE decode, no text encoder)"),
             "attention_before_processor_rows": "vanilla",
+            "compile": {"modes": {"compile": "default", "cudagraphs": CUDA_GRAPHS_MODE},
+                        "backend": ctx.compile_backend, "fullgraph": "tried first; without it where it fails"},
         },
         "rows": out_rows,
+        "interrupted": cells.interrupted,
         "published": {
             "device": published.LADDER_DEVICE, "source": published.SOURCES[published.LADDER_SOURCE],
             "rows": [{"step": s, "seconds": t, "speedup": x} for s, t, x in published.LADDER_TITAN_RTX],
@@ -252,4 +293,6 @@ def run_tables(ctx: Context, keys: list[str], deadline: Deadline, log: Callable[
             tables[key] = {"title": table.title, "error": f"{status}: {reason}"}
         seconds[key] = time.perf_counter() - start
         log(f"table {key} done in {seconds[key]:.0f} s")
+        if tables[key].get("interrupted"):  # a time limit's SIGINT: keep what is done, start nothing more
+            break
     return tables, seconds

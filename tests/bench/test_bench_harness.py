@@ -265,15 +265,127 @@ def test_ladder_rows_and_plot(tiny, tmp_path):
 
     t = ladder(_ctx(tiny, ["vanilla", "sdpa", "xformers"]))
     names = [r["name"] for r in t["rows"]]
-    assert names == ["fp32", "bf16", "bf16 + channels_last", "bf16 + channels_last + torch.compile",
-                     "bf16 + channels_last + sdpa", "bf16 + channels_last + xformers"]
+    cl = "bf16 + channels_last"
+    assert names == ["fp32", "bf16", cl, f"{cl} + torch.compile",
+                     f"{cl} + sdpa", f"{cl} + xformers",
+                     f"{cl} + torch.compile + sdpa", f"{cl} + torch.compile + xformers",
+                     f"{cl} + CUDA graphs + vanilla", f"{cl} + CUDA graphs + sdpa", f"{cl} + CUDA graphs + xformers"]
+    rows = {r["name"]: r for r in t["rows"]}
     assert t["rows"][0]["speedup_vs_fp32"] == pytest.approx(1.0)
-    assert t["rows"][3]["status"] == "skipped" and t["rows"][5]["status"] == "n/a"
+    assert rows[f"{cl} + torch.compile"]["status"] == "skipped" and rows[f"{cl} + xformers"]["status"] == "n/a"
+    assert rows[f"{cl} + torch.compile + sdpa"]["reason"] == "compile off (--compile)"
     assert all(r["seconds_median"] > 0 for r in t["rows"] if r["status"] == STATUS_OK)
     md = markdown.render_table2(t, {})
     assert "original (fp32): 9.50 s" in md and "memory efficient attention: 2.63 s" in md
+    # the CUDA-graph rows are not applicable on the CPU: said once, for all of them
+    assert md.count("CUDA graphs need CUDA") == 1
+    assert "bf16 + channels_last + CUDA graphs + (vanilla, sdpa)" in md
     results = {"environment": {"device_name": "cpu"}, "tables": {"2": t}}
     assert [os.path.basename(p) for p in plots.write_plots(results, str(tmp_path))[0]] == ["ladder.png"]
+
+
+def _share(row: dict, key: str) -> float:
+    measure = row["attention"][key]
+    assert "share" in measure, (row["name"], measure)
+    return measure["share"]
+
+
+def test_ladder_compiled_rows_time_apart_profile_attention_and_match_eager(tiny):
+    """Each processor gets an eager, a torch.compile and a CUDA-graph row; every row carries a
+    number or a reason; compiled rows time their first call apart, say how they compiled,
+    and match eager; every share of attention lies in (0, 1). aot_eager: torch.compile's
+    tracing and decompositions without inductor's minutes of C++ compilation."""
+    from attnkit.bench.tables import ladder
+
+    ctx = _ctx(tiny, ["sdpa", "auto"], compile=True, compile_backend="aot_eager",
+               ladder_rows=("eager", "compile", "cudagraphs"))
+    t = ladder(ctx)
+    cl = "bf16 + channels_last"
+    rows = {r["name"]: r for r in t["rows"]}
+    assert list(rows) == [f"{cl} + sdpa", f"{cl} + auto", f"{cl} + torch.compile + sdpa",
+                          f"{cl} + torch.compile + auto", f"{cl} + CUDA graphs + sdpa", f"{cl} + CUDA graphs + auto"]
+    for name in ("sdpa", "auto"):
+        eager, compiled, graphs = rows[f"{cl} + {name}"], rows[f"{cl} + torch.compile + {name}"], rows[f"{cl} + CUDA graphs + {name}"]
+        assert eager["status"] == compiled["status"] == STATUS_OK, (eager, compiled)
+        assert eager["it_per_s_median"] > 0 and compiled["it_per_s_median"] > 0
+        assert 0 < _share(eager, "processor_calls") < 1 and 0 < _share(eager, "attention_kernels") < 1
+        # the kernels are part of the processors' calls
+        assert _share(eager, "attention_kernels") < _share(eager, "processor_calls")
+        # compiled: the first call (tracing) is reported, not sampled; the ranges are gone, the ops are not
+        assert compiled["first_call_seconds"] > 0 and compiled["samples"] == len(compiled["it_per_s"]) == 1
+        assert compiled["compile"]["fullgraph"] is True and compiled["compile"]["backend"] == "aot_eager"
+        assert "not attributable" in compiled["attention"]["processor_calls"]["reason"]
+        assert 0 < _share(compiled, "attention_kernels") < 1
+        assert compiled["check"]["matches"] is True and compiled["check"]["relative"] <= compiled["check"]["tolerance"]
+        assert graphs["status"] == "n/a" and "CUDA graphs need CUDA" in graphs["reason"]
+    md = markdown.render_table2(t, {})
+    assert "| first call s | attention: processor calls | attention kernels | compiled vs eager |" in md
+    assert "(fullgraph)" in md and "matches (max rel. diff" in md
+
+
+def _fake_compile(fail_fullgraph: bool, fail_always: bool = False, offset: float = 0.0):
+    """A torch.compile stand-in: raises where asked, else returns the module (shifted by `offset`)."""
+
+    def compile_(module, mode=None, fullgraph=False, backend=None):
+        def fn(*args, **kwargs):
+            if fail_always or (fullgraph and fail_fullgraph):
+                raise RuntimeError("graph break in forward\n(a long explanation)" if fullgraph
+                                   else "inductor exploded at codegen time\ntraceback")
+            out = module(*args, **kwargs)
+            return (out[0] + offset,) + tuple(out[1:]) if offset else out
+        return fn
+
+    return compile_
+
+
+@pytest.mark.parametrize("fail_always", [False, True])
+def test_a_failing_compile_is_a_row_that_says_why(tiny, monkeypatch, fail_always):
+    """fullgraph=True first; where it fails, without fullgraph (saying so); where that fails
+    too, the row says why with the error's first line, and the bench goes on."""
+    import attnkit.bench.context as context
+    from attnkit.bench.tables import ladder
+
+    monkeypatch.setattr(context.torch, "compile", _fake_compile(True, fail_always))
+    t = ladder(_ctx(tiny, ["sdpa"], compile=True, ladder_rows=("compile", "eager")))
+    compiled, eager = t["rows"]
+    assert eager["status"] == STATUS_OK
+    assert compiled["compile"]["fullgraph"] is False
+    assert compiled["compile"]["fullgraph_error"] == "RuntimeError: graph break in forward"
+    md = markdown.render_table2(t, {})
+    if fail_always:
+        assert compiled["status"] == STATUS_FAILED
+        assert compiled["reason"] == "RuntimeError: inductor exploded at codegen time"
+        assert "failed: RuntimeError: inductor exploded at codegen time" in md
+        assert "fullgraph=True failed first" in md
+    else:
+        assert compiled["status"] == STATUS_OK
+        assert "not fullgraph (RuntimeError: graph break in forward)" in md
+
+
+def test_a_compiled_row_that_differs_from_eager_says_so(tiny, monkeypatch):
+    import attnkit.bench.context as context
+    from attnkit.bench.tables import ladder
+
+    monkeypatch.setattr(context.torch, "compile", _fake_compile(False, offset=1.0))
+    t = ladder(_ctx(tiny, ["sdpa"], compile=True, ladder_rows=("compile",)))
+    (row,) = t["rows"]
+    assert row["check"]["matches"] is False and row["check"]["max_abs"] == pytest.approx(1.0, rel=1e-2)
+    assert "DIFFERS" in markdown.render_table2(t, {})
+
+
+def test_an_interrupt_keeps_what_was_measured():
+    def make(name, interrupt=False):
+        def run(warmup):
+            if interrupt and not warmup:
+                raise KeyboardInterrupt
+            return LoopTiming([0.1, 0.1])
+
+        return Config(name, run)
+
+    cells = measure_interleaved([make("a"), make("b", interrupt=True)], repeats=2, progress=False, strict=True)
+    assert cells.interrupted
+    assert cells["a"].status == STATUS_OK and len(cells["a"].it_per_s) == 1
+    assert cells["b"].status == "skipped" and "interrupted" in cells["b"].reason
 
 
 def test_sweep_plot_is_written(tmp_path):

@@ -120,3 +120,40 @@ def test_full_size_presets_are_the_published_models(name, billions):
     count = sum(p.numel() for p in model.parameters()) / 1e9
     assert billions[0] <= count <= billions[1], count
     json.dumps(preset.to_dict())  # results.json holds it
+
+
+@pytest.mark.parametrize("compile_", [True, False])
+def test_the_compiled_row_is_measured_and_matches_eager_or_says_why(compile_, one_thread):
+    """Table 5's compiled row: fullgraph first (saying which was used), its first call apart,
+    its output against the same model eager, attention's share of a forward; with compile
+    off, a reason. aot_eager: torch.compile's tracing without inductor's minutes."""
+    preset = _tiny("flux")
+    model = build_transformer(preset, "cpu", seed=0)
+    names = ["native", "attnkit", "attnkit + torch.compile"]
+    ctx = Context(model=model, preset=preset, processors=names, device=torch.device("cpu"), device_name="cpu",
+                  progress=False, compile=compile_, compile_backend="aot_eager")
+    table = transformer_table(ctx)
+    cells = table["models"][0]["cells"]
+    assert list(cells) == names
+    row = cells["attnkit + torch.compile"]
+    md = markdown.render_table5(table, {"device_name": "cpu"})
+    if not compile_:
+        assert row["status"] == "skipped" and row["reason"] == "compile off (--compile)"
+        assert "skipped (compile off (--compile))" in md
+        return
+    for name in ("native", "attnkit"):  # eager rows: the processors' calls and the kernels inside them
+        share = cells[name]["attention"]
+        assert 0 < share["attention_kernels"]["share"] <= share["processor_calls"]["share"] < 1, share
+    if row["status"] != "ok":  # a compile that fails is a row that says why
+        assert row["status"] == "failed" and row["reason"], row
+        assert row["compile"]["fullgraph"] is False and row["compile"]["fullgraph_error"]
+        return
+    assert row["samples"] == 2 and row["first_call_seconds"] > 0
+    assert row["compile"]["fullgraph"] in (True, False)
+    assert row["compile"]["fullgraph"] or row["compile"]["fullgraph_error"]
+    assert row["check"]["matches"] is True, row["check"]
+    assert "not attributable" in row["attention"]["processor_calls"]["reason"]
+    assert 0 < row["attention"]["attention_kernels"]["share"] < 1
+    assert "| first call s | attention: processor calls | attention kernels | compiled vs eager |" in md
+    # the model is handed back as built (the compiled row set attnkit's backend on it)
+    assert all(getattr(m.processor, "_attention_backend", None) is None for m in attention_modules(model.transformer))
