@@ -2,21 +2,27 @@
 # The whole benchmark record on one CUDA machine, in under 10 minutes.
 #
 #   bench/gpu_suite.sh [OUTDIR]           # tables 1-5 + kernel microbenchmarks + the kernel's tiles
-#   bench/gpu_suite.sh [OUTDIR] --quick   # a short record: SD1.5's table 1, the kernel microbenchmarks,
-#                                         # Flux's table 5 (about 4 minutes: for a GPU lent briefly)
+#   bench/gpu_suite.sh [OUTDIR] --quick   # under 8 minutes, for a GPU lent briefly: SD1.5's table 1, the
+#                                         # ladder's eager / CUDA-graph / torch.compile rows for sdpa and
+#                                         # for attnkit's auto and triton, Flux's table 5 with its compiled
+#                                         # rows, the kernel microbenchmarks, the 16-bit kernel check
+#                                         # (full bias; D=40/64/128 against cuDNN), host time per call
 #   bench/gpu_suite.sh [OUTDIR] --smoke   # the same plumbing with the tiny UNet (any device, ~2 min)
+#   bench/gpu_suite.sh [--quick|--smoke] --dry-run   # print the plan: each step, its cap, their sum
 #
 # OUTDIR defaults to bench/out/gpu (git-ignored). It receives:
 #   OUTDIR/results/<gpu>/  the record, laid out as it is committed under bench/results/<gpu>/
 #                          (<gpu>: torch.cuda.get_device_name() in lower case with dashes):
 #                          README.md (device, versions, commit, what ran), results.json, table.md
-#                          and *.png (all tables merged), kernels/ (kernels.json: pytest-benchmark;
-#                          kernels.md: its table), tiles/ (bench/gpu_tiles.py: the Triton kernel's
-#                          tiles against float64 and its speed beside SDPA). With --smoke the
-#                          folder is <gpu>-smoke: a check of the plumbing, not a record.
+#                          and *.png (all tables merged, and the other steps' results as sections:
+#                          the microbenchmarks, the 16-bit kernel check, host time per call),
+#                          kernels/ (kernels.json: pytest-benchmark; kernels.md: its table;
+#                          README.md), tiles/ (bench/gpu_tiles.py: the Triton kernel's tiles
+#                          against float64 and its speed beside SDPA). With --smoke the folder is
+#                          <gpu>-smoke: a check of the plumbing, not a record.
 #   OUTDIR/logs/           suite.log, info.txt (attnkit info), nvidia-smi.txt, each step's stdout
-#                          (<step>.out) and each table's own run (tableN/, table5-<preset>/):
-#                          never committed.
+#                          (<step>.out), each table's own run (tableN/, table2-<who>/,
+#                          table5-<preset>/) and the section files (sections/): never committed.
 # Copy OUTDIR/results/<gpu>/ to bench/results/<gpu>/, say in its README.md what the run
 # showed, and commit it. OUTDIR may not lie under bench/results/ (logs do not go there).
 #
@@ -28,26 +34,29 @@
 # attnkit itself (with attnkit/kernels/) is staged from this checkout without pip.
 #
 # Every step has its share of the time budget (ATTNKIT_SUITE_SECONDS, default 540) and a
-# hard timeout; a step that fails or runs out of time is logged and the suite goes on, so
-# what finished is always kept.
+# hard timeout (share + 90 s); with --quick each step's cap is its hard limit (the steps'
+# own budgets end before it), the caps sum to at most 480 s, and setting up takes the rest
+# of the 8 minutes. A step that fails or runs out of time is logged and the suite goes on,
+# so what finished is always kept.
 # ATTNKIT_SUITE_STEPS picks steps by name for a shorter run (comma-separated, e.g.
-# table1,table5-flux,table3; default all): table1 table4 kernels tiles table2
-# table5-flux table5-sd3 table5-wan table3 (with --smoke: table5-flux-cpu, and no tiles;
-# --quick: table1,kernels,table5-flux in 240 s unless these variables say otherwise).
-# A name that is not a step, or an option other than --smoke and --quick, stops the suite
-# before it runs anything.
+# table1,table5-flux,table3; default all): the names are those --dry-run prints (with
+# --smoke: table5-flux-cpu, and no tiles).
+# A name that is not a step, or an option other than --smoke, --quick and --dry-run, stops
+# the suite before it runs anything.
 # ATTNKIT_COMMIT names the commit in the record's README where the checkout's .git is not
 # current (default: git rev-parse, marked when attnkit/ or bench/ differ from it).
 set -uo pipefail
 
-usage() { echo "usage: $0 [OUTDIR] [--smoke | --quick]   (OUTDIR default: bench/out/gpu)" >&2; exit 2; }
+usage() { echo "usage: $0 [OUTDIR] [--smoke | --quick] [--dry-run]   (OUTDIR default: bench/out/gpu)" >&2; exit 2; }
 OUT=
 SMOKE=0
 QUICK=0
+DRY=0
 for arg in "$@"; do
     case $arg in
         --smoke) SMOKE=1 ;;
         --quick) QUICK=1 ;;
+        --dry-run) DRY=1 ;;
         -h|--help) usage ;;
         -*) echo "$0: unknown option $arg" >&2; usage ;;
         *) [ -z "$OUT" ] || usage; OUT=$arg ;;
@@ -55,14 +64,18 @@ for arg in "$@"; do
 done
 [ $SMOKE = 1 ] && [ $QUICK = 1 ] && { echo "$0: --smoke and --quick are two different runs: pick one" >&2; usage; }
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-if [ $QUICK = 1 ]; then
-    STEPS=${ATTNKIT_SUITE_STEPS:-table1,kernels,table5-flux}
-    : "${ATTNKIT_SUITE_SECONDS:=240}"
-else
-    STEPS=${ATTNKIT_SUITE_STEPS:-all}
-fi
+
+# -- the plan: each step and its cap (seconds) -----------------------------------------------
+# --quick: most telling first (the ladder's compiled rows are what the issue is about); the
+# caps are hard limits and sum to at most QUICK_LIMIT.
+QUICK_LIMIT=480
+QUICK_PLAN="table1:40 table2-sdpa:95 table2-attnkit:105 table5-flux:95 kernels16:35 overhead:30 kernels:45"
+FULL_PLAN="table1:80 table4:45 kernels16:35 overhead:30 kernels:110 tiles:120 table2:110 table5-flux:40 table5-sd3:40 table5-wan:40 table3:rest"
+SMOKE_PLAN="table1:80 table4:45 kernels16:35 overhead:30 kernels:110 table2:110 table5-flux-cpu:40 table3:rest"
+if [ $QUICK = 1 ]; then PLAN=$QUICK_PLAN; elif [ $SMOKE = 1 ]; then PLAN=$SMOKE_PLAN; else PLAN=$FULL_PLAN; fi
+KNOWN_STEPS=",table1,table4,kernels,tiles,table2,table2-sdpa,table2-attnkit,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,kernels16,overhead,table3,"
+STEPS=${ATTNKIT_SUITE_STEPS:-all}
 STEPS=${STEPS// /}
-KNOWN_STEPS=",table1,table4,kernels,tiles,table2,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,table3,"
 if [ "$STEPS" != all ]; then
     for step in ${STEPS//,/ }; do
         if [[ "$KNOWN_STEPS" != *",$step,"* ]]; then
@@ -70,6 +83,40 @@ if [ "$STEPS" != all ]; then
             exit 2
         fi
     done
+fi
+if [ $QUICK = 1 ]; then
+    : "${ATTNKIT_SUITE_SECONDS:=$QUICK_LIMIT}"
+fi
+BUDGET=${ATTNKIT_SUITE_SECONDS:-540}
+# cap_of NAME: the step's cap in this plan ("rest": what is left of the budget)
+cap_of() { local e; for e in $PLAN; do [ "${e%%:*}" = "$1" ] && { echo "${e#*:}"; return; }; done; echo 0; }
+selected() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]]; }
+
+if [ $DRY = 1 ]; then
+    mode=$([ $QUICK = 1 ] && echo --quick || ([ $SMOKE = 1 ] && echo --smoke || echo "(full)"))
+    echo "bench/gpu_suite.sh $mode: plan (seconds; ATTNKIT_SUITE_STEPS=$STEPS, budget $BUDGET s)"
+    total=0
+    for e in $PLAN; do
+        name=${e%%:*} cap=${e#*:}
+        selected "$name" || continue
+        if [ "$cap" = rest ]; then
+            echo "  $(printf '%-16s' "$name") rest   (what is left of the budget)"
+            continue
+        fi
+        if [ $QUICK = 1 ]; then
+            echo "  $(printf '%-16s %4d' "$name" "$cap")   hard cap"
+        else
+            echo "  $(printf '%-16s %4d' "$name" "$cap")   share (hard limit $(( cap + 90 )))"
+        fi
+        total=$(( total + cap ))
+    done
+    if [ $QUICK = 1 ]; then
+        echo "  $(printf '%-16s %4d' sum "$total")   (caps; at most $QUICK_LIMIT s, set-up and merging take the rest of 8 minutes)"
+        [ "$total" -le "$QUICK_LIMIT" ] || { echo "$0: the quick plan's caps sum to $total s, over $QUICK_LIMIT" >&2; exit 1; }
+    else
+        echo "  $(printf '%-16s %4d' sum "$total")   (shares, before the rest; budget $BUDGET s)"
+    fi
+    exit 0
 fi
 PY=${PYTHON:-python3}
 OUT=$(realpath -m "${OUT:-$REPO/bench/out/gpu}")
@@ -84,7 +131,6 @@ mkdir -p "$LOGS"
 LOG="$LOGS/suite.log"
 : > "$LOG"
 START=$(date +%s)
-BUDGET=${ATTNKIT_SUITE_SECONDS:-540}
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 
 say() { echo "[suite $(( $(date +%s) - START ))s] $*" | tee -a "$LOG" >&2; }
@@ -128,7 +174,7 @@ EOF
 )
 echo "$VERSIONS" | tee -a "$LOG" >&2
 command -v nvidia-smi >/dev/null && nvidia-smi -q > "$LOGS/nvidia-smi.txt" 2>&1
-"$PY" -m attnkit info > "$LOGS/info.txt" 2>&1 || say "attnkit info failed (see $LOGS/info.txt)"
+timeout 30 "$PY" -m attnkit info > "$LOGS/info.txt" 2>&1 || say "attnkit info failed (see $LOGS/info.txt)"
 DEVICE=$("$PY" -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo unknown)
 slug=$(echo "$DEVICE" | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//')
 [ -n "$slug" ] || slug=unknown
@@ -155,73 +201,141 @@ if [ $SMOKE = 1 ]; then
 else
     COMMON=(--no-progress)
     KERNEL_FILTER=()
+    # --quick: forward only, SD1.5's and SDXL's 4096-token calls and SD1.5's cross-attention,
+    # SDPA's kernels and attnkit's (kernels16 adds D=128 and the full bias)
+    [ $QUICK = 1 ] && KERNEL_FILTER=(-k "not bwd and (sd15_self_4096_d40 or sd15_cross or sdxl_self_4096_d64) and (sdpa or triton) and not math")
     export ATTNKIT_BENCH_ROUNDS=${ATTNKIT_BENCH_ROUNDS:-10}
 fi
 # Most telling first: a step cut short by its budget loses the processors at the end.
 ORDER=vanilla,sdpa,triton,xformers,flash_attn,auto,sliced
 
 
-# run_step NAME SHARE_SECONDS CMD...: soft budget = share (or what is left), hard timeout +90 s;
-# stdout to $STDOUT (default LOGS/NAME.out), stderr to the suite's log
+# run_step NAME CMD...: the step's cap from the plan (or what is left). --quick: the cap is the
+# hard limit (SIGINT 10 s before it, then KILL); otherwise the cap is a share and the hard
+# timeout share + 90 s. stdout to $STDOUT (default LOGS/NAME.out), stderr to the suite's log.
+# In the command, @INNER@ is the budget to hand the tool: the cap, less (with --quick) the
+# 20 s that starting Python and writing the results take.
 RAN=()
 run_step() {
-    local name=$1 share=$2; shift 2
-    if [ "$STEPS" != all ] && [[ ",$STEPS," != *",$name,"* ]]; then
+    local name=$1; shift
+    if ! selected "$name"; then
         say "$name: not in ATTNKIT_SUITE_STEPS ($STEPS)"
         return
     fi
-    local rest; rest=$(left)
-    if [ "$rest" -lt 30 ]; then
+    local rest cap hard; rest=$(left)
+    cap=$(cap_of "$name")
+    [ "$cap" = rest ] && cap=$(( rest - 25 ))
+    if [ "$rest" -lt 20 ] || [ "$cap" -lt 15 ]; then
         say "$name: skipped (suite budget spent)"
         RAN+=("$name (skipped: budget spent)")
         return
     fi
-    [ "$share" -gt "$rest" ] && share=$rest
-    say "$name: budget ${share}s: $*"
-    timeout --signal=INT --kill-after=20 $(( share + 90 )) "$@" \
+    if [ $QUICK = 1 ]; then
+        [ "$cap" -gt $(( rest - 5 )) ] && cap=$(( rest - 5 ))
+        hard=$(( cap - 10 ))
+    else
+        [ "$cap" -gt "$rest" ] && cap=$rest
+        hard=$(( cap + 90 ))
+    fi
+    CAP=$cap INNER=$cap
+    [ $QUICK = 1 ] && INNER=$(( cap - 20 ))
+    local cmd=() arg
+    for arg in "$@"; do cmd+=("${arg//@INNER@/$INNER}"); done
+    say "$name: cap ${cap}s (hard limit $(( hard + 10 ))s): ${cmd[*]}"
+    timeout --signal=INT --kill-after=10 "$hard" "${cmd[@]}" \
         > "${STDOUT:-$LOGS/$name.out}" 2>> "$LOG"
     local rc=$?
     say "$name: exit $rc"
     RAN+=("$name (exit $rc)")
 }
+SECTIONS="$LOGS/sections"
+mkdir -p "$SECTIONS"
+# A table's own run: attnkit bench into LOGS/<dir>/ within the step's budget.
+BENCH=("$PY" -m attnkit bench "${COMMON[@]}")
 
-run_step table1 80 "$PY" -m attnkit bench "${COMMON[@]}" --tables 1 --processors "$ORDER" \
-    --budget 80 --out "$LOGS/table1"
-run_step table4 45 "$PY" -m attnkit bench "${COMMON[@]}" --tables 4 --processors "$ORDER" \
-    --budget 45 --out "$LOGS/table4"
-mkdir -p "$RECORD/kernels"
-STDOUT="$RECORD/kernels/kernels.md" \
-run_step kernels 110 "$PY" -m pytest "$REPO/bench" --benchmark-only -q -rs -p no:cacheprovider \
-    --benchmark-json="$RECORD/kernels/kernels.json" --benchmark-storage="file://$DEPS/benchmarks" \
-    --benchmark-columns=median,iqr,rounds --benchmark-sort=name \
-    "${KERNEL_FILTER[@]}"
-[ -s "$RECORD/kernels/kernels.json" ] || rm -rf "$RECORD/kernels"
-# Every shipped Triton tile against float64 on this GPU (defaults first), then its speed
-# beside SDPA and its host time per call: bench/gpu_tiles.py.
-if [ $SMOKE = 0 ]; then
-    run_step tiles 120 "$PY" "$REPO/bench/gpu_tiles.py" "$RECORD/tiles" --seconds 70 --timing-seconds 35
+run_step table1 "${BENCH[@]}" --tables 1 --processors "$ORDER" --budget @INNER@ --out "$LOGS/table1"
+if [ $QUICK = 1 ]; then
+    # The ladder on SD1.5 512x512 fp16: each processor eager, under CUDA graphs
+    # (torch.compile mode="reduce-overhead") and under torch.compile, how much of a step is
+    # attention, the compiled output against eager; sdpa first, then attnkit's own.
+    LADDER=(--tables 2 --ladder-rows eager,cudagraphs,compile --compile on --ladder-steps 20)
+    run_step table2-sdpa "${BENCH[@]}" "${LADDER[@]}" --processors sdpa --budget @INNER@ --out "$LOGS/table2-sdpa"
+    run_step table2-attnkit "${BENCH[@]}" "${LADDER[@]}" --processors auto,triton --budget @INNER@ \
+        --out "$LOGS/table2-attnkit"
+    # Flux's table 5: native and attnkit eager, then both under torch.compile.
+    run_step table5-flux "$PY" -m attnkit bench --no-progress --preset flux --tables 5 \
+        --attention "native,attnkit,attnkit + torch.compile,native + torch.compile" --budget @INNER@ \
+        --out "$LOGS/table5-flux"
+else
+    run_step table4 "${BENCH[@]}" --tables 4 --processors "$ORDER" --budget @INNER@ --out "$LOGS/table4"
 fi
-run_step table2 110 "$PY" -m attnkit bench "${COMMON[@]}" --tables 2 --processors "$ORDER" \
-    --budget 110 --out "$LOGS/table2"
-SWEEP=(--sweep-dtypes float16,float32 --sweep-max-batch 32 --sweep-steps 3 --sweep-repeats 2)
-[ $SMOKE = 1 ] && SWEEP=(--sweep-max-batch 4)
-# Table 5: the transformers' forward per attention backend (diffusers' native / flash /
-# sage beside attnkit), one preset per run; the smoke run uses the CPU-sized models.
-if [ $SMOKE = 1 ]; then T5=(flux-cpu); else T5=(flux sd3 wan); fi
-for preset in "${T5[@]}"; do
-    run_step "table5-$preset" 40 "$PY" -m attnkit bench --no-progress --preset "$preset" --tables 5 \
-        --budget 40 --out "$LOGS/table5-$preset"
+# The 16-bit kernel check: attnkit's kernel with a full (B, H, M, N) bias against SDPA, and
+# plain calls at D=40/64/128 against cuDNN's SDPA (the shapes the microbenchmarks lack).
+SMALL=(); [ $SMOKE = 1 ] && SMALL=(--small)
+run_step kernels16 "$PY" "$REPO/bench/checks/kernels16/kernels16.py" --seconds @INNER@ "${SMALL[@]}" \
+    --section "$SECTIONS/kernels16.json"
+# Host time per call (bench/overhead.py): part a, and the parts it lists beyond a-d (the
+# dispatch route's tiny call, the launcher's "l"), asked by name only where --help lists them.
+OVERHEAD_PARTS=a
+parts_help=$("$PY" "$REPO/bench/overhead.py" --help 2>/dev/null | tr '\n' ' ' \
+    | sed -nE 's/.*any of ([a-z, ]+[a-z]).*/\1/p' | tr -d ', ')
+for part in $(echo "$parts_help" | grep -o .); do
+    case $part in a|b|c|d) ;; *) OVERHEAD_PARTS+=$part ;; esac
 done
-share3=$(( $(left) - 25 ))
-[ "$share3" -lt 30 ] && share3=30
-run_step table3 "$share3" "$PY" -m attnkit bench "${COMMON[@]}" --tables 3 \
-    --processors vanilla,sdpa,triton,xformers,flash_attn "${SWEEP[@]}" --budget "$share3" --out "$LOGS/table3"
+OVERHEAD_DEVICE=cuda; [ $SMOKE = 1 ] && OVERHEAD_DEVICE=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+mkdir -p "$LOGS/overhead"
+run_step overhead "$PY" "$REPO/bench/overhead.py" --device "$OVERHEAD_DEVICE" --parts "$OVERHEAD_PARTS" \
+    --json "$LOGS/overhead/overhead.json"
+if [ -f "$LOGS/overhead.out" ] && [ "$(stat -c %Y "$LOGS/overhead.out")" -ge "$START" ]; then
+    "$PY" -m attnkit.bench.sections text "$LOGS/overhead.out" --key overhead \
+        --title "Host time per call (bench/overhead.py --parts $OVERHEAD_PARTS)" --json "$LOGS/overhead/overhead.json" \
+        --command "python bench/overhead.py --device $OVERHEAD_DEVICE --parts $OVERHEAD_PARTS" \
+        --out "$SECTIONS/overhead.json" 2>> "$LOG" || say "overhead: no section written"
+fi
+mkdir -p "$RECORD/kernels"
+KERNEL_ARGS=(--benchmark-json="$RECORD/kernels/kernels.json" --benchmark-storage="file://$DEPS/benchmarks"
+             --benchmark-columns=median,iqr,rounds --benchmark-sort=name)
+STDOUT="$RECORD/kernels/kernels.md" \
+run_step kernels "$PY" -m pytest "$REPO/bench" --benchmark-only -q -rs -p no:cacheprovider "${KERNEL_ARGS[@]}" \
+    "${KERNEL_FILTER[@]}"
+if [ -s "$RECORD/kernels/kernels.json" ]; then
+    "$PY" -m attnkit.bench.sections kernels "$RECORD/kernels/kernels.json" --out "$SECTIONS/kernels.json" \
+        --command "pytest bench/ --benchmark-only ${KERNEL_FILTER[*]}" 2>> "$LOG" || say "kernels: no section written"
+    {
+        echo "# Attention-kernel microbenchmarks"
+        echo
+        echo "\`pytest bench/ --benchmark-only ${KERNEL_FILTER[*]}\` on this GPU (bench/test_attention_kernels.py):"
+        echo "\`kernels.json\` is pytest-benchmark's record (TFLOP/s in \`extra_info\`), \`kernels.md\` its table; the"
+        echo "record's table.md has the same numbers as a section."
+    } > "$RECORD/kernels/README.md"
+else
+    rm -rf "$RECORD/kernels"
+fi
+if [ $QUICK = 0 ]; then
+    # Every shipped Triton tile against float64 on this GPU (defaults first), then its speed
+    # beside SDPA and its host time per call: bench/gpu_tiles.py.
+    if [ $SMOKE = 0 ]; then
+        run_step tiles "$PY" "$REPO/bench/gpu_tiles.py" "$RECORD/tiles" --seconds 70 --timing-seconds 35
+    fi
+    run_step table2 "${BENCH[@]}" --tables 2 --processors "$ORDER" --budget @INNER@ --out "$LOGS/table2"
+    SWEEP=(--sweep-dtypes float16,float32 --sweep-max-batch 32 --sweep-steps 3 --sweep-repeats 2)
+    [ $SMOKE = 1 ] && SWEEP=(--sweep-max-batch 4)
+    # Table 5: the transformers' forward per attention backend (diffusers' native / flash /
+    # sage beside attnkit), one preset per run; the smoke run uses the CPU-sized models.
+    if [ $SMOKE = 1 ]; then T5=(flux-cpu); else T5=(flux sd3 wan); fi
+    for preset in "${T5[@]}"; do
+        run_step "table5-$preset" "$PY" -m attnkit bench --no-progress --preset "$preset" --tables 5 \
+            --budget @INNER@ --out "$LOGS/table5-$preset"
+    done
+    run_step table3 "${BENCH[@]}" --tables 3 --processors vanilla,sdpa,triton,xformers,flash_attn "${SWEEP[@]}" \
+        --budget @INNER@ --out "$LOGS/table3"
+fi
 
 # -- one record -----------------------------------------------------------------------------
 # Only what this run wrote: an OUTDIR used before keeps the earlier run's tables in its
 # logs, which are left where they are but not merged into this run's record.
 parts=()
-for part in "$LOGS"/table[1-4]/results.json "$LOGS"/table5-*/results.json; do
+for part in "$LOGS"/table*/results.json "$SECTIONS"/*.json; do
     if [ -f "$part" ] && [ "$(stat -c %Y "$part")" -ge "$START" ]; then
         parts+=("$part")
     elif [ -f "$part" ]; then
@@ -230,7 +344,7 @@ for part in "$LOGS"/table[1-4]/results.json "$LOGS"/table5-*/results.json; do
 done
 if [ ${#parts[@]} -gt 0 ]; then
     "$PY" -m attnkit.bench.report --merge "$RECORD" "${parts[@]}" > /dev/null 2>> "$LOG" \
-        && say "merged ${#parts[@]} runs into $RECORD/results.json, table.md and plots"
+        && say "merged ${#parts[@]} runs and sections into $RECORD/results.json, table.md and plots"
 fi
 # The record's README: what ran; what the run showed is for whoever commits it to add.
 {
@@ -244,7 +358,7 @@ fi
     echo
     echo "| path | what |"
     echo "|---|---|"
-    [ -f "$RECORD/results.json" ] && echo "| \`table.md\`, \`results.json\`, \`*.png\` | the tables this run measured, merged (\`python -m attnkit.bench.report results.json\` redraws table.md and the plots) |"
+    [ -f "$RECORD/results.json" ] && echo "| \`table.md\`, \`results.json\`, \`*.png\` | the tables this run measured and the other steps' results (sections), merged (\`python -m attnkit.bench.report results.json\` redraws table.md and the plots) |"
     [ -d "$RECORD/kernels" ] && echo "| \`kernels/\` | the attention microbenchmarks (\`pytest bench/ --benchmark-only\`): \`kernels.json\` (TFLOP/s in \`extra_info\`) and its table, \`kernels.md\` |"
     [ -d "$RECORD/tiles" ] && echo "| \`tiles/\` | \`bench/gpu_tiles.py\`: every tile run against float64 (\`tiles.jsonl\`), the speed beside SDPA (\`timing.json\`), both in \`summary.md\` |"
     echo

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .measure import clip, separated, typical_spread
 from .published import PUBLISHED_NAMES
+from .sections import render_sections
 from .share import check_text, share_text
 from .wording import (
     cell_words,
@@ -423,17 +424,18 @@ def run_lines(results: dict) -> list[str]:
 
 def render_markdown(results: dict) -> str:
     env = results["environment"]
-    preset = results["preset"]
-    v = env["versions"]
+    preset = results.get("preset") or {}
+    v = env.get("versions") or {}
     cap = f", capability {'.'.join(map(str, env['capability']))}" if env.get("capability") else ""
-    head = [
-        f"## attnkit bench — {env['device_name']}{cap}",
-        "",
-        f"- preset **{preset['name']}**: {preset['label']}",
-        f"- model: {results['model']['source']}",
+    head = [f"## attnkit bench — {env.get('device_name', '?')}{cap}", ""]
+    if preset:
+        head.append(f"- preset **{preset['name']}**: {preset['label']}")
+    if results.get("model"):
+        head.append(f"- model: {results['model']['source']}")
+    head += [
         "- versions: " + ", ".join(f"{k} {v.get(k) or 'not installed'}" for k in ("torch", "diffusers", "triton", "xformers", "flash-attn")),
-        f"- date: {env['date']}; command: `{env['command']}`",
-        *run_lines(results),
+        f"- date: {env.get('date', '?')}; command: `{env.get('command', '')}`",
+        *(run_lines(results) if results.get("tables") else []),
     ]
     for note in [*(preset.get("notes") or ()), *(results.get("notes") or ())]:
         head.append(f"- note: {note}")
@@ -445,4 +447,5 @@ def render_markdown(results: dict) -> str:
             parts.append(f"### {key}. {t.get('title', '')}\n\n{what}")
             continue
         parts.append(RENDERERS[key](t, env))
+    parts += render_sections(results.get("sections") or {})
     return "\n\n".join(parts) + "\n"

@@ -51,23 +51,39 @@ def write_all(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
 
 def merge(parts: list[dict]) -> dict:
     """One results dict from several runs (e.g. one per table): later tables win, except
-    table 5, whose models (one per transformer preset) are collected.
+    table 5, whose models (one per transformer preset) are collected, and table 2, whose
+    rows are (a later row of the same name replaces the earlier). Section files
+    (:mod:`.sections`: a step other than `attnkit bench`) go under "sections", by key.
 
-    The environment, model and preset shown are the first part's; every part's command,
+    The environment, model and preset shown are the first run's; every run's command,
     preset and timing are kept under "parts".
     """
     if not parts:
         raise ValueError("nothing to merge")
-    merged = json.loads(json.dumps(parts[0]))
+    runs = [p for p in parts if "tables" in p]
+    sections = [p["section"] for p in parts if "section" in p]
+    if runs:
+        merged = json.loads(json.dumps(runs[0]))
+    else:  # sections only: the environment of the first that has one
+        env = next((p["environment"] for p in parts if p.get("environment")), {})
+        merged = {"schema": SCHEMA, "environment": json.loads(json.dumps(env)) or {"device_name": "?"},
+                  "processors": [], "elapsed_seconds": 0.0}
     merged["tables"] = {}
     merged["parts"] = []
-    merged["notes"] = list(parts[0].get("notes") or [])
-    for part in parts:
+    merged["notes"] = list(merged.get("notes") or [])
+    for part in runs:
         for key, table in part.get("tables", {}).items():
-            if key == "5" and "models" in merged["tables"].get("5", {}) and "models" in table:
-                merged["tables"]["5"]["models"] += table["models"]
+            table = json.loads(json.dumps(table))
+            have = merged["tables"].get(key, {})
+            if key == "5" and "models" in have and "models" in table:
+                have["models"] += table["models"]
+            elif key == "2" and "rows" in have and "rows" in table:
+                names = {r["name"] for r in table["rows"]}
+                have["rows"] = [r for r in have["rows"] if r["name"] not in names] + table["rows"]
+                have["setting"]["rows"] = list(dict.fromkeys([*have["setting"].get("rows", []),
+                                                              *table["setting"].get("rows", [])]))
             else:
-                merged["tables"][key] = json.loads(json.dumps(table))
+                merged["tables"][key] = table
         env = part["environment"]
         merged["parts"].append({
             "tables": sorted(part.get("tables", {})), "command": env["command"],
@@ -78,16 +94,20 @@ def merge(parts: list[dict]) -> dict:
         for note in part.get("notes") or []:
             if note not in merged["notes"]:
                 merged["notes"].append(note)
-    merged["elapsed_seconds"] = sum(p.get("elapsed_seconds") or 0.0 for p in parts)
+    if sections:
+        merged["sections"] = {s["key"]: s for s in sections}
+    merged["elapsed_seconds"] = sum(p.get("elapsed_seconds") or 0.0 for p in runs)
     merged["budget_seconds"] = None
-    merged["environment"]["command"] = " && ".join(p["command"] for p in merged["parts"])
-    merged["environment"]["load_average_end"] = parts[-1]["environment"].get("load_average_end")
+    if runs:
+        merged["environment"]["command"] = " && ".join(p["command"] for p in merged["parts"])
+        merged["environment"]["load_average_end"] = runs[-1]["environment"].get("load_average_end")
     return merged
 
 
 USAGE = (
     "usage: python -m attnkit.bench.report RESULTS.json [OUT_DIR]      redraw table.md and plots\n"
-    "       python -m attnkit.bench.report --merge OUT_DIR A.json B.json ...   one record from several runs"
+    "       python -m attnkit.bench.report --merge OUT_DIR A.json B.json ...   one record from several runs\n"
+    "         (results.json files of attnkit bench, and section files of attnkit.bench.sections)"
 )
 
 
