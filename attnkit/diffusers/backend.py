@@ -42,6 +42,7 @@ from typing import Any, Callable
 import torch
 
 from .._text import Caller
+from ..choose._compile import is_compiling, mark_compile_constant
 from ..choose.auto import AutoChooser
 from ..choose.fixed import FixedChooser
 from ..choose.policy import CANDIDATES, default_backend
@@ -152,11 +153,12 @@ def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: An
     """Register ``value`` in diffusers' registry, backed by ``chooser``, or by the chooser
     the factory makes (once, on first use). Returns the enum member."""
     require()
+    mark_compile_constant(_make_chooser)  # idempotent
     with _LOCK:
         member = _add_member(value)
         registry = _dispatch._AttentionBackendRegistry
         if member not in registry._backends:
-            holder = _ChooserHolder(chooser_factory, chooser)
+            holder = _HOLDERS[value] = _ChooserHolder(value, chooser_factory, chooser)
             fn = functools.partial(attention, _holder=holder)
             functools.update_wrapper(fn, attention)
             registry._backends[member] = fn
@@ -170,21 +172,43 @@ def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: An
 
 class _ChooserHolder:
     """Makes a chooser on first use: creating auto()'s at import would read
-    ATTNKIT_BACKEND before a user sets it."""
+    ATTNKIT_BACKEND before a user sets it.
 
-    __slots__ = ("factory", "chooser")
+    Under torch.compile the chooser is made by :func:`_make_chooser`, a trace-time
+    constant run in plain Python, before the trace reads it: a model compiled before its
+    first call (``with attention_backend("attnkit")``, which makes nothing up front) never
+    traces the lock or the chooser's constructor, and the graph reads the built chooser
+    (one guard on it, as after an eager call)."""
 
-    def __init__(self, factory: Callable[[], Any] | None, chooser: Any = None) -> None:
-        self.factory, self.chooser = factory, chooser
+    __slots__ = ("name", "factory", "chooser")
+
+    def __init__(self, name: str, factory: Callable[[], Any] | None, chooser: Any = None) -> None:
+        self.name, self.factory, self.chooser = name, factory, chooser
 
     def get(self):
         chooser = self.chooser
-        if chooser is not None:  # the hot path, and torch.compile's trace: no lock
+        if chooser is not None:  # the hot path: no lock
             return chooser
         with _LOCK:
             if self.chooser is None:
                 self.chooser = self.factory()
         return self.chooser
+
+    def traced(self):
+        """get() for torch.compile's trace: the chooser made outside the traced code first."""
+        _make_chooser(self.name)
+        return self.chooser
+
+
+# registered name -> its holder, for _make_chooser (a trace-time constant takes a string)
+_HOLDERS: dict[str, _ChooserHolder] = {}
+
+
+def _make_chooser(name: str) -> bool:
+    """Run by torch.compile while tracing, in plain Python: make the chooser behind the
+    registered name ``name`` if it is not made yet."""
+    _HOLDERS[name].get()
+    return True
 
 
 def member_for(processor) -> Any:
@@ -256,14 +280,15 @@ def attention(
             "implement; set another attention backend on this model (set_attention_backend) or "
             "leave it to its own processor (attnkit.apply keeps processors it cannot serve)"
         )
+    chooser = _holder.traced() if is_compiling() else _holder.get()
     if _parallel_config is not None:
-        return context_parallel(_holder.get(), query, key, value, attn_mask, dropout_p, is_causal, scale,
+        return context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale,
                                 enable_gqa, return_lse, _parallel_config)
     key, value = check_qkv(query, key, value)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     k, v = expand_kv_heads(q, k, v, enable_gqa)
     bias = mask_to_bias(attn_mask, q, k)
-    out = _holder.get().attention(
+    out = chooser.attention(
         _CALLER, q, k, v, bias, scale, False,
         causal_offset=0 if is_causal else None, dropout_p=float(dropout_p), return_lse=return_lse,
     )

@@ -33,6 +33,25 @@ def tiny_sd15_unet(seed: int = 0) -> UNet2DConditionModel:
     ).eval()
 
 
+def two_level_sd15_unet(seed: int = 0) -> UNet2DConditionModel:
+    """SD1.5's layout (AttnProcessor2_0, self- and cross-attention, 2 heads of 16 and 32)
+    at two resolutions instead of four: for the tests that compile a model with
+    inductor, whose C++ build grows with the number of blocks."""
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        attention_head_dim=2,
+        norm_num_groups=8,
+        cross_attention_dim=32,
+    ).eval()
+
+
 def tiny_sd21_unet(seed: int = 0) -> UNet2DConditionModel:
     torch.manual_seed(seed)
     return UNet2DConditionModel(
