@@ -263,7 +263,7 @@ def transformer_table(ctx) -> dict:
         def probe(profile: bool) -> dict:
             if not profile:
                 return {}
-            with _default_backend():
+            with _default_backend(), torch.no_grad():  # as the loop: grad mode is part of a compiled graph's guards
                 apply_setting(name)
                 return {"attention": safe_profile_step(lambda: model.forward(model.latents, 1.0), modules,
                                                        ctx.device, ranges=True)}
@@ -288,7 +288,7 @@ def transformer_table(ctx) -> dict:
             out: dict = {"compile": holder["fn"].info()}
             if not profile or not holder["fn"].called:
                 return out
-            with _default_backend():
+            with _default_backend(), torch.no_grad():  # as the loop: no recompilation for grad mode
                 apply_setting(base)
                 fn = holder["fn"]
                 out["attention"] = safe_profile_step(lambda: model.forward(model.latents, 1.0, fn), modules,
