@@ -32,7 +32,7 @@ from torch import nn
 import attnkit
 
 from .context import COMPILED_WARMUP_STEPS, Compiled
-from .measure import STATUS_NA, STATUS_SKIPPED, Config, clip, describe, measure_interleaved, probe_cells
+from .measure import STATUS_NA, STATUS_SKIPPED, Config, clip, describe, is_oom, measure_interleaved, probe_cells
 from .models import LoopTiming, StepClock, dtype_label, load_config, random_init_, torch_dtype
 from .presets import ROUTE_1, ROUTE_2
 from .share import COMPILED_TOLERANCE, attention_modules, max_difference, safe_profile_step
@@ -211,11 +211,73 @@ HOW = {
 }
 
 
-# The compiled rows: a setting above, then torch.compile(model) (default mode; fullgraph
-# first, without it where that fails), the same model object: no copy of a 12B model.
+# The compiled rows: a setting above, then torch.compile (default mode; fullgraph first,
+# without it where that fails) of the same model object, no copy of a 12B model: of each
+# repeated block where the model declares them (``_repeated_blocks``: Flux, Wan), as
+# diffusers' ``compile_repeated_blocks`` does, one compilation per block class (Flux:
+# seconds instead of minutes for the whole model); else of the whole model (SD3).
 COMPILED_SETTINGS = {"attnkit + torch.compile": "attnkit", "native + torch.compile": "native"}
 for _name, _base in COMPILED_SETTINGS.items():
-    HOW[_name] = f"{HOW[_base]}, then torch.compile(model)"
+    HOW[_name] = f"{HOW[_base]}, then torch.compile (repeated blocks, or the model)"
+
+
+class RegionalCompiled:
+    """torch.compile of each repeated block of `net` (``net._repeated_blocks``), installed as
+    nn.Module.compile installs it (``_compiled_call_impl``) only while this row runs, so
+    that the other rows of the table run the same blocks eager. fullgraph=True first for
+    all of them; where a block's call fails under it, every block is compiled again
+    without it. Without repeated blocks, the whole model (:class:`.context.Compiled`)."""
+
+    def __init__(self, net: nn.Module, backend: str):
+        kinds = set(getattr(net, "_repeated_blocks", None) or ())
+        self.blocks = [m for m in net.modules() if type(m).__name__ in kinds]
+        self.whole = None if self.blocks else Compiled(net, None, backend)
+        self.backend, self.fullgraph, self.fullgraph_error, self.called = backend, True, None, False
+        self.fns = self._compile(True) if self.blocks else []
+
+    def _compile(self, fullgraph: bool) -> list:
+        return [torch.compile(m._call_impl, fullgraph=fullgraph, backend=self.backend) for m in self.blocks]
+
+    def install(self) -> None:
+        for i, m in enumerate(self.blocks):
+            m._compiled_call_impl = self._guarded(i) if self.fullgraph else self.fns[i]
+
+    def _guarded(self, i: int) -> Callable:
+        """Block i's compiled call under fullgraph=True: where it fails, every block is
+        compiled again without fullgraph (the error kept), and the call retried."""
+        def call(*args, **kwargs):
+            if not self.fullgraph:
+                return self.fns[i](*args, **kwargs)
+            try:
+                out = self.fns[i](*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - retried without fullgraph, the first error kept
+                if is_oom(exc):
+                    raise
+                self.fullgraph, self.fullgraph_error = False, describe(exc, 200)
+                self.fns = self._compile(False)
+                self.install()
+                out = self.fns[i](*args, **kwargs)
+            self.called = True
+            return out
+        return call
+
+    def uninstall(self) -> None:
+        for m in self.blocks:
+            m._compiled_call_impl = None
+
+    def __call__(self, *args, **kwargs):
+        if self.whole is not None:
+            return self.whole(*args, **kwargs)
+        raise TypeError("regional compilation: call the model itself with the blocks installed")
+
+    def info(self) -> dict:
+        if self.whole is not None:
+            return {**self.whole.info(), "scope": "whole model"}
+        kinds = sorted({type(m).__name__ for m in self.blocks})
+        tried = self.called or self.fullgraph_error is not None
+        return {"mode": "default", "backend": self.backend, "fullgraph": self.fullgraph if tried else None,
+                "fullgraph_error": self.fullgraph_error,
+                "scope": f"repeated blocks: {len(self.blocks)} ({', '.join(kinds)})"}
 
 
 def resolve_settings(spec: str | None) -> list[str]:
@@ -248,7 +310,11 @@ def transformer_table(ctx) -> dict:
     modules = attention_modules(net)
     stock = {m: m.processor for m in modules}
 
+    regional: list[RegionalCompiled] = []  # compiled rows' blocks: installed only while their row runs
+
     def apply_setting(name: str) -> str:
+        for r in regional:
+            r.uninstall()
         for m, proc in stock.items():
             m.set_processor(proc)
         if hasattr(net, "reset_attention_backend"):
@@ -275,12 +341,19 @@ def transformer_table(ctx) -> dict:
         def setup() -> None:
             apply_setting(base)
             if "fn" not in holder:
-                holder["fn"] = Compiled(net, None, ctx.compile_backend)
+                holder["fn"] = RegionalCompiled(net, ctx.compile_backend)
+                regional.append(holder["fn"])
+            holder["fn"].install()
+
+        def compiled_net() -> Callable | None:
+            """What the loop calls: the model (its blocks compiled, installed), or the whole compiled model."""
+            fn = holder["fn"]
+            return fn if fn.whole is not None else None
 
         def run_compiled(warmup: bool) -> LoopTiming:
             steps = max(p.warmup_steps, COMPILED_WARMUP_STEPS) if warmup else p.steps
             with _default_backend():
-                return transformer_loop(model, steps, holder["fn"])
+                return transformer_loop(model, steps, compiled_net())
 
         def probe(profile: bool) -> dict:
             if "fn" not in holder:
@@ -289,12 +362,13 @@ def transformer_table(ctx) -> dict:
             if not profile or not holder["fn"].called:
                 return out
             with _default_backend(), torch.no_grad():  # as the loop: no recompilation for grad mode
-                apply_setting(base)
-                fn = holder["fn"]
+                setup()
+                fn = compiled_net()
                 out["attention"] = safe_profile_step(lambda: model.forward(model.latents, 1.0, fn), modules,
                                                      ctx.device, ranges=False)
                 try:
                     got = model.forward(model.latents, 1.0, fn).clone()
+                    apply_setting(base)  # the same setting, eager
                     check = max_difference(got, model.forward(model.latents, 1.0))
                     tol = COMPILED_TOLERANCE.get(model.dtype, 1e-1)
                     out["check"] = {**check, "tolerance": tol, "matches": check["finite"] and check["relative"] <= tol}
