@@ -31,7 +31,7 @@ from torch import nn
 
 import attnkit
 
-from .context import COMPILED_WARMUP_STEPS, Compiled
+from .context import COMPILED_WARMUP_STEPS, Compiled, raise_cache_limits
 from .measure import STATUS_NA, STATUS_SKIPPED, Config, clip, describe, is_oom, measure_interleaved, probe_cells
 from .models import LoopTiming, StepClock, dtype_label, load_config, random_init_, torch_dtype
 from .presets import ROUTE_1, ROUTE_2
@@ -229,6 +229,7 @@ class RegionalCompiled:
     without it. Without repeated blocks, the whole model (:class:`.context.Compiled`)."""
 
     def __init__(self, net: nn.Module, backend: str):
+        raise_cache_limits()  # every block runs nn.Module._call_impl: one code object, many graphs
         kinds = set(getattr(net, "_repeated_blocks", None) or ())
         self.blocks = [m for m in net.modules() if type(m).__name__ in kinds]
         self.whole = None if self.blocks else Compiled(net, None, backend)
