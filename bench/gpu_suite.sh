@@ -69,7 +69,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 # --quick: most telling first (the ladder's compiled rows are what the issue is about); the
 # caps are hard limits and sum to at most QUICK_LIMIT.
 QUICK_LIMIT=480
-QUICK_PLAN="table1:40 table2-sdpa:95 table2-attnkit:105 table5-flux:95 kernels16:35 overhead:30 kernels:45"
+QUICK_PLAN="table1:35 table2-sdpa:95 table2-attnkit:110 table5-flux:85 kernels16:55 overhead:30 kernels:35"
 FULL_PLAN="table1:80 table4:45 kernels16:35 overhead:30 kernels:110 tiles:120 table2:110 table5-flux:40 table5-sd3:40 table5-wan:40 table3:rest"
 SMOKE_PLAN="table1:80 table4:45 kernels16:35 overhead:30 kernels:110 table2:110 table5-flux-cpu:40 table3:rest"
 if [ $QUICK = 1 ]; then PLAN=$QUICK_PLAN; elif [ $SMOKE = 1 ]; then PLAN=$SMOKE_PLAN; else PLAN=$FULL_PLAN; fi
@@ -201,9 +201,9 @@ if [ $SMOKE = 1 ]; then
 else
     COMMON=(--no-progress)
     KERNEL_FILTER=()
-    # --quick: forward only, SD1.5's and SDXL's 4096-token calls and SD1.5's cross-attention,
-    # SDPA's kernels and attnkit's (kernels16 adds D=128 and the full bias)
-    [ $QUICK = 1 ] && KERNEL_FILTER=(-k "not bwd and (sd15_self_4096_d40 or sd15_cross or sdxl_self_4096_d64) and (sdpa or triton) and not math")
+    # --quick: forward only, SD1.5's self- and cross-attention (4096 x 77: the short-key call),
+    # cuDNN's and FlashAttention's SDPA and attnkit's kernel (kernels16 has D=64/128 and the bias)
+    [ $QUICK = 1 ] && KERNEL_FILTER=(-k "not bwd and (sd15_self_4096_d40 or sd15_cross) and (cudnn or sdpa_flash or triton)")
     export ATTNKIT_BENCH_ROUNDS=${ATTNKIT_BENCH_ROUNDS:-10}
 fi
 # Most telling first: a step cut short by its budget loses the processors at the end.
@@ -284,12 +284,13 @@ for part in $(echo "$parts_help" | grep -o .); do
 done
 OVERHEAD_DEVICE=cuda; [ $SMOKE = 1 ] && OVERHEAD_DEVICE=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 mkdir -p "$LOGS/overhead"
-run_step overhead "$PY" "$REPO/bench/overhead.py" --device "$OVERHEAD_DEVICE" --parts "$OVERHEAD_PARTS" \
-    --json "$LOGS/overhead/overhead.json"
+OVERHEAD_DTYPE=float32; [ "$OVERHEAD_DEVICE" = cuda ] && OVERHEAD_DTYPE=float16  # as the models run there
+run_step overhead "$PY" "$REPO/bench/overhead.py" --device "$OVERHEAD_DEVICE" --dtype "$OVERHEAD_DTYPE" \
+    --parts "$OVERHEAD_PARTS" --json "$LOGS/overhead/overhead.json"
 if [ -f "$LOGS/overhead.out" ] && [ "$(stat -c %Y "$LOGS/overhead.out")" -ge "$START" ]; then
     "$PY" -m attnkit.bench.sections text "$LOGS/overhead.out" --key overhead \
         --title "Host time per call (bench/overhead.py --parts $OVERHEAD_PARTS)" --json "$LOGS/overhead/overhead.json" \
-        --command "python bench/overhead.py --device $OVERHEAD_DEVICE --parts $OVERHEAD_PARTS" \
+        --command "python bench/overhead.py --device $OVERHEAD_DEVICE --dtype $OVERHEAD_DTYPE --parts $OVERHEAD_PARTS" \
         --out "$SECTIONS/overhead.json" 2>> "$LOG" || say "overhead: no section written"
 fi
 mkdir -p "$RECORD/kernels"

@@ -309,8 +309,11 @@ def render_table5(t: dict, env: dict) -> str:
         head = ["attention", "set by", "s / step", "n", "min–max", "vs native", "vs stock"]
         if probed:
             head += ["first call s", "attention: processor calls", "attention kernels", "compiled vs eager"]
-            out += [f"{COMPILE_LABEL_TEXT} First call, attention and compiled vs eager as in table 2 "
-                    "(one forward profiled after the timed runs).", ""]
+            compiled = any("compile" in c for c in cells.values())
+            out += [("torch.compile: default mode, of the repeated blocks where the model declares them, else of "
+                     "the model; fullgraph=True first. " if compiled else "")
+                    + "First call, attention and compiled vs eager as in table 2 (one forward profiled after the "
+                    "timed runs).", ""]
         out.append(md_table(head + ["where it went / status"], rows))
         lines = noise_lines(cells, "step_seconds", lambda v: fmt_num(v, 3), higher_is_faster=False)
         out += ["", *lines] if lines else []

@@ -38,8 +38,9 @@ from attnkit.kernels.limits import attention_flops
 PLAIN = [("d40", 2, 8, 4096, 4096, 40, "SD1.5 512x512 self-attention"),
          ("d64", 2, 10, 4096, 4096, 64, "SDXL 1024x1024, 64x64 level"),
          ("d128", 1, 24, 4608, 4608, 128, "Flux 1024x1024, 4096 image + 512 text tokens")]
-BIASED = [("bias-d64", 2, 10, 4096, 4096, 64, "SDXL shape, full (B, H, M, N) additive bias"),
-          ("bias-d128", 1, 24, 4608, 4608, 128, "Flux shape, full (B, H, M, N) additive bias")]
+# (name, B, H, M, N, D, dtype, what): fp16 at SDXL's shape, bf16 (Flux's dtype) at Flux's
+BIASED = [("bias-d64", 2, 10, 4096, 4096, 64, torch.float16, "SDXL shape, full (B, H, M, N) additive bias"),
+          ("bias-d128", 1, 24, 4608, 4608, 128, torch.bfloat16, "Flux shape, full (B, H, M, N) additive bias")]
 
 
 def sdpa(kernel: str | None):
@@ -68,7 +69,8 @@ def attnkit_kernel():
 
 
 def implementations(device: torch.device, biased: bool) -> dict:
-    impls = {"attnkit": attnkit_kernel if device.type == "cuda" else None, "sdpa": lambda: sdpa(None),
+    # SDPA as it dispatches first: the reference of the others' "rel. diff"
+    impls = {"sdpa": lambda: sdpa(None), "attnkit": attnkit_kernel if device.type == "cuda" else None,
              "sdpa-cudnn": lambda: sdpa("cudnn"), "sdpa-efficient": lambda: sdpa("efficient")}
     if not biased:
         impls["sdpa-flash"] = lambda: sdpa("flash")
@@ -102,44 +104,57 @@ def timed(fn, args: tuple, reps: int, device: torch.device) -> tuple[float, floa
 def run(args) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     deadline = time.monotonic() + args.seconds
-    cases = [(c, False) for c in PLAIN] + [(c, True) for c in BIASED]
-    results = []
-    for (name, B, H, M, N, D, what), biased in cases:
+    cases = [(name, B, H, M, N, D, torch.float16, what, False) for name, B, H, M, N, D, what in PLAIN]
+    cases += [(*c, True) for c in BIASED]
+    results: list[dict] = []
+    try:
+        _cases(cases, results, args, device, deadline)
+    except KeyboardInterrupt:  # a time limit's SIGINT: what was measured is kept, the rest named
+        done = {r["case"] for r in results}
+        results += [{"case": f"{c[0]} {str(c[6]).replace('torch.', '')}", "what": c[7],
+                     "skipped": "interrupted (the step's time limit)"} for c in cases
+                    if f"{c[0]} {str(c[6]).replace('torch.', '')}" not in done]
+    return {"device": str(device), "reps": args.reps, "cases": results}
+
+
+def _cases(cases: list, results: list, args, device: torch.device, deadline: float) -> None:
+    """Each case in turn, its entry in `results` before its first call (an interrupt keeps
+    the implementations already measured)."""
+    for name, B, H, M, N, D, dtype, what, biased in cases:
         if args.small:
             B, H, M, N = 1, 2, min(M, 128), min(N, 128)
-        for dtype in ((torch.float16, torch.bfloat16) if biased else (torch.float16,)):
-            label = f"{name} {str(dtype).replace('torch.', '')}"
-            if time.monotonic() > deadline:
-                results.append({"case": label, "what": what, "skipped": f"time budget ({args.seconds:.0f} s) spent"})
+        label = f"{name} {str(dtype).replace('torch.', '')}"
+        if time.monotonic() > deadline:
+            results.append({"case": label, "what": what, "skipped": f"time budget ({args.seconds:.0f} s) spent"})
+            continue
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(B, H, n, D, generator=gen).to(device, dtype) for n in (M, N, N))
+        bias = torch.randn(B, H, M, N, generator=gen).to(device, dtype) if biased else None
+        flops = attention_flops(B, H, M, N, D)
+        rows: dict = {}
+        results.append({"case": label, "what": what, "shape": {"B": B, "H": H, "M": M, "N": N, "D": D},
+                        "bias": "full (B, H, M, N), additive" if biased else None, "impls": rows})
+        ref = None
+        for impl, make in implementations(device, biased).items():
+            if make is None:
+                rows[impl] = {"reason": "Triton kernels run on CUDA"}
                 continue
-            gen = torch.Generator().manual_seed(0)
-            q, k, v = (torch.randn(B, H, n, D, generator=gen).to(device, dtype) for n in (M, N, N))
-            bias = torch.randn(B, H, M, N, generator=gen).to(device, dtype) if biased else None
-            flops = attention_flops(B, H, M, N, D)
-            rows, ref = {}, None
-            for impl, make in implementations(device, biased).items():
-                if make is None:
-                    rows[impl] = {"reason": "Triton kernels run on CUDA"}
-                    continue
-                try:
-                    call = make()
-                    with torch.inference_mode():
-                        first, median, out = timed(call, (q, k, v, bias), args.reps, device)
-                    entry = {"first_call_s": first, "median_s": median, "tflops": flops / median / 1e12}
-                    if ref is None and impl == "sdpa":
-                        ref = out.float()
-                    if ref is not None and impl != "sdpa":
-                        entry["rel_diff_vs_sdpa"] = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                    rows[impl] = entry
-                    del out
-                except Exception as exc:  # noqa: BLE001 - a kernel that cannot take the call is a row
-                    rows[impl] = {"reason": describe(exc, 100)}
-            results.append({"case": label, "what": what, "shape": {"B": B, "H": H, "M": M, "N": N, "D": D},
-                            "bias": "full (B, H, M, N), additive" if biased else None, "impls": rows})
-            del q, k, v, bias
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    return {"device": str(device), "reps": args.reps, "cases": results}
+            try:
+                call = make()
+                with torch.inference_mode():
+                    first, median, out = timed(call, (q, k, v, bias), args.reps, device)
+                entry = {"first_call_s": first, "median_s": median, "tflops": flops / median / 1e12}
+                if impl == "sdpa":
+                    ref = out.float()
+                elif ref is not None:
+                    entry["rel_diff_vs_sdpa"] = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                rows[impl] = entry
+                del out
+            except Exception as exc:  # noqa: BLE001 - a kernel that cannot take the call is a row
+                rows[impl] = {"reason": describe(exc, 100)}
+        del q, k, v, bias, ref
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def markdown(data: dict) -> str:
