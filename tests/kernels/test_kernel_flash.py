@@ -267,14 +267,17 @@ def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
     """The forward writes its rounding residual only when autograd will need it and the
     output is 16-bit; the residual is what rounding lost: out + out_lo is the fp32 result."""
     seen = []
-    real = fl._launch
+    real = fl._run
 
-    def spy(kernel, *args):
+    def spy(launch, tensors):
+        if launch.kernel == "delta":  # the backward's first pass, which has no tiles
+            return real(launch, tensors)
+        kernel, args = launch.kernel, launch.arguments(tensors)
         if kernel.startswith("fwd"):
-            seen.append((kernel, args[-2]["STORE_LO"]))
-        return real(kernel, *args)
+            seen.append((kernel, args["STORE_LO"]))
+        return real(launch, tensors)
 
-    monkeypatch.setattr(fl, "_launch", spy)
+    monkeypatch.setattr(fl, "_run", spy)
     for dtype, grad, expected in (("fp16", True, ("fwd_lo", True)), ("fp16", False, ("fwd", False)),
                                   ("fp32", True, ("fwd", False))):
         seen.clear()
@@ -332,14 +335,17 @@ def test_bias_gradient_is_written_by_one_kernel_and_only_when_needed(monkeypatch
     queries by the dK/dV kernel for a key-padding-like bias, whole by the dQ kernel
     otherwise (each with its own tile candidates)."""
     seen = []
-    real = fl._launch
+    real = fl._run
 
-    def spy(kernel, *args):
+    def spy(launch, tensors):
+        if launch.kernel == "delta":  # the backward's first pass, which has no tiles
+            return real(launch, tensors)
+        kernel, args = launch.kernel, launch.arguments(tensors)
         if not kernel.startswith("fwd"):
-            seen.append((kernel, args[-2]["BIAS_GRAD"]))
-        return real(kernel, *args)
+            seen.append((kernel, args["BIAS_GRAD"]))
+        return real(launch, tensors)
 
-    monkeypatch.setattr(fl, "_launch", spy)
+    monkeypatch.setattr(fl, "_run", spy)
     for kind, grad, expected in (
         ("full", False, [("dkdv", False), ("dq", False)]),
         ("full", True, [("dkdv", False), ("dq_dbias", True)]),
@@ -361,13 +367,16 @@ def test_a_16_bit_bias_reaches_the_kernels_as_float32(dtype, monkeypatch, seed):
     the model's dtype, as diffusers passes it, is converted first, and its gradient
     comes back in its own dtype."""
     biases = []
-    real = fl._launch
+    real = fl._run
 
-    def spy(kernel, *args):
-        biases.append((kernel, args[-3]["Bias"].dtype))
-        return real(kernel, *args)
+    def spy(launch, tensors):
+        if launch.kernel == "delta":  # the backward's first pass, which has no tiles
+            return real(launch, tensors)
+        kernel, args = launch.kernel, launch.arguments(tensors)
+        biases.append((kernel, args["Bias"].dtype))
+        return real(launch, tensors)
 
-    monkeypatch.setattr(fl, "_launch", spy)
+    monkeypatch.setattr(fl, "_run", spy)
     dt = DTYPES[dtype]
     for kind in ("key_padding", "full"):
         q, k, v = make_qkv(2, 2, 33, 47, 128, dt, requires_grad=True)
@@ -389,14 +398,18 @@ def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, monkeypatch
     and a full bias to the kernels, which then skip no tiles. It must reach them as the
     same broadcast view in float32, as a key bias, with the same answer."""
     seen = []
-    real = fl._launch
+    real = fl._run
 
-    def spy(kernel, *args):
-        bias = args[-3]["Bias"]
-        seen.append((kernel, args[-1], bias.dtype, bias.untyped_storage().nbytes()))
-        return real(kernel, *args)
+    def spy(launch, tensors):
+        if launch.kernel == "delta":  # the backward's first pass, which has no tiles
+            return real(launch, tensors)
+        kernel, args = launch.kernel, launch.arguments(tensors)
+        bias = args["Bias"]
+        variant = {fk.KEY_BIAS: "keypad", fk.FULL_BIAS: "full"}.get(args["BIAS"], "none")
+        seen.append((kernel, variant, bias.dtype, bias.untyped_storage().nbytes()))
+        return real(launch, tensors)
 
-    monkeypatch.setattr(fl, "_launch", spy)
+    monkeypatch.setattr(fl, "_run", spy)
     B, H, M, N, D = 2, 3, 40, 70, 64
     q, k, v = make_qkv(B, H, M, N, D, torch.float16)
     lengths = torch.randint(1, N + 1, (B,))
@@ -672,13 +685,13 @@ def test_bf16_emulation_is_interpreter_only():
     """The launcher asks for emulation only under the interpreter."""
     seen = {}
 
-    def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs, variant):
-        seen[kernel] = constexprs["EMULATE_BF16"]
+    def fake_launch(launch, tensors):
+        seen[launch.kernel] = launch.arguments(tensors).get("EMULATE_BF16")
 
     q, k, v = make_qkv(1, 1, 4, 4, 16, torch.bfloat16)
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(fl, "_launch", fake_launch)
+        mp.setattr(fl, "_run", fake_launch)
         mp.setattr(fl, "INTERPRET", False)
         fl._forward_impl(q, k, v, None, 0.25, False)
         assert seen["fwd"] is False
@@ -798,10 +811,10 @@ def test_backend_tf32_option_reaches_the_kernel(monkeypatch):
 
     seen = {}
 
-    def fake_launch(kernel, head_dim, dtype, grid_rows, axis, b, h, args, constexprs, variant):
-        seen[kernel] = constexprs["PRECISION"]
+    def fake_launch(launch, tensors):
+        seen[launch.kernel] = launch.arguments(tensors).get("PRECISION")
 
-    monkeypatch.setattr(fl, "_launch", fake_launch)
+    monkeypatch.setattr(fl, "_run", fake_launch)
     q = torch.randn(1, 1, 4, 16, device=DEVICE)
     get_backend("triton").forward(q, q, q)
     assert seen["fwd"] == "ieee"  # fp32 is exact fp32 unless asked

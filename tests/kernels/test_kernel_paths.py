@@ -176,13 +176,14 @@ def test_an_offset_that_hides_nothing_is_no_mask(monkeypatch, seed):
     """Offsets beyond the last key mean every key is visible: the unmasked kernel runs;
     offsets before the first row mean none is, and every row is empty."""
     seen = []
-    real = fl._launch
+    real = fl._run
 
-    def spy(kernel, *args):
-        seen.append(args[-2]["CAUSAL"])
-        return real(kernel, *args)
+    def spy(launch, tensors):
+        if launch.kernel != "delta":  # the backward's first pass, which has no tiles
+            seen.append(launch.arguments(tensors)["CAUSAL"])
+        return real(launch, tensors)
 
-    monkeypatch.setattr(fl, "_launch", spy)
+    monkeypatch.setattr(fl, "_run", spy)
     q, k, v = make_qkv(1, 2, 20, 30, 16, torch.float32)
     out = flash_attention(q, k, v, causal=True, causal_offset=10**12)
     assert seen == [False] and rel_error(out, reference_attention(q, k, v)) < 1e-5
@@ -267,13 +268,16 @@ def test_key_padding_bias_gradient(seed):
 
 def _spy_tma(monkeypatch):
     seen = []
-    real = fl._launch
+    real = fl._run
 
-    def spy(kernel, *args):
-        seen.append((kernel, args[-2]["TMA"]))
-        return real(kernel, *args)
+    def spy(launch, tensors):
+        if launch.kernel == "delta":  # the backward's first pass, which has no tiles
+            return real(launch, tensors)
+        kernel, args = launch.kernel, launch.arguments(tensors)
+        seen.append((kernel, args["TMA"]))
+        return real(launch, tensors)
 
-    monkeypatch.setattr(fl, "_launch", spy)
+    monkeypatch.setattr(fl, "_run", spy)
     return seen
 
 
@@ -434,16 +438,13 @@ def test_a_tiles_register_cap_reaches_the_compiler(monkeypatch):
     cap = fl.TileConfig(16, 16, 8, 2, maxnreg=255)
     assert str(cap) == "M16-N16-w8-s2-reg255"
     calls = []
-
-    class Kernel:
-        def __getitem__(self, grid):
-            return lambda **kw: calls.append(kw)
-
-    monkeypatch.setattr(fl, "_kernel_for", lambda *a: (Kernel(), cap))
-    args = {"Q": torch.randn(1), **{n: None for n in ("KD0", "KD1", "VD0", "VD1")}}
+    monkeypatch.setattr(fl, "_launch_triton", lambda fn, grid, kwargs: calls.append(kwargs))
+    tensors = {"Q": torch.randn(1), **{n: None for n in ("KD0", "KD1", "VD0", "VD1")}}
     for interpret in (False, True):
         monkeypatch.setattr(fl, "INTERPRET", interpret)
-        fl._launch("fwd", 64, torch.float32, 40, "BLOCK_M", 1, 1, args, {"CAUSAL": False, "TMA": False}, "none")
+        launch = fl._Launch("fwd", fl.KERNELS["fwd"], fl.KERNELS["fwd"], cap, {"CAUSAL": False, "TMA": False}, 40,
+                            "BLOCK_M", 1, 1)
+        fl._run(launch, tensors)
     assert calls[0]["maxnreg"] == 255 and calls[0]["num_warps"] == 8
     assert "maxnreg" not in calls[1]
     # Autotuned: each candidate's triton.Config carries its own cap.
@@ -619,25 +620,38 @@ def test_head_dims_above_256_are_not_padded():
 # -- the launcher and Triton's autotuner ----------------------------------------------------
 
 
+class _Compiled:
+    """A stand-in for the kernel Triton compiles (which cannot run on the CPU): its
+    launcher takes the kernel's arguments in their declared order, as Triton's does; it
+    records them by name."""
+
+    def __init__(self, jit, launches):
+        self.src = types.SimpleNamespace(fn=jit)
+        self.function = self.packed_metadata = None
+        self.launches = launches
+
+    def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit_, *values):
+        self.launches.append(("compiled", (g0, g1, g2), dict(zip(self.src.fn.arg_names, values))))
+
+
 def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monkeypatch):
-    """With autotuning on, a call goes through Triton's autotuner until it has chosen for
-    its key; later calls with that key launch the chosen tile on the plain kernel (its
-    grid, block sizes, warps, stages and pre-launch hook), and a call with another key
-    value (a length bucket in the arguments; the head dim, causality or TMA among the
-    constexprs), another dtype or another bias dtype goes back to the tuner. The tuner is
-    Triton's own (fl._make_tuner), made to choose without timing (its pruning keeps one
-    candidate); the kernel under it, which cannot run on the CPU, is a stand-in that
-    records launches."""
+    """With autotuning on, the first call of a signature goes through Triton's autotuner;
+    later calls launch the compiled kernel of its choice directly, every argument in its
+    declared place (grid, block sizes, lengths, constexprs), with no pre-launch hook; a
+    call of another signature (a length, causality, head dim, dtype or bias dtype) goes
+    back to the tuner first. The tuner is Triton's own (fl._make_tuner), made to choose
+    without timing (its pruning keeps one candidate); the kernel under it, which cannot
+    run on the CPU, is a stand-in that returns a recording compiled kernel."""
     launches, hooked = [], []
     cands = (fl.TileConfig(64, 64, 4, 3), fl.TileConfig(32, 16, 8, 2))
     tuner = fl._make_tuner("fwd", cands, prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]})
 
     class Kernel:
+        arg_names = fl.KERNELS["fwd"].arg_names
+
         def run(self, *args, grid, warmup, **kw):
             launches.append(("tuner", grid(kw) if callable(grid) else grid, kw))
-
-        def __getitem__(self, grid):
-            return lambda **kw: launches.append(("kernel", grid, kw))
+            return _Compiled(fl.KERNELS["fwd"], launches)
 
     tuner.fn = Kernel()
     for config in tuner.configs:  # record the pre-launch hook of the tile that runs
@@ -645,26 +659,59 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monke
         config.pre_hook = lambda nargs, _real=real: hooked.append(nargs["BLOCK_M"]) or _real(nargs)
     monkeypatch.setattr(fl, "_kernel_for", lambda *a: (tuner, None))
 
-    def launch(dtype=torch.float16, m_key=128, causal=False, head_dim=64, bias_dtype=None):
-        q = torch.randn(2, 3, 100, head_dim, dtype=dtype)
-        fl._launch("fwd", head_dim, dtype, 100, "BLOCK_M", 2, 3,
-                   dict(Q=q, KD0=q, KD1=q, VD0=q, VD1=q, Bias=q if bias_dtype is None else q.to(bias_dtype),
-                        M_KEY=m_key, N_KEY=128),
-                   dict(HEAD_DIM=head_dim, CAUSAL=causal, TMA=False), "none")
+    def call(dtype=torch.float16, m=100, causal=False, head_dim=64, bias_dtype=None):
+        q = torch.randn(2, 3, m, head_dim, dtype=dtype)
+        bias = None if bias_dtype is None else torch.zeros(2, 3, m, m, dtype=bias_dtype)
+        fl._forward_impl(q, q, q, bias, 0.125, False, causal=causal)
 
-    launch()
-    launch()
-    assert [x[0] for x in launches] == ["tuner", "kernel"]
+    call()
+    call()
+    assert [x[0] for x in launches] == ["tuner", "compiled"]
     assert launches[0][1] == launches[1][1] == (4, 3, 2)  # cdiv(100 rows, 32), heads, batch
     direct = launches[1][2]
     assert (direct["BLOCK_M"], direct["BLOCK_N"], direct["RELOAD"]) == (32, 16, False)
-    assert (direct["num_warps"], direct["num_stages"], direct["M_KEY"], direct["HEAD_DIM"]) == (8, 2, 128, 64)
-    assert hooked == [32, 32]  # the tuner runs the tile's hook, and so does the direct launch
-    for other in (dict(m_key=256), dict(causal=True), dict(head_dim=48), dict(dtype=torch.bfloat16),
+    assert (direct["M_KEY"], direct["N_KEY"], direct["HEAD_DIM"], direct["M"], direct["H"]) == (128, 128, 64, 100, 3)
+    assert direct["sm_scale"] == 0.125 and direct["Q"].shape == (2, 3, 100, 64)
+    assert hooked == [32]  # the tuner runs the tile's hook; a direct launch needs none
+    for other in (dict(m=300), dict(causal=True), dict(head_dim=48), dict(dtype=torch.bfloat16),
                   dict(bias_dtype=torch.float32)):
-        launch(**other)
-        launch(**other)
-        assert [x[0] for x in launches[-2:]] == ["tuner", "kernel"], other
+        call(**other)
+        call(**other)
+        assert [x[0] for x in launches[-2:]] == ["tuner", "compiled"], other
+
+
+def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):
+    """The direct launch's argument list, run by the interpreted kernel itself (each value
+    bound to the name at its place), gives the bits that Triton's own launch gives:
+    forward and backward, with a key-padding mask, TMA descriptors (16-bit, sm_90) and
+    causality, over two calls of each signature (the second one direct)."""
+    def interpreted(fn, grid, kwargs):
+        fn[grid](**kwargs)
+        jit = fn  # the interpreter launches the kernels themselves (no autotuner)
+        compiled = _Compiled(jit, [])
+        compiled.run = lambda g0, g1, g2, stream, f, m, lm, e, x, *values: ran.append(jit.fn.__name__) or jit[
+            (g0, g1, g2)](**dict(zip(jit.arg_names, values)))
+        return compiled
+
+    results, ran, tma = [], [], []
+    for direct in (False, True):
+        if direct:
+            monkeypatch.setattr(fl, "_launch_triton", interpreted)
+        torch.manual_seed(seed)
+        q, k, v = make_qkv(2, 2, 37, 45, 40, torch.float16, layout="bnhd", requires_grad=True)
+        bias = make_bias("key_padding", 2, 2, 37, 45, torch.float32)
+        for _ in range(2):
+            out = flash_attention(q, k, v, bias, causal=True, causal_offset=8)
+            grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+            results.append((out, *grads))
+        tma.append([p.streams.tma for p in fl._PLANS.values() if isinstance(p, fl._ForwardPlan)])
+        fl.clear_plans()
+    assert sorted(ran) == ["_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_fwd"]  # the second calls
+    assert tma == [[True], [True]]
+    for later in results[1:]:  # Triton's second call, then the direct path's first and second
+        for x, y in zip(results[0], later):
+            assert torch.equal(x, y)
+    assert all(torch.isfinite(x).all() for r in results for x in r)
 
 
 def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):

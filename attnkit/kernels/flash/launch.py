@@ -6,6 +6,7 @@ Nothing here checks a caller's input: ops.py does, before anything runs."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
 from typing import Optional
@@ -162,40 +163,149 @@ def _make_tuner(kernel: str, cands: tuple[TileConfig, ...], **autotune_options):
 _COMPILE_OPTIONS = {} if INTERPRET else {"enable_fp_fusion": True}
 
 
-def _launch(kernel: str, head_dim: int, dtype: torch.dtype, grid_rows: int, rows_axis_block: str,
-            b: int, h: int, args: dict, constexprs: dict, variant: str) -> None:
-    """Launch one kernel over (tiles of grid_rows, h, b); args by name."""
-    fn, cfg = _kernel_for(kernel, head_dim, dtype, args["Q"].device, variant, constexprs["CAUSAL"],
-                          constexprs["TMA"])
-    if cfg is None:
-        # Once the tuner has chosen for this key, launch its choice directly: what the
-        # tuner's wrapper does on every call (a dict of ~60 arguments, its key with the
-        # dtype of each tensor, the pre-hook) costs as much host time as the rest of
-        # the launcher. Its key is HEAD_DIM, the length buckets, CAUSAL, TMA, PIECE and
-        # GRADS with the arguments' dtypes; in one tuner (a target, kernel, width and
-        # bias variant) those dtypes follow from Q's and the bias's.
-        key = (*(args[k] if k in args else constexprs[k] for k in fn.keys), args["Q"].dtype, args["Bias"].dtype)
-        chosen = fn.attnkit_chosen.get(key)
-        if chosen is None:
+class _Launch:
+    """One kernel launch of a launch plan, settled once per call signature: the kernel
+    (an autotuner or the plain kernel), its tile once known, its grid, and every
+    argument that is not one of the call's tensors (strides, lengths, scales,
+    constexprs). After its first launch it holds the compiled kernel that Triton chose
+    and built, and launches it directly (_run): no autotuner wrapper, no argument
+    binding or specialisation per call."""
+
+    __slots__ = ("kernel", "jit", "fn", "meta", "options", "static", "grid_rows", "axis", "b", "h", "grid",
+                 "compiled", "template", "slots", "boxes")
+
+    def __init__(self, kernel: str, jit, fn, tile: Optional[TileConfig], static: dict, grid_rows: int, axis: str,
+                 b: int, h: int, options: Optional[dict] = None):
+        self.kernel, self.jit, self.fn, self.static = kernel, jit, fn, static
+        self.grid_rows, self.axis, self.b, self.h = grid_rows, axis, b, h
+        self.compiled = self.template = self.slots = None
+        self.boxes = DESCRIPTORS.get(kernel, ())
+        if tile is None and options is None:  # an autotuner: the tile is known after its first launch
+            self.meta = self.grid = None
+            self.options = dict(_COMPILE_OPTIONS)
+        elif tile is None:  # a kernel without tiles (the delta pass): its block sizes are in static
+            self._settle({}, dict(options))
+        else:
+            regs = {} if INTERPRET or tile.maxnreg is None else {"maxnreg": tile.maxnreg}
+            self._settle(dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, RELOAD=tile.reload),
+                         dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **_COMPILE_OPTIONS, **regs))
+
+    def _settle(self, meta: dict, options: dict) -> None:
+        self.meta, self.options = meta, options
+        rows = meta[self.axis] if self.axis in meta else self.static[self.axis]
+        self.grid = (triton.cdiv(self.grid_rows, rows), self.h, self.b)
+
+    def rows(self, name: str) -> int:
+        """The box rows of a descriptor argument, once the tile is known (else 16: the
+        autotuner's pre-launch hook sets them for each candidate)."""
+        for names, rows_key in self.boxes:
+            if name in names and self.meta is not None:
+                return self.meta[rows_key]
+        return 16
+
+    def arguments(self, tensors: dict) -> dict:
+        """Every named argument of a launch with these tensors (the tile's block sizes
+        included once known)."""
+        return {**self.static, **tensors, **(self.meta or {})}
+
+    def _keep(self, compiled) -> None:
+        """Keep Triton's compiled kernel for direct launches where its launcher takes the
+        kernel's arguments in their declared order (Triton 3.3 onwards: the compiled
+        kernel's source names them); otherwise every launch goes through Triton."""
+        names = getattr(getattr(getattr(compiled, "src", None), "fn", None), "arg_names", None)
+        if not hasattr(triton, "knobs") or names is None or list(names) != list(self.jit.arg_names) or not hasattr(compiled, "run"):
+            return
+        params = inspect.signature(self.jit.fn).parameters
+        merged = {**self.static, **self.meta}
+        template, slots = [], []
+        for pos, name in enumerate(names):
+            if name in merged:
+                template.append(merged[name])
+            elif name in _TENSOR_ARGS:
+                template.append(None)
+                slots.append((pos, name))
+            elif params[name].default is not params[name].empty:
+                template.append(params[name].default)
+            else:
+                return  # an argument this launch does not know: leave it to Triton
+        self.template, self.slots, self.compiled = template, tuple(slots), compiled
+
+
+# The arguments that are tensors of the call (filled in per launch); every other
+# argument of a kernel is settled in its launch plan.
+_TENSOR_ARGS = frozenset(
+    ("Q", "K", "V", "Bias", "Lens", "Plain", "Out", "Lse", "LseShift", "OutLo", "DO", "Delta", "DK", "DV", "DQ",
+     "DBias", "KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1"))
+
+
+def _stream_of(device: torch.device) -> int:
+    """The current CUDA stream of the device Triton launches on (0 off CUDA)."""
+    if device.type != "cuda":
+        return 0
+    driver = triton.runtime.driver.active
+    return driver.get_current_stream(driver.get_current_device())
+
+
+def _launch_compiled(compiled, grid: tuple, stream: int, values: list) -> None:
+    """A compiled kernel's own launch: what Triton's launch does once it has found the
+    kernel for its arguments (CompiledKernel.__getitem__'s runner)."""
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
+                 *values)
+
+
+def _launch_triton(fn, grid, kwargs: dict):
+    """A launch through Triton (its autotuner, or the kernel's own binding and cache):
+    returns the compiled kernel that ran (None under the interpreter)."""
+    return fn[grid](**kwargs)
+
+
+def _no_launch_hooks() -> bool:
+    """Whether no launch hook is set in Triton's knobs (a profiler sets them; Triton 3.9
+    keeps empty hook chains where older versions keep None)."""
+    runtime = triton.knobs.runtime
+    return all(h is None or getattr(h, "calls", None) == [] for h in (runtime.launch_enter_hook,
+                                                                     runtime.launch_exit_hook))
+
+
+def _run(launch: _Launch, tensors: dict) -> None:
+    """Launch one kernel of a plan with the call's tensors (by argument name).
+
+    A settled launch runs its compiled kernel directly. The first launch goes through
+    Triton (the autotuner where there is one: it benchmarks its candidates once per key,
+    never during a CUDA-graph capture, where the default tile runs instead), which
+    compiles and returns the kernel kept for the next. A launch hook set in Triton's
+    knobs (a profiler) sends every launch through Triton, which calls it."""
+    if launch.compiled is not None and _no_launch_hooks():
+        # (Descriptors come with the tile's box rows: _Streams.add.)
+        values = launch.template.copy()
+        for pos, name in launch.slots:
+            values[pos] = tensors[name]
+        _launch_compiled(launch.compiled, launch.grid, _stream_of(tensors["DO" if "DO" in tensors else "Q"].device),
+                         values)
+        return
+    kwargs = {**launch.static, **tensors}
+    if launch.meta is None:
+        fn = launch.fn
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            tile = fn.configs[0]  # no benchmarking inside a capture: the default tile
+            launch._settle(tile.kwargs, dict(launch.options, num_warps=tile.num_warps, num_stages=tile.num_stages,
+                                             **({} if tile.maxnreg is None else {"maxnreg": tile.maxnreg})))
+        else:
             def grid(meta):
-                return (triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)
+                return (triton.cdiv(launch.grid_rows, meta[launch.axis]), launch.h, launch.b)
 
             with fn.attnkit_lock:  # best_config is the tuner's one field for every caller
-                fn[grid](**args, **constexprs, **_COMPILE_OPTIONS)
-                fn.attnkit_chosen[key] = fn.best_config
+                compiled = _launch_triton(fn, grid, {**kwargs, **launch.options})
+                best = fn.best_config
+            launch._settle(best.kwargs, dict(launch.options, num_warps=best.num_warps, num_stages=best.num_stages,
+                                             **({} if best.maxnreg is None else {"maxnreg": best.maxnreg})))
+            launch._keep(compiled)
             return
-        meta = chosen.all_kwargs()
-        if chosen.pre_hook is not None:
-            chosen.pre_hook({**args, **meta})
-        fn.fn[(triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)](**args, **constexprs, **meta,
-                                                                      **_COMPILE_OPTIONS)
-    else:
-        meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RELOAD=cfg.reload)
-        _set_boxes(kernel)({**args, **meta})
-        regs = {} if INTERPRET or cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
-        fn[(triton.cdiv(grid_rows, meta[rows_axis_block]), h, b)](
-            **args, **constexprs, **meta, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **_COMPILE_OPTIONS, **regs)
+    if launch.boxes:
+        _set_boxes(launch.kernel)({**kwargs, **launch.meta})
+    compiled = _launch_triton(launch.jit, launch.grid, {**kwargs, **launch.meta, **launch.options})
+    if launch.compiled is None:
+        launch._keep(compiled)
 
 
 def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
@@ -227,27 +337,6 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
         if any((st * size) % 16 or st <= 0 for n, st in zip(shape[:-1], strides[:-1]) if n > 1):
             return False
     return True
-
-
-def _descriptors(t: torch.Tensor, d0: int, d1: int, rows: int) -> tuple:
-    """Tensor descriptors over the whole (B, H, L, D) tensor t with boxes (1, 1, rows, D0)
-    and (1, 1, rows, D1) (the box rows are set again before each launch). Out-of-bounds
-    rows and columns read as zeros."""
-    strides = [st if n > 1 else 16 // t.element_size() * max(1, n)
-               for n, st in zip(t.shape, t.stride())]
-    strides[-1] = 1
-    desc0 = TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, d0])
-    desc1 = TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, d1]) if d1 else desc0
-    return desc0, desc1
-
-
-def _stream_args(names: tuple, tensors: tuple, use_tma: bool, d0: int, d1: int) -> dict:
-    """The descriptor arguments of a kernel: descriptors with TMA, else placeholders
-    (the tensors themselves, never read)."""
-    out = {}
-    for (n0, n1), t in zip(zip(names[::2], names[1::2]), tensors):
-        out[n0], out[n1] = _descriptors(t, d0, d1, 16) if use_tma else (t, t)
-    return out
 
 
 def _tma_copy(t: torch.Tensor) -> torch.Tensor:
@@ -283,6 +372,40 @@ def _use_tma(arch: str, dtype: torch.dtype, tensors: tuple, kernels: tuple, head
     return all(configs_for(kernel, head_dim, dtype, arch, variant, causal, True) for kernel in kernels)
 
 
+def _bias_layout(attn_bias: Optional[torch.Tensor], shape4) -> tuple:
+    """(compact, strides (b, h, m, n), strides of the lengths (b, h), constexprs, variant)
+    of a broadcastable bias, from its shape and strides alone (see _bias_args).
+
+    compact: the bias must be made contiguous in its own shape first (a tile's rows or
+    columns would span 2**31 elements through its strides, see _addressable)."""
+    if attn_bias is None:
+        return False, (0, 0, 0, 0), (0, 0), dict(BIAS=NO_BIAS, BIAS_ALIGN=1, BIAS_CONTIG=False), "none"
+    bias = attn_bias.expand(shape4)
+    compact = max(bias.stride()[2:]) * (_MAX_TILE_ROWS - 1) >= 2**31
+    if compact:
+        bias = torch.empty(attn_bias.shape, dtype=attn_bias.dtype, device="meta").expand(shape4)
+    sb = tuple(bias.stride())
+    constexprs = dict(BIAS_ALIGN=_align(*sb[:3]), BIAS_CONTIG=sb[3] == 1)
+    if sb[2] != 0:
+        return compact, sb, (0, 0), dict(constexprs, BIAS=FULL_BIAS), "full"
+    own = attn_bias.shape[-4:-2] if attn_bias.dim() >= 3 else ()
+    b_own, h_own = ((1,) * (2 - len(own)) + tuple(own))
+    lens_strides = ((h_own if b_own > 1 else 0), (1 if h_own > 1 else 0))
+    return compact, sb, lens_strides, dict(constexprs, BIAS=KEY_BIAS), "keypad"
+
+
+def _key_lengths(attn_bias: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths, plain) of a key bias, int32 (B|1, H|1), contiguous: per (batch, head),
+    one past its last key that is not -inf, and 1 where the bias is 0 on every key
+    before that length. Measured on the device, with no synchronisation."""
+    own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))[:, :, 0, :]
+    keys = torch.arange(n, device=own.device, dtype=torch.int32)
+    live = own != float("-inf")  # NaN counts as live: it must reach the output
+    lens = ((keys + 1) * live).amax(-1)
+    plain = ((own == 0) | (keys >= lens.unsqueeze(-1))).all(-1)
+    return tuple(t.to(torch.int32).expand(own.shape[0], own.shape[1]).contiguous() for t in (lens, plain))
+
+
 def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tuple:
     """(pointer, strides (b, h, m, n), lengths, plain, their strides (b, h), constexprs,
     variant) for a broadcastable bias.
@@ -293,29 +416,17 @@ def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tu
     every row, and the kernels skip their tiles instead of computing them. plain is 1
     where the bias is 0 on every key before that length (a key-padding mask): the
     kernels then run their loops of no bias over the length, and never load it.
-    Measured on the device, with no synchronisation.
+    The launch plans take the layout once per call signature (_bias_layout) and the
+    lengths per call (_key_lengths).
     """
-    placeholder = dict(BIAS=NO_BIAS, BIAS_ALIGN=1, BIAS_CONTIG=False)
+    compact, sb, sl, constexprs, variant = _bias_layout(attn_bias, shape4)
     if attn_bias is None:
-        return q, (0, 0, 0, 0), q, q, (0, 0), placeholder, "none"
-    bias = attn_bias.expand(shape4)
-    if max(bias.stride()[2:]) * (_MAX_TILE_ROWS - 1) >= 2**31:
-        # A tile's rows or columns would span 2**31 elements (see _addressable): compact
-        # the bias in its own, unexpanded shape.
-        bias = attn_bias.contiguous().expand(shape4)
-    sb = tuple(bias.stride())
-    constexprs = dict(BIAS_ALIGN=_align(*sb[:3]), BIAS_CONTIG=sb[3] == 1)
-    if sb[2] != 0:
-        return bias, sb, q, q, (0, 0), dict(constexprs, BIAS=FULL_BIAS), "full"
-    own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))[:, :, 0, :]
-    n = shape4[3]
-    keys = torch.arange(n, device=own.device, dtype=torch.int32)
-    live = own != float("-inf")  # NaN counts as live: it must reach the output
-    lens = ((keys + 1) * live).amax(-1)
-    plain = ((own == 0) | (keys >= lens.unsqueeze(-1))).all(-1)
-    lens, plain = (t.to(torch.int32).expand(own.shape[0], own.shape[1]).contiguous() for t in (lens, plain))
-    sl = tuple(st if size > 1 else 0 for size, st in zip(lens.shape, lens.stride()))
-    return bias, sb, lens, plain, sl, dict(constexprs, BIAS=KEY_BIAS), "keypad"
+        return q, sb, q, q, sl, constexprs, variant
+    bias = attn_bias.contiguous() if compact else attn_bias
+    if variant != "keypad":
+        return bias, sb, q, q, sl, constexprs, variant
+    lens, plain = _key_lengths(attn_bias, shape4[3])
+    return bias, sb, lens, plain, sl, constexprs, variant
 
 
 def _causal_args(causal: bool, offset: int, M: int, N: int) -> tuple[bool, int]:
@@ -373,6 +484,101 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride()[:3]
 
 
+# Launch plans, one per call signature (shapes, strides, dtypes, devices, the 16-byte
+# alignment of each input, the bias's layout, scale, causality, the module switches
+# above): everything of a call but its tensors, built on its first call. A model calls
+# a few signatures over and over; a stream of new ones (lengths that change every call)
+# starts the table afresh past _PLAN_LIMIT.
+_PLANS: dict[tuple, object] = {}
+_PLAN_LIMIT = 4096
+
+
+def clear_plans() -> None:
+    """Forget every launch plan (tests that switch the module's settings call it)."""
+    _PLANS.clear()
+
+
+def _plan(key: tuple, build):
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLAN_LIMIT:
+            _PLANS.clear()
+        plan = _PLANS[key] = build()
+    return plan
+
+
+def _switches() -> tuple:
+    return INTERPRET, INTERPRET_ARCH, INTERPRET_SHIPPED_TILES, POISON_OUTPUTS, _autotune_enabled()
+
+
+def _bias_key(attn_bias: Optional[torch.Tensor]):
+    if attn_bias is None:
+        return None
+    return attn_bias.shape, attn_bias.stride(), attn_bias.dtype, attn_bias.data_ptr() & 15
+
+
+_FWD_STRIDES = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
+                "stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
+                "stride_lb", "stride_lh", "stride_ob", "stride_oh", "stride_om")
+
+
+class _Streams:
+    """The descriptor arguments of one launch: tensor descriptors of the streamed
+    tensors with TMA (their shapes and strides settled once), else the tensors
+    themselves as placeholders, never read.
+
+    TensorDescriptor checks its base's alignment, strides and box when made (about 5 us
+    a descriptor on a CPU); a plan's key holds each input's alignment and layout, so
+    what the first check passed holds for every call of the plan, and later
+    descriptors are copies of the first over another base."""
+
+    __slots__ = ("names", "tma", "layouts", "cols", "checked")
+
+    def __init__(self, names: tuple, tensors: tuple, tma: bool, d0: int, d1: int):
+        self.names, self.tma, self.cols = tuple(zip(names[::2], names[1::2])), tma, (d0, d1)
+        self.layouts = tuple(_descriptor_layout(t) for t in tensors) if tma else None
+        self.checked = {}
+
+    def add(self, tensors: dict, launch: _Launch, *streamed: torch.Tensor) -> None:
+        if not self.tma:
+            for (n0, n1), t in zip(self.names, streamed):
+                tensors[n0] = tensors[n1] = t
+            return
+        checked = self.checked.get(launch.meta is None)
+        if checked is None or launch.meta is None:
+            d0, d1 = self.cols
+            checked = []
+            for (n0, n1), t, (shape, strides) in zip(self.names, streamed, self.layouts):
+                rows = launch.rows(n0)
+                desc0 = TensorDescriptor(t, shape, strides, [1, 1, rows, d0])
+                checked.append((desc0, TensorDescriptor(t, shape, strides, [1, 1, rows, d1]) if d1 else desc0))
+            for (n0, n1), (desc0, desc1) in zip(self.names, checked):
+                tensors[n0], tensors[n1] = desc0, desc1
+            # Kept without their bases, which must not outlive the call.
+            self.checked[launch.meta is None] = [(_rebased(d0, None), _rebased(d1, None)) for d0, d1 in checked]
+            return
+        for (n0, n1), t, (desc0, desc1) in zip(self.names, streamed, checked):
+            tensors[n0] = new0 = _rebased(desc0, t)
+            tensors[n1] = new0 if desc1 is desc0 else _rebased(desc1, t)
+
+
+def _rebased(checked: TensorDescriptor, t: torch.Tensor) -> TensorDescriptor:
+    """A copy of a checked descriptor over base t (same layout, alignment and box)."""
+    if not hasattr(checked, "__dict__"):
+        return checked if t is None else TensorDescriptor(t, checked.shape, checked.strides, checked.block_shape)
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(checked.__dict__)
+    desc.base = t
+    return desc
+
+
+def _descriptor_layout(t: torch.Tensor) -> tuple[list, list]:
+    """The shape and strides a tensor descriptor over t is made with (_descriptors)."""
+    strides = [st if n > 1 else 16 // t.element_size() * max(1, n) for n, st in zip(t.shape, t.stride())]
+    strides[-1] = 1
+    return list(t.shape), strides
+
+
 def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: bool = False,
                   causal: bool = False, causal_offset: int = 0):
     """Launch the forward. Returns (out like q, lse, lse_shift, out_lo): lse (B, H, M) is
@@ -380,51 +586,100 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     with a bias and empty without one (see _attn_fwd): the natural LSE is
     lse_shift + lse * ln(2). out_lo, only if store_lo and the dtype is 16-bit (else
     None), is what rounding out lost, with out's strides."""
-    B, H, M, D = q.shape
-    N = k.shape[2]
-    store_lo = store_lo and q.dtype != torch.float32
-    out = _new_like(q)  # keeps q's layout, so a (B, M, H, D) view stays one
-    out_lo = _new_like(out) if store_lo else None
-    lse = _new((B, H, M), q.device)
-    shift = _new((B, H, M) if attn_bias is not None else (0,), q.device)
-    if M == 0 or B == 0 or H == 0:
-        return out, lse, shift, out_lo
-    if scale < 0:
+    key = ("fwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, q.data_ptr() & 15,
+           k.data_ptr() & 15, v.data_ptr() & 15, _bias_key(attn_bias), scale, allow_tf32, store_lo, causal,
+           causal_offset, _switches())
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(key, lambda: _ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
+                                               causal_offset))
+    return plan(q, k, v, attn_bias)
+
+
+class _ForwardPlan:
+    """Everything of a forward call but its tensors (see _PLANS)."""
+
+    def __init__(self, q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
+        B, H, M, D = q.shape
+        N = k.shape[2]
+        self.n = N
+        self.store_lo = store_lo = store_lo and q.dtype != torch.float32
+        self.lse_shape, self.shift_shape = (B, H, M), ((B, H, M) if attn_bias is not None else (0,))
+        self.empty = M == 0 or B == 0 or H == 0
+        if self.empty:
+            return
         # The kernels take the row max on unscaled scores, which needs scale >= 0:
         # softmax(q k^T * scale) == softmax((-q) k^T * -scale).
-        q, scale = -q, -scale
-    q, k, v = (_kernel_layout(t) for t in (q, k, v))
-    o = out if _addressable(out) else _new_like(out, memory_format=torch.contiguous_format)
-    lo = out_lo if (out_lo is None or o is out) else _new_like(o)
-    bias, sb, lens, plain, sl, bias_constexprs, variant = _bias_args(attn_bias, q, (B, H, M, N))
-    causal, off = _causal_args(causal, causal_offset, M, N)
-    kernel = "fwd_lo" if store_lo else "fwd"
-    arch = arch_of(q.device)
-    k, v = _ready_for_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
-    d0, d1 = _pieces(D)
-    m_key, n_key = _lengths_key(M, N)
-    align = _align(*(st for t in (q, k, v, o) for st in _strides3(t)))
-    assert lo is None or lo.stride() == o.stride()
-    tma = _use_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
-    args = dict(Q=q, K=k, V=v, **_stream_args(DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1),
-                Bias=bias, Lens=lens, Plain=plain, Out=o, Lse=lse, LseShift=shift if attn_bias is not None else lse,
-                OutLo=o if lo is None else lo)
-    strides = (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(o))
-    names = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
-             "stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
-             "stride_lb", "stride_lh", "stride_ob", "stride_oh", "stride_om")
-    args.update(zip(names, strides))
-    args.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), M_KEY=m_key,
-                N_KEY=n_key)
-    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
-                      PRECISION=_precision(q.dtype, allow_tf32), EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16,
-                      STORE_LO=store_lo)
-    _launch(kernel, D, q.dtype, M, "BLOCK_M", B, H, args, constexprs, variant)
-    if o is not out:
-        out.copy_(o)
-        if store_lo:
-            out_lo.copy_(lo)
-    return out, lse, shift, out_lo
+        self.negate = scale < 0
+        scale = abs(scale)
+        out = _new_like(q)  # keeps q's layout, so a (B, M, H, D) view stays one
+        q = -q if self.negate else q
+        self.copies = tuple(not _addressable(t) for t in (q, k, v))
+        q, k, v = (t.contiguous() if c else t for t, c in zip((q, k, v), self.copies))
+        self.o_in_place = _addressable(out)
+        o = out if self.o_in_place else torch.empty(out.shape, device="meta")
+        compact, sb, sl, bias_constexprs, variant = _bias_layout(attn_bias, (B, H, M, N))
+        self.bias_compact, self.keypad = compact, variant == "keypad"
+        causal, off = _causal_args(causal, causal_offset, M, N)
+        kernel = "fwd_lo" if store_lo else "fwd"
+        arch = arch_of(q.device)
+        ready = _ready_for_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
+        self.tma_copies = tuple(r is not t for r, t in zip(ready, (k, v)))
+        k, v = ready
+        d0, d1 = _pieces(D)
+        m_key, n_key = _lengths_key(M, N)
+        align = _align(*(st for t in (q, k, v, o) for st in _strides3(t)))
+        tma = _use_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
+        static = dict(zip(_FWD_STRIDES, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(o))))
+        static.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), M_KEY=m_key,
+                      N_KEY=n_key, HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
+                      PRECISION=_precision(q.dtype, allow_tf32),
+                      EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16, STORE_LO=store_lo)
+        fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
+        self.launch = _Launch(kernel, KERNELS[kernel], fn, tile, static, M, "BLOCK_M", B, H)
+        self.streams = _Streams(DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1)
+
+    def __call__(self, q, k, v, attn_bias):
+        out = _new_like(q)
+        out_lo = _new_like(out) if self.store_lo else None
+        lse = _new(self.lse_shape, q.device)
+        shift = _new(self.shift_shape, q.device)
+        if self.empty:
+            return out, lse, shift, out_lo
+        if self.negate:
+            q = -q
+        copy_q, copy_k, copy_v = self.copies
+        if copy_q:
+            q = q.contiguous()
+        if copy_k:
+            k = k.contiguous()
+        if copy_v:
+            v = v.contiguous()
+        if self.o_in_place:
+            o, lo = out, out_lo
+        else:
+            o = _new_like(out, memory_format=torch.contiguous_format)
+            lo = None if out_lo is None else _new_like(o)
+        tma_k, tma_v = self.tma_copies
+        if tma_k:
+            k = _tma_copy(k)
+        if tma_v:
+            v = _tma_copy(v)
+        if attn_bias is None:
+            bias, lens, plain, lse_shift = q, q, q, lse
+        else:
+            bias = attn_bias.contiguous() if self.bias_compact else attn_bias
+            lens, plain = _key_lengths(attn_bias, self.n) if self.keypad else (q, q)
+            lse_shift = shift
+        tensors = dict(Q=q, K=k, V=v, Bias=bias, Lens=lens, Plain=plain, Out=o, Lse=lse, LseShift=lse_shift,
+                       OutLo=o if lo is None else lo)
+        self.streams.add(tensors, self.launch, k, v)
+        _run(self.launch, tensors)
+        if o is not out:
+            out.copy_(o)
+            if lo is not None:
+                out_lo.copy_(lo)
+        return out, lse, shift, out_lo
 
 
 def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_tf32: bool, dlse=None,
@@ -445,9 +700,6 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
     the output does not depend on it, and the LSE by exactly that shift, so its
     gradient is dlse (or zero) without computing dS.
     """
-    B, H, M, D = q.shape
-    N = k.shape[2]
-    dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
     bias_grad = bias_grad and attn_bias is not None
     if bias_grad and (attn_bias.dim() == 0 or attn_bias.shape[-1] == 1):
         dq, dk, dv, _ = _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale, allow_tf32, dlse,
@@ -457,103 +709,187 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
         # d LSE / d bias = 1 for a bias added to a whole row; dlse is that gradient times ln(2).
         row = (dlse.to(torch.float32) * LOG2E).unsqueeze(-1)  # (B, H, M, 1)
         return dq, dk, dv, row.sum_to_size(attn_bias.shape).to(attn_bias.dtype).contiguous()
-    causal, off = _causal_args(causal, causal_offset, M, N)
-    # Which kernel writes the bias gradient: dQ the whole dS (B, H, M, N), or dK/dV dS
-    # summed over the queries (B, H, N).
-    per_query = bias_grad and attn_bias.dim() >= 2 and attn_bias.shape[-2] != 1
-    per_key = bias_grad and not per_query
-    if bias_grad:
-        dbias_t = _new((B, H, M, N) if per_query else (B, H, N), q.device)
-        if per_query and causal:
-            dbias_t.zero_()  # the dQ kernel writes no dS for tiles above the diagonal
-    if B == 0 or H == 0 or M == 0:
-        for t in (dq, dk, dv) + ((dbias_t,) if bias_grad else ()):
-            t.zero_()
+    key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
+           do.dtype, q.device, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, do.data_ptr() & 15,
+           out.data_ptr() & 15, None if out_lo is None else (out_lo.stride(), out_lo.data_ptr() & 15),
+           _bias_key(attn_bias), dlse is not None, bias_grad, scale, allow_tf32, causal, causal_offset, _switches())
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(key, lambda: _BackwardPlan(do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad,
+                                                causal, causal_offset))
+    return plan(do, q, k, v, attn_bias, out, lse, shift, dlse, out_lo)
+
+
+_BWD_STRIDES = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
+                "stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
+                "stride_lb", "stride_lh", "stride_dob", "stride_doh", "stride_dom")
+
+
+class _BackwardPlan:
+    """Everything of a backward call but its tensors (see _PLANS)."""
+
+    def __init__(self, do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad, causal, causal_offset):
+        B, H, M, D = q.shape
+        N = k.shape[2]
+        self.n, self.bias_grad = N, bias_grad
+        causal, off = _causal_args(causal, causal_offset, M, N)
+        # Which kernel writes the bias gradient: dQ the whole dS (B, H, M, N), or dK/dV dS
+        # summed over the queries (B, H, N).
+        self.per_query = per_query = bias_grad and attn_bias.dim() >= 2 and attn_bias.shape[-2] != 1
+        per_key = bias_grad and not per_query
+        self.dbias_shape = (B, H, M, N) if per_query else (B, H, N)
+        self.zero_dbias = per_query and causal  # the dQ kernel writes no dS for tiles above the diagonal
+        self.empty = B == 0 or H == 0 or M == 0
+        if self.empty:
+            return
+        self.negate = scale < 0
+        scale = abs(scale)
+        grads = [_new_like(t) for t in (q, k, v)]  # the layouts of the gradients a call returns
+        q = -q if self.negate else q  # as in _forward_impl; dQ changes sign back below
+        self.copies = tuple(not _addressable(t) for t in (q, k, v, out, do))
+        q, k, v, out, do = (t.contiguous() if c else t for t, c in zip((q, k, v, out, do), self.copies))
+        self.lo_copy = out_lo is not None and out_lo.stride() != out.stride()
+        if self.lo_copy:
+            out, out_lo = out.contiguous(), out_lo.contiguous()
+        self.grads_in_place = tuple(_addressable(t) for t in grads)
+        dq_, dk_, dv_ = (t if ok else torch.empty(t.shape, device="meta") for t, ok in zip(grads, self.grads_in_place))
+        self.cast_do = do.dtype != q.dtype
+        if self.cast_do:
+            do = do.to(q.dtype)
+        block = 16 if INTERPRET else 64
+        delta_static = dict(stride_ob=out.stride(0), stride_oh=out.stride(1), stride_om=out.stride(2),
+                            stride_db=do.stride(0), stride_dh=do.stride(1), stride_dm=do.stride(2), H=H, M=M,
+                            HEAD_DIM=D, BLOCK_M=block, BLOCK_D=max(16, _next_pow2(D)),
+                            ALIGN=_align(*out.stride()[:3], *do.stride()[:3]), HAS_LO=out_lo is not None)
+        self.delta = _Launch("delta", _attn_bwd_delta, _attn_bwd_delta, None, delta_static, M, "BLOCK_M", B, H,
+                             options={})
+
+        compact, sb, sl, bias_constexprs, variant = _bias_layout(attn_bias, (B, H, M, N))
+        self.bias_compact, self.keypad = compact, variant == "keypad"
+        arch = arch_of(q.device)
+        # The kernels this call launches (above head dim 256 the pieces after the first, and
+        # the dV launches, run without the bias gradient).
+        split = D > limits.MAX_PIECE
+        dkdv_kernels = (("dkdv_dbias",) + (("dkdv",) if split else ())) if per_key else ("dkdv",)
+        dq_kernels = (("dq_dbias",) + (("dq",) if split else ())) if per_query else ("dq",)
+        ready = _ready_for_tma(arch, q.dtype, (q, k, v, do), dkdv_kernels + dq_kernels, D, variant, causal)
+        self.tma_copies = tuple(r is not t for r, t in zip(ready, (q, k, v, do)))
+        q, k, v, do = ready
+        d0, d1 = _pieces(D)
+        m_key, n_key = _lengths_key(M, N)
+        align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in _strides3(t)))
+        common = dict(zip(_BWD_STRIDES, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(do))))
+        common.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), M_KEY=m_key,
+                      N_KEY=n_key, HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,
+                      PRECISION=_precision(q.dtype, allow_tf32),
+                      EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
+        dbias = torch.empty(self.dbias_shape, device="meta")
+
+        tma = _use_tma(arch, q.dtype, (q, do, k, v), dkdv_kernels, D, variant, causal)
+        self.dkdv_streams = (_Streams(DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1),
+                             _Streams(DESCRIPTORS["dkdv"][1][0], (k, v), tma, d0, d1))
+        static = dict(common, stride_dbb=dbias.stride(0) if per_key else 0,
+                      stride_dbh=dbias.stride(1) if per_key else 0)
+        static.update(zip(("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn"),
+                          (*_strides3(dk_), *_strides3(dv_))))
+        # Above a head dim of 256 each gradient is computed one head-dim piece per launch
+        # (the scores again for each): the accumulators and operand tiles of both pieces do
+        # not fit in registers at once; dK/dV also one gradient per launch. The bias
+        # gradient comes with the first dK launch.
+        pieces = (0, 1) if split else (-1,)
+        self.dkdv = []
+        for piece, which in [(p, g) for p in pieces for g in (("dk", "dv") if p >= 0 else ("dkdv",))]:
+            grad = per_key and piece <= 0 and which != "dv"
+            kernel = "dkdv_dbias" if grad else "dkdv"
+            fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
+            self.dkdv.append(_Launch(kernel, KERNELS[kernel], fn, tile,
+                                     dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=which), N, "BLOCK_N",
+                                     B, H))
+        # dQ streams the K and V that dK/dV held: through descriptors of the same layout.
+        tma = _use_tma(arch, q.dtype, (k, v), dq_kernels, D, variant, causal)
+        self.dq_streams = _Streams(DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1)
+        static = dict(common)
+        static.update(zip(("stride_dqb", "stride_dqh", "stride_dqm"), _strides3(dq_)))
+        static.update(zip(("stride_dbb", "stride_dbh", "stride_dbm"), _strides3(dbias) if per_query else (0, 0, 0)))
+        self.dq = []
+        for piece in pieces:
+            grad = per_query and piece <= 0
+            kernel = "dq_dbias" if grad else "dq"
+            fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
+            self.dq.append(_Launch(kernel, KERNELS[kernel], fn, tile, dict(static, BIAS_GRAD=grad, TMA=tma,
+                                                                          PIECE=piece), M, "BLOCK_M", B, H))
+
+    def __call__(self, do, q, k, v, attn_bias, out, lse, shift, dlse, out_lo):
+        dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
+        bias_grad = self.bias_grad
+        if bias_grad:
+            dbias_t = _new(self.dbias_shape, q.device)
+            if self.zero_dbias:
+                dbias_t.zero_()
+        if self.empty:
+            for t in (dq, dk, dv) + ((dbias_t,) if bias_grad else ()):
+                t.zero_()
+            return dq, dk, dv, _reduce_bias_grad(dbias_t, attn_bias) if bias_grad else None
+        if self.negate:
+            q = -q
+        cq, ck, cv, co, cdo = self.copies
+        if cq:
+            q = q.contiguous()
+        if ck:
+            k = k.contiguous()
+        if cv:
+            v = v.contiguous()
+        if co:
+            out = out.contiguous()
+        if cdo:
+            do = do.contiguous()
+        if self.lo_copy:
+            out, out_lo = out.contiguous(), out_lo.contiguous()
+        in_q, in_k, in_v = self.grads_in_place
+        dq_ = dq if in_q else _new_like(dq, memory_format=torch.contiguous_format)
+        dk_ = dk if in_k else _new_like(dk, memory_format=torch.contiguous_format)
+        dv_ = dv if in_v else _new_like(dv, memory_format=torch.contiguous_format)
+        if self.cast_do:
+            do = do.to(q.dtype)
+        delta = _new(lse.shape, q.device)
+        _run(self.delta, dict(Out=out, OutLo=out if out_lo is None else out_lo, DO=do, Delta=delta))
+        if dlse is not None:
+            delta -= dlse.to(torch.float32) * LOG2E
+        tq, tk, tv, tdo = self.tma_copies
+        if tq:
+            q = _tma_copy(q)
+        if tk:
+            k = _tma_copy(k)
+        if tv:
+            v = _tma_copy(v)
+        if tdo:
+            do = _tma_copy(do)
+        if attn_bias is None:
+            bias, lens, plain = q, q, q
+        else:
+            bias = attn_bias.contiguous() if self.bias_compact else attn_bias
+            lens, plain = _key_lengths(attn_bias, self.n) if self.keypad else (q, q)
+        # A kernel that does not write the bias gradient gets a placeholder pointer, and so
+        # does a kernel without a bias shift.
+        db = dbias_t if bias_grad else lse
+        common = dict(Q=q, K=k, V=v, Bias=bias, Lens=lens, Plain=plain, DO=do, Lse=lse,
+                      LseShift=shift if shift.numel() else lse, Delta=delta, DBias=db)
+        qdo, kv = self.dkdv_streams
+        for launch in self.dkdv:
+            tensors = dict(common, DK=dk_, DV=dv_)
+            qdo.add(tensors, launch, q, do)
+            kv.add(tensors, launch, k, v)
+            _run(launch, tensors)
+        for launch in self.dq:
+            tensors = dict(common, DQ=dq_)
+            self.dq_streams.add(tensors, launch, k, v)
+            _run(launch, tensors)
+        for final, tmp in ((dq, dq_), (dk, dk_), (dv, dv_)):
+            if final is not tmp:
+                final.copy_(tmp)
+        if self.negate:
+            dq.neg_()
         return dq, dk, dv, _reduce_bias_grad(dbias_t, attn_bias) if bias_grad else None
-    negate = scale < 0
-    if negate:
-        q, scale = -q, -scale  # as in _forward_impl; dQ changes sign back below
-    q, k, v, out, do = (_kernel_layout(t) for t in (q, k, v, out, do))
-    if out_lo is not None and out_lo.stride() != out.stride():
-        out, out_lo = out.contiguous(), out_lo.contiguous()
-    dq_, dk_, dv_ = (t if _addressable(t) else _new_like(t, memory_format=torch.contiguous_format)
-                     for t in (dq, dk, dv))
-    if do.dtype != q.dtype:
-        do = do.to(q.dtype)
-
-    delta = _new((B, H, M), q.device)
-    block_d = max(16, _next_pow2(D))
-    block = 16 if INTERPRET else 64
-    _attn_bwd_delta[(triton.cdiv(M, block), H, B)](
-        out, out if out_lo is None else out_lo, do, delta,
-        out.stride(0), out.stride(1), out.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
-        H, M, HEAD_DIM=D, BLOCK_M=block, BLOCK_D=block_d,
-        ALIGN=_align(*out.stride()[:3], *do.stride()[:3]), HAS_LO=out_lo is not None)
-    if dlse is not None:
-        delta -= dlse.to(torch.float32) * LOG2E
-
-    bias, sb, lens, plain, sl, bias_constexprs, variant = _bias_args(attn_bias, q, (B, H, M, N))
-    arch = arch_of(q.device)
-    # The kernels this call launches (above head dim 256 the pieces after the first, and
-    # the dV launches, run without the bias gradient).
-    split = D > limits.MAX_PIECE
-    dkdv_kernels = (("dkdv_dbias",) + (("dkdv",) if split else ())) if per_key else ("dkdv",)
-    dq_kernels = (("dq_dbias",) + (("dq",) if split else ())) if per_query else ("dq",)
-    q, k, v, do = _ready_for_tma(arch, q.dtype, (q, k, v, do), dkdv_kernels + dq_kernels, D, variant, causal)
-    d0, d1 = _pieces(D)
-    m_key, n_key = _lengths_key(M, N)
-    align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in _strides3(t)))
-    constexprs = dict(HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,
-                      PRECISION=_precision(q.dtype, allow_tf32), EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
-    # A kernel that does not write the bias gradient gets a placeholder pointer, and so
-    # does a kernel without a bias shift.
-    db = dbias_t if bias_grad else lse
-    common = dict(Q=q, K=k, V=v, Bias=bias, Lens=lens, Plain=plain, DO=do, Lse=lse, LseShift=shift if shift.numel() else lse,
-                  Delta=delta, H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale),
-                  M_KEY=m_key, N_KEY=n_key)
-    names = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
-             "stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
-             "stride_lb", "stride_lh", "stride_dob", "stride_doh", "stride_dom")
-    common.update(zip(names, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(do))))
-
-    tma = _use_tma(arch, q.dtype, (q, do, k, v), dkdv_kernels, D, variant, causal)
-    kv = _stream_args(DESCRIPTORS["dkdv"][1][0], (k, v), tma, d0, d1)
-    args = dict(common, **_stream_args(DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1), **kv, DK=dk_, DV=dv_,
-                DBias=db, stride_dbb=db.stride(0) if per_key else 0, stride_dbh=db.stride(1) if per_key else 0)
-    args.update(zip(("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn"),
-                    (*_strides3(dk_), *_strides3(dv_))))
-    # Above a head dim of 256 each gradient is computed one head-dim piece per launch
-    # (the scores again for each): the accumulators and operand tiles of both pieces do
-    # not fit in registers at once; dK/dV also one gradient per launch. The bias
-    # gradient comes with the first dK launch.
-    pieces = (0, 1) if D > limits.MAX_PIECE else (-1,)
-    splits = [(p, g) for p in pieces for g in (("dk", "dv") if p >= 0 else ("dkdv",))]
-    for piece, grads in splits:
-        grad = per_key and piece <= 0 and grads != "dv"
-        _launch("dkdv_dbias" if grad else "dkdv", D, q.dtype, N, "BLOCK_N", B, H, args,
-                dict(constexprs, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=grads), variant)
-
-    # dQ streams the K and V that dK/dV held, through descriptors of the same names: the
-    # same objects serve both when both use TMA (a launch encodes its tensor map from the
-    # descriptor's base, shape and strides and the compiled kernel's box; the pre-launch
-    # hook sets the box rows of the tile about to run, see _set_boxes).
-    dkdv_tma, tma = tma, _use_tma(arch, q.dtype, (k, v), dq_kernels, D, variant, causal)
-    if tma != dkdv_tma:
-        kv = _stream_args(DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1)
-    args = dict(common, **kv, DQ=dq_, DBias=db)
-    args.update(zip(("stride_dqb", "stride_dqh", "stride_dqm"), _strides3(dq_)))
-    args.update(zip(("stride_dbb", "stride_dbh", "stride_dbm"), _strides3(db) if per_query else (0, 0, 0)))
-    for piece in pieces:
-        grad = per_query and piece <= 0
-        _launch("dq_dbias" if grad else "dq", D, q.dtype, M, "BLOCK_M", B, H, args,
-                dict(constexprs, BIAS_GRAD=grad, TMA=tma, PIECE=piece), variant)
-    for final, tmp in ((dq, dq_), (dk, dk_), (dv, dv_)):
-        if final is not tmp:
-            final.copy_(tmp)
-    if negate:
-        dq.neg_()
-    return dq, dk, dv, _reduce_bias_grad(dbias_t, attn_bias) if bias_grad else None
 
 
 def _reduce_bias_grad(ds: torch.Tensor, attn_bias: torch.Tensor) -> torch.Tensor:

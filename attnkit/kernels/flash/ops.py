@@ -160,9 +160,48 @@ def _eager_flash() -> type:
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+# Input signatures (shapes, dtypes, devices, the bias's kind) that passed _check_inputs:
+# their checks do not run again. Bounded like the launch plans.
+_CHECKED: set = set()
+
+
 def _prepare(q, k, v, attn_bias, scale):
-    """Check the inputs (ValueError naming the limit and the value) and normalise
-    attn_bias (bool -> additive float, converted once here) and scale."""
+    """Check the inputs (ValueError naming the limit and the value; once per input
+    signature) and normalise attn_bias (bool -> additive float, converted once here)
+    and scale."""
+    if torch.compiler.is_compiling():
+        sig = None  # traced once per graph; symbolic shapes do not hash
+    else:
+        try:
+            sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, type(q),
+                   type(k), type(v), launch.INTERPRET,
+                   None if attn_bias is None else (attn_bias.shape, attn_bias.dtype, attn_bias.device,
+                                                   type(attn_bias)))
+        except AttributeError:
+            sig = None  # not tensors: the checks say so
+    if sig is None or sig not in _CHECKED:
+        _check_inputs(q, k, v, attn_bias)
+        if sig is not None:
+            if len(_CHECKED) >= launch._PLAN_LIMIT:
+                _CHECKED.clear()
+            _CHECKED.add(sig)
+    if scale is None:
+        scale = q.shape[3] ** -0.5  # symbolic under torch.compile(dynamic=True); finite anyway
+    else:
+        scale = float(scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"scale={scale} must be finite")
+    if attn_bias is not None and attn_bias.dtype != torch.float32:
+        # The kernels read the bias in float32, the one bias type the static report
+        # compiles and the shipped tiles are chosen for: a 16-bit bias pointer changes
+        # the compiled code (on sm_90 the key-padding tile at head dim 128 then needs
+        # 296,000 bytes of shared memory, above the GPU's 232,448).
+        attn_bias = _float32_bias(attn_bias)
+    return attn_bias, scale
+
+
+def _check_inputs(q, k, v, attn_bias) -> None:
+    """ValueError, naming the limit and the value, for inputs the kernels cannot take."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -190,13 +229,6 @@ def _prepare(q, k, v, attn_bias, scale):
             f"device={q.device.type}: the triton flash attention runs on CUDA; on the CPU it runs "
             f"only under TRITON_INTERPRET=1 (set before attnkit.kernels is imported), for debugging")
 
-    if scale is None:
-        scale = D ** -0.5  # symbolic under torch.compile(dynamic=True); finite anyway
-    else:
-        scale = float(scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"scale={scale} must be finite")
-
     if attn_bias is not None:
         if not isinstance(attn_bias, torch.Tensor):
             raise ValueError(f"attn_bias must be a torch.Tensor or None, got {type(attn_bias).__name__}")
@@ -214,13 +246,6 @@ def _prepare(q, k, v, attn_bias, scale):
                              f"(B, H, M, N) = {(B, H, M, N)}")
         if not (attn_bias.dtype == torch.bool or attn_bias.is_floating_point()):
             raise ValueError(f"attn_bias.dtype={attn_bias.dtype}: expected an additive float bias or a bool mask")
-        if attn_bias.dtype != torch.float32:
-            # The kernels read the bias in float32, the one bias type the static report
-            # compiles and the shipped tiles are chosen for: a 16-bit bias pointer changes
-            # the compiled code (on sm_90 the key-padding tile at head dim 128 then needs
-            # 296,000 bytes of shared memory, above the GPU's 232,448).
-            attn_bias = _float32_bias(attn_bias)
-    return attn_bias, scale
 
 
 def _float32_bias(bias: torch.Tensor) -> torch.Tensor:
@@ -256,10 +281,22 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     cannot launch (devices.NEEDS)."""
     if q.device.type != "cuda":
         return
+    key = (q.device, q.dtype, q.shape, None if attn_bias is None else (attn_bias.shape, attn_bias.stride()), causal,
+           grads)
+    if key in _SHARED_MEMORY_OK:
+        return
     problem = devices.shared_memory_problem(torch.cuda.get_device_capability(q.device), q.dtype, q.shape[3],
                                             (_bias_variant(attn_bias, q.shape),), causal, grads)
     if problem:
         raise ValueError(problem)
+    if len(_SHARED_MEMORY_OK) >= launch._PLAN_LIMIT:
+        _SHARED_MEMORY_OK.clear()
+    _SHARED_MEMORY_OK.add(key)
+
+
+# The calls _check_shared_memory passed (device, dtype, shapes, bias layout, causal,
+# backward): a capability does not change, so neither does the answer.
+_SHARED_MEMORY_OK: set = set()
 
 
 def _bias_variant(attn_bias: Optional[torch.Tensor], q_shape) -> str:
