@@ -56,7 +56,7 @@ def to_additive_bias(
         while mask.dim() < len(full):
             mask = mask.unsqueeze(0)
     if mask.dtype == torch.bool:
-        return hidden_to_bias(~mask, dtype)
+        return keep_to_bias(mask, dtype)
     if not mask.is_floating_point():
         raise ValueError(_say(dtype_error, given, full, who))
     return mask
@@ -66,6 +66,27 @@ def hidden_to_bias(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean mask of what is hidden (True = ignore, as a causal mask says it) as an
     additive bias in ``dtype`` on its device: 0 where seen, -inf where hidden."""
     return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(hidden, float("-inf"))
+
+
+def keep_to_bias(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask of what is attended (True = attend, torch SDPA's convention) as an
+    additive bias in ``dtype`` on its device: 0 where kept, -inf elsewhere. One
+    ``torch.where`` between two cached scalars, where :func:`hidden_to_bias` takes three
+    operations (a key-padding mask is converted on every attention call of a model)."""
+    if torch.compiler.is_compiling():  # no module-level tensors inside a graph
+        return hidden_to_bias(~keep, dtype)
+    key = (dtype, keep.device)
+    ends = _ENDS.get(key)
+    if ends is None:
+        with torch.inference_mode(False):  # usable outside inference mode too
+            ends = (torch.zeros((), dtype=dtype, device=keep.device),
+                    torch.full((), float("-inf"), dtype=dtype, device=keep.device))
+        _ENDS[key] = ends
+    return torch.where(keep, *ends)
+
+
+# (dtype, device) -> (0, -inf) as 0-dim tensors, for keep_to_bias
+_ENDS: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _say(template: str, mask: torch.Tensor, full, who) -> str:
@@ -87,4 +108,4 @@ def expand_kv_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gq
     return k.repeat_interleave(h // hk, dim=1), v.repeat_interleave(h // hk, dim=1)
 
 
-__all__ = ["DTYPE_ERROR", "SHAPE_ERROR", "expand_kv_heads", "hidden_to_bias", "to_additive_bias"]
+__all__ = ["DTYPE_ERROR", "SHAPE_ERROR", "expand_kv_heads", "hidden_to_bias", "keep_to_bias", "to_additive_bias"]

@@ -1,6 +1,6 @@
 """What attnkit's processor layer costs, against diffusers' own AttnProcessor2_0.
 
-    python bench/overhead.py                  # (a), (b) and (c) on the CPU
+    python bench/overhead.py                  # every part, on the CPU
     python bench/overhead.py --parts a --rounds-a 30
     python bench/overhead.py --device cuda
 
@@ -15,6 +15,11 @@
     the Wan-like CPU presets (attnkit bench --preset flux / wan) with
     set_attention_backend("attnkit") against set_attention_backend("native").
     Target: ratio <= 1.02 each.
+(e) the dispatch route per call: one tiny attention call (q/k/v (2, 77, 8, 40), fp32, as a
+    transformer's processor makes it) through diffusers' dispatch_attention_fn with
+    backend="attnkit" against backend="native", without a mask and with a (B, S) boolean
+    key-padding mask (one mask tensor for every call, as a transformer passes the same mask
+    to each of its layers). Target: ratio <= 1.10 each.
 
 Both processors run in one process, interleaved (the order alternates every round), after
 a warm-up; each ratio is the median over rounds of (attnkit time / diffusers time) in
@@ -33,7 +38,7 @@ import time
 
 import torch
 
-TARGETS = {"a": 1.02, "b": 1.01, "d": 1.02}
+TARGETS = {"a": 1.02, "b": 1.01, "d": 1.02, "e": 1.10}
 
 
 def _sync(device: torch.device) -> None:
@@ -181,6 +186,40 @@ def part_d(device: torch.device, rounds: int) -> dict:
     return out
 
 
+def part_e(device: torch.device, dtype: torch.dtype, rounds: int, calls: int) -> dict:
+    """attnkit's diffusers backend against diffusers' native one on one tiny
+    dispatch_attention_fn call, with and without a key-padding mask, interleaved."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
+
+    import attnkit  # noqa: F401  (registers the "attnkit" backend)
+    from attnkit.diffusers.backend import prepare
+
+    prepare("attnkit")  # as set_attention_backend("attnkit") does
+    ours, theirs = AttentionBackendName("attnkit"), AttentionBackendName("native")
+    g = torch.Generator().manual_seed(0)
+    b, s, h, d = 2, 77, 8, 40
+    q, k, v = (torch.randn(b, s, h, d, generator=g).to(device, dtype) for _ in range(3))
+    lengths = torch.tensor([s, s // 2 + 1], device=device)
+    keep = torch.arange(s, device=device)[None, :] < lengths[:, None]  # (B, S), True = attend
+    out = {}
+    for name, mask in (("no mask", None), ("key-padding mask", keep)):
+        def run(backend, mask=mask):
+            def fn():
+                with torch.inference_mode():
+                    dispatch_attention_fn(q, k, v, attn_mask=mask, backend=backend)
+            return fn
+
+        with torch.inference_mode():
+            torch.testing.assert_close(dispatch_attention_fn(q, k, v, attn_mask=mask, backend=ours),
+                                       dispatch_attention_fn(q, k, v, attn_mask=mask, backend=theirs),
+                                       rtol=1e-4, atol=1e-5)
+        times = interleaved({"attnkit": run(ours), "native": run(theirs)}, rounds, calls, device)
+        out[name] = summary(times, "attnkit", "native")
+        out[name]["setting"] = (f"dispatch_attention_fn q/k/v ({b}, {s}, {h}, {d}) {dtype}, "
+                                + ("no mask" if mask is None else "attn_mask (B, S) bool key padding"))
+    return out
+
+
 def part_c(device: torch.device, dtype: torch.dtype, rounds: int) -> dict:
     import attnkit
 
@@ -238,7 +277,7 @@ def _against_diffusers(part: str, what: str, r: dict, unit: float, time_fmt: str
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="abcd", help="which parts to run: any of a, b, c, d (default abcd)")
+    ap.add_argument("--parts", default="abcde", help="which parts to run: any of a, b, c, d, e (default abcde)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--rounds-a", type=int, default=21, help="rounds of part (a)")
@@ -246,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds-b", type=int, default=5, help="rounds of part (b)")
     ap.add_argument("--rounds-c", type=int, default=3, help="rounds of part (c)")
     ap.add_argument("--rounds-d", type=int, default=9, help="rounds of part (d)")
+    ap.add_argument("--rounds-e", type=int, default=21, help="rounds of part (e)")
+    ap.add_argument("--calls-e", type=int, default=200, help="calls per round in part (e)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
@@ -284,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in results["d"].items():
             print(_against_diffusers("d", f"{name}, per forward:", r, 1.0, "3f", " s", "3f",
                                      ours="attnkit", theirs="native"))
+    if "e" in args.parts:
+        results["e"] = part_e(device, dtype, args.rounds_e, args.calls_e)
+        for name, r in results["e"].items():
+            print(_against_diffusers("e", f"dispatch_attention_fn, tiny call, {name}, per call:", r, 1e6, "1f", " us",
+                                     "3f", ours="attnkit", theirs="native"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

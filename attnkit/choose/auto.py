@@ -166,6 +166,13 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         except Exception as exc:
             return self._fall_back(sig, exc, who, args)
 
+    def resolved(self, sig: Signature) -> Backend | None:
+        """The backend decided for ``sig`` (None before the first call of it, or with
+        ATTNKIT_CHECK_FINITE's checks on). After a fall-back it is the new one."""
+        if self.check_finite:
+            return None
+        return self._decisions.get(sig)
+
     # -- deciding -------------------------------------------------------------------
     def backend(self, label: str) -> Backend | Exception:
         """The instance auto() uses for ``label`` (made on first use)."""

@@ -101,6 +101,13 @@ class ChooserBase(CompileOwner):
                    return_lse=False):
         raise NotImplementedError
 
+    def resolved(self, sig: Signature) -> Backend | None:
+        """The backend that calls of ``sig`` run once decided, when nothing else is done
+        per call (a caller may then keep it per call signature and call its ``forward``
+        itself, retrying through :meth:`attention` if it raises); None otherwise (not
+        decided yet, refused, or ATTNKIT_CHECK_FINITE's checks on)."""
+        return None
+
 
 class FixedChooser(ChooserBase):
     """One named backend. A call it cannot serve raises :class:`BackendUnavailable` with
@@ -128,6 +135,11 @@ class FixedChooser(ChooserBase):
             if reasons:
                 raise BackendUnavailable(self.refusal(who, reasons), reasons={self.backend.name: reasons})
         return run_backend(self.backend, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
+
+    def resolved(self, sig: Signature) -> Backend | None:
+        if self.check_finite or self._reasons.get(sig) != []:
+            return None
+        return self.backend
 
     def refusal(self, who: nn.Module | None, reasons: list[str]) -> str:
         what = describe_module(who) if who is not None else "this call"

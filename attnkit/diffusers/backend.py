@@ -47,7 +47,8 @@ from ..choose.auto import AutoChooser
 from ..choose.fixed import FixedChooser
 from ..choose.policy import CANDIDATES, default_backend
 from ..errors import DiffusersBackendUnavailable, UnsupportedModule
-from ..masks import expand_kv_heads, to_additive_bias
+from ..backends import signature
+from ..masks import expand_kv_heads, keep_to_bias, to_additive_bias
 from .context_parallel import context_parallel
 
 logger = logging.getLogger("attnkit")
@@ -180,10 +181,11 @@ class _ChooserHolder:
     traces the lock or the chooser's constructor, and the graph reads the built chooser
     (one guard on it, as after an eager call)."""
 
-    __slots__ = ("name", "factory", "chooser")
+    __slots__ = ("name", "factory", "chooser", "plans")
 
     def __init__(self, name: str, factory: Callable[[], Any] | None, chooser: Any = None) -> None:
         self.name, self.factory, self.chooser = name, factory, chooser
+        self.plans: dict[tuple, _Plan] = {}  # the plain call's plans, per call signature (see attention)
 
     def get(self):
         chooser = self.chooser
@@ -280,10 +282,71 @@ def attention(
             "implement; set another attention backend on this model (set_attention_backend) or "
             "leave it to its own processor (attnkit.apply keeps processors it cannot serve)"
         )
-    chooser = _holder.traced() if is_compiling() else _holder.get()
-    if _parallel_config is not None:
+    if is_compiling():
+        return _attend(_holder.traced(), query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                       return_lse, _parallel_config)
+    chooser = _holder.chooser or _holder.get()
+    if _parallel_config is not None or return_lse or is_causal or dropout_p != 0.0:
+        return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                       _parallel_config)
+    # The plain call (no causal mask, dropout, LSE or context parallelism): once a call
+    # signature has been served, its backend is kept per signature and called directly
+    # (see _Plan); the first call of each signature goes the whole way, checks and all.
+    mask_key = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False,
+                           None)
+        mask_key = (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.requires_grad)
+    plan_key = (query.shape, key.shape, value.shape, query.dtype, query.device, mask_key, enable_gqa,
+                torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
+                torch.are_deterministic_algorithms_enabled())
+    plans = _holder.plans
+    plan = plans.get(plan_key)
+    if plan is not None:
+        q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        bias = None
+        if attn_mask is not None:
+            bias = attn_mask if plan.mask_shape is None else attn_mask.view(plan.mask_shape)
+            if plan.keep_mask:
+                bias = keep_to_bias(bias, q.dtype)
+        try:
+            return plan.backend.forward(q, k, v, bias, scale, False).transpose(1, 2)
+        except Exception:  # noqa: BLE001  (the whole way now: auto()'s fall-back, or the error as it is)
+            plans.pop(plan_key, None)
+            return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False,
+                           None)
+    out = _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None,
+                  record=(plans, plan_key))
+    return out
+
+
+class _Plan:
+    """What a served call signature of the plain call runs: the backend its chooser
+    decided, and how its mask becomes the bias that backend takes (the view the checks
+    made of it, and whether it is a boolean mask to turn into 0 / -inf). The checks of
+    the first call (shapes, mask shape and dtype, the chooser's decision) hold for every
+    call with the same key: the shapes, dtypes and devices of q, k, v and the mask,
+    enable_gqa, whether a gradient is needed and torch's deterministic mode."""
+
+    __slots__ = ("backend", "mask_shape", "keep_mask")
+
+    def __init__(self, backend, mask_shape, keep_mask: bool) -> None:
+        self.backend, self.mask_shape, self.keep_mask = backend, mask_shape, keep_mask
+
+
+PLANS_MAX = 1024  # call signatures kept per backend name; more (shapes that never repeat) start again
+
+
+def _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+            parallel_config, record=None):
+    """The whole way: every check, the mask conversion, the chooser. With ``record``
+    ((plans, key)), a plain call's plan is kept there once it has been served."""
+    if parallel_config is not None:
         return context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                enable_gqa, return_lse, _parallel_config)
+                                enable_gqa, return_lse, parallel_config)
+    # a key batch of 1 broadcast over the queries', or key heads repeated (GQA): never planned
+    expanded = key.shape[:1] != query.shape[:1] or key.shape[2:3] != query.shape[2:3]
     key, value = check_qkv(query, key, value)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     k, v = expand_kv_heads(q, k, v, enable_gqa)
@@ -295,6 +358,14 @@ def attention(
     if return_lse:
         out, lse = out
         return out.transpose(1, 2), lse.transpose(1, 2)
+    if record is not None and not expanded:
+        backend = chooser.resolved(signature(q, k, v, bias))
+        if backend is not None:
+            plans, plan_key = record
+            if len(plans) >= PLANS_MAX:
+                plans.clear()
+            mask_shape = None if attn_mask is None or bias.shape == attn_mask.shape else tuple(bias.shape)
+            plans[plan_key] = _Plan(backend, mask_shape, attn_mask is not None and attn_mask.dtype == torch.bool)
     return out.transpose(1, 2)
 
 

@@ -93,6 +93,83 @@ def test_backend_matches_native_and_float64(seed, mask_kind):
     assert rel_error(out, ref) <= 2 * rel_error(native(q, k, v, attn_mask=mask).nan_to_num(0.0), ref) + 1e-6
     if mask_kind == "fully-padded":
         assert torch.equal(out[1], torch.zeros_like(out[1]))  # zeros, not NaN
+    # the second call of the signature runs its plan (no checks, no chooser): the same bits
+    assert _plan_of("attnkit", q, k, v, mask) is not None
+    assert torch.equal(ours(q, k, v, attn_mask=mask), out)
+
+
+def _plan_of(name, q, k, v, mask=None):
+    """The plan a plain call of these tensors runs, or None."""
+    mask_key = None if mask is None else (mask.shape, mask.dtype, mask.device, mask.requires_grad)
+    key = (q.shape, k.shape, v.shape, q.dtype, q.device, mask_key, False,
+           torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+           torch.are_deterministic_algorithms_enabled())
+    return _holder(name).plans.get(key)
+
+
+def test_a_planned_signature_keeps_every_check(seed):
+    """After a signature has its plan, a call that differs in anything the checks read
+    (a mask's shape or dtype, a head dim, a key batch) has another key: it is checked."""
+    b, m, n, h, d = 2, 5, 7, 2, 16
+    q, k, v = bsd(b, m, h, d), bsd(b, n, h, d), bsd(b, n, h, d)
+    keep = torch.rand(b, n) > 0.3
+    keep[:, 0] = True
+    ours(q, k, v, attn_mask=keep)
+    assert _plan_of("attnkit", q, k, v, keep) is not None
+    with pytest.raises(ValueError, match="does not broadcast"):
+        ours(q, k, v, attn_mask=torch.ones(b, n + 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match="dtype torch.int64"):
+        ours(q, k, v, attn_mask=keep.long())
+    with pytest.raises(ValueError, match="same head_dim"):
+        ours(q, bsd(b, n, h, d + 1), bsd(b, n, h, d + 1), attn_mask=keep)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        ours(q, bsd(b, n, 1, d), bsd(b, n, 1, d))
+    # a key batch of 1 broadcasts (as torch's SDPA): served the whole way, never planned
+    k1, v1 = k[:1], v[:1]
+    out = ours(q, k1, v1)
+    assert _plan_of("attnkit", q, k1, v1) is None
+    torch.testing.assert_close(out, native(q, k1.expand_as(k), v1.expand_as(v)))
+    # a float mask is added as it is: no conversion planned
+    bias = torch.randn(b, 1, m, n)
+    ours(q, k, v, attn_mask=bias)
+    assert not _plan_of("attnkit", q, k, v, bias).keep_mask
+    torch.testing.assert_close(ours(q, k, v, attn_mask=bias), native(q, k, v, attn_mask=bias))
+
+
+def test_a_planned_backend_that_fails_falls_back(seed, monkeypatch, caplog):
+    """A planned backend that raises (out of memory, say) hands the call to auto()'s
+    fall-back: the answer is still right, and the next plan is the new backend's."""
+    from attnkit.backends.sdpa import SDPABackend
+
+    sdpa = SDPABackend()
+    name = diffusers_backend.member_for(attnkit.auto(backends={"sdpa": sdpa})).value
+    q, k, v = bsd(1, 6, 2, 16), bsd(1, 9, 2, 16), bsd(1, 9, 2, 16)
+    ours(q, k, v, name=name)
+    assert _plan_of(name, q, k, v).backend is sdpa
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(sdpa, "forward", out_of_memory)
+    out = ours(q, k, v, name=name)
+    assert_close_to_reference(out.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    assert "falling back to sliced" in caplog.text
+    assert _plan_of(name, q, k, v) is None
+    ours(q, k, v, name=name)
+    assert _plan_of(name, q, k, v).backend.name == "sliced"
+
+
+def test_check_finite_checks_every_call(seed, monkeypatch):
+    """With ATTNKIT_CHECK_FINITE=1 nothing is planned: every call is checked."""
+    monkeypatch.setenv("ATTNKIT_CHECK_FINITE", "1")
+    name = diffusers_backend.member_for(attnkit.auto()).value
+    q, k, v = bsd(1, 6, 2, 16), bsd(1, 6, 2, 16), bsd(1, 6, 2, 16)
+    ours(q, k, v, name=name)
+    ours(q, k, v, name=name)
+    assert _plan_of(name, q, k, v) is None
+    k[0, 1, 0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="ATTNKIT_CHECK_FINITE"):
+        ours(q, k, v, name=name)
 
 
 def test_scale_causal_and_gqa(seed):
@@ -146,8 +223,9 @@ def test_a_block_mask_is_refused(seed):
 
 def test_a_named_backend_refuses_what_it_cannot_serve(seed):
     q = bsd(1, 4, 2, 16)
-    with pytest.raises(attnkit.BackendUnavailable, match="device=cpu"):
-        ours(q, q, q, name="attnkit_xformers")
+    for _ in range(2):  # and again: a refusal is never planned
+        with pytest.raises(attnkit.BackendUnavailable, match="device=cpu"):
+            ours(q, q, q, name="attnkit_xformers")
 
 
 def test_attention_backend_context_manager(seed, restore_active_backend):
