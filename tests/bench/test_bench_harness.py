@@ -321,6 +321,8 @@ def test_ladder_compiled_rows_time_apart_profile_attention_and_match_eager(tiny)
     md = markdown.render_table2(t, {})
     assert "| first call s | attention: processor calls | attention kernels | compiled vs eager |" in md
     assert "(fullgraph)" in md and "matches (max rel. diff" in md
+    fastest = next(line for line in md.splitlines() if line.startswith("Fastest row of each processor"))
+    assert "sdpa " in fastest and "auto " in fastest
 
 
 def _fake_compile(fail_fullgraph: bool, fail_always: bool = False, offset: float = 0.0):
