@@ -305,6 +305,10 @@ def probe_cells(configs: Iterable[Config], cells: Mapping[str, Cell], deadline: 
             cell.extra.update(probe(profile))
         except Exception as exc:  # noqa: BLE001 - a probe's failure is reported, never fatal
             cell.extra["attention"] = {"error": describe(exc, 160)}
+        except KeyboardInterrupt:  # a time limit's SIGINT: the measured table is kept, unprofiled
+            if isinstance(cells, Cells):
+                cells.interrupted = True
+            cell.extra["attention"] = {"skipped": "interrupted (the run's time limit)"}
 
 
 def measure_interleaved(
