@@ -31,6 +31,12 @@ def _check_finite(who: nn.Module | None, **tensors: torch.Tensor) -> None:
         bad = ~torch.isfinite(t)
         if name == "attn_bias":
             bad = torch.isnan(t)  # -inf is how a mask says "ignore"
+        if is_compiling():
+            # Inside a graph: no host sync (CUDA graphs stay capturable), an assert the
+            # device raises instead; the module is named by eager calls only.
+            torch._assert_async(~bad.any(), f"{CHECK_FINITE_VAR}: {name} of a compiled attention call holds a "
+                                f"non-finite value ({t.dtype}); run the model eagerly to have the module named")
+            continue
         count = int(bad.sum())
         if count:
             raise FloatingPointError(

@@ -196,6 +196,22 @@ def test_no_graph_break_from_a_cold_model(seed, name, route, monkeypatch):
         assert torch.isfinite(a).all() and torch.equal(a, b)
 
 
+def test_check_finite_compiles_without_a_host_sync(seed, monkeypatch):
+    """ATTNKIT_CHECK_FINITE=1 inside a full graph: a device-side assert instead of the
+    eager check's count (a host sync, which fullgraph refuses as data-dependent)."""
+    monkeypatch.setenv("ATTNKIT_CHECK_FINITE", "1")
+    spec = MODELS["flux"]
+    model, inputs = spec.build(seed)
+    attnkit.apply(model, attnkit.auto())
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        out = spec.run(compiled, inputs)
+        assert rel_error(out[0], spec.run(model, inputs)[0]) <= EPS
+        inputs["hidden_states"][0, 0, 0] = float("nan")
+        with pytest.raises(RuntimeError, match="ATTNKIT_CHECK_FINITE: .* of a compiled attention call"):
+            spec.run(compiled, inputs)
+
+
 # -- CUDA graphs --------------------------------------------------------------------------
 def _offered():
     from attnkit.choose.policy import CANDIDATES
