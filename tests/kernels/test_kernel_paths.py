@@ -179,7 +179,7 @@ def test_an_offset_that_hides_nothing_is_no_mask(monkeypatch, seed):
     real = fl._run
 
     def spy(launch, tensors):
-        if launch.kernel != "delta":  # the backward's first pass, which has no tiles
+        if launch.kernel not in ("delta", "lengths"):  # the passes before the attention kernels
             seen.append(launch.arguments(tensors)["CAUSAL"])
         return real(launch, tensors)
 
@@ -271,7 +271,7 @@ def _spy_tma(monkeypatch):
     real = fl._run
 
     def spy(launch, tensors):
-        if launch.kernel == "delta":  # the backward's first pass, which has no tiles
+        if launch.kernel in ("delta", "lengths"):  # the passes before the attention kernels
             return real(launch, tensors)
         kernel, args = launch.kernel, launch.arguments(tensors)
         seen.append((kernel, args["TMA"]))
@@ -706,7 +706,9 @@ def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):
             results.append((out, *grads))
         tma.append([p.streams.tma for p in fl._PLANS.values() if isinstance(p, fl._ForwardPlan)])
         fl.clear_plans()
-    assert sorted(ran) == ["_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_fwd"]  # the second calls
+    # The second calls: the forward, the backward's three passes, and a key-lengths pass for each.
+    assert sorted(ran) == ["_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_fwd", "_key_lengths_kernel",
+                           "_key_lengths_kernel"]
     assert tma == [[True], [True]]
     for later in results[1:]:  # Triton's second call, then the direct path's first and second
         for x, y in zip(results[0], later):

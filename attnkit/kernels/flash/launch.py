@@ -18,6 +18,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import devices, limits
 from ..limits import _next_pow2, padded_head_dim, split_head_dim
 from .kernels import DESCRIPTORS, FULL_BIAS, KERNELS, KEY_BIAS, LOG2E, NO_BIAS, _attn_bwd_delta
+from .lengths import _key_lengths_kernel
 from .tile_config import TileConfig
 from .tiles import CONFIGS
 
@@ -280,7 +281,7 @@ def _run(launch: _Launch, tensors: dict) -> None:
         values = launch.template.copy()
         for pos, name in launch.slots:
             values[pos] = tensors[name]
-        _launch_compiled(launch.compiled, launch.grid, _stream_of(tensors["DO" if "DO" in tensors else "Q"].device),
+        _launch_compiled(launch.compiled, launch.grid, _stream_of(next(iter(tensors.values())).device),
                          values)
         return
     kwargs = {**launch.static, **tensors}
@@ -394,16 +395,28 @@ def _bias_layout(attn_bias: Optional[torch.Tensor], shape4) -> tuple:
     return compact, sb, lens_strides, dict(constexprs, BIAS=KEY_BIAS), "keypad"
 
 
-def _key_lengths(attn_bias: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _lengths_launch(attn_bias: torch.Tensor, n: int) -> _Launch:
+    """The launch that measures a key bias's lengths (lengths.py), for this bias layout:
+    one program per (batch, head) of the bias's own shape."""
+    own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
+    b, h = own.shape[0], own.shape[1]
+    sb, sh, _, sn = own.stride()
+    static = dict(stride_b=sb, stride_h=sh, stride_n=sn, H_OWN=h, N=n,
+                  BLOCK_N=min(_next_pow2(max(n, 16)), 16 if INTERPRET else 1024))
+    return _Launch("lengths", _key_lengths_kernel, _key_lengths_kernel, None, static, 1, "BLOCK_N", b, h,
+                   options={})
+
+
+def _key_lengths(attn_bias: torch.Tensor, n: int, launch: Optional[_Launch] = None) -> tuple:
     """(lengths, plain) of a key bias, int32 (B|1, H|1), contiguous: per (batch, head),
     one past its last key that is not -inf, and 1 where the bias is 0 on every key
-    before that length. Measured on the device, with no synchronisation."""
-    own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))[:, :, 0, :]
-    keys = torch.arange(n, device=own.device, dtype=torch.int32)
-    live = own != float("-inf")  # NaN counts as live: it must reach the output
-    lens = ((keys + 1) * live).amax(-1)
-    plain = ((own == 0) | (keys >= lens.unsqueeze(-1))).all(-1)
-    return tuple(t.to(torch.int32).expand(own.shape[0], own.shape[1]).contiguous() for t in (lens, plain))
+    before that length. Measured on the device in one launch, with no synchronisation."""
+    launch = launch or _lengths_launch(attn_bias, n)
+    shape = (launch.b, launch.h)
+    lens = torch.empty(shape, dtype=torch.int32, device=attn_bias.device)
+    plain = torch.empty(shape, dtype=torch.int32, device=attn_bias.device)
+    _run(launch, dict(Bias=attn_bias, Lens=lens, Plain=plain))
+    return lens, plain
 
 
 def _bias_args(attn_bias: Optional[torch.Tensor], q: torch.Tensor, shape4) -> tuple:
@@ -580,12 +593,12 @@ def _descriptor_layout(t: torch.Tensor) -> tuple[list, list]:
 
 
 def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: bool = False,
-                  causal: bool = False, causal_offset: int = 0):
+                  causal: bool = False, causal_offset: int = 0, placeholders: bool = True):
     """Launch the forward. Returns (out like q, lse, lse_shift, out_lo): lse (B, H, M) is
     the base-2 log of each row's sum relative to lse_shift, (B, H, M) in natural units
-    with a bias and empty without one (see _attn_fwd): the natural LSE is
-    lse_shift + lse * ln(2). out_lo, only if store_lo and the dtype is 16-bit (else
-    None), is what rounding out lost, with out's strides."""
+    with a bias and empty without one (see _attn_fwd; None instead of empty if not
+    placeholders): the natural LSE is lse_shift + lse * ln(2). out_lo, only if store_lo
+    and the dtype is 16-bit (else None), is what rounding out lost, with out's strides."""
     key = ("fwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, q.data_ptr() & 15,
            k.data_ptr() & 15, v.data_ptr() & 15, _bias_key(attn_bias), scale, allow_tf32, store_lo, causal,
            causal_offset, _switches())
@@ -593,7 +606,7 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     if plan is None:
         plan = _plan(key, lambda: _ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
                                                causal_offset))
-    return plan(q, k, v, attn_bias)
+    return plan(q, k, v, attn_bias, placeholders)
 
 
 class _ForwardPlan:
@@ -619,7 +632,8 @@ class _ForwardPlan:
         self.o_in_place = _addressable(out)
         o = out if self.o_in_place else torch.empty(out.shape, device="meta")
         compact, sb, sl, bias_constexprs, variant = _bias_layout(attn_bias, (B, H, M, N))
-        self.bias_compact, self.keypad = compact, variant == "keypad"
+        self.bias_compact = compact
+        self.lengths = _lengths_launch(attn_bias, N) if variant == "keypad" else None
         causal, off = _causal_args(causal, causal_offset, M, N)
         kernel = "fwd_lo" if store_lo else "fwd"
         arch = arch_of(q.device)
@@ -639,11 +653,11 @@ class _ForwardPlan:
         self.launch = _Launch(kernel, KERNELS[kernel], fn, tile, static, M, "BLOCK_M", B, H)
         self.streams = _Streams(DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1)
 
-    def __call__(self, q, k, v, attn_bias):
+    def __call__(self, q, k, v, attn_bias, placeholders=True):
         out = _new_like(q)
         out_lo = _new_like(out) if self.store_lo else None
         lse = _new(self.lse_shape, q.device)
-        shift = _new(self.shift_shape, q.device)
+        shift = _new(self.shift_shape, q.device) if placeholders or attn_bias is not None else None
         if self.empty:
             return out, lse, shift, out_lo
         if self.negate:
@@ -669,7 +683,7 @@ class _ForwardPlan:
             bias, lens, plain, lse_shift = q, q, q, lse
         else:
             bias = attn_bias.contiguous() if self.bias_compact else attn_bias
-            lens, plain = _key_lengths(attn_bias, self.n) if self.keypad else (q, q)
+            lens, plain = (q, q) if self.lengths is None else _key_lengths(attn_bias, self.n, self.lengths)
             lse_shift = shift
         tensors = dict(Q=q, K=k, V=v, Bias=bias, Lens=lens, Plain=plain, Out=o, Lse=lse, LseShift=lse_shift,
                        OutLo=o if lo is None else lo)
@@ -765,7 +779,8 @@ class _BackwardPlan:
                              options={})
 
         compact, sb, sl, bias_constexprs, variant = _bias_layout(attn_bias, (B, H, M, N))
-        self.bias_compact, self.keypad = compact, variant == "keypad"
+        self.bias_compact = compact
+        self.lengths = _lengths_launch(attn_bias, N) if variant == "keypad" else None
         arch = arch_of(q.device)
         # The kernels this call launches (above head dim 256 the pieces after the first, and
         # the dV launches, run without the bias gradient).
@@ -868,7 +883,7 @@ class _BackwardPlan:
             bias, lens, plain = q, q, q
         else:
             bias = attn_bias.contiguous() if self.bias_compact else attn_bias
-            lens, plain = _key_lengths(attn_bias, self.n) if self.keypad else (q, q)
+            lens, plain = (q, q) if self.lengths is None else _key_lengths(attn_bias, self.n, self.lengths)
         # A kernel that does not write the bias gradient gets a placeholder pointer, and so
         # does a kernel without a bias shift.
         db = dbias_t if bias_grad else lse

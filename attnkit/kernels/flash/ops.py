@@ -54,11 +54,15 @@ def _forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_off
     _eager_flash(), the same body and backward in a plain autograd.Function, whose backward
     skips the backward op's dispatch too. A diffusion model's denoising loop is the
     first case, fine-tuning at small shapes the second."""
-    if (not torch.compiler.is_compiling()
-            and all(type(t) is torch.Tensor for t in (q, k, v, attn_bias) if t is not None)
+    if (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and (attn_bias is None or type(attn_bias) is torch.Tensor) and not torch.compiler.is_compiling()
             and _get_current_dispatch_mode() is None and not torch._C._are_functorch_transforms_active()):
         if not store_lo:
-            return _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+            # The body without the op's placeholders (an empty LSE shift without a bias,
+            # an empty residual), which nothing here reads.
+            _check_shared_memory(q, attn_bias, causal, False)
+            return _forward_impl(q, k, v, attn_bias, scale, allow_tf32, False, causal, causal_offset,
+                                 placeholders=False)
         return _eager_flash().apply(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
     return _flash_forward_op(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
 
