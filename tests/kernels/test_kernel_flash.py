@@ -871,3 +871,36 @@ def test_offsets_beyond_2_to_the_31(seed):
     h = H - 1
     ref = torch.softmax((q[:, h:].float() @ k[:, h:].float().transpose(-1, -2)) * D**-0.5, -1) @ v[:, h:].float()
     assert rel_error(out[:, h:], ref) < 1e-2
+
+
+# -- the launch plans on a GPU -------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["none", "keypad", "full"])
+def test_direct_launches_give_the_bits_of_the_first_and_replay_in_a_cuda_graph(kind, seed):
+    """After a signature's first call (through Triton, the autotuner included) every call
+    launches the compiled kernel directly: forward and backward give the same bits as
+    the first call, and a CUDA graph captured after them replays them (nothing on the
+    launch path syncs with the host or benchmarks inside the capture)."""
+    q, k, v, bias = build(("fp16", 64, 150, 140, kind, "fp32", "bhnd"), requires_grad=True)
+    grad = torch.randn_like(q)
+
+    def step():
+        out = flash_attention(q, k, v, bias)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+    first = [t.clone() for t in step()]
+    for _ in range(2):
+        for a, b in zip(first, step()):
+            assert torch.equal(a, b)
+    assert_close_to_reference(first[0].detach(), q.detach(), k.detach(), v.detach(), bias)
+    with torch.no_grad():
+        static_out = flash_attention(q, k, v, bias)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = flash_attention(q, k, v, bias)
+        for _ in range(2):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_out, first[0])
