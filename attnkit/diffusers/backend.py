@@ -358,8 +358,9 @@ def _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, 
     if return_lse:
         out, lse = out
         return out.transpose(1, 2), lse.transpose(1, 2)
-    if record is not None and not expanded:
-        backend = chooser.resolved(signature(q, k, v, bias))
+    resolved = getattr(chooser, "resolved", None)  # a chooser of the protocol alone is never planned
+    if record is not None and not expanded and resolved is not None:
+        backend = resolved(signature(q, k, v, bias))
         if backend is not None:
             plans, plan_key = record
             if len(plans) >= PLANS_MAX:

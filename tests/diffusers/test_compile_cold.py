@@ -229,6 +229,7 @@ def test_reduce_overhead_captures_every_backend(seed, name, label):
     bool(tensor), .tolist()) would leave the graph uncaptured."""
     from attnkit.backends import AttentionCall, DeviceInfo
     from attnkit.choose.policy import default_backend
+    from attnkit.diffusers.processor import AttnkitProcessor
 
     dtype = torch.float16 if label.startswith("flash_attn") else torch.float32
     backend = default_backend(label)
@@ -247,7 +248,7 @@ def test_reduce_overhead_captures_every_backend(seed, name, label):
     if name == "flux":
         model.set_attention_backend(f"attnkit_{label}")
     else:
-        model.set_attn_processor(attnkit.processor(label))
+        model.set_attn_processor(AttnkitProcessor(backend))
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     counters.clear()
     with torch.no_grad():
@@ -255,7 +256,10 @@ def test_reduce_overhead_captures_every_backend(seed, name, label):
         outs = [[t.clone() for t in spec.run(compiled, inputs)] for _ in range(3)]
     torch.cuda.synchronize()
     assert counters["inductor"]["cudagraph_skips"] == 0, "a CUDA graph was not captured"
-    tol = 5e-3 if dtype == torch.float16 else 1e-4
+    # inductor against eager in the same dtype, the whole model reordered: a few units of
+    # float16's rounding (eps 9.8e-4), or 10x INDUCTOR_FLOOR in float32 (GPU reductions
+    # split differently from the CPU's)
+    tol = 5e-3 if dtype == torch.float16 else 10 * INDUCTOR_FLOOR
     for out in outs:
         for a, b in zip(out, eager):
             assert torch.isfinite(a).all()
