@@ -303,7 +303,7 @@ def attention(
                 torch.are_deterministic_algorithms_enabled())
     plans = _holder.plans
     plan = plans.get(plan_key)
-    if plan is not None:
+    if plan is not None and plan.chooser is chooser:  # (a plan of a chooser replaced since is not)
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
         bias = None
         if attn_mask is not None:
@@ -323,16 +323,16 @@ def attention(
 
 class _Plan:
     """What a served call signature of the plain call runs: the backend its chooser
-    decided, and how its mask becomes the bias that backend takes (the view the checks
+    (``chooser``, the holder's when the plan was made) decided, and how its mask becomes the bias that backend takes (the view the checks
     made of it, and whether it is a boolean mask to turn into 0 / -inf). The checks of
     the first call (shapes, mask shape and dtype, the chooser's decision) hold for every
     call with the same key: the shapes, dtypes and devices of q, k, v and the mask,
     enable_gqa, whether a gradient is needed and torch's deterministic mode."""
 
-    __slots__ = ("backend", "mask_shape", "keep_mask")
+    __slots__ = ("chooser", "backend", "mask_shape", "keep_mask")
 
-    def __init__(self, backend, mask_shape, keep_mask: bool) -> None:
-        self.backend, self.mask_shape, self.keep_mask = backend, mask_shape, keep_mask
+    def __init__(self, chooser, backend, mask_shape, keep_mask: bool) -> None:
+        self.chooser, self.backend, self.mask_shape, self.keep_mask = chooser, backend, mask_shape, keep_mask
 
 
 PLANS_MAX = 1024  # call signatures kept per backend name; more (shapes that never repeat) start again
@@ -366,7 +366,7 @@ def _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, 
             if len(plans) >= PLANS_MAX:
                 plans.clear()
             mask_shape = None if attn_mask is None or bias.shape == attn_mask.shape else tuple(bias.shape)
-            plans[plan_key] = _Plan(backend, mask_shape, attn_mask is not None and attn_mask.dtype == torch.bool)
+            plans[plan_key] = _Plan(chooser, backend, mask_shape, attn_mask is not None and attn_mask.dtype == torch.bool)
     return out.transpose(1, 2)
 
 
