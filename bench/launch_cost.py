@@ -103,13 +103,11 @@ def measure(device: str = "cpu", rounds: int = 15, calls: int = 200) -> dict:
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     grad = torch.randn_like(q)
 
-    def forward():
-        with torch.no_grad():
-            flash_attention(q, k, v)
+    def forward():  # q, k, v need no gradient: the inference path
+        flash_attention(q, k, v)
 
     def forward_mask():
-        with torch.no_grad():
-            flash_attention(q, k, v, mask)
+        flash_attention(q, k, v, mask)
 
     def forward_backward():
         out = flash_attention(qg, kg, vg)

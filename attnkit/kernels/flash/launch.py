@@ -395,26 +395,27 @@ def _bias_layout(attn_bias: Optional[torch.Tensor], shape4) -> tuple:
     return compact, sb, lens_strides, dict(constexprs, BIAS=KEY_BIAS), "keypad"
 
 
-def _lengths_launch(attn_bias: torch.Tensor, n: int) -> _Launch:
-    """The launch that measures a key bias's lengths (lengths.py), for this bias layout:
-    one program per (batch, head) of the bias's own shape."""
+def _lengths_launch(attn_bias: torch.Tensor, n: int) -> tuple:
+    """The launch that measures a key bias's lengths (lengths.py), for this bias layout
+    (one program per (batch, head) of the bias's own shape), and the stand-in its
+    outputs are allocated like."""
     own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
     b, h = own.shape[0], own.shape[1]
     sb, sh, _, sn = own.stride()
     static = dict(stride_b=sb, stride_h=sh, stride_n=sn, H_OWN=h, N=n,
                   BLOCK_N=min(_next_pow2(max(n, 16)), 16 if INTERPRET else 1024))
-    return _Launch("lengths", _key_lengths_kernel, _key_lengths_kernel, None, static, 1, "BLOCK_N", b, h,
-                   options={})
+    launch = _Launch("lengths", _key_lengths_kernel, _key_lengths_kernel, None, static, 1, "BLOCK_N", b, h,
+                     options={})
+    return launch, _proto((b, h), attn_bias.device, torch.int32)
 
 
-def _key_lengths(attn_bias: torch.Tensor, n: int, launch: Optional[_Launch] = None) -> tuple:
+def _key_lengths(attn_bias: torch.Tensor, n: int, lengths: Optional[tuple] = None) -> tuple:
     """(lengths, plain) of a key bias, int32 (B|1, H|1), contiguous: per (batch, head),
     one past its last key that is not -inf, and 1 where the bias is 0 on every key
     before that length. Measured on the device in one launch, with no synchronisation."""
-    launch = launch or _lengths_launch(attn_bias, n)
-    shape = (launch.b, launch.h)
-    lens = torch.empty(shape, dtype=torch.int32, device=attn_bias.device)
-    plain = torch.empty(shape, dtype=torch.int32, device=attn_bias.device)
+    launch, proto = lengths or _lengths_launch(attn_bias, n)
+    lens = torch.empty_like(proto, memory_format=torch.contiguous_format)
+    plain = torch.empty_like(proto, memory_format=torch.contiguous_format)
     _run(launch, dict(Bias=attn_bias, Lens=lens, Plain=plain))
     return lens, plain
 
@@ -473,6 +474,17 @@ def _new(shape, device) -> torch.Tensor:
     return out.fill_(float("nan")) if POISON_OUTPUTS else out
 
 
+def _proto(shape, device, dtype=torch.float32) -> torch.Tensor:
+    """A 4-byte stand-in of a contiguous buffer a plan allocates on every call: empty_like
+    of it costs about two thirds of torch.empty with a shape, a dtype and a device."""
+    return torch.empty(1, dtype=dtype, device=device).expand(shape)
+
+
+def _new_from(proto: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(proto, memory_format=torch.contiguous_format)
+    return out.fill_(float("nan")) if POISON_OUTPUTS and out.is_floating_point() else out
+
+
 # Offsets inside a tile (row index times row stride) are 32-bit, everything above them
 # 64-bit. The most rows a tile of any shipped configuration has (the delta pass uses 64):
 _MAX_TILE_ROWS = (max(INTERPRET_CONFIG.block_m, INTERPRET_CONFIG.block_n, 16) if INTERPRET else
@@ -518,10 +530,6 @@ def _plan(key: tuple, build):
             _PLANS.clear()
         plan = _PLANS[key] = build()
     return plan
-
-
-def _switches() -> tuple:
-    return INTERPRET, INTERPRET_ARCH, INTERPRET_SHIPPED_TILES, POISON_OUTPUTS, _autotune_enabled()
 
 
 def _bias_key(attn_bias: Optional[torch.Tensor]):
@@ -580,8 +588,7 @@ def _rebased(checked: TensorDescriptor, t: torch.Tensor) -> TensorDescriptor:
     if not hasattr(checked, "__dict__"):
         return checked if t is None else TensorDescriptor(t, checked.shape, checked.strides, checked.block_shape)
     desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(checked.__dict__)
-    desc.base = t
+    desc.__dict__ = {**checked.__dict__, "base": t}
     return desc
 
 
@@ -600,8 +607,9 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     placeholders): the natural LSE is lse_shift + lse * ln(2). out_lo, only if store_lo
     and the dtype is 16-bit (else None), is what rounding out lost, with out's strides."""
     key = ("fwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, q.data_ptr() & 15,
-           k.data_ptr() & 15, v.data_ptr() & 15, _bias_key(attn_bias), scale, allow_tf32, store_lo, causal,
-           causal_offset, _switches())
+           k.data_ptr() & 15, v.data_ptr() & 15, None if attn_bias is None else _bias_key(attn_bias), scale,
+           allow_tf32, store_lo, causal, causal_offset, INTERPRET, INTERPRET_ARCH, INTERPRET_SHIPPED_TILES,
+           POISON_OUTPUTS, _autotune_enabled())
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(key, lambda: _ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
@@ -617,7 +625,8 @@ class _ForwardPlan:
         N = k.shape[2]
         self.n = N
         self.store_lo = store_lo = store_lo and q.dtype != torch.float32
-        self.lse_shape, self.shift_shape = (B, H, M), ((B, H, M) if attn_bias is not None else (0,))
+        self.lse = _proto((B, H, M), q.device)
+        self.shift = _proto((B, H, M) if attn_bias is not None else (0,), q.device)
         self.empty = M == 0 or B == 0 or H == 0
         if self.empty:
             return
@@ -656,8 +665,8 @@ class _ForwardPlan:
     def __call__(self, q, k, v, attn_bias, placeholders=True):
         out = _new_like(q)
         out_lo = _new_like(out) if self.store_lo else None
-        lse = _new(self.lse_shape, q.device)
-        shift = _new(self.shift_shape, q.device) if placeholders or attn_bias is not None else None
+        lse = _new_from(self.lse)
+        shift = _new_from(self.shift) if placeholders or attn_bias is not None else None
         if self.empty:
             return out, lse, shift, out_lo
         if self.negate:
@@ -726,7 +735,8 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
     key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
            do.dtype, q.device, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, do.data_ptr() & 15,
            out.data_ptr() & 15, None if out_lo is None else (out_lo.stride(), out_lo.data_ptr() & 15),
-           _bias_key(attn_bias), dlse is not None, bias_grad, scale, allow_tf32, causal, causal_offset, _switches())
+           _bias_key(attn_bias), dlse is not None, bias_grad, scale, allow_tf32, causal, causal_offset, INTERPRET,
+           INTERPRET_ARCH, INTERPRET_SHIPPED_TILES, POISON_OUTPUTS, _autotune_enabled())
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(key, lambda: _BackwardPlan(do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad,
@@ -751,7 +761,8 @@ class _BackwardPlan:
         # summed over the queries (B, H, N).
         self.per_query = per_query = bias_grad and attn_bias.dim() >= 2 and attn_bias.shape[-2] != 1
         per_key = bias_grad and not per_query
-        self.dbias_shape = (B, H, M, N) if per_query else (B, H, N)
+        self.dbias = _proto((B, H, M, N) if per_query else (B, H, N), q.device)
+        self.delta_proto = _proto((B, H, M), q.device)
         self.zero_dbias = per_query and causal  # the dQ kernel writes no dS for tiles above the diagonal
         self.empty = B == 0 or H == 0 or M == 0
         if self.empty:
@@ -798,7 +809,7 @@ class _BackwardPlan:
                       N_KEY=n_key, HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
-        dbias = torch.empty(self.dbias_shape, device="meta")
+        dbias = torch.empty(self.dbias.shape, device="meta")
 
         tma = _use_tma(arch, q.dtype, (q, do, k, v), dkdv_kernels, D, variant, causal)
         self.dkdv_streams = (_Streams(DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1),
@@ -838,7 +849,7 @@ class _BackwardPlan:
         dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
         bias_grad = self.bias_grad
         if bias_grad:
-            dbias_t = _new(self.dbias_shape, q.device)
+            dbias_t = _new_from(self.dbias)
             if self.zero_dbias:
                 dbias_t.zero_()
         if self.empty:
@@ -866,7 +877,7 @@ class _BackwardPlan:
         dv_ = dv if in_v else _new_like(dv, memory_format=torch.contiguous_format)
         if self.cast_do:
             do = do.to(q.dtype)
-        delta = _new(lse.shape, q.device)
+        delta = _new_from(self.delta_proto)
         _run(self.delta, dict(Out=out, OutLo=out if out_lo is None else out_lo, DO=do, Delta=delta))
         if dlse is not None:
             delta -= dlse.to(torch.float32) * LOG2E
