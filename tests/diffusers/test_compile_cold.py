@@ -3,7 +3,8 @@
 Each model is built, given attnkit by one route, and compiled before any call:
 
 * transformers (Flux, Wan, SD3, Qwen-Image): ``model.set_attention_backend("attnkit")``
-  and ``attnkit.apply(model, attnkit.auto())``; Flux also under diffusers'
+  and ``attnkit.apply(model, attnkit.auto())``; Flux also with
+  ``set_attn_processor(attnkit.auto())`` and under diffusers'
   ``with attention_backend("attnkit"):``, which makes nothing up front (auto()'s chooser
   is made while torch.compile traces: it once failed there with "Dynamo does not know
   how to enter a RLock context manager");
@@ -153,7 +154,8 @@ def _fresh(restore_active_backend, monkeypatch):
 def _cases(backend):
     if backend == "eager":
         pairs = [(m, r) for m in TRANSFORMERS for r in ("set_attention_backend", "apply")]
-        pairs += [("flux", "attention_backend"), ("unet", "set_attn_processor"), ("unet", "apply")]
+        pairs += [("flux", "attention_backend"), ("flux", "set_attn_processor"), ("unet", "set_attn_processor"),
+                  ("unet", "apply")]
     else:  # one route per model, every route once
         pairs = [("flux", "set_attention_backend"), ("wan", "apply"), ("sd3", "set_attention_backend"),
                  ("qwen", "attention_backend"), ("unet2", "set_attn_processor")]
@@ -236,10 +238,11 @@ def test_reduce_overhead_captures_every_backend(seed, name, label):
     if isinstance(backend, Exception):
         pytest.skip(f"{label} could not be loaded: {backend}")
     device = torch.device("cuda")
-    call = AttentionCall(DeviceInfo.of(device), dtype, 16 if name == "flux" else 40, 64, 64, 2, 2)
-    reasons = backend.not_supported_reasons(call)
-    if reasons:
-        pytest.skip(f"{label} cannot serve this GPU's calls: {'; '.join(reasons)}")
+    for head_dim in (16,) if name == "flux" else (40, 80, 160):  # the model's head dims
+        call = AttentionCall(DeviceInfo.of(device), dtype, head_dim, 64, 77, 2, 2)
+        reasons = backend.not_supported_reasons(call)
+        if reasons:
+            pytest.skip(f"{label} cannot serve this model's calls on this GPU: {'; '.join(reasons)}")
     spec = MODELS[name]
     model, inputs = spec.build(seed)
     model = model.to(device, dtype)
