@@ -4,7 +4,7 @@ Each model is built, given attnkit by one route, and compiled before any call:
 
 * transformers (Flux, Wan, SD3, Qwen-Image): ``model.set_attention_backend("attnkit")``
   and ``attnkit.apply(model, attnkit.auto())``; Flux also with
-  ``set_attn_processor(attnkit.auto())`` and under diffusers'
+  ``set_attn_processor(attnkit.auto())``, and Flux, Wan and Qwen-Image under diffusers'
   ``with attention_backend("attnkit"):``, which makes nothing up front (auto()'s chooser
   is made while torch.compile traces: it once failed there with "Dynamo does not know
   how to enter a RLock context manager");
@@ -154,8 +154,8 @@ def _fresh(restore_active_backend, monkeypatch):
 def _cases(backend):
     if backend == "eager":
         pairs = [(m, r) for m in TRANSFORMERS for r in ("set_attention_backend", "apply")]
-        pairs += [("flux", "attention_backend"), ("flux", "set_attn_processor"), ("unet", "set_attn_processor"),
-                  ("unet", "apply")]
+        pairs += [(m, "attention_backend") for m in ("flux", "wan", "qwen")]
+        pairs += [("flux", "set_attn_processor"), ("unet", "set_attn_processor"), ("unet", "apply")]
     else:  # one route per model, every route once
         pairs = [("flux", "set_attention_backend"), ("wan", "apply"), ("sd3", "set_attention_backend"),
                  ("qwen", "attention_backend"), ("unet2", "set_attn_processor")]
