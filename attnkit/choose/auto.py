@@ -187,8 +187,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             return f"{ENV_VAR}={self.forced}", (self.forced,)
         if self.order is not None:
             return "order=" + ">".join(self.order), self.order
-        cls, priority = policy.priority_for(call.device)
-        return cls, priority.order
+        return policy.order_for(call)
 
     def walk(self, call: AttentionCall, failed: Mapping[str, str] | None = None):
         """(label or None, table, order name): :func:`attnkit.choose.policy.walk` with this

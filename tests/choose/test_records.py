@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnkit.choose import policy, records
 from tools.records import generate as gen
@@ -174,3 +175,25 @@ def test_info_names_the_record_behind_each_rule_that_changes_a_choice(monkeypatc
     data = info.record_rules(DeviceInfo("cuda", (9, 0), "NVIDIA H100 PCIe"), AutoChooser(), ALL)
     assert data["record"] is None and data["rules"] == []
     assert "GPU record rules: none for NVIDIA H100 PCIe" in info.report({**info.collect(), "records": data})
+
+
+def test_auto_names_the_rule_in_the_order_it_walked(monkeypatch):
+    """auto()'s decision names the class order with the rule that moved a backend (and the
+    record behind it) only where a rule moved one; an order of the caller's own is
+    walked as given and named as such."""
+    from attnkit.backends import AttentionCall, DeviceInfo
+    from attnkit.choose.auto import AutoChooser
+
+    monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
+    rule = next(r for r in records.RULES if r.gpu == H100 and not r.grad)
+    h100 = DeviceInfo("cuda", (9, 0), records.GPUS[H100].name)
+    assert rule.dtype == "float16", rule.dtype  # the records timed fp16
+    call = AttentionCall(device=h100, dtype=torch.float16, head_dim=rule.head_dim, q_len=rule.min_q,
+                         kv_len=rule.min_kv, mask=rule.mask)
+    name, order = AutoChooser().order_for(call)
+    assert name.startswith("sm_90 + triton ahead of sdpa") and rule.record in name, name
+    assert order.index("triton") < order.index("sdpa")
+    plain = AttentionCall(device=h100, dtype=call.dtype, head_dim=rule.head_dim, q_len=16, kv_len=16, mask="none")
+    assert AutoChooser().order_for(plain)[0] == "sm_90"
+    name, order = AutoChooser(order=("sdpa", "triton")).order_for(call)
+    assert name == "order=sdpa>triton" and order == ("sdpa", "triton")
