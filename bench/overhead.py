@@ -20,6 +20,12 @@
     backend="attnkit" against backend="native", without a mask and with a (B, S) boolean
     key-padding mask (one mask tensor for every call, as a transformer passes the same mask
     to each of its layers). Target: ratio <= 1.10 each.
+(l) the Triton kernel's launcher per call (bench/launch_cost.py): attnkit's own host time
+    for one small flash_attention call (2x8x64x77x40, fp16), forward, forward with a
+    key-padding mask, forward and backward. On the CPU the kernels' launches are replaced
+    by a recorder (Triton's interpreter path, in a process of its own); on CUDA the
+    launches are real and SDPA runs beside them. Targets: forward <= 10 us on the CPU;
+    forward <= 25 us and forward + backward <= 150 us on a GPU.
 
 Both processors run in one process, interleaved (the order alternates every round), after
 a warm-up; each ratio is the median over rounds of (attnkit time / diffusers time) in
@@ -275,9 +281,29 @@ def _against_diffusers(part: str, what: str, r: dict, unit: float, time_fmt: str
             f"target <= {target}: {'ok' if r['ratio_median'] <= target else 'MISSED'}")
 
 
+def _launch_cost():
+    """bench/launch_cost.py, beside this script."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_cost.py")
+    spec = importlib.util.spec_from_file_location("attnkit_bench_launch_cost", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def part_l(device: torch.device, rounds: int, calls: int) -> dict:
+    """The launcher's own host time per call (bench/launch_cost.py): on the CPU in a child
+    process under Triton's interpreter with the launches recorded, on CUDA here."""
+    lc = _launch_cost()
+    if device.type == "cpu":
+        return lc.run_in_child("cpu", rounds=rounds, calls=calls)
+    return lc.measure(str(device), rounds=rounds, calls=calls)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="abcde", help="which parts to run: any of a, b, c, d, e (default abcde)")
+    ap.add_argument("--parts", default="abcdel", help="which parts to run: any of a, b, c, d, e, l (default abcdel)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--rounds-a", type=int, default=21, help="rounds of part (a)")
@@ -287,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds-d", type=int, default=9, help="rounds of part (d)")
     ap.add_argument("--rounds-e", type=int, default=21, help="rounds of part (e)")
     ap.add_argument("--calls-e", type=int, default=200, help="calls per round in part (e)")
+    ap.add_argument("--rounds-l", type=int, default=15, help="rounds of part (l)")
+    ap.add_argument("--calls-l", type=int, default=200, help="calls per round in part (l)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
@@ -330,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in results["e"].items():
             print(_against_diffusers("e", f"dispatch_attention_fn, tiny call, {name}, per call:", r, 1e6, "1f", " us",
                                      "3f", ours="attnkit", theirs="native"))
+    if "l" in args.parts:
+        results["l"] = part_l(device, args.rounds_l, args.calls_l)
+        print("(l) " + _launch_cost().format_result(results["l"]).replace("\n", "\n    "))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -38,3 +38,12 @@ def test_the_launcher_cost_runs_and_reaches_the_recorder(launch_cost):
     assert out["recorded_launches"] >= timed * (1 + 2 + 4) - 7
     assert out["targets_us"] == {"forward": 10.0}
     assert "forward" in launch_cost.format_result(out)
+
+
+def test_overhead_runs_it_as_part_l(capsys):
+    spec = importlib.util.spec_from_file_location("bench_overhead_l", SCRIPT.parent / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    assert overhead.main(["--parts", "l", "--rounds-l", "2", "--calls-l", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "(l) launcher host time per call" in out and "forward+backward" in out
