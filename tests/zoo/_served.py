@@ -242,7 +242,7 @@ def test_set_attn_processor_serves_exactly_or_refuses(case):
                if hasattr(modules[name], "set_processor")}
     refused = {name for name, route in planned.items() if not route.served}
     proc = attnkit.processor("vanilla")
-    served_by_module = _count_calls_per_module(proc)
+    served_by_module = _count_calls_per_module(proc, [modules[name] for name in planned])
     model.set_attn_processor(proc)
     if refused:
         with pytest.raises(attnkit.UnsupportedModule, match=r"cannot serve .*attnkit\.apply"):
@@ -256,8 +256,12 @@ def test_set_attn_processor_serves_exactly_or_refuses(case):
     assert not silent, f"modules that ran without attnkit computing their attention: {silent}"
 
 
-def _count_calls_per_module(proc) -> dict[int, int]:
-    """{id(attention module): calls attnkit's chooser served for it}."""
+def _count_calls_per_module(proc, modules=()) -> dict[int, int]:
+    """{id(attention module): calls attnkit's chooser served for it}.
+
+    A call signature the dispatch route has served once runs again without the chooser:
+    the backend its ``resolved()`` gave is kept and called directly. Those calls are
+    counted too, for the one of ``modules`` running them (forward hooks say which)."""
     from attnkit._text import Caller
 
     counts: dict[int, int] = {}
@@ -269,7 +273,40 @@ def _count_calls_per_module(proc) -> dict[int, int]:
         return real(who, *args, **kwargs)
 
     proc.chooser.attention = counting
+    running: list[int] = []
+
+    def enter(module, args):
+        running.append(id(module))
+
+    def leave(module, args, out):  # returns None: the output stays the module's
+        running.pop()
+
+    for module in modules:
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave)
+    real_resolved = getattr(proc.chooser, "resolved", None)
+    if real_resolved is not None:
+        def resolved(sig):
+            backend = real_resolved(sig)
+            return None if backend is None else _CountedBackend(backend, counts, running)
+
+        proc.chooser.resolved = resolved
     return counts
+
+
+class _CountedBackend:
+    """A backend kept for a call signature, counting its calls for the module running."""
+
+    def __init__(self, backend, counts: dict[int, int], running: list[int]):
+        self._backend, self._counts, self._running = backend, counts, running
+
+    def forward(self, *args, **kwargs):
+        if self._running:
+            self._counts[self._running[-1]] = self._counts.get(self._running[-1], 0) + 1
+        return self._backend.forward(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
 
 
 def _modules_that_run(model, modules) -> set[int]:
