@@ -134,6 +134,9 @@ def run_job(job: dict) -> dict:
     fa.configs_for = configs_for
     fa.arch_of = lambda device: job["lists"]
     fa.POISON_OUTPUTS = True
+    # Launch plans are built on a signature's first call, with the tile lists and target
+    # of that moment: each job forces its own, so it starts (and leaves) without plans.
+    fa.clear_plans()
     rec = dict(job, checks=[], tiles=[], error=None)
     try:
         B, H = 2, 2
@@ -202,6 +205,7 @@ def run_job(job: dict) -> dict:
         rec["trace"] = traceback.format_exc()[-1500:]
     finally:
         fa.configs_for, fa.arch_of = orig_configs, orig_arch
+        fa.clear_plans()
     rec["tiles"] = sorted(used)
     rec["ok"] = rec["error"] is None and all(c["ok"] for c in rec["checks"])
     return rec

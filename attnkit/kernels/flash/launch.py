@@ -173,13 +173,13 @@ class _Launch:
     binding or specialisation per call."""
 
     __slots__ = ("kernel", "jit", "fn", "meta", "options", "static", "grid_rows", "axis", "b", "h", "grid",
-                 "compiled", "template", "slots", "boxes")
+                 "compiled", "template", "slots", "boxes", "device")
 
     def __init__(self, kernel: str, jit, fn, tile: Optional[TileConfig], static: dict, grid_rows: int, axis: str,
                  b: int, h: int, options: Optional[dict] = None):
         self.kernel, self.jit, self.fn, self.static = kernel, jit, fn, static
         self.grid_rows, self.axis, self.b, self.h = grid_rows, axis, b, h
-        self.compiled = self.template = self.slots = None
+        self.compiled = self.template = self.slots = self.device = None
         self.boxes = DESCRIPTORS.get(kernel, ())
         if tile is None and options is None:  # an autotuner: the tile is known after its first launch
             self.meta = self.grid = None
@@ -192,9 +192,11 @@ class _Launch:
                          dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **_COMPILE_OPTIONS, **regs))
 
     def _settle(self, meta: dict, options: dict) -> None:
-        self.meta, self.options = meta, options
+        # meta last: another thread reads a launch as settled once meta is set
         rows = meta[self.axis] if self.axis in meta else self.static[self.axis]
         self.grid = (triton.cdiv(self.grid_rows, rows), self.h, self.b)
+        self.options = options
+        self.meta = meta
 
     def rows(self, name: str) -> int:
         """The box rows of a descriptor argument, once the tile is known (else 16: the
@@ -209,7 +211,7 @@ class _Launch:
         included once known)."""
         return {**self.static, **tensors, **(self.meta or {})}
 
-    def _keep(self, compiled) -> None:
+    def _keep(self, compiled, device: Optional[int]) -> None:
         """Keep Triton's compiled kernel for direct launches where its launcher takes the
         kernel's arguments in their declared order (Triton 3.3 onwards: the compiled
         kernel's source names them); otherwise every launch goes through Triton."""
@@ -229,7 +231,8 @@ class _Launch:
                 template.append(params[name].default)
             else:
                 return  # an argument this launch does not know: leave it to Triton
-        self.template, self.slots, self.compiled = template, tuple(slots), compiled
+        self.template, self.slots, self.device = template, tuple(slots), device
+        self.compiled = compiled
 
 
 # The arguments that are tensors of the call (filled in per launch); every other
@@ -239,12 +242,9 @@ _TENSOR_ARGS = frozenset(
      "DBias", "KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1"))
 
 
-def _stream_of(device: torch.device) -> int:
-    """The current CUDA stream of the device Triton launches on (0 off CUDA)."""
-    if device.type != "cuda":
-        return 0
-    driver = triton.runtime.driver.active
-    return driver.get_current_stream(driver.get_current_device())
+def _current_device(device: torch.device) -> Optional[int]:
+    """The CUDA device Triton launches on now (the current one), None off CUDA."""
+    return triton.runtime.driver.active.get_current_device() if device.type == "cuda" else None
 
 
 def _launch_compiled(compiled, grid: tuple, stream: int, values: list) -> None:
@@ -276,13 +276,17 @@ def _run(launch: _Launch, tensors: dict) -> None:
     never during a CUDA-graph capture, where the default tile runs instead), which
     compiles and returns the kernel kept for the next. A launch hook set in Triton's
     knobs (a profiler) sends every launch through Triton, which calls it."""
-    if launch.compiled is not None and _no_launch_hooks():
+    device = next(iter(tensors.values())).device
+    current = _current_device(device)
+    # A compiled kernel is loaded on the device that was current when it was compiled:
+    # under another one, the launch goes through Triton, as it would have.
+    if launch.compiled is not None and current == launch.device and _no_launch_hooks():
         # (Descriptors come with the tile's box rows: _Streams.add.)
         values = launch.template.copy()
         for pos, name in launch.slots:
             values[pos] = tensors[name]
-        _launch_compiled(launch.compiled, launch.grid, _stream_of(next(iter(tensors.values())).device),
-                         values)
+        stream = 0 if current is None else triton.runtime.driver.active.get_current_stream(current)
+        _launch_compiled(launch.compiled, launch.grid, stream, values)
         return
     kwargs = {**launch.static, **tensors}
     if launch.meta is None:
@@ -300,13 +304,13 @@ def _run(launch: _Launch, tensors: dict) -> None:
                 best = fn.best_config
             launch._settle(best.kwargs, dict(launch.options, num_warps=best.num_warps, num_stages=best.num_stages,
                                              **({} if best.maxnreg is None else {"maxnreg": best.maxnreg})))
-            launch._keep(compiled)
+            launch._keep(compiled, current)
             return
     if launch.boxes:
         _set_boxes(launch.kernel)({**kwargs, **launch.meta})
     compiled = _launch_triton(launch.jit, launch.grid, {**kwargs, **launch.meta, **launch.options})
     if launch.compiled is None:
-        launch._keep(compiled)
+        launch._keep(compiled, current)
 
 
 def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
@@ -734,7 +738,8 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
         return dq, dk, dv, row.sum_to_size(attn_bias.shape).to(attn_bias.dtype).contiguous()
     key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
            do.dtype, q.device, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, do.data_ptr() & 15,
-           out.data_ptr() & 15, None if out_lo is None else (out_lo.stride(), out_lo.data_ptr() & 15),
+           out.data_ptr() & 15, lse.stride(), lse.data_ptr() & 15, shift.data_ptr() & 15,
+           None if out_lo is None else (out_lo.stride(), out_lo.data_ptr() & 15),
            _bias_key(attn_bias), dlse is not None, bias_grad, scale, allow_tf32, causal, causal_offset, INTERPRET,
            INTERPRET_ARCH, INTERPRET_SHIPPED_TILES, POISON_OUTPUTS, _autotune_enabled())
     plan = _PLANS.get(key)
