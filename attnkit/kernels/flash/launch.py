@@ -173,11 +173,11 @@ class _Launch:
     binding or specialisation per call."""
 
     __slots__ = ("kernel", "jit", "fn", "meta", "options", "static", "grid_rows", "axis", "b", "h", "grid",
-                 "compiled", "template", "slots", "boxes", "device")
+                 "compiled", "template", "slots", "boxes", "device", "cuda")
 
     def __init__(self, kernel: str, jit, fn, tile: Optional[TileConfig], static: dict, grid_rows: int, axis: str,
-                 b: int, h: int, options: Optional[dict] = None):
-        self.kernel, self.jit, self.fn, self.static = kernel, jit, fn, static
+                 b: int, h: int, options: Optional[dict] = None, cuda: bool = False):
+        self.kernel, self.jit, self.fn, self.static, self.cuda = kernel, jit, fn, static, cuda
         self.grid_rows, self.axis, self.b, self.h = grid_rows, axis, b, h
         self.compiled = self.template = self.slots = self.device = None
         self.boxes = DESCRIPTORS.get(kernel, ())
@@ -242,11 +242,6 @@ _TENSOR_ARGS = frozenset(
      "DBias", "KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1"))
 
 
-def _current_device(device: torch.device) -> Optional[int]:
-    """The CUDA device Triton launches on now (the current one), None off CUDA."""
-    return triton.runtime.driver.active.get_current_device() if device.type == "cuda" else None
-
-
 def _launch_compiled(compiled, grid: tuple, stream: int, values: list) -> None:
     """A compiled kernel's own launch: what Triton's launch does once it has found the
     kernel for its arguments (CompiledKernel.__getitem__'s runner)."""
@@ -276,8 +271,7 @@ def _run(launch: _Launch, tensors: dict) -> None:
     never during a CUDA-graph capture, where the default tile runs instead), which
     compiles and returns the kernel kept for the next. A launch hook set in Triton's
     knobs (a profiler) sends every launch through Triton, which calls it."""
-    device = next(iter(tensors.values())).device
-    current = _current_device(device)
+    current = triton.runtime.driver.active.get_current_device() if launch.cuda else None
     # A compiled kernel is loaded on the device that was current when it was compiled:
     # under another one, the launch goes through Triton, as it would have.
     if launch.compiled is not None and current == launch.device and _no_launch_hooks():
@@ -409,7 +403,7 @@ def _lengths_launch(attn_bias: torch.Tensor, n: int) -> tuple:
     static = dict(stride_b=sb, stride_h=sh, stride_n=sn, H_OWN=h, N=n,
                   BLOCK_N=min(_next_pow2(max(n, 16)), 16 if INTERPRET else 1024))
     launch = _Launch("lengths", _key_lengths_kernel, _key_lengths_kernel, None, static, 1, "BLOCK_N", b, h,
-                     options={})
+                     options={}, cuda=attn_bias.device.type == "cuda")
     return launch, _proto((b, h), attn_bias.device, torch.int32)
 
 
@@ -517,7 +511,8 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
 # alignment of each input, the bias's layout, scale, causality, the module switches
 # above): everything of a call but its tensors, built on its first call. A model calls
 # a few signatures over and over; a stream of new ones (lengths that change every call)
-# starts the table afresh past _PLAN_LIMIT.
+# starts the table afresh past _PLAN_LIMIT. ATTNKIT_TRITON_AUTOTUNE is read when a plan
+# is built: set it before the first call (clear_plans() makes later calls read it again).
 _PLANS: dict[tuple, object] = {}
 _PLAN_LIMIT = 4096
 
@@ -613,7 +608,7 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     key = ("fwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, q.data_ptr() & 15,
            k.data_ptr() & 15, v.data_ptr() & 15, None if attn_bias is None else _bias_key(attn_bias), scale,
            allow_tf32, store_lo, causal, causal_offset, INTERPRET, INTERPRET_ARCH, INTERPRET_SHIPPED_TILES,
-           POISON_OUTPUTS, _autotune_enabled())
+           POISON_OUTPUTS)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(key, lambda: _ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
@@ -663,7 +658,8 @@ class _ForwardPlan:
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16, STORE_LO=store_lo)
         fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
-        self.launch = _Launch(kernel, KERNELS[kernel], fn, tile, static, M, "BLOCK_M", B, H)
+        self.launch = _Launch(kernel, KERNELS[kernel], fn, tile, static, M, "BLOCK_M", B, H,
+                              cuda=q.device.type == "cuda")
         self.streams = _Streams(DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1)
 
     def __call__(self, q, k, v, attn_bias, placeholders=True):
@@ -741,7 +737,7 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
            out.data_ptr() & 15, lse.stride(), lse.data_ptr() & 15, shift.data_ptr() & 15,
            None if out_lo is None else (out_lo.stride(), out_lo.data_ptr() & 15),
            _bias_key(attn_bias), dlse is not None, bias_grad, scale, allow_tf32, causal, causal_offset, INTERPRET,
-           INTERPRET_ARCH, INTERPRET_SHIPPED_TILES, POISON_OUTPUTS, _autotune_enabled())
+           INTERPRET_ARCH, INTERPRET_SHIPPED_TILES, POISON_OUTPUTS)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(key, lambda: _BackwardPlan(do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad,
@@ -791,8 +787,9 @@ class _BackwardPlan:
                             stride_db=do.stride(0), stride_dh=do.stride(1), stride_dm=do.stride(2), H=H, M=M,
                             HEAD_DIM=D, BLOCK_M=block, BLOCK_D=max(16, _next_pow2(D)),
                             ALIGN=_align(*out.stride()[:3], *do.stride()[:3]), HAS_LO=out_lo is not None)
+        cuda = q.device.type == "cuda"
         self.delta = _Launch("delta", _attn_bwd_delta, _attn_bwd_delta, None, delta_static, M, "BLOCK_M", B, H,
-                             options={})
+                             options={}, cuda=cuda)
 
         compact, sb, sl, bias_constexprs, variant = _bias_layout(attn_bias, (B, H, M, N))
         self.bias_compact = compact
@@ -835,7 +832,7 @@ class _BackwardPlan:
             fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
             self.dkdv.append(_Launch(kernel, KERNELS[kernel], fn, tile,
                                      dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=which), N, "BLOCK_N",
-                                     B, H))
+                                     B, H, cuda=cuda))
         # dQ streams the K and V that dK/dV held: through descriptors of the same layout.
         tma = _use_tma(arch, q.dtype, (k, v), dq_kernels, D, variant, causal)
         self.dq_streams = _Streams(DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1)
@@ -848,7 +845,8 @@ class _BackwardPlan:
             kernel = "dq_dbias" if grad else "dq"
             fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
             self.dq.append(_Launch(kernel, KERNELS[kernel], fn, tile, dict(static, BIAS_GRAD=grad, TMA=tma,
-                                                                          PIECE=piece), M, "BLOCK_M", B, H))
+                                                                          PIECE=piece), M, "BLOCK_M", B, H,
+                                   cuda=cuda))
 
     def __call__(self, do, q, k, v, attn_bias, out, lse, shift, dlse, out_lo):
         dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
