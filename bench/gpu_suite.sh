@@ -69,11 +69,11 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 # --quick: most telling first (the ladder's compiled rows are what the issue is about); the
 # caps are hard limits and sum to at most QUICK_LIMIT.
 QUICK_LIMIT=480
-QUICK_PLAN="table1:35 table2-sdpa:95 table2-attnkit:110 table5-flux:85 kernels16:55 overhead:30 kernels:35"
-FULL_PLAN="table1:80 table4:45 kernels16:35 overhead:30 kernels:110 tiles:120 table2:110 table5-flux:40 table5-sd3:40 table5-wan:40 table3:rest"
-SMOKE_PLAN="table1:80 table4:45 kernels16:35 overhead:30 kernels:110 table2:110 table5-flux-cpu:40 table3:rest"
+QUICK_PLAN="table1:35 table2-sdpa:95 table2-attnkit:110 table5-flux:85 kernels16:55 overhead:30 launch:35 kernels:35"
+FULL_PLAN="table1:80 table4:45 kernels16:35 overhead:30 launch:35 kernels:110 tiles:120 table2:110 table5-flux:40 table5-sd3:40 table5-wan:40 table3:rest"
+SMOKE_PLAN="table1:80 table4:45 kernels16:35 overhead:30 launch:35 kernels:110 table2:110 table5-flux-cpu:40 table3:rest"
 if [ $QUICK = 1 ]; then PLAN=$QUICK_PLAN; elif [ $SMOKE = 1 ]; then PLAN=$SMOKE_PLAN; else PLAN=$FULL_PLAN; fi
-KNOWN_STEPS=",table1,table4,kernels,tiles,table2,table2-sdpa,table2-attnkit,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,kernels16,overhead,table3,"
+KNOWN_STEPS=",table1,table4,kernels,tiles,table2,table2-sdpa,table2-attnkit,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,kernels16,overhead,launch,table3,"
 STEPS=${ATTNKIT_SUITE_STEPS:-all}
 STEPS=${STEPS// /}
 if [ "$STEPS" != all ]; then
@@ -275,12 +275,13 @@ SMALL=(); [ $SMOKE = 1 ] && SMALL=(--small)
 run_step kernels16 "$PY" "$REPO/bench/checks/kernels16/kernels16.py" --seconds @INNER@ "${SMALL[@]}" \
     --section "$SECTIONS/kernels16.json"
 # Host time per call (bench/overhead.py): part a, and the parts it lists beyond a-d (the
-# dispatch route's tiny call, the launcher's "l"), asked by name only where --help lists them.
+# dispatch route's tiny call), asked by name only where --help lists them; the launcher's
+# part "l" is the launch step below, with a cap of its own (its first calls compile).
 OVERHEAD_PARTS=a
 parts_help=$("$PY" "$REPO/bench/overhead.py" --help 2>/dev/null | tr '\n' ' ' \
     | sed -nE 's/.*any of ([a-z, ]+[a-z]).*/\1/p' | tr -d ', ')
 for part in $(echo "$parts_help" | grep -o .); do
-    case $part in a|b|c|d) ;; *) OVERHEAD_PARTS+=$part ;; esac
+    case $part in a|b|c|d|l) ;; *) OVERHEAD_PARTS+=$part ;; esac
 done
 OVERHEAD_DEVICE=cuda; [ $SMOKE = 1 ] && OVERHEAD_DEVICE=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 mkdir -p "$LOGS/overhead"
@@ -292,6 +293,20 @@ if [ -f "$LOGS/overhead.out" ] && [ "$(stat -c %Y "$LOGS/overhead.out")" -ge "$S
         --title "Host time per call (bench/overhead.py --parts $OVERHEAD_PARTS)" --json "$LOGS/overhead/overhead.json" \
         --command "python bench/overhead.py --device $OVERHEAD_DEVICE --dtype $OVERHEAD_DTYPE --parts $OVERHEAD_PARTS" \
         --out "$SECTIONS/overhead.json" 2>> "$LOG" || say "overhead: no section written"
+fi
+# The Triton launcher's own host time per call (bench/launch_cost.py, overhead.py's part
+# l): forward, with a key-padding mask, forward and backward, against SDPA; default tiles
+# (host time does not depend on the tile, and autotuning would spend the cap compiling).
+if [ -f "$REPO/bench/launch_cost.py" ]; then
+    mkdir -p "$LOGS/launch"
+    run_step launch env ATTNKIT_TRITON_AUTOTUNE=0 "$PY" "$REPO/bench/launch_cost.py" --device "$OVERHEAD_DEVICE" \
+        --rounds 7 --calls 200 --json "$LOGS/launch/launch.json"
+    if [ -f "$LOGS/launch.out" ] && [ "$(stat -c %Y "$LOGS/launch.out")" -ge "$START" ]; then
+        "$PY" -m attnkit.bench.sections text "$LOGS/launch.out" --key launch \
+            --title "The Triton launcher's host time per call (bench/launch_cost.py)" --json "$LOGS/launch/launch.json" \
+            --command "ATTNKIT_TRITON_AUTOTUNE=0 python bench/launch_cost.py --device $OVERHEAD_DEVICE --rounds 7 --calls 200" \
+            --out "$SECTIONS/launch.json" 2>> "$LOG" || say "launch: no section written"
+    fi
 fi
 mkdir -p "$RECORD/kernels"
 KERNEL_ARGS=(--benchmark-json="$RECORD/kernels/kernels.json" --benchmark-storage="file://$DEPS/benchmarks"
