@@ -467,11 +467,6 @@ def _new_like(t: torch.Tensor, **kw) -> torch.Tensor:
     return out.fill_(float("nan")) if POISON_OUTPUTS else out
 
 
-def _new(shape, device) -> torch.Tensor:
-    out = torch.empty(shape, device=device, dtype=torch.float32)
-    return out.fill_(float("nan")) if POISON_OUTPUTS else out
-
-
 def _proto(shape, device, dtype=torch.float32) -> torch.Tensor:
     """A 4-byte stand-in of a contiguous buffer a plan allocates on every call: empty_like
     of it costs about two thirds of torch.empty with a shape, a dtype and a device."""
