@@ -730,3 +730,47 @@ def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
             launched = fl._bias_args(bias, q, (B, H, M, N))[-1]
             assert fo._bias_variant(bias, q.shape) == launched, (M, tuple(bias.shape), bias.stride())
     assert fo._bias_variant(None, q.shape) == "none"
+
+
+def test_plans_built_by_racing_threads_launch_what_one_thread_does(monkeypatch, seed):
+    """Threads that meet the same call signatures at once (a pipeline served from a
+    thread pool) build and settle plans concurrently: every direct launch gets the grid
+    and the arguments (all but the tensors) that one thread alone gets. The launches are
+    recorded, not run (Triton's interpreter is not thread-safe itself)."""
+    import threading
+
+    launches, lock = [], threading.Lock()
+
+    def recorded(fn, grid, kwargs):
+        compiled = _Compiled(fn, [])
+
+        def run(g0, g1, g2, stream, f, m, lm, e, x, *values):
+            args = dict(zip(fn.arg_names, values))
+            fixed = tuple(sorted((n, v) for n, v in args.items() if not isinstance(v, (torch.Tensor, fl.TensorDescriptor))))
+            with lock:
+                launches.append((fn.fn.__name__, (g0, g1, g2), fixed))
+
+        compiled.run = run
+        return compiled
+
+    monkeypatch.setattr(fl, "_launch_triton", recorded)
+    cases = []
+    for m, n, d, dt in ((20, 30, 40, torch.float16), (33, 47, 64, torch.float32), (20, 30, 40, torch.bfloat16)):
+        q, k, v = make_qkv(1, 2, m, n, d, dt)
+        cases.append((q, k, v, make_bias("key_padding", 1, 2, m, n, torch.float32)))
+
+    def run(case):
+        for _ in range(20):
+            flash_attention(*case)
+
+    for case in cases:
+        run(case)
+    alone = set(launches)
+    launches.clear()
+    fl.clear_plans()
+    threads = [threading.Thread(target=run, args=(case,)) for case in cases for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(launches) > len(cases) * 3 * 19 and set(launches) == alone
