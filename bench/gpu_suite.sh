@@ -6,7 +6,10 @@
 #                                         # ladder's eager / CUDA-graph / torch.compile rows for sdpa and
 #                                         # for attnkit's auto and triton, Flux's table 5 with its compiled
 #                                         # rows, the kernel microbenchmarks, the 16-bit kernel check
-#                                         # (full bias; D=40/64/128 against cuDNN), host time per call
+#                                         # (full bias; D=40/64/128 against cuDNN), the Triton kernel's
+#                                         # speed with its default tiles and autotuned, with what the
+#                                         # autotuner chose (tile-timing: what per-GPU default tiles are
+#                                         # made from, python -m tools.records), host time per call
 #   bench/gpu_suite.sh [OUTDIR] --smoke   # the same plumbing with the tiny UNet (any device, ~2 min)
 #   bench/gpu_suite.sh [--quick|--smoke] --dry-run   # print the plan: each step, its cap, their sum
 #
@@ -18,7 +21,8 @@
 #                          the microbenchmarks, the 16-bit kernel check, host time per call),
 #                          kernels/ (kernels.json: pytest-benchmark; kernels.md: its table;
 #                          README.md), tiles/ (bench/gpu_tiles.py: the Triton kernel's tiles
-#                          against float64 and its speed beside SDPA). With --smoke the folder is
+#                          against float64 and its speed beside SDPA; with --quick its speed
+#                          only, default tiles and autotuned). With --smoke the folder is
 #                          <gpu>-smoke: a check of the plumbing, not a record.
 #   OUTDIR/logs/           suite.log, info.txt (attnkit info), nvidia-smi.txt, each step's stdout
 #                          (<step>.out), each table's own run (tableN/, table2-<who>/,
@@ -69,11 +73,11 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 # --quick: most telling first (the ladder's compiled rows are what the issue is about); the
 # caps are hard limits and sum to at most QUICK_LIMIT.
 QUICK_LIMIT=480
-QUICK_PLAN="table1:35 table2-sdpa:95 table2-attnkit:110 table5-flux:85 kernels16:55 overhead:30 launch:35 kernels:35"
+QUICK_PLAN="table1:35 table2-sdpa:80 table2-attnkit:80 table5-flux:85 kernels16:55 tile-timing:45 overhead:30 launch:35 kernels:35"
 FULL_PLAN="table1:80 table4:45 kernels16:35 overhead:30 launch:35 kernels:110 tiles:120 table2:110 table5-flux:40 table5-sd3:40 table5-wan:40 table3:rest"
 SMOKE_PLAN="table1:80 table4:45 kernels16:35 overhead:30 launch:35 kernels:110 table2:110 table5-flux-cpu:40 table3:rest"
 if [ $QUICK = 1 ]; then PLAN=$QUICK_PLAN; elif [ $SMOKE = 1 ]; then PLAN=$SMOKE_PLAN; else PLAN=$FULL_PLAN; fi
-KNOWN_STEPS=",table1,table4,kernels,tiles,table2,table2-sdpa,table2-attnkit,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,kernels16,overhead,launch,table3,"
+KNOWN_STEPS=",table1,table4,kernels,tiles,tile-timing,table2,table2-sdpa,table2-attnkit,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,kernels16,overhead,launch,table3,"
 STEPS=${ATTNKIT_SUITE_STEPS:-all}
 STEPS=${STEPS// /}
 if [ "$STEPS" != all ]; then
@@ -274,6 +278,15 @@ fi
 SMALL=(); [ $SMOKE = 1 ] && SMALL=(--small)
 run_step kernels16 "$PY" "$REPO/bench/checks/kernels16/kernels16.py" --seconds @INNER@ "${SMALL[@]}" \
     --section "$SECTIONS/kernels16.json"
+if [ $QUICK = 1 ]; then
+    # The Triton kernel beside SDPA on four cases, with the shipped default tiles and then
+    # autotuned, and what the autotuner chose (bench/gpu_tiles.py, no tile sweep, no host
+    # time: the steps below measure that): the evidence python -m tools.records turns into
+    # per-GPU default tiles, in the record's tiles/ as the full plan's tiles step writes it.
+    run_step tile-timing "$PY" "$REPO/bench/gpu_tiles.py" "$RECORD/tiles" --skip-tiles --no-host \
+        --timing-seconds @INNER@ --timing-case "sd15 d40" --timing-case d64 --timing-case d128 \
+        --timing-case "d128 full bias"
+fi
 # Host time per call (bench/overhead.py): part a, and the parts it lists beyond a-d (the
 # dispatch route's tiny call), asked by name only where --help lists them; the launcher's
 # part "l" is the launch step below, with a cap of its own (its first calls compile).
@@ -376,7 +389,11 @@ fi
     echo "|---|---|"
     [ -f "$RECORD/results.json" ] && echo "| \`table.md\`, \`results.json\`, \`*.png\` | the tables this run measured and the other steps' results (sections), merged (\`python -m attnkit.bench.report results.json\` redraws table.md and the plots) |"
     [ -d "$RECORD/kernels" ] && echo "| \`kernels/\` | the attention microbenchmarks (\`pytest bench/ --benchmark-only\`): \`kernels.json\` (TFLOP/s in \`extra_info\`) and its table, \`kernels.md\` |"
-    [ -d "$RECORD/tiles" ] && echo "| \`tiles/\` | \`bench/gpu_tiles.py\`: every tile run against float64 (\`tiles.jsonl\`), the speed beside SDPA (\`timing.json\`), both in \`summary.md\` |"
+    if [ -f "$RECORD/tiles/tiles.jsonl" ]; then
+        echo "| \`tiles/\` | \`bench/gpu_tiles.py\`: every tile run against float64 (\`tiles.jsonl\`), the speed beside SDPA (\`timing.json\`), both in \`summary.md\` |"
+    elif [ -d "$RECORD/tiles" ]; then
+        echo "| \`tiles/\` | \`bench/gpu_tiles.py --skip-tiles\`: the Triton kernel's speed beside SDPA with the shipped default tiles and autotuned, and what the autotuner chose (\`timing.json\`, in \`summary.md\`): what \`python -m tools.records\` makes per-GPU default tiles from |"
+    fi
     echo
     echo "The logs (suite.log, info.txt, nvidia-smi.txt, each step's output) are not part of the record."
 } > "$RECORD/README.md"

@@ -3,6 +3,7 @@
 float64 reference; then the kernel's speed beside torch's SDPA.
 
     python bench/gpu_tiles.py OUTDIR [--seconds 240] [--workers 10] [--timing-seconds 90]
+                                     [--skip-tiles] [--timing-case NAME ...] [--no-host]
 
 The CPU tests run the kernel's paths in Triton's interpreter and the static report reads
 what the compiler makes of each tile; neither runs the machine code. This does:
@@ -21,6 +22,10 @@ what the compiler makes of each tile; neither runs the machine code. This does:
   tiles, and autotuned where marked) and of torch's scaled_dot_product_attention on the
   same inputs, forward and forward+backward, at head dims 40-512, causal and with
   key padding; the ratio is measured in one process, one case after the other.
+  ``--timing-case NAME`` (repeatable) times those cases of TIMING only; the autotuned
+  pass ends with what the autotuner chose, which tools/records turns into per-GPU
+  default tiles. Then the host time of a tiny call (left out with ``--no-host``).
+  A SIGINT (bench/gpu_suite.sh's cap) ends the timing and keeps what was measured.
 
 OUTDIR/summary.md holds both tables. Needs a CUDA GPU, torch and triton; attnkit must be
 importable (installed, or staged on PYTHONPATH as bench/gpu_suite.sh stages it).
@@ -309,7 +314,51 @@ TIMING = [
 ]
 
 
-def timing(outdir: str, seconds: float, autotune: bool) -> list[dict]:
+TIMING_NAMES = tuple(c[0] for c in TIMING)
+INTERRUPTED = "interrupted"  # a case's "skipped": the run was stopped (SIGINT) before or in it
+
+
+def timing_cases(names=None) -> list[tuple]:
+    """The cases of TIMING named (all where names is None or empty), in TIMING's order."""
+    if not names:
+        return list(TIMING)
+    unknown = sorted(set(names) - set(TIMING_NAMES))
+    if unknown:
+        raise ValueError(f"no timing case named {', '.join(map(repr, unknown))}; the cases: "
+                         f"{', '.join(map(repr, TIMING_NAMES))}")
+    return [c for c in TIMING if c[0] in set(names)]
+
+
+def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict]:
+    """Each case (default: all of TIMING), attnkit beside SDPA. A SIGINT ends the pass: the
+    case it cut is marked "interrupted" and what the autotuner chose so far still follows."""
+    os.environ["ATTNKIT_TRITON_AUTOTUNE"] = "1" if autotune else "0"
+    # Autotuning off times the shipped defaults, not a GPU's recorded ones
+    # (attnkit/kernels/tile_records.py): a record compares the two.
+    os.environ["ATTNKIT_TILE_RECORDS"] = "0"
+    # Both switches are read when a launch plan is built: the plans of the other setting go.
+    _fa().clear_plans()
+    deadline = time.time() + seconds
+    rows = []
+    todo = timing_cases(cases)
+    try:
+        for name, B, H, M, N, D, causal, kind, bwd in todo:
+            if time.time() > deadline:
+                rows.append({"case": name, "skipped": "time budget"})
+                continue
+            _time_case(rows, autotune, name, B, H, M, N, D, causal, kind, bwd)
+    except KeyboardInterrupt:  # keep what was measured; the cases not reached are named
+        rows += [{"case": c[0], "skipped": INTERRUPTED} for c in todo[len(rows):]]
+    if autotune:
+        # What the autotuner chose, per list and tuning key (the default is each list's first).
+        rows.append({"case": "autotuner choices", "choices": {
+            "/".join(map(str, key)): {str(k): str(c) for k, c in getattr(t, "cache", {}).items()}
+            for key, t in _fa()._TUNERS.items()}})
+    return rows
+
+
+def _time_case(rows, autotune, name, B, H, M, N, D, causal, kind, bwd):
+    """One case of TIMING, its row appended to rows."""
     import torch
     import torch.nn.functional as F
     from triton.testing import do_bench
@@ -318,57 +367,44 @@ def timing(outdir: str, seconds: float, autotune: bool) -> list[dict]:
     from attnkit.kernels.limits import attention_flops
     from attnkit.testing import make_bias, make_qkv, rel_error
 
-    os.environ["ATTNKIT_TRITON_AUTOTUNE"] = "1" if autotune else "0"
-    deadline = time.time() + seconds
-    rows = []
-    for name, B, H, M, N, D, causal, kind, bwd in TIMING:
-        if time.time() > deadline:
-            rows.append({"case": name, "skipped": "time budget"})
-            continue
-        torch.manual_seed(0)
-        q, k, v = make_qkv(B, H, M, N, D, torch.float16, device="cuda", requires_grad=bwd)
-        bias = make_bias(kind, B, H, M, N, torch.float16, device="cuda")
-        flops = attention_flops(B, H, M, N, D, backward=False, causal=causal)
+    torch.manual_seed(0)
+    q, k, v = make_qkv(B, H, M, N, D, torch.float16, device="cuda", requires_grad=bwd)
+    bias = make_bias(kind, B, H, M, N, torch.float16, device="cuda")
+    flops = attention_flops(B, H, M, N, D, backward=False, causal=causal)
+    if bwd:
+        flops += attention_flops(B, H, M, N, D, backward=True, causal=causal)
+    do = torch.randn(B, H, M, D, device="cuda", dtype=torch.float16)
+
+    def ours():
+        o = flash_attention(q, k, v, bias, causal=causal)
         if bwd:
-            flops += attention_flops(B, H, M, N, D, backward=True, causal=causal)
-        do = torch.randn(B, H, M, D, device="cuda", dtype=torch.float16)
+            torch.autograd.grad(o, (q, k, v), do)
+        return o
 
-        def ours():
-            o = flash_attention(q, k, v, bias, causal=causal)
-            if bwd:
-                torch.autograd.grad(o, (q, k, v), do)
-            return o
+    def sdpa():
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+        if bwd:
+            torch.autograd.grad(o, (q, k, v), do)
+        return o
 
-        def sdpa():
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
-            if bwd:
-                torch.autograd.grad(o, (q, k, v), do)
-            return o
-
-        row = {"case": name, "shape": [B, H, M, N, D], "causal": causal, "bias": kind, "backward": bwd,
-               "autotune": autotune}
-        try:
-            t0 = time.time()
-            a, b = ours(), sdpa()
-            row["first_call_s"] = round(time.time() - t0, 2)
-            row["rel_diff_vs_sdpa"] = rel_error(a.detach(), b.detach())
-            for label, fn in (("attnkit", ours), ("sdpa", sdpa)):
-                ms = do_bench(fn, warmup=25, rep=100)
-                row[f"{label}_ms"] = ms
-                row[f"{label}_tflops"] = flops / ms / 1e9
-            row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["attnkit_ms"]
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-        print(f"[timing] {json.dumps(row)}", flush=True)
-        rows.append(row)
-        q = k = v = bias = do = None  # this case's memory, free before the next one
-        torch.cuda.empty_cache()
-    if autotune:
-        # What the autotuner chose, per list and tuning key (the default is each list's first).
-        rows.append({"case": "autotuner choices", "choices": {
-            "/".join(map(str, key)): {str(k): str(c) for k, c in getattr(t, "cache", {}).items()}
-            for key, t in _fa()._TUNERS.items()}})
-    return rows
+    row = {"case": name, "shape": [B, H, M, N, D], "causal": causal, "bias": kind, "backward": bwd,
+           "autotune": autotune}
+    try:
+        t0 = time.time()
+        a, b = ours(), sdpa()
+        row["first_call_s"] = round(time.time() - t0, 2)
+        row["rel_diff_vs_sdpa"] = rel_error(a.detach(), b.detach())
+        for label, fn in (("attnkit", ours), ("sdpa", sdpa)):
+            ms = do_bench(fn, warmup=25, rep=100)
+            row[f"{label}_ms"] = ms
+            row[f"{label}_tflops"] = flops / ms / 1e9
+        row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["attnkit_ms"]
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+    print(f"[timing] {json.dumps(row)}", flush=True)
+    rows.append(row)
+    q = k = v = bias = do = None  # this case's memory, free before the next one
+    torch.cuda.empty_cache()
 
 
 def overhead(outdir: str) -> list[dict]:
@@ -391,6 +427,7 @@ def overhead(outdir: str) -> list[dict]:
                                 ("attnkit, autotune on", "1", lambda: flash_attention(q, k, v)),
                                 ("sdpa", "1", lambda: F.scaled_dot_product_attention(q, k, v))):
         os.environ["ATTNKIT_TRITON_AUTOTUNE"] = autotune
+        _fa().clear_plans()  # the switch is read when a call signature is first met
         with torch.no_grad():
             for _ in range(20):
                 fn()
@@ -426,11 +463,14 @@ def summarize(outdir, records, jobs, native, timings, only, min_index=0):
     ran = {(r["lists"], r["dtype"], r["D"], r["variant"].removesuffix("_grad"), r["causal"], t)
            for r in records if r["ok"] for t in r["tiles"]}
     shipped = shipped_tiles(native, **only)
-    lines += ["## Every shipped tile against float64", "",
-              f"- runs: {len(records)} of {len(jobs)} planned, {len(bad)} failing"
-              + (f" (each list's first {min_index} candidates left out: --min-index)" if min_index else ""),
-              f"- (lists, dtype, head dim, variant, causal, kernel, loads, tile) combinations that ran and "
-              f"passed: {len(ran & shipped)} of {len(shipped)} shipped", ""]
+    if not jobs:  # --skip-tiles: say so, not "0 of N shipped passed"
+        lines += ["## Every shipped tile against float64", "", "- not run (--skip-tiles)", ""]
+    else:
+        lines += ["## Every shipped tile against float64", "",
+                  f"- runs: {len(records)} of {len(jobs)} planned, {len(bad)} failing"
+                  + (f" (each list's first {min_index} candidates left out: --min-index)" if min_index else ""),
+                  f"- (lists, dtype, head dim, variant, causal, kernel, loads, tile) combinations that ran and "
+                  f"passed: {len(ran & shipped)} of {len(shipped)} shipped", ""]
     for lists in sorted({j["lists"] for j in jobs}):
         mine = [r for r in records if r["lists"] == lists]
         sh = {s for s in shipped if s[0] == lists}
@@ -463,12 +503,19 @@ def summarize(outdir, records, jobs, native, timings, only, min_index=0):
     print(text, flush=True)
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (no GPU needed): an unknown option or timing case is an error."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
     ap.add_argument("--seconds", type=float, default=240, help="time for the tile sweep")
     ap.add_argument("--workers", type=int, default=min(10, max(1, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--timing-seconds", type=float, default=90)
+    ap.add_argument("--timing-seconds", type=float, default=90,
+                    help="time for the timing (0.7 with default tiles, 0.3 autotuned); 0 leaves it out")
+    ap.add_argument("--timing-case", action="append", choices=TIMING_NAMES, metavar="NAME",
+                    help="repeatable; time these cases only, in the table's order (default all: "
+                    + ", ".join(map(repr, TIMING_NAMES)) + ")")
+    ap.add_argument("--no-host", action="store_true",
+                    help="leave out the host time per call of a tiny call (and its profile)")
     ap.add_argument("--skip-tiles", action="store_true")
     ap.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default all")
     ap.add_argument("--head-dim", action="append", type=int, help=f"repeatable; default {HEAD_DIMS}")
@@ -479,6 +526,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.min_index < 0:
         ap.error(f"--min-index {args.min_index}: must be 0 or more")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     only = dict(dtypes=tuple(args.dtype or DTYPES), head_dims=tuple(args.head_dim or HEAD_DIMS),
                 variants=tuple(args.variant or VARIANTS), lists_too=not args.native_only)
     import torch
@@ -492,12 +544,16 @@ def main(argv=None):
         records, jobs, native = sweep(args.outdir, args.seconds, args.workers, args.min_index, **only)
     timings = []
     if args.timing_seconds > 0:
-        timings = timing(args.outdir, args.timing_seconds * 0.7, autotune=False)
-        timings += timing(args.outdir, args.timing_seconds * 0.3, autotune=True)
-        try:
-            timings += overhead(args.outdir)
-        except Exception as e:  # noqa: BLE001 (the rest of the record still counts)
-            timings.append({"case": "host overhead", "error": f"{type(e).__name__}: {e}"[:300]})
+        cases = args.timing_case
+        timings = timing(args.outdir, args.timing_seconds * 0.7, autotune=False, cases=cases)
+        # A SIGINT (the suite's cap) stops the run: what was measured is still written.
+        if not any(t.get("skipped") == INTERRUPTED for t in timings):
+            timings += timing(args.outdir, args.timing_seconds * 0.3, autotune=True, cases=cases)
+        if not (args.no_host or any(t.get("skipped") == INTERRUPTED for t in timings)):
+            try:
+                timings += overhead(args.outdir)
+            except Exception as e:  # noqa: BLE001 (the rest of the record still counts)
+                timings.append({"case": "host overhead", "error": f"{type(e).__name__}: {e}"[:300]})
         with open(os.path.join(args.outdir, "timing.json"), "w") as f:
             json.dump(timings, f, indent=1)
     summarize(args.outdir, records, jobs, native, timings, only, args.min_index)

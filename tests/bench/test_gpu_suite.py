@@ -4,6 +4,7 @@ results.json and table.md as a section (the 16-bit kernel check at CPU size)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -33,14 +34,37 @@ def test_the_quick_plan_measures_what_the_issue_asks_within_8_minutes():
     steps, total, out = _plan("--quick")
     names = [n for n, _ in steps]
     # the ladder's compiled and CUDA-graph rows (sdpa; attnkit's auto and triton), Flux's
-    # compiled table 5, host time per call, the 16-bit kernel check, the microbenchmarks
-    assert names == ["table1", "table2-sdpa", "table2-attnkit", "table5-flux", "kernels16", "overhead", "launch",
-                     "kernels"]
+    # compiled table 5, the 16-bit kernel check, the kernel's default tiles beside the
+    # autotuner's choice (what per-GPU default tiles are made from), host time per call, the
+    # microbenchmarks
+    assert names == ["table1", "table2-sdpa", "table2-attnkit", "table5-flux", "kernels16", "tile-timing",
+                     "overhead", "launch", "kernels"]
     assert all(cap >= 30 for _, cap in steps)
     assert total == sum(cap for _, cap in steps) <= 480, out
     # a subset is planned as asked
     steps, total, _ = _plan("--quick", ATTNKIT_SUITE_STEPS="table2-sdpa,overhead")
     assert [n for n, _ in steps] == ["table2-sdpa", "overhead"] and total == sum(c for _, c in steps)
+
+
+def test_the_quick_tile_timing_step_records_default_and_autotuned_timings_into_the_record():
+    """tile-timing runs gpu_tiles.py's timing alone (no tile sweep, no host time) on cases
+    TIMING names, with the step's own budget, into the record's tiles/ (as the full plan's
+    tiles step), which the record's README then lists."""
+    steps, _, out = _plan("--quick", ATTNKIT_SUITE_STEPS="tile-timing")
+    assert steps == [("tile-timing", 45)], out
+    text = SUITE.read_text()
+    call = re.search(r'^\s*run_step tile-timing (.*?[^\\])$', text, re.M | re.S)
+    assert call, "no tile-timing step"
+    cmd = call[1].replace("\\\n", " ")
+    assert '"$PY" "$REPO/bench/gpu_tiles.py" "$RECORD/tiles"' in cmd
+    assert all(f in cmd for f in ("--skip-tiles", "--no-host", "--timing-seconds @INNER@")), cmd
+    cases = re.findall(r'--timing-case (?:"([^"]+)"|(\S+))', cmd)
+    spec = importlib.util.spec_from_file_location("bench_gpu_tiles_suite", ROOT / "bench" / "gpu_tiles.py")
+    gpu_tiles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_tiles)
+    assert [a or b for a, b in cases] == ["sd15 d40", "d64", "d128", "d128 full bias"]
+    assert {a or b for a, b in cases} <= set(gpu_tiles.TIMING_NAMES)
+    assert '[ -d "$RECORD/tiles" ]' in text  # the README's table names the folder
 
 
 def test_the_script_runs_its_steps_in_the_plans_order():
