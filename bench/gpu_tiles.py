@@ -510,7 +510,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=240, help="time for the tile sweep")
     ap.add_argument("--workers", type=int, default=min(10, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--timing-seconds", type=float, default=90,
-                    help="time for the timing (0.7 with default tiles, 0.3 autotuned); 0 leaves it out")
+                    help="time for the timing (with default tiles, then autotuned: see --autotune-share); "
+                         "0 leaves it out")
+    ap.add_argument("--autotune-share", type=float, default=0.3,
+                    help="the share of --timing-seconds the autotuned pass gets (default %(default)s; it compiles "
+                         "every candidate of each list)")
     ap.add_argument("--timing-case", action="append", choices=TIMING_NAMES, metavar="NAME",
                     help="repeatable; time these cases only, in the table's order (default all: "
                     + ", ".join(map(repr, TIMING_NAMES)) + ")")
@@ -524,6 +528,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--min-index", type=int, default=0,
                     help="leave out each list's first N candidates (1: all but the defaults)")
     args = ap.parse_args(argv)
+    if not 0 < args.autotune_share < 1:
+        ap.error(f"--autotune-share {args.autotune_share}: must be between 0 and 1 (both passes run)")
     if args.min_index < 0:
         ap.error(f"--min-index {args.min_index}: must be 0 or more")
     return args
@@ -545,10 +551,10 @@ def main(argv=None):
     timings = []
     if args.timing_seconds > 0:
         cases = args.timing_case
-        timings = timing(args.outdir, args.timing_seconds * 0.7, autotune=False, cases=cases)
+        timings = timing(args.outdir, args.timing_seconds * (1 - args.autotune_share), autotune=False, cases=cases)
         # A SIGINT (the suite's cap) stops the run: what was measured is still written.
         if not any(t.get("skipped") == INTERRUPTED for t in timings):
-            timings += timing(args.outdir, args.timing_seconds * 0.3, autotune=True, cases=cases)
+            timings += timing(args.outdir, args.timing_seconds * args.autotune_share, autotune=True, cases=cases)
         if not (args.no_host or any(t.get("skipped") == INTERRUPTED for t in timings)):
             try:
                 timings += overhead(args.outdir)

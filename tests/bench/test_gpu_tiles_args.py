@@ -82,3 +82,13 @@ def test_a_sigint_keeps_the_cases_measured_and_the_autotuners_choices(gpu_tiles,
                          {"case": "d64", "skipped": gpu_tiles.INTERRUPTED}]
     assert rows[3] == {"case": "autotuner choices", "choices": {"sm90/fwd": {"(64, 4096, 4096, False)": "BLOCK_M=128"}}}
     assert len(rows) == 4
+
+
+def test_the_autotuned_share_of_the_timing(gpu_tiles, capsys):
+    assert gpu_tiles.parse_args(["out"]).autotune_share == 0.3
+    assert gpu_tiles.parse_args(["out", "--autotune-share", "0.65"]).autotune_share == 0.65
+    for bad in ("0", "1", "1.5"):
+        with pytest.raises(SystemExit) as exc:
+            gpu_tiles.parse_args(["out", "--autotune-share", bad])
+        assert exc.value.code == 2
+        assert f"--autotune-share {float(bad)}: must be between 0 and 1" in capsys.readouterr().err
