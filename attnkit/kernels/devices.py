@@ -30,7 +30,15 @@ signature does not say whether its mask needs one.
 
 from __future__ import annotations
 
+import re
+
 from . import limits
+
+
+def record_folder(name: str) -> str:
+    """A device name as ``bench/results/`` names its record: lower case, dashes
+    ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3")."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 # The opt-in maximum of shared memory per block, in bytes, by compute capability.
 SHARED_MEMORY = {

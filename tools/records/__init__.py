@@ -1,7 +1,7 @@
 """The per-GPU backend preferences auto() takes from the committed GPU records.
 
-    python -m tools.records            # writes attnkit/choose/records.py
-    python -m tools.records --check    # exits 1 if that file is not what the records give
+    python -m tools.records            # writes attnkit/choose/records.py and attnkit/kernels/tile_records.py
+    python -m tools.records --check    # exits 1 if either is not what the records give
 
 Inputs, all under ``bench/results/<gpu>/`` (one folder per device, named after
 ``torch.cuda.get_device_name()`` in lower case with dashes):
@@ -26,10 +26,15 @@ a causal call, a shorter one, or another GPU gets no rule.
 :data:`WITHDRAWN` lists measurements that no longer describe the code, each with why;
 the generated module names them in its header.
 
-No tile table is generated: the ``tiles-*/`` folders hold correctness runs
-(``tiles.jsonl``: every tile against float64, no time), and the only tiles chosen by
-timing, the autotuner's choices in the H100's ``timing/timing.json``, were not all
-faster than the default they replaced (head dim 128 forward: 1.306 ms autotuned against
-1.250 ms with the default tile, in the same run), so they are not evidence of a better
-default.
+Default tiles per GPU (``attnkit/kernels/tile_records.py``, the same command):
+where a ``timing.json`` logs the autotuner's choices (``gpu_tiles.py``'s "autotuner
+choices" row) and times a case both with autotuning off (the shipped default tile) and on
+(the choice), in the same run, with the choice at least :data:`THRESHOLD` times as fast,
+the choice becomes the GPU's default for each list the case ran, for calls at least as
+long (``generate.make_tile_rules``). The H100's ``timing/timing.json`` gives four: the
+head-dim-64 band without a bias (SD1.5's D=40, SDXL's D=64), forward 1.32-1.40x and
+forward and backward 1.14x. Its head dim 128 choices were slower than the default they
+would replace (1.306 ms autotuned against 1.250 ms), so that list keeps its default. The
+``tiles-*/`` folders hold correctness runs (every tile against float64, no time); the
+H200's timings logged no choices.
 """

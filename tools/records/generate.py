@@ -4,6 +4,7 @@ what is read and how a rule is made)."""
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import sys
@@ -249,20 +250,174 @@ def main(argv: list[str] | None = None) -> int:
                         help="write nothing; exit 1 if the file differs from what the records give")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the records' folder (default: %(default)s)")
     parser.add_argument("--file", type=Path, default=OUTPUT, help="the generated module (default: %(default)s)")
+    parser.add_argument("--tiles-file", type=Path, default=TILE_OUTPUT,
+                        help="the generated module of default tiles per GPU (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
-        text = generate(args.results)
+        outputs = ((args.file, generate(args.results), "Rule"),
+                   (args.tiles_file, generate_tiles(args.results), "TileRule"))
     except RecordError as e:
         print(f"{COMMAND}: {e}", file=sys.stderr)
         return 2
     if args.check:
-        old = args.file.read_text() if args.file.is_file() else ""
-        if old != text:
-            print(f"{args.file} is not what the records under {args.results} give: run `{COMMAND}` "
+        stale = [path for path, text, _ in outputs if (path.read_text() if path.is_file() else "") != text]
+        for path in stale:
+            print(f"{path} is not what the records under {args.results} give: run `{COMMAND}` "
                   "(never edit it by hand)")
+        if stale:
             return 1
-        print(f"{args.file}: up to date")
+        print(", ".join(str(path) for path, _, _ in outputs) + ": up to date")
         return 0
-    args.file.write_text(text)
-    print(f"wrote {args.file}: {text.count(chr(10) + '    Rule(')} rules")
+    for path, text, rule in outputs:
+        path.write_text(text)
+        print(f"wrote {path}: {text.count(chr(10) + '    ' + rule + '(')} rules")
     return 0
+
+
+# -- default tiles per GPU ---------------------------------------------------------------
+
+TILE_OUTPUT = ROOT / "attnkit" / "kernels" / "tile_records.py"
+# gpu_tiles.py's bias kinds -> the kernels' bias variants
+VARIANTS = {"none": "none", "key_padding": "keypad", "full": "full"}
+
+
+@dataclass(frozen=True)
+class TileRule:
+    gpu: str
+    target: str  # the tile lists' target ("sm90", "sm80")
+    kernel: str
+    width: str
+    band: int
+    variant: str
+    causal: bool
+    loads: str  # "tma" or "ptr"
+    dtype: str  # the timings' dtype ("float16"): another dtype of the width gets no rule
+    tile: str  # str(TileConfig): M128-N64-w8-s3
+    replaces: str  # the list's shipped default for the call
+    min_q: int
+    min_kv: int
+    gain: float  # the case's time with autotuning off / on, in the same run
+    record: str  # the autotune-on row: "<path>#<row>", path under bench/results/<gpu>/
+
+
+def _tile_name(config: str) -> str:
+    """str(TileConfig) of a Triton config as str(triton.Config) writes it."""
+    kv = dict(part.split(": ", 1) for part in config.split(", "))
+    try:
+        name = f"M{kv['BLOCK_M']}-N{kv['BLOCK_N']}-w{kv['num_warps']}-s{kv['num_stages']}"
+    except KeyError as e:
+        raise RecordError(f"autotuner choice {config!r} lacks {e}") from None
+    return name + ("-r" if kv.get("RELOAD") == "True" else "") + (
+        f"-reg{kv['maxnreg']}" if kv.get("maxnreg", "None") != "None" else "")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _shipped(target, kernel, width, band, variant, causal, loads, head_dim) -> list[str]:
+    """The shipped candidates (str(TileConfig)) serving a call, the default first (as
+    attnkit.kernels.flash.launch.configs_for filters them)."""
+    from attnkit.kernels import limits
+    from attnkit.kernels.flash.tiles import CONFIGS
+
+    padded = limits.padded_head_dim(head_dim)
+    cands = CONFIGS.get(target, {}).get(kernel, {}).get(width, {}).get(band, ())
+    return [str(c) for c in cands if variant in c.variants and causal in c.causal and loads in c.loads
+            and (c.dims is None or c.dims[0] <= padded <= c.dims[1])]
+
+
+def make_tile_rules(gpus: dict[str, GPU], results: Path = RESULTS) -> list[TileRule]:
+    """A list's default tile on a GPU, where a record timed a case with the shipped
+    default (autotuning off) and with the autotuner's choice (on) in the same run, the
+    choice at least THRESHOLD times as fast, and the run logged what the autotuner chose
+    for each list it tuned (gpu_tiles.py's "autotuner choices" row). The choice becomes
+    the default of each list the case ran (the forward; with a backward, the forward
+    with its residual and both backward kernels) for calls at least as long as the
+    case. Two cases that chose different tiles for one list give it no rule."""
+    found: dict[tuple, list[TileRule]] = {}
+    for folder in gpus:
+        for timing in sorted((results / folder).rglob("timing.json")):
+            rows = json.loads(timing.read_text())
+            rel = timing.relative_to(results / folder).as_posix()
+            choices = [r for r in rows if r.get("case") == "autotuner choices"]
+            if not choices:
+                continue
+            dtype, _ = _summary(timing)
+            by_case: dict[str, dict] = {}
+            for i, row in enumerate(rows):
+                if "attnkit_ms" in row and "autotune" in row:
+                    by_case.setdefault(row["case"], {})[bool(row["autotune"])] = (i, row)
+            for case, runs in by_case.items():
+                if set(runs) != {False, True}:
+                    continue
+                (_, off), (i_on, on) = runs[False], runs[True]
+                gain = off["attnkit_ms"] / on["attnkit_ms"]
+                if gain < THRESHOLD or on.get("bias") not in VARIANTS:
+                    continue
+                _, _, m, n, d = on["shape"]
+                kernels = ("fwd_lo", "dkdv", "dq") if on["backward"] else ("fwd",)
+                for list_key, picks in choices[-1]["choices"].items():
+                    target, kernel, width, band, variant, causal, tma = list_key.split("/")
+                    if kernel not in kernels or variant != VARIANTS[on["bias"]] or (causal == "True") != on["causal"]:
+                        continue
+                    for key, config in picks.items():
+                        tune = ast.literal_eval(key)
+                        if tuple(tune[:4]) != (d, _pow2(m), _pow2(n), on["causal"]):
+                            continue
+                        loads = "tma" if tma == "True" else "ptr"
+                        shipped = _shipped(target, kernel, width, int(band), variant, causal == "True", loads, d)
+                        tile = _tile_name(config)
+                        if tile not in shipped:
+                            raise RecordError(f"{folder}/{rel}: the autotuner chose {tile} for {list_key}, which "
+                                              f"the shipped list no longer holds ({', '.join(shipped)})")
+                        rule = TileRule(folder, target, kernel, width, int(band), variant, causal == "True", loads,
+                                        dtype, tile, shipped[0], m, n, round(gain, 3), f"{rel}#{i_on}")
+                        found.setdefault((folder, target, kernel, width, int(band), variant, rule.causal, loads,
+                                          dtype), []).append(rule)
+    rules = []
+    for same in found.values():
+        if len({r.tile for r in same}) != 1 or same[0].tile == same[0].replaces:
+            continue  # the cases disagree, or the autotuner kept the default
+        rules.append(TileRule(**{**same[0].__dict__, "min_q": min(r.min_q for r in same),
+                                 "min_kv": min(r.min_kv for r in same), "gain": min(r.gain for r in same),
+                                 "record": min(same, key=lambda r: r.gain).record}))
+    return sorted(rules, key=lambda r: (r.gpu, r.target, r.kernel, r.width, r.band, r.variant, r.causal, r.loads))
+
+
+TILE_HEADER = f'''\
+# Per-GPU default tiles of the Triton kernels, from the committed GPU records: one rule a line.
+#
+# Generated by tools/records (`{COMMAND}`) from the timing.json files under
+# bench/results/<gpu>/ that log the autotuner's choices (bench/gpu_tiles.py). Do not edit by
+# hand: rerun the command after a record or a tile list changes; tests/choose/test_records.py
+# checks this file.
+#
+# A rule: on GPU `gpu` (a folder of bench/results, attnkit/choose/records.py's GPUS), the
+# list (target, kernel, width, band, variant, causal, loads) of attnkit/kernels/flash/tiles.py
+# starts with `tile` instead of `replaces` for calls in `dtype` with q_len >= min_q and
+# kv_len >= min_kv (the default was the record's commit's: the lists may have changed since),
+# because a record timed such a call with the autotuner's choice `tile` at least THRESHOLD
+# times as fast as with the default (`gain`: the time with autotuning off / on, same run;
+# `record`: the autotune-on row, "<path>#<index in the JSON list>"). It is the tile used
+# with ATTNKIT_TRITON_AUTOTUNE=0; with autotuning on, the autotuner still times every
+# candidate. Every tile is a shipped candidate of its list, so the static report compiles it.
+# A GPU, list or length without a rule keeps the shipped order.
+'''
+
+
+def render_tiles(rules: list[TileRule]) -> str:
+    lines = [TILE_HEADER.rstrip("\n"), "",
+             "from collections import namedtuple", "",
+             'TileRule = namedtuple("TileRule", "gpu target kernel width band variant causal loads dtype tile '
+             'replaces min_q min_kv gain record")', "",
+             f"THRESHOLD = {THRESHOLD!r}", "",
+             "TILE_RULES = ("]
+    lines += [f"    TileRule{tuple(r.__dict__.values())!r}," for r in rules]
+    lines += [")", ""]
+    return "\n".join(lines)
+
+
+def generate_tiles(results: Path = RESULTS) -> str:
+    """The text of attnkit/kernels/tile_records.py for the records under ``results``."""
+    return render_tiles(make_tile_rules(read_gpus(results), results))

@@ -20,6 +20,7 @@ from ..limits import _next_pow2, padded_head_dim, split_head_dim
 from .kernels import DESCRIPTORS, FULL_BIAS, KERNELS, KEY_BIAS, LOG2E, NO_BIAS, _attn_bwd_delta
 from .lengths import _key_lengths_kernel
 from .tile_config import TileConfig
+from ..tile_records import TILE_RULES
 from .tiles import CONFIGS
 
 # Triton's interpreter runs the same kernels on CPU tensors (for tests and debugging);
@@ -119,17 +120,72 @@ def _set_boxes(kernel: str):
 _TUNE_KEY = ("HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA", "PIECE", "GRADS")
 
 
+# Under the interpreter, the GPU record (a folder of bench/results) the launcher takes the
+# device for, for its default tiles (tile_records.py); None: none (tests set it).
+INTERPRET_GPU: Optional[str] = None
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_record(index: int) -> str:
+    return devices.record_folder(torch.cuda.get_device_name(index))
+
+
+def _record_of(device: torch.device) -> Optional[str]:
+    """The GPU record folder of a device's name (INTERPRET_GPU on the CPU)."""
+    if device.type != "cuda":
+        return INTERPRET_GPU
+    return _cuda_record(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def recorded_tile(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
+                  causal: bool, tma: bool, lengths: Optional[tuple] = None):
+    """The rule of tile_records.py (generated from the GPU records) that makes another
+    shipped candidate this call's default on its GPU, or None: a GPU, list or length
+    without one keeps the shipped order, and so does every call with
+    ATTNKIT_TILE_RECORDS=0 (read when a call signature is first met: bench/gpu_tiles.py
+    times the shipped defaults with it, so that a record measures them against the
+    autotuner's choices)."""
+    if lengths is None or os.environ.get("ATTNKIT_TILE_RECORDS", "1") in ("0", ""):
+        return None
+    folder = _record_of(device)
+    if folder is None:
+        return None
+    key = (folder, arch_of(device), kernel, _width(dtype), _band(_padded(head_dim)), variant, causal,
+           "tma" if tma else "ptr")
+    dtype_name = str(dtype).replace("torch.", "")
+    for rule in TILE_RULES:
+        if rule[:8] == key and rule.dtype == dtype_name and lengths[0] >= rule.min_q and lengths[1] >= rule.min_kv:
+            return rule
+    return None
+
+
+def _default_tile(cands: tuple, kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
+                  causal: bool, tma: bool, lengths: Optional[tuple]) -> TileConfig:
+    """The tile a call runs without autotuning: its GPU's recorded default where a rule
+    covers the call and names a candidate serving it, else the list's first."""
+    rule = recorded_tile(kernel, head_dim, dtype, device, variant, causal, tma, lengths)
+    if rule is not None:
+        for c in cands:
+            if str(c) == rule.tile:
+                return c
+    return cands[0]
+
+
 def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
-                causal: bool, tma: bool):
-    """(callable kernel, fixed config or None): the autotuner, or the plain kernel."""
+                causal: bool, tma: bool, lengths: Optional[tuple] = None):
+    """(callable kernel, fixed config or None): the autotuner, or the plain kernel with
+    its default tile (the GPU's recorded one where tile_records.py has a rule for the
+    call's list and lengths (M, N), else the list's first)."""
     arch = arch_of(device)
     if INTERPRET:
         if INTERPRET_SHIPPED_TILES:
-            return KERNELS[kernel], configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)[0]
+            cands = configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)
+            return KERNELS[kernel], _default_tile(cands, kernel, head_dim, dtype, device, variant, causal, tma,
+                                                  lengths)
         return KERNELS[kernel], INTERPRET_CONFIG
     cands = configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)
     if not _autotune_enabled() or len(cands) == 1:
-        return KERNELS[kernel], cands[0]
+        return KERNELS[kernel], _default_tile(cands, kernel, head_dim, dtype, device, variant, causal, tma, lengths)
     key = (arch, kernel, _width(dtype), _band(_padded(head_dim)), variant, causal, tma)
     tuner = _TUNERS.get(key)
     if tuner is None:
@@ -652,7 +708,7 @@ class _ForwardPlan:
                       N_KEY=n_key, HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16, STORE_LO=store_lo)
-        fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
+        fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
         self.launch = _Launch(kernel, KERNELS[kernel], fn, tile, static, M, "BLOCK_M", B, H,
                               cuda=q.device.type == "cuda")
         self.streams = _Streams(DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1)
@@ -824,7 +880,7 @@ class _BackwardPlan:
         for piece, which in [(p, g) for p in pieces for g in (("dk", "dv") if p >= 0 else ("dkdv",))]:
             grad = per_key and piece <= 0 and which != "dv"
             kernel = "dkdv_dbias" if grad else "dkdv"
-            fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
+            fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
             self.dkdv.append(_Launch(kernel, KERNELS[kernel], fn, tile,
                                      dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=which), N, "BLOCK_N",
                                      B, H, cuda=cuda))
@@ -838,7 +894,7 @@ class _BackwardPlan:
         for piece in pieces:
             grad = per_query and piece <= 0
             kernel = "dq_dbias" if grad else "dq"
-            fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma)
+            fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
             self.dq.append(_Launch(kernel, KERNELS[kernel], fn, tile, dict(static, BIAS_GRAD=grad, TMA=tma,
                                                                           PIECE=piece), M, "BLOCK_M", B, H,
                                    cuda=cuda))
