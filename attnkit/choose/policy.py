@@ -24,13 +24,13 @@ behind a call's rule, so logs, errors and ``explain()`` show it.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo, get_backend
 from ..backends.base import dtype_name, package_version
-from ..kernels.devices import record_folder
 from . import records
 
 # What auto() can choose: label -> (registered backend name, constructor options).
@@ -196,7 +196,11 @@ RECORDS_DIR = "bench/results"
 Rule = records.Rule
 
 
-device_folder = record_folder  # a device name as bench/results/ names its record
+def device_folder(name: str) -> str:
+    """A device name as ``bench/results/`` names its record: lower case, dashes
+    ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"; the launcher's own copy,
+    attnkit.kernels.devices.record_folder, names the records of its default tiles alike)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def record_of(device: DeviceInfo) -> str | None:

@@ -145,3 +145,12 @@ def test_info_names_the_record_behind_each_default_tile():
     fwd = next(r for r in rows if r["list"].startswith("sm90 fwd "))
     assert fwd["calls"] == "float16, q_len >= 4096, kv_len >= 4096" and "1.32x" in fwd["source"]
     assert info.record_rules(DeviceInfo("cuda", (9, 0), "NVIDIA H200"), AutoChooser(), {})["tiles"] == []
+
+
+def test_the_launcher_names_a_gpus_record_as_the_records_do():
+    from attnkit.choose import policy
+    from attnkit.kernels import devices
+
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-80GB"):
+        assert devices.record_folder(name) == policy.device_folder(name) == gen.device_folder(name)
+    assert devices.record_folder("NVIDIA H100 80GB HBM3") == H100
