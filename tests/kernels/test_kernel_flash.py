@@ -360,12 +360,14 @@ def test_bias_gradient_is_written_by_one_kernel_and_only_when_needed(monkeypatch
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_a_16_bit_bias_reaches_the_kernels_as_float32(dtype, monkeypatch, seed):
-    """The kernels are compiled (and their tiles chosen, by the static report) for a
-    float32 bias: a 16-bit pointer compiles to other code, which on sm_90 needed more
-    shared memory than the GPU has (a key-padding mask at head dim 128). So a bias in
-    the model's dtype, as diffusers passes it, is converted first, and its gradient
-    comes back in its own dtype."""
+def test_a_16_bit_bias_reaches_a_differentiated_call_as_float32(dtype, monkeypatch, seed):
+    """The backward kernels, and the forward with a key-padding bias, are compiled (and
+    their tiles chosen, by the static report) for a float32 bias: a 16-bit pointer
+    compiles to other code, which on sm_90 needed more shared memory than the GPU has
+    (a key-padding mask at head dim 128). So in a call autograd will differentiate, a
+    bias in the model's dtype, as diffusers passes it, is converted first, and its
+    gradient comes back in its own dtype (tests/kernels/test_bias16.py: the inference
+    forward reads a full one as it is)."""
     biases = []
     real = fl._run
 

@@ -44,7 +44,8 @@ exponential is one; 16-bit inputs and tf32 run on tensor cores, where the gate h
 and on GPUs auto() sends fp32 to SDPA first.
 
 Compiled variants. The kernels specialise on the bias (none, key padding, a full
-(B, H, M, N) fp32 bias), on causality, and on Hopper on TMA or pointer loads (TMA where
+(B, H, M, N) fp32 bias; and "full16", the inference forward's full bias in the inputs'
+16-bit dtype, read as it is at BIAS_ALIGN = launch.BIAS_16BIT_ALIGN), on causality, and on Hopper on TMA or pointer loads (TMA where
 the tensors are 16-byte aligned; both can run). The budget gates the variant a target
 runs for aligned inputs: TMA loads on sm_90 (16-bit), pointer loads elsewhere; the
 pointer variant on sm_90 is gated for spills, shared memory and duplication, and its
@@ -55,7 +56,7 @@ fwd_lo is the forward that also stores its rounding residual for the backward (1
 only). --quick compiles the default (first) configuration of each list only.
 
 Resuming. A row is keyed by source_key() (key.py: a hash of the code of the kernels,
-limits.py, sass.py, the launcher's _align and _COMPILE_OPTIONS, and this tool's functions
+limits.py, sass.py, the launcher's _align, _COMPILE_OPTIONS and BIAS_16BIT_ALIGN, and this tool's functions
 that compile and read a row; comments and docstrings left out) and by its own tile and
 variant (compile_spec). --resume keeps every row of the report in the output folder, and
 of the checkpoint rows.partial.jsonl that each run appends to as it compiles, whose key

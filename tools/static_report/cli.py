@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                     help="repeatable; default " + " ".join(map(str, HEAD_DIMS)))
     ap.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default fp16 bf16 fp32")
     ap.add_argument("--arch", action="append", type=int, choices=ARCHS, help="repeatable; default 80 90")
-    ap.add_argument("--bias", action="append", choices=BIASES, help="repeatable; default none keypad full")
+    ap.add_argument("--bias", action="append", choices=BIASES, help="repeatable; default none keypad full full16")
     ap.add_argument("--causal", action="append", type=int, choices=(0, 1), help="repeatable; default 0 1")
     ap.add_argument("--loads", action="append", choices=("tma", "ptr"),
                     help="repeatable; default both where a target has TMA")

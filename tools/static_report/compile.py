@@ -283,15 +283,18 @@ def compile_job(job: Job) -> Result:
                 for name in names:
                     width = d1 if name.endswith("1") and d1 else d0
                     descriptors[name] = f"tensordesc<{t}[1,1,{rows},{width}]>"
-        pointer_types = {"Bias": "*fp32", "Lse": "*fp32", "LseShift": "*fp32", "Delta": "*fp32",
-                         "DBias": "*fp32", "Lens": "*i32", "Plain": "*i32"}
+        # "full16": a full bias in the inputs' 16-bit dtype, read as it is, at the least
+        # alignment the launcher reads one at (BIAS_16BIT_ALIGN); every other bias in float32.
+        bias16 = job.bias == "full16"
+        pointer_types = {"Bias": _PTR[job.dtype] if bias16 else "*fp32", "Lse": "*fp32", "LseShift": "*fp32",
+                         "Delta": "*fp32", "DBias": "*fp32", "Lens": "*i32", "Plain": "*i32"}
         sig = _signature(fn, job.dtype, pointer_types, descriptors)
         constexprs = dict(
             HEAD_DIM=job.head_dim, D0=d0, D1=d1, BLOCK_M=bm, BLOCK_N=bn, RELOAD=bool(reload),
-            BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS}[job.bias],
+            BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS, "full16": fk.FULL_BIAS}[job.bias],
             CAUSAL=job.causal, TMA=job.tma,
             # A (B, N, H, D) layout: head stride D, row stride H * D.
-            ALIGN=fl._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True,
+            ALIGN=fl._align(job.head_dim), BIAS_ALIGN=fl.BIAS_16BIT_ALIGN if bias16 else 1, BIAS_CONTIG=True,
             PRECISION="tf32" if job.dtype != "fp32" else "ieee", EMULATE_BF16=False,
         )
         if base == "fwd":

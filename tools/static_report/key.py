@@ -3,8 +3,8 @@ compiled and analysed from, and compile_spec(), what one row is compiled from be
 that code (its tile and variant).
 
 A row is kept by --resume while both are the same: a comment, a docstring, a line moved,
-an edit of the launcher's other host code (ops.py, launch.py outside _align and
-_COMPILE_OPTIONS) or of the tile table (tiles.py) keeps every other row; an edit of the
+an edit of the launcher's other host code (ops.py, launch.py outside _align,
+_COMPILE_OPTIONS and BIAS_16BIT_ALIGN) or of the tile table (tiles.py) keeps every other row; an edit of the
 kernels' code, of the head-dim split (limits.py), of the SASS analysis (sass.py) or of
 the functions that compile and read a row (_ROW_FUNCTIONS, found by name in any module
 of tools/static_report, so they may move between its modules) makes every row stale.
@@ -27,7 +27,7 @@ from .compile import Job
 _ROW_MODULES = ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/limits.py", "tools/static_report/sass.py")
 _ROW_FUNCTIONS = ("compile_job", "analyse", "_read_cubin", "_compile", "_signature", "_tool", "Result", "Job")
 # The host helpers of attnkit/kernels/flash/launch.py that compile_job reads.
-_ROW_HELPERS = ("_align", "_COMPILE_OPTIONS")
+_ROW_HELPERS = ("_align", "_COMPILE_OPTIONS", "BIAS_16BIT_ALIGN")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

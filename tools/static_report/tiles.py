@@ -11,7 +11,7 @@ An entry is (target, kernel, width, head-dim band, tile); a list's entries keep 
 (its first entry that serves a call is the call's default). --add appends to its list, or
 inserts at --position (0: the list's new default); the tile is written as in tiles.py,
 T(block_m, block_n, num_warps, num_stages, field=value, ...) with the names N, K, F, NK,
-KF, NF, TMA, PTR, CAUSAL, UNCAUSAL. --remove names the tile as the report does
+KF, NF, F16 (the full 16-bit bias, served only by the entries that name it), TMA, PTR, CAUSAL, UNCAUSAL. --remove names the tile as the report does
 (str(TileConfig): M128-N64-w8-s2, -r for reload, -reg255 for a register cap), or by its
 T(...) where two tiles of a list share that name; it fails, naming the list's tiles, when
 none or two match. --budgets sets the budget of each entry that has one (None: not gated)
@@ -40,7 +40,7 @@ from attnkit.kernels.flash import tile_config
 TILES_PATH = "attnkit/kernels/flash/tiles.py"
 
 # The names tiles.py writes the sets with (tile_config's short names).
-_SET_NAMES = {getattr(tile_config, n): n for n in ("N", "K", "F", "NK", "KF", "NF", "TMA", "PTR")}
+_SET_NAMES = {getattr(tile_config, n): n for n in ("N", "K", "F", "NK", "KF", "NF", "F16", "TMA", "PTR")}
 _CAUSAL_NAMES = {tile_config.UNCAUSAL: "UNCAUSAL", tile_config.CAUSAL: "CAUSAL"}
 
 HEADER = """# The autotuning candidates of the flash-attention kernels: one entry a line,
@@ -115,7 +115,7 @@ def tile_source(t: tile_config.TileConfig) -> str:
 def render(entries) -> str:
     """The text of tiles.py for (target, kernel, width, band, tile) entries."""
     lines = [HEADER.rstrip("\n"), "",
-             "from .tile_config import CAUSAL, F, K, KF, N, NF, NK, PTR, TMA, UNCAUSAL, nest  # noqa: F401",
+             "from .tile_config import CAUSAL, F, F16, K, KF, N, NF, NK, PTR, TMA, UNCAUSAL, nest  # noqa: F401",
              "from .tile_config import TileConfig as T", "",
              "ENTRIES = ("]
     last = None

@@ -38,8 +38,10 @@ Everything else the callers of a diffusion model produce:
 
 * M and N from 1 up, any remainder: full tiles run without bounds checks and the last
   masked tile handles the remainder.
-* attn_bias broadcastable to (B, H, M, N), in float32 (a bool or 16-bit bias is converted
-  once, in its own shape), read through its strides (0 on broadcast dims); a key-padding
+* attn_bias broadcastable to (B, H, M, N), in float32, or for the inference forward a full
+  bias in the inputs' 16-bit dtype with even strides (BIAS_ALIGN 2: "full16"), widened to
+  float32 as each tile loads (any other bool or 16-bit bias is converted once, in its own
+  shape, by the launcher), read through its strides (0 on broadcast dims); a key-padding
   bias (stride 0 over queries) is loaded as one row per tile, or not at all when it is a
   0 / -inf mask (then it is a length). A row that sees no key (all -inf, or none under a
   negative causal offset) outputs zeros (LSE -inf); a huge finite mask acts as in float64.

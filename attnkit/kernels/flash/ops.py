@@ -39,6 +39,11 @@ def _flash_forward_op(
 
 def _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
     # Here rather than in the Python wrappers: torch.compile traces those, and runs this.
+    if attn_bias is not None and attn_bias.dtype != torch.float32 and not launch.bias_16bit_layout_ok(
+            attn_bias, (*q.shape[:3], k.shape[2])):
+        # A 16-bit bias that _prepare kept on its layout while traced (no address then),
+        # whose real tensor is not aligned for reading it as it is.
+        attn_bias = _float32_bias(attn_bias)
     _check_shared_memory(q, attn_bias, causal, store_lo)
     out, lse, shift, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
                                             causal_offset)
@@ -194,13 +199,27 @@ def _prepare(q, k, v, attn_bias, scale):
         scale = float(scale)
         if not math.isfinite(scale):
             raise ValueError(f"scale={scale} must be finite")
-    if attn_bias is not None and attn_bias.dtype != torch.float32:
-        # The kernels read the bias in float32, the one bias type the static report
-        # compiles and the shipped tiles are chosen for: a 16-bit bias pointer changes
-        # the compiled code (on sm_90 the key-padding tile at head dim 128 then needs
-        # 296,000 bytes of shared memory, above the GPU's 232,448).
+    if attn_bias is not None and attn_bias.dtype != torch.float32 and not _reads_16bit_bias(q, k, v, attn_bias):
+        # Every other bias is read in float32, the bias type the rest of the static
+        # report compiles and the shipped tiles are chosen for: a 16-bit bias pointer
+        # changes the compiled code (on sm_90 the key-padding tile at head dim 128 then
+        # needs 296,000 bytes of shared memory, above the GPU's 232,448).
         attn_bias = _float32_bias(attn_bias)
     return attn_bias, scale
+
+
+def _reads_16bit_bias(q, k, v, attn_bias: torch.Tensor) -> bool:
+    """Whether the forward reads this bias in its own 16-bit dtype, as it is (the kernels'
+    "full16" variant, its own tiles and static-report rows): a full bias, one value per
+    (query, key) of some batch or head, in q's dtype, its last dim contiguous, its row,
+    head and batch strides and its address multiples of launch.BIAS_16BIT_ALIGN elements,
+    in a call autograd will not differentiate. Converting such a bias to float32 reads
+    and writes B*H*M*N elements more than the attention itself; a key-padding bias is one
+    row per (batch, head), converted at no cost, and a call that needs gradients reads
+    float32 in its backward too."""
+    if attn_bias.dtype != q.dtype or q.dtype == torch.float32 or _needs_grad(q, k, v, attn_bias):
+        return False
+    return launch.bias_16bit_layout_ok(attn_bias, (*q.shape[:3], k.shape[2]))
 
 
 def _check_inputs(q, k, v, attn_bias) -> None:
@@ -356,8 +375,10 @@ def flash_attention(
     q: (B, H, M, D), k and v: (B, H, N, D), fp16 / bf16 / fp32, 8 <= D <= MAX_HEAD_DIM
     (limits.py); any strides with a contiguous last dim. attn_bias: None, an additive
     float tensor, or a bool mask (True = attend), broadcastable to (B, H, M, N); it is
-    read through its strides, never expanded in memory (a bool or 16-bit bias as a float32
-    copy in its own shape); a float bias that requires grad
+    read through its strides, never expanded in memory: a full bias in q's 16-bit dtype with
+    even strides is read as it is by a call that needs no gradient, any other bool or
+    16-bit bias as a float32 copy in its own shape (docs/kernel.md, "Bias dtype"); a
+    float bias that requires grad
     gets its gradient (see the module docstring for its memory). scale defaults to
     D ** -0.5. allow_tf32 lets fp32 inputs use tf32 tensor cores (otherwise fp32 is
     exact fp32). causal: query row i sees key j only if j <= i + causal_offset (offset

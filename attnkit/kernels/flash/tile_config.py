@@ -7,8 +7,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 VARIANTS = ("none", "keypad", "full")  # the bias kinds the kernels specialise on
+# A full bias in the inputs' 16-bit dtype, read as it is (launch.BIAS_16BIT_ALIGN): the
+# inference forward's own variant, served only by the entries that name it (F16), since
+# its tiles differ (a 16-bit bias tile changes what spills).
+FULL16 = "full16"
 WIDTHS = ("16bit", "32bit")  # the input widths the lists are kept by
-ALL = frozenset(VARIANTS)
+ALL = frozenset(VARIANTS)  # not FULL16
 # Short names of the sets a tile serves, as tiles.py writes them.
 N = frozenset({"none"})
 K = frozenset({"keypad"})
@@ -16,6 +20,7 @@ F = frozenset({"full"})
 NK = frozenset({"none", "keypad"})  # what a tile that spills with a full bias serves
 KF = frozenset({"keypad", "full"})
 NF = frozenset({"none", "full"})
+F16 = frozenset({FULL16})
 UNCAUSAL = (False,)
 CAUSAL = (True,)
 TMA = frozenset({"tma"})
