@@ -8,10 +8,12 @@
 # A rule: on GPU `gpu` (a folder of bench/results, attnkit/choose/records.py's GPUS), the
 # list (target, kernel, width, band, variant, causal, loads) of attnkit/kernels/flash/tiles.py
 # starts with `tile` instead of `replaces` for calls in `dtype` with q_len >= min_q and
-# kv_len >= min_kv (the default was the record's commit's: the lists may have changed since),
-# because a record timed such a call with the autotuner's choice `tile` at least THRESHOLD
-# times as fast as with the default (`gain`: the time with autotuning off / on, same run;
-# `record`: the autotune-on row, "<path>#<index in the JSON list>"). It is the tile used
+# kv_len >= min_kv, because a record timed calls of that region (every one it timed there)
+# with the autotuner's choice `tile` at least THRESHOLD times as fast as with the default
+# (`gain`: the least of those cases' times with autotuning off / on, same run, whole calls:
+# with a backward, its three kernels' choices together; `record`: its autotune-on row,
+# "<path>#<index in the JSON list>"). `replaces` is today's default: the record does not
+# say which tile its run's default was (the lists may have changed since). It is the tile used
 # with ATTNKIT_TRITON_AUTOTUNE=0; with autotuning on, the autotuner still times every
 # candidate. Every tile is a shipped candidate of its list, so the static report compiles it.
 # A GPU, list or length without a rule keeps the shipped order.

@@ -99,25 +99,39 @@ def _rules(tmp_path):
     return namespace["TILE_RULES"]
 
 
-def test_a_choice_ahead_by_the_threshold_becomes_the_default(tmp_path):
+def test_a_choice_ahead_by_the_threshold_becomes_the_default_of_its_region(tmp_path):
     rows = _run("a", 1.0, 0.8) + _run("short", 1.0, 0.8, m=1024, n=77) + _run("b", 1.0, 0.99, d=40, m=2048)
     rows.append({"case": "autotuner choices", "choices": {LIST: dict(
         [_choice(64, 4096, 4096, (128, 64, 8, 3)), _choice(64, 1024, 128, (128, 64, 8, 3)),
          _choice(40, 2048, 4096, (128, 64, 8, 3))])}})
     _write(tmp_path, rows)
     (rule,) = _rules(tmp_path)
-    # "b" was not ahead: its lengths do not lower the bound; "short" was, and does
+    # "short" won too, but its region (q >= 1024, kv >= 77) holds "b", which did not
     assert (rule.kernel, rule.band, rule.tile, rule.replaces, rule.min_q, rule.min_kv, rule.gain, rule.record) == (
-        "fwd", 64, "M128-N64-w8-s3", "M128-N128-w8-s2", 1024, 77, 1.25, "t/timing.json#1")
+        "fwd", 64, "M128-N64-w8-s3", "M128-N128-w8-s2", 4096, 4096, 1.25, "t/timing.json#1")
 
 
-def test_no_rule_where_the_cases_disagree_or_the_default_was_kept(tmp_path):
-    rows = _run("a", 1.0, 0.8) + _run("c", 1.0, 0.8, d=40, m=2048)
+def test_each_case_is_its_own_region(tmp_path):
+    """Two winners at (8192, 128) and (128, 8192) give two rules, not one from (128, 128):
+    a corner no record timed."""
+    rows = _run("wide", 1.0, 0.8, m=8192, n=128) + _run("tall", 1.0, 0.8, m=128, n=8192)
     rows.append({"case": "autotuner choices", "choices": {LIST: dict(
-        [_choice(64, 4096, 4096, (128, 64, 8, 3)), _choice(40, 2048, 4096, (128, 128, 8, 2))])}})
+        [_choice(64, 8192, 128, (128, 64, 8, 3)), _choice(64, 128, 8192, (128, 64, 8, 3))])}})
+    _write(tmp_path, rows)
+    assert sorted((r.min_q, r.min_kv) for r in _rules(tmp_path)) == [(128, 8192), (8192, 128)]
+
+
+def test_no_rule_where_a_case_in_the_region_lost_disagreed_or_kept_the_default(tmp_path):
+    # "slow", inside "a"'s region, ran slower with the same choice: no rule at all
+    rows = _run("a", 1.0, 0.8, m=1024, n=1024) + _run("slow", 1.0, 1.6, m=8192, n=8192)
+    rows.append({"case": "autotuner choices", "choices": {LIST: dict(
+        [_choice(64, 1024, 1024, (128, 64, 8, 3)), _choice(64, 8192, 8192, (128, 64, 8, 3))])}})
     _write(tmp_path, rows)
     assert _rules(tmp_path) == ()
-    rows[-1]["choices"][LIST] = dict([_choice(64, 4096, 4096, (128, 128, 8, 2))])  # the default itself
+    # "c" chose another tile (the default) inside "a"'s region: a's region loses its rule
+    rows = _run("a", 1.0, 0.8, m=1024, n=1024) + _run("c", 1.0, 0.8, m=4096, n=4096)
+    rows.append({"case": "autotuner choices", "choices": {LIST: dict(
+        [_choice(64, 1024, 1024, (128, 64, 8, 3)), _choice(64, 4096, 4096, (128, 128, 8, 2))])}})
     _write(tmp_path / "again", rows)
     assert _rules(tmp_path / "again") == ()
 

@@ -190,3 +190,14 @@ def test_torch_compile_reads_it_as_eager_does(aligned, backend, seen, seed):
     assert [b for _, b, _, _ in seen] == [b for _, b, _, _ in compiled]
     assert torch.equal(got, want)
     assert_close_to_reference(got, q, k, v, bias)
+
+
+def test_the_raw_forward_op_converts_a_16_bit_bias_when_a_backward_will_follow(seed):
+    """torch.ops.attnkit.flash_attention_forward with store_lo (a backward will read
+    float32): no full16 tile serves the forward with its residual, so the op's body
+    converts the bias, whoever called it."""
+    q, k, v = _qkv(torch.float16)
+    bias = torch.randn(2, 2, 33, 48, dtype=torch.float16, device=DEVICE)
+    out, lse, shift, lo = torch.ops.attnkit.flash_attention_forward(q, k, v, bias, 0.125, False, True, False, 0)
+    assert lo.shape == q.shape and not out.isnan().any()
+    assert_close_to_reference(out, q, k, v, bias, scale=0.125)

@@ -328,14 +328,19 @@ def _shipped(target, kernel, width, band, variant, causal, loads, head_dim) -> l
 
 
 def make_tile_rules(gpus: dict[str, GPU], results: Path = RESULTS) -> list[TileRule]:
-    """A list's default tile on a GPU, where a record timed a case with the shipped
-    default (autotuning off) and with the autotuner's choice (on) in the same run, the
-    choice at least THRESHOLD times as fast, and the run logged what the autotuner chose
-    for each list it tuned (gpu_tiles.py's "autotuner choices" row). The choice becomes
-    the default of each list the case ran (the forward; with a backward, the forward
-    with its residual and both backward kernels) for calls at least as long as the
-    case. Two cases that chose different tiles for one list give it no rule."""
-    found: dict[tuple, list[TileRule]] = {}
+    """A list's default tile on a GPU, from a record that timed a case with the shipped
+    default (autotuning off) and with the autotuner's choice (on) in the same run and
+    logged what the autotuner chose for each list it tuned (gpu_tiles.py's "autotuner
+    choices" row). Each case that ran a list (the forward; with a backward, the forward
+    with its residual and both backward kernels) is evidence for the region of calls
+    at least as long as it (q_len >= its M, kv_len >= its N). A case whose choice was at
+    least THRESHOLD times as fast makes its choice the default of its region, unless
+    another case inside that region lost (ran slower than THRESHOLD with the autotuner's
+    choices, whatever they were) or chose another tile: nothing is carried into calls a
+    record measured otherwise, and one region per case (two cases' lengths are never
+    combined into a corner neither timed). ``gain`` is the whole case's (with a
+    backward: the three kernels' choices together)."""
+    cases: dict[tuple, list[tuple]] = {}  # list key -> [(m, n, tile, gain, record)] of every paired case
     for folder in gpus:
         for timing in sorted((results / folder).rglob("timing.json")):
             rows = json.loads(timing.read_text())
@@ -352,9 +357,9 @@ def make_tile_rules(gpus: dict[str, GPU], results: Path = RESULTS) -> list[TileR
                 if set(runs) != {False, True}:
                     continue
                 (_, off), (i_on, on) = runs[False], runs[True]
-                gain = off["attnkit_ms"] / on["attnkit_ms"]
-                if gain < THRESHOLD or on.get("bias") not in VARIANTS:
+                if on.get("bias") not in VARIANTS:
                     continue
+                gain = off["attnkit_ms"] / on["attnkit_ms"]
                 _, _, m, n, d = on["shape"]
                 kernels = ("fwd_lo", "dkdv", "dq") if on["backward"] else ("fwd",)
                 for list_key, picks in choices[-1]["choices"].items():
@@ -371,18 +376,21 @@ def make_tile_rules(gpus: dict[str, GPU], results: Path = RESULTS) -> list[TileR
                         if tile not in shipped:
                             raise RecordError(f"{folder}/{rel}: the autotuner chose {tile} for {list_key}, which "
                                               f"the shipped list no longer holds ({', '.join(shipped)})")
-                        rule = TileRule(folder, target, kernel, width, int(band), variant, causal == "True", loads,
-                                        dtype, tile, shipped[0], m, n, round(gain, 3), f"{rel}#{i_on}")
-                        found.setdefault((folder, target, kernel, width, int(band), variant, rule.causal, loads,
-                                          dtype), []).append(rule)
-    rules = []
-    for same in found.values():
-        if len({r.tile for r in same}) != 1 or same[0].tile == same[0].replaces:
-            continue  # the cases disagree, or the autotuner kept the default
-        rules.append(TileRule(**{**same[0].__dict__, "min_q": min(r.min_q for r in same),
-                                 "min_kv": min(r.min_kv for r in same), "gain": min(r.gain for r in same),
-                                 "record": min(same, key=lambda r: r.gain).record}))
-    return sorted(rules, key=lambda r: (r.gpu, r.target, r.kernel, r.width, r.band, r.variant, r.causal, r.loads))
+                        lkey = (folder, target, kernel, width, int(band), variant, causal == "True", loads, dtype)
+                        cases.setdefault(lkey, []).append((m, n, tile, gain, f"{rel}#{i_on}", shipped[0]))
+    found: dict[tuple, TileRule] = {}
+    for lkey, evidence in cases.items():
+        for m, n, tile, gain, record, default in evidence:
+            if gain < THRESHOLD or tile == default:
+                continue
+            inside = [e for e in evidence if e[0] >= m and e[1] >= n]
+            if any(e[3] < THRESHOLD or e[2] != tile for e in inside):
+                continue  # a case in the region lost, or chose another tile
+            rule = TileRule(*lkey, tile, default, m, n, round(min(e[3] for e in inside), 3),
+                            min(inside, key=lambda e: e[3])[4])
+            found.setdefault((lkey, m, n), rule)
+    return sorted(found.values(), key=lambda r: (r.gpu, r.target, r.kernel, r.width, r.band, r.variant, r.causal,
+                                                 r.loads, r.min_q, r.min_kv))
 
 
 TILE_HEADER = f'''\
@@ -396,10 +404,12 @@ TILE_HEADER = f'''\
 # A rule: on GPU `gpu` (a folder of bench/results, attnkit/choose/records.py's GPUS), the
 # list (target, kernel, width, band, variant, causal, loads) of attnkit/kernels/flash/tiles.py
 # starts with `tile` instead of `replaces` for calls in `dtype` with q_len >= min_q and
-# kv_len >= min_kv (the default was the record's commit's: the lists may have changed since),
-# because a record timed such a call with the autotuner's choice `tile` at least THRESHOLD
-# times as fast as with the default (`gain`: the time with autotuning off / on, same run;
-# `record`: the autotune-on row, "<path>#<index in the JSON list>"). It is the tile used
+# kv_len >= min_kv, because a record timed calls of that region (every one it timed there)
+# with the autotuner's choice `tile` at least THRESHOLD times as fast as with the default
+# (`gain`: the least of those cases' times with autotuning off / on, same run, whole calls:
+# with a backward, its three kernels' choices together; `record`: its autotune-on row,
+# "<path>#<index in the JSON list>"). `replaces` is today's default: the record does not
+# say which tile its run's default was (the lists may have changed since). It is the tile used
 # with ATTNKIT_TRITON_AUTOTUNE=0; with autotuning on, the autotuner still times every
 # candidate. Every tile is a shipped candidate of its list, so the static report compiles it.
 # A GPU, list or length without a rule keeps the shipped order.

@@ -39,10 +39,11 @@ def _flash_forward_op(
 
 def _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
     # Here rather than in the Python wrappers: torch.compile traces those, and runs this.
-    if attn_bias is not None and attn_bias.dtype != torch.float32 and not launch.bias_16bit_layout_ok(
-            attn_bias, (*q.shape[:3], k.shape[2])):
+    if attn_bias is not None and attn_bias.dtype != torch.float32 and (store_lo or not launch.bias_16bit_layout_ok(
+            attn_bias, (*q.shape[:3], k.shape[2]))):
         # A 16-bit bias that _prepare kept on its layout while traced (no address then),
-        # whose real tensor is not aligned for reading it as it is.
+        # whose real tensor is not aligned for reading it as it is; or the op called
+        # for a forward that a backward will follow (store_lo), which reads float32.
         attn_bias = _float32_bias(attn_bias)
     _check_shared_memory(q, attn_bias, causal, store_lo)
     out, lse, shift, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
