@@ -38,7 +38,7 @@ from ..flash.kernels import (
     _zeros_pieces,
 )
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: read inside @triton.jit code
 
 
 @triton.jit
