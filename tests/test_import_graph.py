@@ -23,6 +23,12 @@ LAZY_ALLOWED = {
                                            "builders), loaded only when that command runs",
     ("attnkit.backends.triton", "attnkit.kernels"): "the Triton kernels import triton (an optional extra), "
                                                    "only when the triton backend runs",
+    ("attnkit.backends.int8", "attnkit.kernels"): "the INT8 kernel imports triton (an optional extra), only "
+                                                 "when the int8 backend runs",
+    ("attnkit.choose.auto", "attnkit.backends.int8"): "auto(lossy='int8') only: the int8 backend's module "
+                                                     "imports attnkit.kernels' limits, which importing attnkit "
+                                                     "must not (a later `import attnkit.kernels` without triton "
+                                                     "would then succeed instead of naming the extra)",
     ("attnkit.bench.cli", "attnkit.parallel.bench"): "`attnkit bench --parallel`: the multi-GPU benchmark "
                                                      "(torch.distributed) loaded only when that command runs",
 }

@@ -64,6 +64,7 @@ from ..backends.base import compile_key
 from . import policy, tuning
 from ._compile import compile_owner, is_compiling, mark_compile_constant
 from .fixed import ChooserBase, call_flags, check_finite_on, run_backend
+from .guard import GuardState, compare, guard_options, sample_inputs, sample_rows
 from .policy import CANDIDATES, LOCK, describe_call, installed_packages
 
 logger = logging.getLogger("attnkit")
@@ -108,8 +109,19 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         backend_options: Mapping[str, Mapping[str, Any]] | None = None,
         backends: Mapping[str, Backend] | None = None,
         tune_iters: int = 7,
+        lossy: str | None = None,
+        guard: Any = None,
     ) -> None:
         self.tune = bool(tune)
+        if lossy not in (None, "int8"):
+            raise ValueError(f"lossy={lossy!r}: the lossy backend attnkit has is 'int8' (None: exact backends only)")
+        if guard is not None and lossy is None:
+            raise ValueError("guard= sets the quality guard of a lossy backend: pass lossy='int8' with it")
+        self.lossy = lossy
+        self.guard = guard_options(guard) if lossy is not None else None
+        self._lossy_backend: Backend | Exception | None = None
+        self._lossy_reasons: dict[Signature, tuple[str, ...]] = {}
+        self._guards: dict[tuple[str, Signature], GuardState] = {}
         self.cache_path = Path(cache_path) if cache_path is not None else tuning.default_cache_path()
         self.order = None if order is None else policy.validate_labels(order, "order")
         self.exclude = frozenset(policy.validate_labels(exclude, "exclude"))
@@ -158,6 +170,10 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             label = _compiled_choice(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
             return run_backend(self._slots[label].backend, *args)
         sig = signature(q, k, v, attn_bias, *flags)
+        if self.lossy is not None and self.forced is None:
+            out = self._lossy_attention(who, sig, args)
+            if out is not None:
+                return out
         backend = self._decisions.get(sig)
         if backend is None:
             backend = self._decide(sig, who, args)
@@ -167,11 +183,81 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             return self._fall_back(sig, exc, who, args)
 
     def resolved(self, sig: Signature) -> Backend | None:
-        """The backend decided for ``sig`` (None before the first call of it, or with
-        ATTNKIT_CHECK_FINITE's checks on). After a fall-back it is the new one."""
-        if self.check_finite:
+        """The backend decided for ``sig`` (None before the first call of it, with
+        ATTNKIT_CHECK_FINITE's checks on, or with a lossy backend, whose guard sees every
+        call). After a fall-back it is the new one."""
+        if self.check_finite or self.lossy is not None:
             return None
         return self._decisions.get(sig)
+
+    # -- the lossy backend and its guard (attnkit/choose/guard.py) --------------------
+    def _lossy(self) -> Backend | Exception:
+        if self._lossy_backend is None:
+            try:
+                from ..backends.int8 import Int8Backend  # see tests/test_import_graph.py's LAZY_ALLOWED
+
+                self._lossy_backend = Int8Backend()
+            except Exception as exc:  # noqa: BLE001 - said as the reason it cannot serve
+                self._lossy_backend = exc
+        return self._lossy_backend
+
+    def _lossy_attention(self, who, sig, args):
+        """The lossy backend's output for this call, under the guard; None where it does
+        not serve the call (it cannot, or the guard fell back for this module and
+        signature): the exact path then serves it."""
+        reasons = self._lossy_reasons.get(sig)
+        if reasons is None:
+            backend = self._lossy()
+            if isinstance(backend, Exception):
+                reasons = (f"the int8 backend could not be loaded: {describe_exception(backend)}",)
+            else:
+                reasons = tuple(backend.not_supported_reasons(AttentionCall.from_signature(sig, installed_packages())))
+            self._lossy_reasons[sig] = reasons
+        if reasons:
+            return None
+        module = describe_module(who)
+        state = self._guards.get((module, sig))
+        if state is None:
+            state = self._guards.setdefault((module, sig), GuardState(module, describe_call(
+                AttentionCall.from_signature(sig))))
+        if state.fallen_back:
+            return None
+        q, k, v, attn_bias, scale, upcast, causal_offset, _, _ = args
+        try:
+            out = run_backend(self._lossy_backend, *args)
+        except Exception as exc:  # noqa: BLE001 - the exact path serves it, and says why once
+            state.fallen_back = True
+            self._warn_once(("lossy", module, sig), "attnkit: the int8 backend failed on %s (%s): %s; that module "
+                            "runs exactly for this call signature from now on", module, state.call,
+                            describe_exception(exc))
+            return None
+        state.calls += 1
+        if self.guard is None or not state.due(self.guard["every"]):
+            return out
+        exact = self._decisions.get(sig) or self._decide(sig, who, args)
+        rows = sample_rows(q.shape[2], self.guard["rows"], q.device)
+        q_s, bias_s = sample_inputs(q, k, v, attn_bias, causal_offset, rows)
+        reference = run_backend(exact, q_s, k, v, bias_s, scale, upcast, None, 0.0, False)
+        error, cosine = compare(out.index_select(2, rows), reference)
+        state.checks += 1
+        state.error, state.cosine = error, cosine
+        state.worst_error = max(state.worst_error, error)
+        state.history.append((state.calls, error, cosine))
+        if error <= self.guard["max_error"] and cosine >= self.guard["min_cosine"]:
+            return out
+        state.fallen_back = True
+        logger.warning(
+            "attnkit: int8 attention in %s [%s] measured a relative L2 error of %.3g and a cosine of %.6f on %d "
+            "sampled query rows (call %d), beyond the guard's %.3g / %.6f: that module runs %s exactly for this "
+            "call signature from now on, this call included (processor.explain() lists every module's figures)",
+            module, state.call, error, cosine, len(rows), state.calls, self.guard["max_error"],
+            self.guard["min_cosine"], exact.name)
+        return run_backend(exact, *args)
+
+    def guard_states(self) -> list[GuardState]:
+        """Every module and call signature the lossy backend served, with its guard's
+        figures and state."""
+        return list(self._guards.values())
 
     # -- deciding -------------------------------------------------------------------
     def backend(self, label: str) -> Backend | Exception:
@@ -311,7 +397,9 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             label, table, order = self.walk(call)
             return format_decision(Decision(call, label or "(none)", table, order, "-", "priority"))
         lines = [f"{self.describe()}: {len(self._records)} call signature(s)"]
-        if not self._records and not self._compiled:
+        if self.lossy is not None:
+            lines.append(self._describe_lossy())
+        if not self._records and not self._compiled and not self._guards:
             lines.append("  no attention call yet: run the model once, or pass an AttentionCall")
         for record in self._records.values():
             lines.append(format_decision(record))
@@ -330,7 +418,25 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             opts.append(f"exclude={sorted(self.exclude)!r}")
         if self.forced:
             opts.append(f"forced by {ENV_VAR}={self.forced!r}")
+        if self.lossy is not None:
+            opts.append(f"lossy={self.lossy!r}" + ("" if self.guard is not None else ", guard=False"))
         return f"AutoProcessor({', '.join(opts)})"
+
+    def _describe_lossy(self) -> str:
+        g = self.guard
+        head = ("  lossy backend int8 (LOSSY: INT8 query-key products) first where it can serve a call, "
+                + ("without a quality guard" if g is None else
+                   f"under the quality guard: {g['rows']} sampled query rows checked exactly on the first call of "
+                   f"each module and signature and one in {g['every']} after, falling back past a relative L2 "
+                   f"error of {g['max_error']:g} or a cosine below {g['min_cosine']:g}")
+                + "; inside torch.compile graphs the exact backends serve every call")
+        lines = [head]
+        for sig, reasons in self._lossy_reasons.items():
+            if reasons:
+                lines.append(f"    int8 cannot serve {describe_call(AttentionCall.from_signature(sig))}: "
+                             f"{'; '.join(reasons)}")
+        lines += [f"    {state.describe()}" for state in self._guards.values()]
+        return "\n".join(lines)
 
 
 def _compiled_choice(token: str, key: tuple) -> str:

@@ -8,6 +8,8 @@ seam: attnkit replaces only the attention, through the same decision as its proc
 choice). Names registered when attnkit is imported:
 
 * ``"attnkit"``: auto() (one chooser for the process);
+* ``"attnkit_int8"``: auto(lossy="int8"): the lossy INT8 backend first where it can serve
+  a call, under its quality guard (attnkit/choose/guard.py), exact backends elsewhere;
 * ``"attnkit_<backend>"`` (``attnkit_sdpa``, ``attnkit_triton``, ...): one named backend,
   refusing what it cannot serve;
 * ``"attnkit_<n>"``: made by :func:`member_for` for a processor you pass to
@@ -244,6 +246,8 @@ def registered_names() -> list[str]:
 
 def _register_defaults() -> None:
     _register(PREFIX, AutoChooser)
+    # auto() with the lossy int8 backend first, under its quality guard (opt-in only)
+    _register(f"{PREFIX}_int8", functools.partial(AutoChooser, lossy="int8"))
     for label in CANDIDATES:
         _register(f"{PREFIX}_{label}", functools.partial(_fixed, label))
 

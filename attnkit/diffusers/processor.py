@@ -332,5 +332,11 @@ def auto(**options: Any) -> AutoProcessor:
     to ``cache_path``), ``order=[...]``, ``exclude=[...]``, ``backend_options={...}``,
     ``backends={label: Backend}``, ``tune_iters``. ``ATTNKIT_BACKEND=name`` forces one
     backend. ``processor.explain()`` shows every decision and why.
+
+    ``lossy="int8"`` (opt-in; never chosen otherwise) runs attnkit's INT8 attention first
+    wherever it can serve a call (inference, 16-bit, head dims 8-512, any mask), under a
+    quality guard that checks sampled rows against an exact backend and falls back per
+    module by itself; ``guard={...}`` sets it (``every``, ``rows``, ``max_error``,
+    ``min_cosine``; ``False``: no checks). docs/int8.md says what it costs.
     """
     return AutoProcessor(**options)
