@@ -194,6 +194,8 @@ SETTINGS: dict[str, Callable[[nn.Module, list[nn.Module]], str]] = {
     "native": _diffusers_backend("native"),
     "attnkit": _diffusers_backend("attnkit"),
     "attnkit.apply": _attnkit_apply,
+    # lossy (docs/int8.md): its row carries its output's difference from the attnkit row's
+    "attnkit int8": _diffusers_backend("attnkit_int8"),
     "flash": _diffusers_backend("flash"),
     "sage": _diffusers_backend("sage"),
     "stock": _stock,
@@ -208,6 +210,7 @@ HOW = {
     "sage": "set_attention_backend('sage')",
     "attnkit": "set_attention_backend('attnkit')",
     "attnkit.apply": "attnkit.apply(model, attnkit.auto())",
+    "attnkit int8": "set_attention_backend('attnkit_int8') (lossy: INT8 Q.K under the quality guard)",
 }
 
 
@@ -217,6 +220,8 @@ HOW = {
 # diffusers' ``compile_repeated_blocks`` does, one compilation per block class (Flux:
 # seconds instead of minutes for the whole model); else of the whole model (SD3).
 COMPILED_SETTINGS = {"attnkit + torch.compile": "attnkit", "native + torch.compile": "native"}
+# Lossy settings -> the exact setting their output is compared with (the row's check).
+LOSSY_SETTINGS = {"attnkit int8": "attnkit"}
 for _name, _base in COMPILED_SETTINGS.items():
     HOW[_name] = f"{HOW[_base]}, then torch.compile (repeated blocks, or the model)"
 
@@ -328,13 +333,30 @@ def transformer_table(ctx) -> dict:
 
     def eager_probe(name: str) -> Callable[[bool], dict]:
         def probe(profile: bool) -> dict:
+            out: dict = {}
+            if name in LOSSY_SETTINGS:
+                out["check"] = lossy_check(name)
             if not profile:
-                return {}
+                return out
             with _default_backend(), torch.no_grad():  # as the loop: grad mode is part of a compiled graph's guards
                 apply_setting(name)
-                return {"attention": safe_profile_step(lambda: model.forward(model.latents, 1.0), modules,
-                                                       ctx.device, ranges=True)}
+                out["attention"] = safe_profile_step(lambda: model.forward(model.latents, 1.0), modules,
+                                                     ctx.device, ranges=True)
+                return out
         return probe
+
+    def lossy_check(name: str) -> dict:
+        """A lossy row's output against the exact setting it stands beside, one step."""
+        exact_name = LOSSY_SETTINGS[name]
+        try:
+            with _default_backend(), torch.no_grad():
+                apply_setting(name)
+                got = model.forward(model.latents, 1.0).clone()
+                apply_setting(exact_name)
+                check = max_difference(got, model.forward(model.latents, 1.0))
+            return {**check, "lossy": True, "against": HOW[exact_name], "matches": check["finite"]}
+        except Exception as exc:  # noqa: BLE001 - reported in the row
+            return {"error": describe(exc, 160)}
 
     def compiled_config(name: str, base: str, where: str) -> Config:
         holder: dict = {}

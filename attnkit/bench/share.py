@@ -208,4 +208,7 @@ def check_text(check: dict | None) -> str:
     if "error" in check:
         return f"check failed: {check['error']}"
     rel = check.get("relative")
+    if check.get("lossy"):
+        return (f"lossy: max rel. diff {rel:.1e} against {check.get('against', 'exact attention')}"
+                + ("" if check.get("finite", True) else ", NOT FINITE"))
     return f"{'matches' if check.get('matches') else 'DIFFERS'} (max rel. diff {rel:.1e})"

@@ -1,5 +1,6 @@
 """attnkit's Triton kernel against SDPA, forward, 16-bit: a full (B, H, M, N) bias, and plain
-calls at head dims 40, 64 and 128 against cuDNN's SDPA.
+calls at head dims 40, 64 and 128 against cuDNN's SDPA; attnkit's lossy INT8 attention
+(attnkit-int8) beside them, its rel. diff against SDPA being what it costs in accuracy.
 
     python bench/checks/kernels16/kernels16.py --section OUT.json [--seconds 30]
     python bench/checks/kernels16/kernels16.py --small --section OUT.json   # CPU: the plumbing only
@@ -68,9 +69,21 @@ def attnkit_kernel():
     return call
 
 
+def attnkit_int8():
+    """attnkit's INT8 attention (lossy; docs/int8.md): its rel. diff is its error."""
+    from attnkit.kernels.int8 import int8_attention
+
+    def call(q, k, v, bias):
+        return int8_attention(q, k, v, bias)
+
+    return call
+
+
 def implementations(device: torch.device, biased: bool) -> dict:
     # SDPA as it dispatches first: the reference of the others' "rel. diff"
-    impls = {"sdpa": lambda: sdpa(None), "attnkit": attnkit_kernel if device.type == "cuda" else None,
+    cuda = device.type == "cuda"
+    impls = {"sdpa": lambda: sdpa(None), "attnkit": attnkit_kernel if cuda else None,
+             "attnkit-int8": attnkit_int8 if cuda else None,
              "sdpa-cudnn": lambda: sdpa("cudnn"), "sdpa-efficient": lambda: sdpa("efficient")}
     if not biased:
         impls["sdpa-flash"] = lambda: sdpa("flash")
