@@ -178,3 +178,32 @@ def test_gradients_and_fp32_are_refused_with_their_reasons():
 def test_the_quantised_head_dim_pieces(d, pieces):
     assert qk_pieces(d) == pieces
     assert sum(pieces) >= d and all(p == 0 or (p >= 32 and p & (p - 1) == 0 and p <= 256) for p in pieces)
+
+
+def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(monkeypatch, seed):
+    """The int8 call goes through the exact kernel's launch plans (flash/launch.py): the
+    second call of a signature launches the kernel Triton compiled, with every argument
+    in its declared order. The interpreted kernel run from that argument list gives the
+    bits Triton's own launch gives (key padding and causal, so the lengths pass runs too)."""
+    import types
+
+    import attnkit.kernels.flash.launch as fl
+
+    ran = []
+
+    def interpreted(fn, grid, kwargs):
+        fn[grid](**kwargs)
+        compiled = types.SimpleNamespace(src=types.SimpleNamespace(fn=fn), function=None, packed_metadata=None)
+        compiled.run = lambda g0, g1, g2, stream, f, m, lm, e, x, *values: ran.append(fn.fn.__name__) or fn[
+            (g0, g1, g2)](**dict(zip(fn.arg_names, values)))
+        return compiled
+
+    q, k, v = testing.make_qkv(2, 2, 37, 45, 80, torch.float16, layout="bnhd", device=DEVICE)
+    bias = testing.make_bias("key_padding", 2, 2, 37, 45, torch.float32, device=DEVICE)
+    with torch.no_grad():
+        want = int8_attention(q, k, v, bias, causal=True, causal_offset=8)
+        fl.clear_plans()
+        monkeypatch.setattr(fl, "_launch_triton", interpreted)
+        got = [int8_attention(q, k, v, bias, causal=True, causal_offset=8) for _ in range(2)]
+    assert sorted(ran) == ["_attn_fwd_int8", "_key_lengths_kernel"]  # the second call's, direct
+    assert all(torch.equal(g, want) for g in got)

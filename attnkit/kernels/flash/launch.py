@@ -302,7 +302,8 @@ class _Launch:
 # argument of a kernel is settled in its launch plan.
 _TENSOR_ARGS = frozenset(
     ("Q", "K", "V", "Bias", "Lens", "Plain", "Out", "Lse", "LseShift", "OutLo", "DO", "Delta", "DK", "DV", "DQ",
-     "DBias", "KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1"))
+     "DBias", "KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1",
+     "Q8", "K8", "QS", "KS"))  # the int8 kernel's (attnkit/kernels/int8)
 
 
 def _launch_compiled(compiled, grid: tuple, stream: int, values: list) -> None:

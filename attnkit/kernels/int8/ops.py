@@ -15,7 +15,6 @@ caller who chose fp32 asked for accuracy.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -23,10 +22,11 @@ import torch
 from ..flash import launch as fl
 from ..flash import ops as fo
 from .kernels import _attn_fwd_int8
-from .quant import quantize_qk
+from .quant import qk_pieces, quantize_qk
 
 # One tile for every call in this first version (no autotuning): 64 queries x 64 keys,
 # 4 warps; under the interpreter the exact kernel's small tile, so that tests cross tiles.
+# Launched through the exact kernel's launch plans (flash/launch.py: _PLANS, _Launch, _run).
 BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES = 64, 64, 4, 2
 
 
@@ -49,29 +49,65 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias:
     attn_bias, scale = fo._prepare(q, k, v, attn_bias, scale)
     if attn_bias is not None and attn_bias.dtype != torch.float32:
         attn_bias = fo._float32_bias(attn_bias)  # the int8 kernel reads float32 biases only
-    B, H, M, D = q.shape
-    N = k.shape[2]
-    out = torch.empty_like(q)
-    if out.numel() == 0:
+    if q.numel() == 0:
+        return torch.empty_like(q)
+    key = ("int8", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, v.data_ptr() & 15,
+           None if attn_bias is None else fl._bias_key(attn_bias), scale, causal, causal_offset, fl.INTERPRET,
+           fl.POISON_OUTPUTS)
+    plan = fl._PLANS.get(key)
+    if plan is None:
+        plan = fl._plan(key, lambda: _Int8Plan(q, k, v, attn_bias, causal, causal_offset))
+    return plan(q, k, v, attn_bias, scale)
+
+
+class _Int8Plan:
+    """Everything of an int8 call but its tensors, settled on a signature's first call
+    (as the exact kernel's launch plans, flash/launch.py: the same table, the same
+    _Launch and _run, so later calls launch the compiled kernel directly)."""
+
+    def __init__(self, q, k, v, attn_bias, causal, causal_offset):
+        B, H, M, D = q.shape
+        N = k.shape[2]
+        self.n = N
+        out = fl._new_like(q)
+        self.copy_v = not fl._addressable(v)
+        v = v.contiguous() if self.copy_v else v
+        self.o_in_place = fl._addressable(out)
+        o = out if self.o_in_place else torch.empty(out.shape, device="meta")
+        compact, sb, sl, bias_constexprs, variant = fl._bias_layout(attn_bias, (B, H, M, N))
+        self.bias_compact = compact
+        self.lengths = fl._lengths_launch(attn_bias, N) if variant == "keypad" else None
+        causal, off = fl._causal_args(causal, causal_offset, M, N)
+        d0, d1 = fl._pieces(D)
+        self.dq0, self.dq1 = qk_pieces(D)
+        align = fl._align(*v.stride()[:3], *o.stride()[:3])
+        bm, bn = (fl.INTERPRET_CONFIG.block_m, fl.INTERPRET_CONFIG.block_n) if fl.INTERPRET else (BLOCK_M, BLOCK_N)
+        static = dict(zip(_STRIDES, (*v.stride()[:3], *sb, *sl, *o.stride()[:3])))
+        static.update(H=H, M=M, N=N, OFF=off, HEAD_DIM=D, D0=d0, D1=d1, DQ0=self.dq0, DQ1=self.dq1, BLOCK_M=bm,
+                      BLOCK_N=bn, CAUSAL=causal, ALIGN=align, EMULATE_BF16=fl.INTERPRET and q.dtype == torch.bfloat16,
+                      **bias_constexprs)
+        # The tile in static (the kernel has no RELOAD, which a TileConfig's launch passes).
+        options = {} if fl.INTERPRET else {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES, **fl._COMPILE_OPTIONS}
+        self.launch = fl._Launch("int8", _attn_fwd_int8, _attn_fwd_int8, None, static, M, "BLOCK_M", B, H,
+                                 options=options, cuda=q.device.type == "cuda")
+
+    def __call__(self, q, k, v, attn_bias, scale):
+        out = fl._new_like(q)
+        # The scale folds into qs, of either sign: the scores are taken in natural units.
+        q8, qs, k8, ks, _ = quantize_qk(q, k, scale)
+        if self.copy_v:
+            v = v.contiguous()
+        o = out if self.o_in_place else fl._new_like(out, memory_format=torch.contiguous_format)
+        if attn_bias is None:
+            bias, lens, plain = q, q, q
+        else:
+            bias = attn_bias.contiguous() if self.bias_compact else attn_bias
+            lens, plain = (q, q) if self.lengths is None else fl._key_lengths(attn_bias, self.n, self.lengths)
+        fl._run(self.launch, dict(Q8=q8, K8=k8, QS=qs, KS=ks, V=v, Bias=bias, Lens=lens, Plain=plain, Out=o))
+        if o is not out:
+            out.copy_(o)
         return out
-    # The scale folds into qs, of either sign: the scores are taken in natural units.
-    q8, qs, k8, ks, (dq0, dq1) = quantize_qk(q, k, scale)
-    v = fl._kernel_layout(v)
-    o = out if fl._addressable(out) else torch.empty(out.shape, dtype=out.dtype, device=out.device)
-    bias, sb, lens, plain, sl, bias_constexprs, _ = fl._bias_args(attn_bias, q, (B, H, M, N))
-    causal, off = fl._causal_args(causal, causal_offset, M, N)
-    d0, d1 = fl._pieces(D)
-    align = fl._align(*v.stride()[:3], *o.stride()[:3])
-    bm, bn = (fl.INTERPRET_CONFIG.block_m, fl.INTERPRET_CONFIG.block_n) if fl.INTERPRET else (BLOCK_M, BLOCK_N)
-    grid = (math.ceil(M / bm), H, B)
-    _attn_fwd_int8[grid](
-        q8, k8, qs, ks, v, bias, lens, plain, o,
-        *v.stride()[:3], *sb, *sl, *o.stride()[:3],
-        H, M, N, off,
-        HEAD_DIM=D, D0=d0, D1=d1, DQ0=dq0, DQ1=dq1, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, ALIGN=align,
-        EMULATE_BF16=fl.INTERPRET and q.dtype == torch.bfloat16, **bias_constexprs,
-        **({} if fl.INTERPRET else {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES}),
-    )
-    if o is not out:
-        out.copy_(o)
-    return out
+
+
+_STRIDES = ("stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
+            "stride_lb", "stride_lh", "stride_ob", "stride_oh", "stride_om")
