@@ -79,11 +79,26 @@ def attnkit_int8():
     return call
 
 
+def attnkit_int8_guarded():
+    """auto(lossy="int8") with its quality guard checking every call (every=1): against
+    attnkit-int8, what one check costs (32 query rows exactly, one host sync). The
+    default checks one call in 64."""
+    from attnkit.choose.auto import AutoChooser
+
+    chooser = AutoChooser(lossy="int8", guard={"every": 1})
+
+    def call(q, k, v, bias):
+        return chooser.attention("kernels16", q, k, v, bias, None, False)
+
+    return call
+
+
 def implementations(device: torch.device, biased: bool) -> dict:
     # SDPA as it dispatches first: the reference of the others' "rel. diff"
     cuda = device.type == "cuda"
     impls = {"sdpa": lambda: sdpa(None), "attnkit": attnkit_kernel if cuda else None,
              "attnkit-int8": attnkit_int8 if cuda else None,
+             "attnkit-int8-guard-every-call": attnkit_int8_guarded if cuda else None,
              "sdpa-cudnn": lambda: sdpa("cudnn"), "sdpa-efficient": lambda: sdpa("efficient")}
     if not biased:
         impls["sdpa-flash"] = lambda: sdpa("flash")
