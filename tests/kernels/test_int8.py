@@ -207,3 +207,33 @@ def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(monkeyp
         got = [int8_attention(q, k, v, bias, causal=True, causal_offset=8) for _ in range(2)]
     assert sorted(ran) == ["_attn_fwd_int8", "_key_lengths_kernel"]  # the second call's, direct
     assert all(torch.equal(g, want) for g in got)
+
+
+@pytest.mark.parametrize("arch,d,kind,causal", [("sm90", 64, "none", False), ("sm90", 128, "full", True),
+                                                ("sm80", 160, "key_padding", False), ("sm90", 256, "none", True),
+                                                ("sm80", 320, "full", False)])
+def test_each_targets_int8_tile_runs(arch, d, kind, causal, monkeypatch, seed):
+    """The tile each target ships for a head dim and bias (int8/ops.py's TILES, what the
+    static report's int8 rows compile), run in the interpreter instead of its small tile,
+    against float64 on the dequantised inputs, as the tight check above."""
+    import attnkit.kernels.flash.launch as fl
+    from attnkit.kernels.int8 import ops
+
+    monkeypatch.setattr(fl, "INTERPRET_SHIPPED_TILES", True)
+    monkeypatch.setattr(fl, "INTERPRET_ARCH", arch)
+    M, N = 150, 140
+    q, k, v = testing.make_qkv(1, 2, M, N, d, torch.float16, layout="bnhd", device=DEVICE)
+    bias = testing.make_bias(kind, 1, 2, M, N, torch.float32, device=DEVICE)
+    off = N - M if causal else 0
+    with torch.no_grad():
+        out = int8_attention(q, k, v, bias, causal=causal, causal_offset=off)
+    (plan,) = [p for p in fl._PLANS.values() if isinstance(p, ops._Int8Plan)]
+    variant = {"none": "none", "key_padding": "keypad", "full": "full"}[kind]
+    assert plan.tile == ops.tile_for(arch, d, variant)
+    scale = d ** -0.5
+    q8, qs, k8, ks, _ = quantize_qk(q, k, scale)
+    q_hat, k_hat = dequantize(q8, qs, k8, ks, d, scale)
+    mask = _full_mask(bias, M, N, causal, off)
+    ref = _reference(q_hat, k_hat, v.double(), mask)
+    base = rel_error(torch_math_attention(q_hat.to(q.dtype), k_hat.to(q.dtype), v, mask), ref)
+    assert rel_error(out, ref) <= 2 * base + testing.EPSILON[q.dtype]

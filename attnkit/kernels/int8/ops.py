@@ -24,10 +24,32 @@ from ..flash import ops as fo
 from .kernels import _attn_fwd_int8
 from .quant import qk_pieces, quantize_qk
 
-# One tile for every call in this first version (no autotuning): 64 queries x 64 keys,
-# 4 warps; under the interpreter the exact kernel's small tile, so that tests cross tiles.
-# Launched through the exact kernel's launch plans (flash/launch.py: _PLANS, _Launch, _run).
-BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES = 64, 64, 4, 2
+# The tile of a call, by target, head dim and bias variant (no autotuning yet), chosen from
+# the static report's int8 rows (python -m tools.static_report --kernel int8 --config ...):
+# the fastest-looking tile that compiles without spilling for every variant and causality
+# of its band. Head dims above 128 hold more of V's and the output's columns per query
+# row, so fewer rows; at 384 on sm_90 with a bias even 16 x 32 spills (the report lists
+# it). Under the interpreter the exact kernel's small tile (INTERPRET_CONFIG), so that
+# tests cross tiles, unless launch.INTERPRET_SHIPPED_TILES. Launched through the exact
+# kernel's launch plans (flash/launch.py: _PLANS, _Launch, _run).
+# (target or None for both, largest head dim, bias variants, (block_m, block_n, warps, stages))
+TILES = (
+    ("sm90", 128, ("none", "keypad"), (64, 64, 4, 2)),
+    ("sm90", 128, ("full",), (128, 32, 8, 2)),
+    ("sm80", 128, ("none", "keypad", "full"), (128, 32, 8, 2)),
+    (None, 192, ("none", "keypad", "full"), (128, 32, 8, 2)),
+    (None, 256, ("none", "keypad", "full"), (32, 32, 4, 2)),
+    (None, 512, ("none", "keypad", "full"), (16, 32, 4, 2)),
+)
+
+
+def tile_for(target: str, head_dim: int, variant: str) -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages) of the int8 forward on a target ("sm80",
+    "sm90") for a head dim and a bias variant ("none", "keypad", "full")."""
+    for t, top, variants, tile in TILES:
+        if (t is None or t == target) and head_dim <= top and variant in variants:
+            return tile
+    raise ValueError(f"no int8 tile for {target}, head dim {head_dim}, bias {variant}")
 
 
 def _check(q, k, v, attn_bias) -> None:
@@ -53,7 +75,7 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias:
         return torch.empty_like(q)
     key = ("int8", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, v.data_ptr() & 15,
            None if attn_bias is None else fl._bias_key(attn_bias), scale, causal, causal_offset, fl.INTERPRET,
-           fl.POISON_OUTPUTS)
+           fl.INTERPRET_ARCH, fl.INTERPRET_SHIPPED_TILES, fl.POISON_OUTPUTS)
     plan = fl._PLANS.get(key)
     if plan is None:
         plan = fl._plan(key, lambda: _Int8Plan(q, k, v, attn_bias, causal, causal_offset))
@@ -81,13 +103,17 @@ class _Int8Plan:
         d0, d1 = fl._pieces(D)
         self.dq0, self.dq1 = qk_pieces(D)
         align = fl._align(*v.stride()[:3], *o.stride()[:3])
-        bm, bn = (fl.INTERPRET_CONFIG.block_m, fl.INTERPRET_CONFIG.block_n) if fl.INTERPRET else (BLOCK_M, BLOCK_N)
+        if fl.INTERPRET and not fl.INTERPRET_SHIPPED_TILES:
+            bm, bn, warps, stages = fl.INTERPRET_CONFIG.block_m, fl.INTERPRET_CONFIG.block_n, 4, 1
+        else:
+            bm, bn, warps, stages = tile_for(fl.arch_of(q.device), D, variant)
+        self.tile = (bm, bn, warps, stages)
         static = dict(zip(_STRIDES, (*v.stride()[:3], *sb, *sl, *o.stride()[:3])))
         static.update(H=H, M=M, N=N, OFF=off, HEAD_DIM=D, D0=d0, D1=d1, DQ0=self.dq0, DQ1=self.dq1, BLOCK_M=bm,
                       BLOCK_N=bn, CAUSAL=causal, ALIGN=align, EMULATE_BF16=fl.INTERPRET and q.dtype == torch.bfloat16,
                       **bias_constexprs)
         # The tile in static (the kernel has no RELOAD, which a TileConfig's launch passes).
-        options = {} if fl.INTERPRET else {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES, **fl._COMPILE_OPTIONS}
+        options = {} if fl.INTERPRET else {"num_warps": warps, "num_stages": stages, **fl._COMPILE_OPTIONS}
         self.launch = fl._Launch("int8", _attn_fwd_int8, _attn_fwd_int8, None, static, M, "BLOCK_M", B, H,
                                  options=options, cuda=q.device.type == "cuda")
 
