@@ -92,12 +92,17 @@ def test_the_kernel_computes_what_its_quantised_inputs_say(case, seed):
         out = int8_attention(q, k, v, bias, causal=causal, causal_offset=off)
     assert out.dtype == q.dtype and out.shape == q.shape and out.stride() == q.stride()
     assert not out.isnan().any()
+    _assert_matches_its_quantised_inputs(out, q, k, v, _full_mask(bias, M, N, causal, off))
+
+
+def _assert_matches_its_quantised_inputs(out, q, k, v, mask):
+    """out against float64 attention on the dequantised Q and K, within twice plain
+    torch's error in the same dtype on those inputs (plus rounding)."""
+    D = q.shape[3]
     scale = D ** -0.5
     q8, qs, k8, ks, _ = quantize_qk(q, k, scale)
     q_hat, k_hat = dequantize(q8, qs, k8, ks, D, scale)
-    mask = _full_mask(bias, M, N, causal, off)
     ref = _reference(q_hat, k_hat, v.double(), mask)
-    # plain torch's error in this dtype on the same (dequantised) inputs
     base = rel_error(torch_math_attention(q_hat.to(q.dtype), k_hat.to(q.dtype), v, mask), ref)
     err = rel_error(out, ref)
     assert err <= 2 * base + testing.EPSILON[q.dtype], (err, base)
@@ -230,10 +235,4 @@ def test_each_targets_int8_tile_runs(arch, d, kind, causal, monkeypatch, seed):
     (plan,) = [p for p in fl._PLANS.values() if isinstance(p, ops._Int8Plan)]
     variant = {"none": "none", "key_padding": "keypad", "full": "full"}[kind]
     assert plan.tile == ops.tile_for(arch, d, variant)
-    scale = d ** -0.5
-    q8, qs, k8, ks, _ = quantize_qk(q, k, scale)
-    q_hat, k_hat = dequantize(q8, qs, k8, ks, d, scale)
-    mask = _full_mask(bias, M, N, causal, off)
-    ref = _reference(q_hat, k_hat, v.double(), mask)
-    base = rel_error(torch_math_attention(q_hat.to(q.dtype), k_hat.to(q.dtype), v, mask), ref)
-    assert rel_error(out, ref) <= 2 * base + testing.EPSILON[q.dtype]
+    _assert_matches_its_quantised_inputs(out, q, k, v, _full_mask(bias, M, N, causal, off))
