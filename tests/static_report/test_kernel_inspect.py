@@ -195,7 +195,7 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
 def _copy_tree(root) -> str:
     """The files source_key() reads (and ops.py), copied under root."""
     for rel in ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/flash/launch.py", "attnkit/kernels/flash/ops.py",
-                "attnkit/kernels/limits.py"):
+                "attnkit/kernels/int8/kernels.py", "attnkit/kernels/int8/quant.py", "attnkit/kernels/limits.py"):
         os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
         shutil.copy(os.path.join(ROOT, rel), os.path.join(root, rel))
     shutil.copytree(os.path.join(ROOT, "tools", "static_report"), os.path.join(root, "tools", "static_report"),
@@ -238,6 +238,13 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     assert key_after(launch, "    a = 16\n", "    a = 8\n") != base  # _align
     assert key_after(launch, '{"enable_fp_fusion": True}', '{"enable_fp_fusion": False}') != base
     assert key_after("attnkit/kernels/limits.py", "BANDS = (64,", "BANDS = (32, 64,") != base
+    # The int8 forward: its kernel code and the head-dim split compile_job reads (qk_pieces)
+    # are in the key; the rest of its quantisation is host code.
+    int8, quant = "attnkit/kernels/int8/kernels.py", "attnkit/kernels/int8/quant.py"
+    assert key_after(int8, "LOG2E = tl.constexpr(", "# log2(e)\nLOG2E = tl.constexpr(") == base
+    assert key_after(int8, "DQ: tl.constexpr = DQ0 + DQ1", "DQ: tl.constexpr = DQ1 + DQ0") != base
+    assert key_after(quant, "    padded = -(-head_dim // 32) * 32", "    padded = -(-head_dim // 64) * 64") != base
+    assert key_after(quant, "QMAX = 127", "QMAX = 126") == base
     assert key_after("tools/static_report/sass.py", "import re\n", "import os\nimport re\n") != base
     assert key_after("tools/static_report/compile.py", "res.seconds = time.time() - t0",
                      "res.seconds = time.time() - t0 + 1") != base  # compile_job
@@ -381,7 +388,7 @@ def test_the_single_file_layout_is_read_and_rewritten(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     new = store.read_record(str(tmp_path))
     assert new["rows"] == rows and new["source_key"] == "k1"
-    assert set(new["row_files"]) == {f"sm{a}-{k}" for a in (80, 90) for k in ("fwd", "dkdv", "dq")}
+    assert set(new["row_files"]) == {f"sm{a}-{k}" for a in (80, 90) for k in ("fwd", "dkdv", "dq", "int8")}
     for name in new["row_files"]:
         for line in (tmp_path / "rows" / f"{name}.jsonl").read_text().splitlines():
             r = json.loads(line)
@@ -427,3 +434,63 @@ def test_the_report_is_stamped_with_what_the_run_compiled(tmp_path):
     assert (record["commit"], record["dirty"], record["source_key"]) == ("abc1234", True, "k1")
     assert "instr/score" in record["definitions"] and "It exits" not in record["definitions"]
     assert "commit abc1234 (with uncommitted changes in kernels/)" in (tmp_path / "report.md").read_text()
+
+
+# The head dims up to which the int8 forward's tiles (int8/ops.py's TILES, one per target,
+# head dim and bias) compile clean without a bias, by target: all of them. With a bias,
+# sm_90 at 384 spills 8-16 B (reported, allowed below).
+INT8_CLEAN_UP_TO = {80: 512, 90: 512}
+
+
+def test_the_committed_report_has_the_int8_forward_on_integer_tensor_cores():
+    """Every int8 row of the committed report (both targets, fp16 and bf16, every head
+    dim, each bias and causality) issues integer MMAs in its main loop (IMMA on sm_80,
+    IGMMA on sm_90; P.V in 16 bits beside them), with no duplicated matrix work and no
+    failed compile; without a bias and not causal, it has no problem at all up to the
+    head dims of INT8_CLEAN_UP_TO, and the int8-vs-exact targets say so."""
+    from tools.static_report import jobs, store
+
+    record = store.read_record(os.path.join(ROOT, store.REPORT_DIR))
+    rows = [r for r in record["rows"] if r["kernel"] == "int8"]
+    seen = {(r["arch"], r["dtype"], r["head_dim"], r["bias"], r["causal"]) for r in rows}
+    assert seen == {(a, dt, d, b, c) for a in (80, 90) for dt in ("fp16", "bf16") for d in jobs.HEAD_DIMS
+                    for b in ("none", "keypad", "full") for c in (False, True)}
+    for r in rows:
+        # warp-group MMA takes 64 query rows per warp group: sm_90's smaller tiles (head
+        # dims above 192) run mma.sync's IMMA, integer tensor cores too
+        wgmma = r["arch"] == 90 and r["block_m"] >= 64
+        integer = "IGMMA." if wgmma else "IMMA."
+        assert r["default"] and not r["tma"] and r["loop_length"] > 0, r
+        assert r["matrix"] == ("igmma" if wgmma else "imma"), r
+        assert any(k.startswith(integer) for k in r["mma_mix"]), r
+        assert r["mma_duplication"] <= 1.05 and not r["error"], r
+        assert all(p.startswith(("spills", "default config needs", "shared memory")) for p in r["problems"]), r
+        if r["bias"] == "none" and not r["causal"] and r["head_dim"] <= INT8_CLEAN_UP_TO[r["arch"]]:
+            assert not r["problems"], r
+    verdicts = {v["id"]: v for v in record["targets"] if v["id"].startswith("int8-vs-exact-")}
+    assert len(verdicts) == 2 * 2 * len(jobs.HEAD_DIMS)
+    for v in verdicts.values():
+        assert v["met"] == (v["head_dim"] <= INT8_CLEAN_UP_TO[v["arch"]]), v
+        assert v["exact_instr_per_score"] > 0, v
+
+
+def test_integer_matrix_instructions_are_read_as_matrix_work():
+    """IMMA (sm_80's int8 mma.sync, m16n8k32) and IGMMA (sm_90's int8 warp-group MMA,
+    64xNx32) count as matrix instructions of a loop, with their shapes and FLOPs, as
+    HMMA and HGMMA do: the int8 forward's main loop is found by them."""
+    from tools.static_report import sass
+
+    listing = "\n".join([
+        "        /*0100*/                   IMMA.16832.S8.S8.SAT R4, R8, R12, R4 ;",
+        "        /*0110*/                   HMMA.16816.F32 R20, R24, R28, R20 ;",
+        "        /*0120*/                   IGMMA.64x64x32.S8.S8 gdesc[UR4], RZ, !UPT ;",
+        "        /*0130*/                   HGMMA.64x128x16.F32 R40, gdesc[UR8], R40 ;",
+        "        /*0140*/              @P0 BRA 0x100 ;",
+    ])
+    (loop,) = sass.loops(sass.parse(listing))
+    assert loop.matrix_instrs == 4
+    assert loop.mma_shapes() == {"IMMA.16832": 1, "HMMA.16816": 1, "IGMMA.64x64x32": 1, "HGMMA.64x128x16": 1}
+    warps = 4
+    assert loop.mma_flops(warps) == (2 * 16 * 8 * 32 + 2 * 16 * 8 * 16) * warps + (
+        2 * 64 * 64 * 32 + 2 * 64 * 128 * 16) * warps / 4
+    assert sass.main_loop(sass.parse(listing)) is not None

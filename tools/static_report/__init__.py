@@ -55,6 +55,18 @@ the second stores dS tiles), with their own candidates; they run only with a bia
 fwd_lo is the forward that also stores its rounding residual for the backward (16-bit
 only). --quick compiles the default (first) configuration of each list only.
 
+The INT8 forward (kernel "int8": attnkit/kernels/int8/kernels.py, _attn_fwd_int8) is
+compiled with its tile per target, head dim and bias (int8/ops.py's TILES), pointer loads, in
+fp16 and bf16, with no bias, key padding or a float32 full bias, causal or not, at every
+head dim: q8 and k8 int8 with the head dim padded as int8/quant.qk_pieces pads it, their
+scales float32, V and the output 16-bit. Its Q.K product runs on integer tensor cores
+(IMMA on sm_80 and for sm_90's tiles under 64 rows, IGMMA on sm_90: the matrix kinds "imma"
+and "igmma"), P.V on the 16-bit
+ones. MMA duplication counts both matmuls at their own padded widths, and the tensor-bound
+limit takes the int8 matmul at twice the 16-bit rate (compile.INT8_RATE: 624 against 312
+TOPS on A100, 1979 against 989 on H100). The target int8-vs-exact (targets.py) reports its
+default's instr/score beside the exact forward's default; it has no budget.
+
 Resuming. A row is keyed by source_key() (key.py: a hash of the code of the kernels,
 limits.py, sass.py, the launcher's _align, _COMPILE_OPTIONS and BIAS_16BIT_ALIGN, and this tool's functions
 that compile and read a row; comments and docstrings left out) and by its own tile and

@@ -32,6 +32,9 @@ MAX_REGS = 255
 # Dense 16-bit tensor-core FLOPs per clock per SM, and warp instructions issued per clock
 # per SM (4 schedulers, one instruction each), by target (see the module docstring).
 TENSOR_FLOPS_PER_CLOCK = {80: 2048, 90: 4096}
+# Dense int8 tensor-core operations per clock against 16-bit FLOPs: twice as many on
+# sm_80-89 (A100: 624 TOPS against 312 TFLOP/s) and on sm_90 (H100: 1979 against 989).
+INT8_RATE = 2
 ISSUE_PER_CLOCK = 4
 # MUFU (exp2) results per clock per SM: 16 (4 per scheduler).
 EXP_PER_CLOCK = 16
@@ -39,7 +42,9 @@ EXP_PER_CLOCK = 16
 DBIAS_KERNELS = ("dkdv_dbias", "dq_dbias")  # with a bias only
 # Matmuls per score, by kernel: forward q k^T and p v; dQ recomputes s, dP = dO v^T and
 # dS k; dK/dV recomputes s, dP, dV = p^T dO and dK = dS^T q.
-MATMULS = {"fwd": 2, "fwd_lo": 2, "dq": 3, "dq_dbias": 3, "dkdv": 4, "dkdv_dbias": 4}
+# The int8 forward (attnkit/kernels/int8) has the forward's two: q8 k8^T in int8 (the
+# first, on integer tensor cores at INT8_RATE x), p v in 16 bits.
+MATMULS = {"fwd": 2, "fwd_lo": 2, "dq": 3, "dq_dbias": 3, "dkdv": 4, "dkdv_dbias": 4, "int8": 2}
 # Exponentials one iteration needs per score: one per score, plus the forward's
 # per-row rescale alpha (1 / BLOCK_N per score, added below).
 DUPLICATION_LIMIT = 1.05  # above this, a loop issues more matrix FLOPs than its matmuls need
@@ -80,7 +85,9 @@ class Result:
     regs: int = -1
     stack: int = -1
     smem: int = -1
-    matrix: str = "?"  # "wgmma" (HGMMA), "mma" (HMMA), "fma" (no tensor cores)
+    # "wgmma" (HGMMA), "mma" (HMMA), "fma" (no tensor cores); a kernel with integer
+    # matrix instructions (the int8 forward's Q.K): "igmma" (IGMMA) or "imma" (IMMA).
+    matrix: str = "?"
     tma_loads: bool = False  # UTMALDG in the kernel
     loop_length: int = 0  # instructions in the main loop (NOPs excluded)
     loops: int = 0  # loops holding matrix instructions
@@ -88,6 +95,8 @@ class Result:
     instr_per_score: float = float("nan")
     exp_per_score: float = float("nan")
     exp_least: float = float("nan")
+    # The int8 forward: its Q.K matmul's FLOPs are counted at its padded width (DQ0 + DQ1)
+    # and at INT8_RATE x the 16-bit rate, its P.V matmul's as any 16-bit matmul's.
     mma_duplication: float = float("nan")
     tensor_limit: float = float("nan")
     loop_mix: dict = field(default_factory=dict)  # base mnemonic -> count, main loop
@@ -155,11 +164,13 @@ def needs_key(j: Job) -> tuple:
 
 def shared_memory_needs(results) -> dict:
     """What devices.NEEDS must hold for these rows: the default tiles of the sm80 lists
-    above SMEM_LIMIT_SM86, the most bytes per key."""
+    above SMEM_LIMIT_SM86, the most bytes per key. The int8 forward is not the flash
+    backend's, whose calls devices.NEEDS refuses: its rows above that are reported as
+    problems, not listed."""
     needs: dict = {}
     for r in results:
         j = r.job
-        if j.default and j.arch == 80 and r.smem > SMEM_LIMIT_SM86 and not r.error:
+        if j.default and j.arch == 80 and r.smem > SMEM_LIMIT_SM86 and not r.error and j.kernel != "int8":
             needs[needs_key(j)] = max(needs.get(needs_key(j), 0), r.smem)
     return needs
 
@@ -169,6 +180,14 @@ def _flash():
     from attnkit.kernels.flash import kernels, launch
 
     return kernels, launch
+
+
+def _int8():
+    """(kernels, quant): the Triton code of the int8 forward and its quantisation's
+    head-dim split (qk_pieces)."""
+    from attnkit.kernels.int8 import kernels, quant
+
+    return kernels, quant
 
 
 def _tool(name: str) -> str:
@@ -220,8 +239,11 @@ def _read_cubin(kernel) -> tuple[str, str]:
     return usage, listing
 
 
-def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: int, exp_least: float) -> Result:
-    """Fill res from a compiled kernel: resources, and the main loop's figures."""
+def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: int, exp_least: float,
+            int8_padded: int = 0) -> Result:
+    """Fill res from a compiled kernel: resources, and the main loop's figures.
+    int8_padded: the padded width of one int8 matmul among the matmuls (the int8
+    forward's Q.K), run at INT8_RATE x the 16-bit rate; 0: every matmul in 16 bits."""
     usage, listing = _read_cubin(kernel)
     if os.environ.get("ATTNKIT_INSPECT_SASS"):
         # A folder to keep each listing in (for reading the loops by hand).
@@ -238,7 +260,9 @@ def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: 
     res.smem += int(m.group(3))
     instrs = sass.parse(listing)
     res.sass_digest = hashlib.sha256("\n".join(i.text for i in instrs).encode()).hexdigest()[:16]
-    res.matrix = "wgmma" if sass.kernel_uses(instrs, "HGMMA") else "mma" if sass.kernel_uses(instrs, "HMMA") else "fma"
+    res.matrix = ("igmma" if sass.kernel_uses(instrs, "IGMMA") else "imma" if sass.kernel_uses(instrs, "IMMA")
+                  else "wgmma" if sass.kernel_uses(instrs, "HGMMA") else "mma" if sass.kernel_uses(instrs, "HMMA")
+                  else "fma")
     res.tma_loads = sass.kernel_uses(instrs, "UTMALDG")
     res.loops = sum(1 for lp in sass.loops(instrs) if lp.matrix_instrs)
     loop = sass.main_loop(instrs)
@@ -255,10 +279,11 @@ def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: 
     res.mma_mix = dict(loop.mma_shapes())
     res.instr_per_score = loop.length * warps / scores
     res.exp_per_score = loop.count("MUFU.EX2") * 32 * warps / scores
-    needed = matmuls * 2.0 * scores * padded
+    wide = matmuls - (1 if int8_padded else 0)  # the 16-bit matmuls
+    needed = wide * 2.0 * scores * padded + 2.0 * scores * int8_padded
     res.mma_duplication = loop.mma_flops(warps) / needed if res.matrix != "fma" else 1.0
     flops = TENSOR_FLOPS_PER_CLOCK[res.job.arch] if res.matrix != "fma" else float("nan")
-    res.tensor_limit = matmuls * 2 * padded * ISSUE_PER_CLOCK / flops
+    res.tensor_limit = (wide * 2 * padded + 2 * int8_padded / INT8_RATE) * ISSUE_PER_CLOCK / flops
     return res
 
 
@@ -270,6 +295,8 @@ def compile_job(job: Job) -> Result:
     fk, fl = _flash()
     res = Result(job)
     t0 = time.time()
+    if job.kernel == "int8":
+        return _compile_int8(job, res, fk, fl, t0)
     try:
         fn = fk.KERNELS[job.kernel]
         d0, d1 = limits.split_head_dim(job.head_dim)
@@ -319,3 +346,33 @@ def compile_job(job: Job) -> Result:
     res.seconds = time.time() - t0
     return res
 
+
+def _compile_int8(job: Job, res: Result, fk, fl, t0: float) -> Result:
+    """compile_job for the int8 forward (attnkit/kernels/int8/kernels.py): q8 and k8
+    int8, their scales and a bias float32, V and the output 16-bit; pointer loads only."""
+    from triton.compiler import ASTSource
+
+    ik, iq = _int8()
+    try:
+        fn = ik._attn_fwd_int8
+        d0, d1 = limits.split_head_dim(job.head_dim)
+        dq0, dq1 = iq.qk_pieces(job.head_dim)
+        bm, bn, warps, stages, _ = job.config
+        pointer_types = {"Q8": "*i8", "K8": "*i8", "QS": "*fp32", "KS": "*fp32", "Bias": "*fp32", "Lens": "*i32",
+                         "Plain": "*i32"}
+        sig = _signature(fn, job.dtype, pointer_types, {})
+        constexprs = dict(
+            HEAD_DIM=job.head_dim, D0=d0, D1=d1, DQ0=dq0, DQ1=dq1, BLOCK_M=bm, BLOCK_N=bn,
+            BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS}[job.bias], CAUSAL=job.causal,
+            ALIGN=fl._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True, EMULATE_BF16=False,
+        )
+        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
+                 if sig[p.name].startswith("*")}
+        options = {**fl._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}
+        kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, options)
+        analyse(res, kernel, warps, bm * bn, d0 + d1, MATMULS[job.kernel], 1.0 + 1.0 / bn, int8_padded=dq0 + dq1)
+    except Exception as e:  # noqa: BLE001 - any failure is a failed configuration
+        msg = str(e).strip().splitlines()
+        res.error = f"compile failed: {type(e).__name__}: {msg[0] if msg else ''}"[:200]
+    res.seconds = time.time() - t0
+    return res

@@ -8,14 +8,30 @@ from .compile import DBIAS_KERNELS, Job, _flash
 HEAD_DIMS = (40, 64, 80, 96, 128, 160, 256, 320, 384, 512)
 DTYPES = ("fp16", "bf16", "fp32")
 ARCHS = (80, 90)
-KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias")
+KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias", "int8")
 BIASES = ("none", "keypad", "full", "full16")
+# The int8 forward (attnkit/kernels/int8): 16-bit inputs, float32 biases only (none, key
+# padding, full), pointer loads only, one tile per target, head dim and bias (int8/ops.py's
+# TILES, no autotuning).
+INT8_DTYPES = ("fp16", "bf16")
+INT8_BIASES = ("none", "keypad", "full")
+
+
+def int8_tile(arch: int, head_dim: int, bias: str) -> tuple[int, int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages, reload) of the int8 forward for a target,
+    head dim and bias: ops.py's tile_for."""
+    from attnkit.kernels.int8 import ops
+
+    return (*ops.tile_for(f"sm{arch}", head_dim, bias), 0)
 
 
 def _variants(kernel: str, dtype: str, arch: int, biases, causals) -> list[tuple[str, bool, bool]]:
     """(bias, causal, tma) combinations a kernel compiles to on a target. A full bias in
     the inputs' 16-bit dtype ("full16") is read as it is by the inference forward only
-    (a call that needs gradients converts it to float32, as every other bias)."""
+    (a call that needs gradients converts it to float32, as every other bias). The int8
+    forward: float32 biases, pointer loads."""
+    if kernel == "int8":
+        return [(bias, causal, False) for bias in biases if bias in INT8_BIASES for causal in causals]
     tmas = (True, False) if arch == 90 and dtype != "fp32" else (False,)
     return [(bias, causal, tma) for bias in biases if not (bias == "none" and kernel in DBIAS_KERNELS)
             and not (bias == "full16" and (kernel != "fwd" or dtype == "fp32"))
@@ -26,7 +42,7 @@ def launches(kernel: str, head_dim: int) -> list[tuple[int, str]]:
     """(PIECE, GRADS) of each launch of a kernel at a head dim (attnkit/kernels/flash/
     launch.py, _backward_impl): above 256 the backward runs once per head-dim piece, dK/dV also once
     per gradient; the bias gradient comes with the first dK (or dQ) launch."""
-    if kernel.startswith("fwd") or head_dim <= 256:
+    if kernel.startswith("fwd") or kernel == "int8" or head_dim <= 256:
         return [(-1, "dkdv")]
     if kernel == "dq":
         return [(0, "dkdv"), (1, "dkdv")]
@@ -49,12 +65,16 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, co
             for dtype in dtypes:
                 if kernel == "fwd_lo" and dtype == "fp32":
                     continue  # fp32 outputs are not rounded: no residual
+                if kernel == "int8" and dtype not in INT8_DTYPES:
+                    continue  # 16-bit inputs only
                 for arch in archs:
                     for bias, causal, tma in _variants(kernel, dtype, arch, biases, causals):
                         if tmas is not None and tma not in tmas:
                             continue
                         if configs:
                             cands = [(c[:5], (c[5] if len(c) > 5 else 0) or None, False, budget) for c in configs]
+                        elif kernel == "int8":
+                            cands = [(int8_tile(arch, d, bias), None, True, None)]  # its tile, not gated
                         else:
                             shipped = fl.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
                             if quick:

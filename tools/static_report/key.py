@@ -4,8 +4,9 @@ that code (its tile and variant).
 
 A row is kept by --resume while both are the same: a comment, a docstring, a line moved,
 an edit of the launcher's other host code (ops.py, launch.py outside _align,
-_COMPILE_OPTIONS and BIAS_16BIT_ALIGN) or of the tile table (tiles.py) keeps every other row; an edit of the
-kernels' code, of the head-dim split (limits.py), of the SASS analysis (sass.py) or of
+_COMPILE_OPTIONS and BIAS_16BIT_ALIGN; int8/ops.py, int8/quant.py outside qk_pieces) or
+of the tile table (tiles.py) keeps every other row; an edit of the kernels' code (flash/
+and int8/kernels.py), of the head-dim split (limits.py), of the SASS analysis (sass.py) or of
 the functions that compile and read a row (_ROW_FUNCTIONS, found by name in any module
 of tools/static_report, so they may move between its modules) makes every row stale.
 Not in the key: the module-level constants those functions read (MATMULS, SMEM_LIMIT,
@@ -24,10 +25,15 @@ from .compile import Job
 # What a row's figures depend on besides triton and the row's own tile: the kernels'
 # code, the limits that split the head dim, the SASS analysis, and the functions of this
 # tool that compile and read a row. A row is kept (--resume) while this key is the same.
-_ROW_MODULES = ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/limits.py", "tools/static_report/sass.py")
-_ROW_FUNCTIONS = ("compile_job", "analyse", "_read_cubin", "_compile", "_signature", "_tool", "Result", "Job")
+_ROW_MODULES = ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/int8/kernels.py", "attnkit/kernels/limits.py",
+                "tools/static_report/sass.py")
+_ROW_FUNCTIONS = ("compile_job", "_compile_int8", "_int8", "analyse", "_read_cubin", "_compile", "_signature", "_tool",
+                  "Result", "Job")
 # The host helpers of attnkit/kernels/flash/launch.py that compile_job reads.
 _ROW_HELPERS = ("_align", "_COMPILE_OPTIONS", "BIAS_16BIT_ALIGN")
+# The host helper of attnkit/kernels/int8/quant.py that compile_job reads (the int8 head-dim
+# split); the rest of that module is host code.
+_INT8_HELPERS = ("qk_pieces",)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -76,6 +82,8 @@ def source_key(root: str = _ROOT) -> str:
             h.update(ast.dump(_code(f.read())).encode())
     with open(os.path.join(root, "attnkit/kernels/flash/launch.py")) as f:
         h.update("".join(_named(_code(f.read()), _ROW_HELPERS)).encode())
+    with open(os.path.join(root, "attnkit/kernels/int8/quant.py")) as f:
+        h.update("".join(_named(_code(f.read()), _INT8_HELPERS)).encode())
     here = os.path.join(root, "tools", "static_report")
     found = {}
     for name in sorted(os.listdir(here)):

@@ -11,9 +11,11 @@ Definitions (also written in the report):
   instructions in that range, NOPs excluded. Loops are listed innermost first.
 * the matrix instructions of a loop are its HMMA (Ampere's warp-level MMA, shape
   m16n8k16 or m16n8k8 per warp) and HGMMA (Hopper's warp-group MMA, shape 64xNxK per
-  group of four warps). A warp-group MMA appears once in each of its four warps'
-  instruction streams, so the matrix FLOPs of one iteration of the whole CTA are
-  sum(HGMMA m*n*k * 2) * warps / 4 + sum(HMMA m*n*k * 2) * warps.
+  group of four warps), and their integer forms IMMA (m16n8k32 for int8, written
+  16832) and IGMMA (64xNx32), the int8 forward's Q.K. A warp-group MMA appears once in
+  each of its four warps' instruction streams, so the matrix FLOPs (integer operations
+  alike) of one iteration of the whole CTA are
+  sum(HGMMA and IGMMA m*n*k * 2) * warps / 4 + sum(HMMA and IMMA m*n*k * 2) * warps.
 * exponentials are MUFU.EX2, executed by each of the CTA's 32 * warps threads.
 """
 
@@ -25,8 +27,10 @@ from dataclasses import dataclass, field
 
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?BRA(?:\.[A-Z.]+)?\s+(?:`\()?(0x[0-9a-f]+)")
-_HGMMA = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
-_HMMA = re.compile(r"HMMA\.(\d+)")
+_HGMMA = re.compile(r"[HI]GMMA\.(\d+)x(\d+)x(\d+)")
+_HMMA = re.compile(r"[HI]MMA\.(\d+)")
+_GROUP_MMA = ("HGMMA", "IGMMA")  # warp-group MMAs (sm_90)
+_WARP_MMA = ("HMMA", "IMMA")  # warp-level MMAs
 
 
 _PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
@@ -84,14 +88,14 @@ class Loop:
         return Counter(i.op for i in self.instrs if i.op != "NOP")
 
     def mma_shapes(self) -> Counter:
-        """{"HGMMA.64x32x16": 4, "HMMA.16816": 16, ...} per warp."""
+        """{"HGMMA.64x32x16": 4, "HMMA.16816": 16, "IMMA.16832": 8, ...} per warp."""
         out: Counter = Counter()
         for i in self.instrs:
-            if i.op == "HGMMA":
+            if i.op in _GROUP_MMA:
                 m = _HGMMA.search(i.opcode)
-                out[f"HGMMA.{m.group(1)}x{m.group(2)}x{m.group(3)}"] += 1
-            elif i.op == "HMMA":
-                out[f"HMMA.{_HMMA.search(i.opcode).group(1)}"] += 1
+                out[f"{i.op}.{m.group(1)}x{m.group(2)}x{m.group(3)}"] += 1
+            elif i.op in _WARP_MMA:
+                out[f"{i.op}.{_HMMA.search(i.opcode).group(1)}"] += 1
         return out
 
     def mma_flops(self, warps: int) -> float:
@@ -99,18 +103,22 @@ class Loop:
         total = 0.0
         for shape, n in self.mma_shapes().items():
             kind, dims = shape.split(".")
-            if kind == "HGMMA":
+            if kind in _GROUP_MMA:
                 m, nn, k = (int(x) for x in dims.split("x"))
                 total += n * 2 * m * nn * k * warps / 4
+            elif dims.startswith("88"):
+                # "8816": m8 n8 k16 (IMMA's older int8 shape)
+                m, nn, k = 8, 8, int(dims[2:])
+                total += n * 2 * m * nn * k * warps
             else:
-                # "16816": m16 n8 k16; "1688": m16 n8 k8 (tf32)
+                # "16816": m16 n8 k16; "1688": m16 n8 k8 (tf32); "16832": m16 n8 k32 (int8)
                 m, nn, k = 16, 8, int(dims[3:])
                 total += n * 2 * m * nn * k * warps
         return total
 
     @property
     def matrix_instrs(self) -> int:
-        return self.count("HGMMA") + self.count("HMMA")
+        return sum(self.count(op) for op in _GROUP_MMA + _WARP_MMA)
 
 
 def loops(instrs: list[Instr]) -> list[Loop]:

@@ -16,6 +16,13 @@ Targets (sm_90 figures are those of the TMA variant, the one aligned inputs run)
   float32 bias at the same head dim, dtype and loads: reading the bias as it is must
   not cost the loop what it saves in memory traffic (half the bias bytes) and in the
   float32 conversion it drops (a pass over B*H*M*N elements);
+* int8-vs-exact (sm_90 and sm_80, fp16 and bf16, every head dim, no bias, not causal):
+  the int8 forward's tile (attnkit/kernels/int8) compiles clean (no spills, shared
+  memory within the target, no duplicated work) and its Q.K runs on integer tensor
+  cores (IMMA, IGMMA). Its instr/score is reported beside the exact forward's default
+  (TMA on sm_90, pointer loads on sm_80), with their ratio; no speed is required of it:
+  its tiles are not tuned, and static figures do not show the memory the int8 operands
+  save;
 * sm_80: nothing worse than before this report existed: the default tile of every
   kernel, head dim, fp16 / fp32 and bias variant compiles to no more instr/score than
   the kernels of BASELINE_COMMIT did (their figures, read with the same SASS analysis,
@@ -171,7 +178,45 @@ def evaluate(results) -> list[dict]:
                             best.instr_per_score if best else None, met,
                             note="" if best is None or best is default else f"best: {best.job.config_name}"))
     out.extend(compare_full16(results))
+    out.extend(compare_int8(results))
     out.extend(compare_sm80(results))
+    return out
+
+
+INT8_MATRIX = ("imma", "igmma")  # integer tensor-core instructions (compile.analyse)
+
+
+def compare_int8(results) -> list[dict]:
+    """The int8 forward's default, no bias, not causal, on each target, head dim and
+    dtype: met when it has no problems and issues integer MMAs; its instr/score beside
+    the exact forward's default (kernel fwd, same target, head dim and dtype, no bias,
+    not causal; TMA on sm_90, the loads aligned inputs run), their ratio in the note."""
+    exact = {}
+    for r in results:
+        j = r.job
+        if j.kernel == "fwd" and j.bias == "none" and j.default and not j.causal and j.tma == (j.arch == 90):
+            exact[(j.arch, j.head_dim, j.dtype)] = r
+    out = []
+    for arch in (90, 80):
+        for r in results:
+            j = r.job
+            if j.kernel != "int8" or j.arch != arch or j.bias != "none" or j.causal or not j.default:
+                continue
+            base = exact.get((arch, j.head_dim, j.dtype))
+            met = not r.problems and r.matrix in INT8_MATRIX
+            note = f"{r.matrix}, {r.regs} regs" + (f", spills {r.stack} B" if r.stack > 0 else "")
+            if base is not None and r.loop_length and base.loop_length:
+                note += (f"; exact fwd {base.job.config_name} {'TMA' if base.job.tma else 'ptr'}: "
+                         f"{base.instr_per_score:.3f} instr/score, {base.regs} regs; int8 / exact "
+                         f"{r.instr_per_score / base.instr_per_score:.2f}x")
+            if r.problems:
+                note += "; " + "; ".join(r.problems)
+            v = _verdict(f"int8-vs-exact-sm{arch}-d{j.head_dim}-{j.dtype}",
+                         "int8 forward: clean, on integer tensor cores", r, r.instr_per_score, None, met, note=note)
+            if base is not None:
+                v.update(exact_config=base.job.config_name, exact_tma=base.job.tma,
+                         exact_instr_per_score=base.instr_per_score, exact_regs=base.regs)
+            out.append(v)
     return out
 
 
@@ -315,7 +360,7 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
     lines += ["", "| target | kernel | D | dtype | bias | tile | instr/score | limit | met |",
               "|---|---|---|---|---|---|---|---|---|"]
     for v in verdicts:
-        if v["id"].startswith("sm80-"):
+        if v["id"].startswith(("sm80-", "int8-vs-exact-")):
             continue
         lines.append(f"| {v['target']} | {v.get('kernel', '')} | {v.get('head_dim', '')} | {v.get('dtype', '')} | "
                      f"{v.get('bias', '')} | {v.get('config', '')} | {_f(v['value'])} | {_f(v['limit'])} | "
@@ -337,6 +382,21 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
                 lines.append(f"| {v['kernel']} | {v['head_dim']} | {v['dtype']} | {v['bias']} | {v['config']} | "
                              f"{_f(v['value'])} | {_f(v['limit'])} | {noted(v.get('note', ''))} |")
             lines += ["", "The numbers in the notes point to the reasons listed under Targets above."]
+
+    int8 = [v for v in verdicts if v["id"].startswith("int8-vs-exact-")]
+    if int8:
+        lines += ["", "INT8 forward (attnkit/kernels/int8, its tile per target, head dim and bias; no bias, not "
+                  f"causal) beside the exact forward's default: {sum(v['met'] for v in int8)} of {len(int8)} clean on integer tensor cores. "
+                  "Its tensor-bound limit counts the Q.K matmul at twice the 16-bit rate (int8), P.V at the "
+                  "16-bit rate; no speed target: the ratio is reported only.", "",
+                  "| target | D | dtype | int8 tile | instr/score | exact tile | exact instr/score | int8 / exact "
+                  "| met | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for v in int8:
+            ex = v.get("exact_instr_per_score")
+            lines.append(f"| sm_{v['arch']} | {v['head_dim']} | {v['dtype']} | {v['config']} | {_f(v['value'])} | "
+                         f"{v.get('exact_config', '-')}{' TMA' if v.get('exact_tma') else ''} | {_f(ex)} | "
+                         f"{_f(v['value'] / ex if ex else None, 2)} | {'yes' if v['met'] else '**no**'} | "
+                         f"{v.get('note', '').split(';')[0]} |")
 
     def table(rows, title):
         out = ["", f"## {title}", "",
