@@ -99,6 +99,10 @@ class _Slot:
 class AutoChooser(tuning.Tuned, ChooserBase):
     """The decision behind :func:`auto`: per signature, the first backend of the walk."""
 
+    # No lossy backend: what a chooser pickled before these options existed unpickles as.
+    lossy: str | None = None
+    guard: dict | None = None
+
     def __init__(
         self,
         *,
@@ -257,7 +261,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
     def guard_states(self) -> list[GuardState]:
         """Every module and call signature the lossy backend served, with its guard's
         figures and state."""
-        return list(self._guards.values())
+        return list(getattr(self, "_guards", {}).values())
 
     # -- deciding -------------------------------------------------------------------
     def backend(self, label: str) -> Backend | Exception:
@@ -399,7 +403,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         lines = [f"{self.describe()}: {len(self._records)} call signature(s)"]
         if self.lossy is not None:
             lines.append(self._describe_lossy())
-        if not self._records and not self._compiled and not self._guards:
+        if not self._records and not self._compiled and not self.guard_states():
             lines.append("  no attention call yet: run the model once, or pass an AttentionCall")
         for record in self._records.values():
             lines.append(format_decision(record))
