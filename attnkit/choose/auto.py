@@ -125,7 +125,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         self.guard = guard_options(guard) if lossy is not None else None
         self._lossy_backend: Backend | Exception | None = None
         self._lossy_reasons: dict[Signature, tuple[str, ...]] = {}
-        self._guards: dict[tuple[str, Signature], GuardState] = {}
+        self._guards: dict[tuple[int, Signature], GuardState] = {}
         self.cache_path = Path(cache_path) if cache_path is not None else tuning.default_cache_path()
         self.order = None if order is None else policy.validate_labels(order, "order")
         self.exclude = frozenset(policy.validate_labels(exclude, "exclude"))
@@ -219,13 +219,15 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             self._lossy_reasons[sig] = reasons
         if reasons:
             return None
-        module = describe_module(who)
-        state = self._guards.get((module, sig))
+        # Keyed by the caller object (a module, or the dispatch route's one caller): its
+        # name is made once, not on every call of the hot path.
+        state = self._guards.get((id(who), sig))
         if state is None:
-            state = self._guards.setdefault((module, sig), GuardState(module, describe_call(
+            state = self._guards.setdefault((id(who), sig), GuardState(describe_module(who), describe_call(
                 AttentionCall.from_signature(sig))))
         if state.fallen_back:
             return None
+        module = state.module
         q, k, v, attn_bias, scale, upcast, causal_offset, _, _ = args
         try:
             out = run_backend(self._lossy_backend, *args)
