@@ -670,14 +670,28 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monke
     assert launches[0][1] == launches[1][1] == (4, 3, 2)  # cdiv(100 rows, 32), heads, batch
     direct = launches[1][2]
     assert (direct["BLOCK_M"], direct["BLOCK_N"], direct["RELOAD"]) == (32, 16, False)
-    assert (direct["M_KEY"], direct["N_KEY"], direct["HEAD_DIM"], direct["M"], direct["H"]) == (128, 128, 64, 100, 3)
+    assert (direct["HEAD_DIM"], direct["M"], direct["N"], direct["H"]) == (64, 100, 100, 3)
     assert direct["sm_scale"] == 0.125 and direct["Q"].shape == (2, 3, 100, 64)
+    # What a call without a bias or a residual does not read is passed as None (the
+    # descriptors are there: 16-bit inputs on the interpreter's sm_90 stream through TMA).
+    assert all(direct[n] is None for n in ("Bias", "Lens", "Plain", "LseShift", "OutLo", "stride_bb", "stride_bm",
+                                           "stride_lb"))
+    assert direct["TMA"] and direct["KD0"] is not None
     assert hooked == [32]  # the tuner runs the tile's hook; a direct launch needs none
     for other in (dict(m=300), dict(causal=True), dict(head_dim=48), dict(dtype=torch.bfloat16),
                   dict(bias_dtype=torch.float32)):
         call(**other)
         call(**other)
         assert [x[0] for x in launches[-2:]] == ["tuner", "compiled"], other
+    # Another length in a tuned length bucket (100 and 110 round up to 128) runs the
+    # tuner's choice for the bucket without tuning again.
+    seen = len(launches)
+    real = []
+    monkeypatch.setattr(fl, "_launch_triton", lambda fn, grid, kwargs: real.append((fn, grid, kwargs)))
+    call(m=110)
+    assert launches[seen:] == [] and len(real) == 1
+    assert real[0][0] is fl.KERNELS["fwd"] and real[0][1] == (4, 3, 2)  # cdiv(110, 32)
+    assert (real[0][2]["BLOCK_M"], real[0][2]["BLOCK_N"], real[0][2]["num_warps"]) == (32, 16, 8)
 
 
 def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):

@@ -197,7 +197,7 @@ def _tool(name: str) -> str:
 
 
 _PTR = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
-_INTS = ("H", "M", "N", "OFF", "M_KEY", "N_KEY")
+_INTS = ("H", "M", "N", "OFF")
 
 
 def _signature(fn, dtype: str, pointer_types: dict[str, str], descriptors: dict[str, str]) -> dict[str, str]:
@@ -332,6 +332,11 @@ def compile_job(job: Job) -> Result:
             constexprs["PIECE"] = job.piece
             if base == "dkdv":
                 constexprs["GRADS"] = job.grads
+        # The arguments the launcher passes as None for this launch: constants, as Triton
+        # compiles them at run time.
+        for name in fl.absent_arguments(job.kernel, constexprs):
+            sig[name] = "constexpr"
+            constexprs[name] = None
         # Pointers are 16-byte aligned (torch allocations are); Triton's runtime
         # specialises them the same way.
         attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)

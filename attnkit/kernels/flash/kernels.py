@@ -53,6 +53,14 @@ Everything else the callers of a diffusion model produce:
   allows tf32. Those dots run on FMA units, not tensor cores, with their own smaller
   tiles (16 query rows, Q / K / V reloaded per tile) so that they do not spill
   registers either (see _FP32).
+
+Arguments a launch does not read are passed as None: Triton takes a None argument as a
+compile-time constant, so the launcher packs nothing for it on every call
+(launch.absent_arguments says which: the tensor descriptors without TMA, the bias, its
+strides and the row shift without a bias, the key lengths without a key bias, OutLo
+without STORE_LO, DBias without BIAS_GRAD). Each kernel first rebinds such a name to a
+tensor it already has, so that the code naming it compiles; the branches that would
+read it are not compiled.
 """
 
 
@@ -423,7 +431,6 @@ def _attn_fwd(
     stride_lb, stride_lh,
     stride_ob, stride_oh, stride_om,
     H, M, N, OFF, qk_scale, sm_scale,
-    M_KEY, N_KEY,  # autotuning keys only (lengths rounded to powers of two)
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
@@ -443,6 +450,13 @@ def _attn_fwd(
     output to its dtype lost, OutLo = (O - O.to(dtype)).to(dtype), with Out's strides,
     so that the backward's delta = rowsum(dO * O) sees O to about 16 more bits."""
     _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
+    # Stand-ins for the arguments passed as None (see the module's docstring).
+    if not TMA:
+        KD0, KD1, VD0, VD1 = K, K, V, V
+    if BIAS == 0:
+        Bias, stride_bb, stride_bh, stride_bm, stride_bn = Q, 0, 0, 0, 0
+    if BIAS != 1:
+        Lens, Plain, stride_lb, stride_lh = Lse, Lse, 0, 0
     b = tl.program_id(2)
     h = tl.program_id(1)
     row0 = tl.program_id(0) * BLOCK_M
@@ -683,7 +697,6 @@ def _attn_bwd_dkdv(
     stride_dvb, stride_dvh, stride_dvn,
     stride_dbb, stride_dbh,
     H, M, N, OFF, qk_scale, sm_scale,
-    M_KEY, N_KEY,
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
@@ -703,6 +716,13 @@ def _attn_bwd_dkdv(
     n): the gradient of a bias that does not depend on the query, such as key padding.
     (The dQ kernel writes the gradient of any other bias.)"""
     _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
+    # Stand-ins for the arguments passed as None (see the module's docstring).
+    if not TMA:
+        QD0, QD1, DOD0, DOD1, KD0, KD1, VD0, VD1 = Q, Q, DO, DO, K, K, V, V
+    if BIAS == 0:
+        Bias, stride_bb, stride_bh, stride_bm, stride_bn, LseShift = Q, 0, 0, 0, 0, Lse
+    if BIAS != 1:
+        Lens, Plain, stride_lb, stride_lh = Lse, Lse, 0, 0
     b = tl.program_id(2)
     h = tl.program_id(1)
     col0 = tl.program_id(0) * BLOCK_N
@@ -867,7 +887,6 @@ def _attn_bwd_dq(
     stride_dqb, stride_dqh, stride_dqm,
     stride_dbb, stride_dbh, stride_dbm,
     H, M, N, OFF, qk_scale, sm_scale,
-    M_KEY, N_KEY,
     HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
@@ -882,6 +901,15 @@ def _attn_bwd_dq(
     row does not see (skipped tiles) get no write: the launcher zeroes DBias first
     when tiles can be skipped."""
     _check_tiles(HEAD_DIM, D0, D1, BLOCK_M, BLOCK_N)
+    # Stand-ins for the arguments passed as None (see the module's docstring).
+    if not TMA:
+        KD0, KD1, VD0, VD1 = K, K, V, V
+    if BIAS == 0:
+        Bias, stride_bb, stride_bh, stride_bm, stride_bn, LseShift = Q, 0, 0, 0, 0, Lse
+    if BIAS != 1:
+        Lens, Plain, stride_lb, stride_lh = Lse, Lse, 0, 0
+    if not BIAS_GRAD:
+        DBias, stride_dbb, stride_dbh, stride_dbm = Delta, 0, 0, 0
     b = tl.program_id(2)
     h = tl.program_id(1)
     row0 = tl.program_id(0) * BLOCK_M

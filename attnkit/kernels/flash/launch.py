@@ -97,8 +97,10 @@ def _autotune_enabled() -> bool:
 
 
 # One triton.autotune wrapper per (target, kernel, width, band, variant), built on first
-# use: each has its own candidates and its own cache of best configs, keyed by head dim,
-# causality and by the query / key lengths rounded up to powers of two (M_KEY, N_KEY).
+# use: each has its own candidates and its own cache of best configs. The tuner is keyed
+# by the exact lengths, but consulted only for the first call of a length bucket (the
+# lengths rounded up to powers of two, _Launch.bucket): its choice is kept per bucket in
+# attnkit_chosen, and later signatures of the bucket settle on it without tuning.
 _TUNERS: dict[tuple, object] = {}
 
 
@@ -117,7 +119,29 @@ def _set_boxes(kernel: str):
 
 
 # What an autotuner's choice depends on (of the arguments each kernel has).
-_TUNE_KEY = ("HEAD_DIM", "M_KEY", "N_KEY", "CAUSAL", "TMA", "PIECE", "GRADS")
+_TUNE_KEY = ("HEAD_DIM", "M", "N", "CAUSAL", "TMA", "PIECE", "GRADS")
+
+# The arguments a launch passes as None, by the constexprs that say it does not read them
+# (kernels.py's docstring): Triton compiles a None argument as a constant, and the
+# launcher packs nothing for it on each call.
+_ABSENT = (
+    (lambda c: not c["TMA"], ("KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1")),
+    (lambda c: c["BIAS"] == NO_BIAS, ("Bias", "stride_bb", "stride_bh", "stride_bm", "stride_bn", "LseShift")),
+    (lambda c: c["BIAS"] != KEY_BIAS, ("Lens", "Plain", "stride_lb", "stride_lh")),
+    (lambda c: not c.get("STORE_LO", True), ("OutLo",)),
+    (lambda c: not c.get("BIAS_GRAD", True), ("DBias", "stride_dbb", "stride_dbh", "stride_dbm")),
+)
+
+
+def absent_arguments(kernel: str, constexprs: dict) -> dict:
+    """{name: None} for each argument of a flash kernel (a KERNELS name) that a launch
+    with these constexprs does not read; the static report compiles the same."""
+    names = set(KERNELS[kernel].arg_names)
+    absent = {}
+    for unread, group in _ABSENT:
+        if unread(constexprs):
+            absent.update((n, None) for n in group if n in names)
+    return absent
 
 
 # Under the interpreter, the GPU record (a folder of bench/results) the launcher takes the
@@ -236,11 +260,14 @@ class _Launch:
     binding or specialisation per call."""
 
     __slots__ = ("kernel", "jit", "fn", "meta", "options", "static", "grid_rows", "axis", "b", "h", "grid",
-                 "compiled", "template", "slots", "boxes", "device", "cuda")
+                 "compiled", "template", "slots", "boxes", "device", "cuda", "bucket")
 
     def __init__(self, kernel: str, jit, fn, tile: Optional[TileConfig], static: dict, grid_rows: int, axis: str,
-                 b: int, h: int, options: Optional[dict] = None, cuda: bool = False):
+                 b: int, h: int, options: Optional[dict] = None, cuda: bool = False, bucket: Optional[tuple] = None):
+        # bucket: what an autotuner's choice is kept under (see _TUNERS).
         self.kernel, self.jit, self.fn, self.static, self.cuda = kernel, jit, fn, static, cuda
+        self.bucket = None if bucket is None else (*bucket, *(static.get(k) for k in _TUNE_KEY[3:]),
+                                                   static.get("HEAD_DIM"))
         self.grid_rows, self.axis, self.b, self.h = grid_rows, axis, b, h
         self.compiled = self.template = self.slots = self.device = None
         self.boxes = DESCRIPTORS.get(kernel, ())
@@ -271,8 +298,14 @@ class _Launch:
 
     def arguments(self, tensors: dict) -> dict:
         """Every named argument of a launch with these tensors (the tile's block sizes
-        included once known)."""
-        return {**self.static, **tensors, **(self.meta or {})}
+        included once known). An argument the launch passes as None (absent_arguments)
+        stays None whatever tensors say."""
+        return {**tensors, **self.static, **(self.meta or {})}
+
+    def _settle_config(self, config) -> None:
+        """Settle on a triton.Config (an autotuner's choice, or its default)."""
+        self._settle(config.kwargs, dict(self.options, num_warps=config.num_warps, num_stages=config.num_stages,
+                                         **({} if config.maxnreg is None else {"maxnreg": config.maxnreg})))
 
     def _keep(self, compiled, device: Optional[int]) -> None:
         """Keep Triton's compiled kernel for direct launches where its launcher takes the
@@ -346,13 +379,14 @@ def _run(launch: _Launch, tensors: dict) -> None:
         stream = 0 if current is None else triton.runtime.driver.active.get_current_stream(current)
         _launch_compiled(launch.compiled, launch.grid, stream, values)
         return
-    kwargs = {**launch.static, **tensors}
+    kwargs = {**tensors, **launch.static}  # an argument passed as None stays None
     if launch.meta is None:
         fn = launch.fn
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            tile = fn.configs[0]  # no benchmarking inside a capture: the default tile
-            launch._settle(tile.kwargs, dict(launch.options, num_warps=tile.num_warps, num_stages=tile.num_stages,
-                                             **({} if tile.maxnreg is None else {"maxnreg": tile.maxnreg})))
+        chosen = None if launch.bucket is None else fn.attnkit_chosen.get(launch.bucket)
+        if chosen is not None:  # the tuner chose for this length bucket already
+            launch._settle_config(chosen)
+        elif torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            launch._settle_config(fn.configs[0])  # no benchmarking inside a capture: the default tile
         else:
             def grid(meta):
                 return (triton.cdiv(launch.grid_rows, meta[launch.axis]), launch.h, launch.b)
@@ -360,8 +394,9 @@ def _run(launch: _Launch, tensors: dict) -> None:
             with fn.attnkit_lock:  # best_config is the tuner's one field for every caller
                 compiled = _launch_triton(fn, grid, {**kwargs, **launch.options})
                 best = fn.best_config
-            launch._settle(best.kwargs, dict(launch.options, num_warps=best.num_warps, num_stages=best.num_stages,
-                                             **({} if best.maxnreg is None else {"maxnreg": best.maxnreg})))
+                if launch.bucket is not None:
+                    fn.attnkit_chosen.setdefault(launch.bucket, best)
+            launch._settle_config(best)
             launch._keep(compiled, current)
             return
     if launch.boxes:
@@ -547,8 +582,11 @@ def _causal_args(causal: bool, offset: int, M: int, N: int) -> tuple[bool, int]:
     return True, offset
 
 
-def _lengths_key(m: int, n: int) -> tuple[int, int]:
-    return _next_pow2(m), _next_pow2(n)
+def _bucket(m: int, n: int, q: torch.Tensor, attn_bias: Optional[torch.Tensor]) -> tuple:
+    """What an autotuner's choice for a launch is kept under (_TUNERS): the lengths
+    rounded up to powers of two and the dtypes (the kernel, head dim, causality, TMA
+    and pieces come with the launch's static arguments)."""
+    return _next_pow2(m), _next_pow2(n), q.dtype, None if attn_bias is None else attn_bias.dtype
 
 
 # Tests set this to fill every buffer the kernels write with NaN before they run, so an
@@ -633,8 +671,8 @@ _FWD_STRIDES = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh",
 
 class _Streams:
     """The descriptor arguments of one launch: tensor descriptors of the streamed
-    tensors with TMA (their shapes and strides settled once), else the tensors
-    themselves as placeholders, never read.
+    tensors with TMA (their shapes and strides settled once), else none (the launch
+    passes None for them: absent_arguments).
 
     TensorDescriptor checks its base's alignment, strides and box when made (about 5 us
     a descriptor on a CPU); a plan's key holds each input's alignment and layout, so
@@ -649,9 +687,7 @@ class _Streams:
         self.checked = {}
 
     def add(self, tensors: dict, launch: _Launch, *streamed: torch.Tensor) -> None:
-        if not self.tma:
-            for (n0, n1), t in zip(self.names, streamed):
-                tensors[n0] = tensors[n1] = t
+        if not self.tma:  # the launch passes None for them (absent_arguments)
             return
         checked = self.checked.get(launch.meta is None)
         if checked is None or launch.meta is None:
@@ -738,17 +774,17 @@ class _ForwardPlan:
         self.tma_copies = tuple(r is not t for r, t in zip(ready, (k, v)))
         k, v = ready
         d0, d1 = _pieces(D)
-        m_key, n_key = _lengths_key(M, N)
         align = _align(*(st for t in (q, k, v, o) for st in _strides3(t)))
         tma = _use_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
         static = dict(zip(_FWD_STRIDES, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(o))))
-        static.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), M_KEY=m_key,
-                      N_KEY=n_key, HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
+        static.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), HEAD_DIM=D,
+                      D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16, STORE_LO=store_lo)
+        static.update(absent_arguments(kernel, static))
         fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
         self.launch = _Launch(kernel, KERNELS[kernel], fn, tile, static, M, "BLOCK_M", B, H,
-                              cuda=q.device.type == "cuda")
+                              cuda=q.device.type == "cuda", bucket=_bucket(M, N, q, attn_bias))
         self.streams = _Streams(DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1)
 
     def __call__(self, q, k, v, attn_bias, placeholders=True):
@@ -777,14 +813,13 @@ class _ForwardPlan:
             k = _tma_copy(k)
         if tma_v:
             v = _tma_copy(v)
-        if attn_bias is None:
-            bias, lens, plain, lse_shift = q, q, q, lse
-        else:
-            bias = attn_bias.contiguous() if self.bias_compact else attn_bias
-            lens, plain = (q, q) if self.lengths is None else _key_lengths(attn_bias, self.n, self.lengths)
-            lse_shift = shift
-        tensors = dict(Q=q, K=k, V=v, Bias=bias, Lens=lens, Plain=plain, Out=o, Lse=lse, LseShift=lse_shift,
-                       OutLo=o if lo is None else lo)
+        # Only what the launch reads (absent_arguments: the rest are None).
+        tensors = dict(Q=q, K=k, V=v, Out=o, Lse=lse, OutLo=lo)
+        if attn_bias is not None:
+            tensors["Bias"] = attn_bias.contiguous() if self.bias_compact else attn_bias
+            tensors["LseShift"] = shift
+            if self.lengths is not None:
+                tensors["Lens"], tensors["Plain"] = _key_lengths(attn_bias, self.n, self.lengths)
         self.streams.add(tensors, self.launch, k, v)
         _run(self.launch, tensors)
         if o is not out:
@@ -876,6 +911,8 @@ class _BackwardPlan:
                             stride_db=do.stride(0), stride_dh=do.stride(1), stride_dm=do.stride(2), H=H, M=M,
                             HEAD_DIM=D, BLOCK_M=block, BLOCK_D=max(16, _next_pow2(D)),
                             ALIGN=_align(*out.stride()[:3], *do.stride()[:3]), HAS_LO=out_lo is not None)
+        if out_lo is None:
+            delta_static["OutLo"] = None  # not read (HAS_LO)
         cuda = q.device.type == "cuda"
         self.delta = _Launch("delta", _attn_bwd_delta, _attn_bwd_delta, None, delta_static, M, "BLOCK_M", B, H,
                              options={}, cuda=cuda)
@@ -893,11 +930,11 @@ class _BackwardPlan:
         self.tma_copies = tuple(r is not t for r, t in zip(ready, (q, k, v, do)))
         q, k, v, do = ready
         d0, d1 = _pieces(D)
-        m_key, n_key = _lengths_key(M, N)
+        bucket = _bucket(M, N, q, attn_bias)
         align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in _strides3(t)))
         common = dict(zip(_BWD_STRIDES, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(do))))
-        common.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), M_KEY=m_key,
-                      N_KEY=n_key, HEAD_DIM=D, D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,
+        common.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), HEAD_DIM=D,
+                      D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
         dbias = torch.empty(self.dbias.shape, device="meta")
@@ -919,9 +956,10 @@ class _BackwardPlan:
             grad = per_key and piece <= 0 and which != "dv"
             kernel = "dkdv_dbias" if grad else "dkdv"
             fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
-            self.dkdv.append(_Launch(kernel, KERNELS[kernel], fn, tile,
-                                     dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=which), N, "BLOCK_N",
-                                     B, H, cuda=cuda))
+            launch_static = dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=which)
+            launch_static.update(absent_arguments(kernel, launch_static))
+            self.dkdv.append(_Launch(kernel, KERNELS[kernel], fn, tile, launch_static, N, "BLOCK_N", B, H,
+                                     cuda=cuda, bucket=bucket))
         # dQ streams the K and V that dK/dV held: through descriptors of the same layout.
         tma = _use_tma(arch, q.dtype, (k, v), dq_kernels, D, variant, causal)
         self.dq_streams = _Streams(DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1)
@@ -933,9 +971,10 @@ class _BackwardPlan:
             grad = per_query and piece <= 0
             kernel = "dq_dbias" if grad else "dq"
             fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
-            self.dq.append(_Launch(kernel, KERNELS[kernel], fn, tile, dict(static, BIAS_GRAD=grad, TMA=tma,
-                                                                          PIECE=piece), M, "BLOCK_M", B, H,
-                                   cuda=cuda))
+            launch_static = dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece)
+            launch_static.update(absent_arguments(kernel, launch_static))
+            self.dq.append(_Launch(kernel, KERNELS[kernel], fn, tile, launch_static, M, "BLOCK_M", B, H, cuda=cuda,
+                                   bucket=bucket))
 
     def __call__(self, do, q, k, v, attn_bias, out, lse, shift, dlse, out_lo):
         dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
@@ -970,7 +1009,7 @@ class _BackwardPlan:
         if self.cast_do:
             do = do.to(q.dtype)
         delta = _new_from(self.delta_proto)
-        _run(self.delta, dict(Out=out, OutLo=out if out_lo is None else out_lo, DO=do, Delta=delta))
+        _run(self.delta, dict(Out=out, OutLo=out_lo, DO=do, Delta=delta))
         if dlse is not None:
             delta -= dlse.to(torch.float32) * LOG2E
         tq, tk, tv, tdo = self.tma_copies
@@ -982,16 +1021,16 @@ class _BackwardPlan:
             v = _tma_copy(v)
         if tdo:
             do = _tma_copy(do)
-        if attn_bias is None:
-            bias, lens, plain = q, q, q
-        else:
-            bias = attn_bias.contiguous() if self.bias_compact else attn_bias
-            lens, plain = (q, q) if self.lengths is None else _key_lengths(attn_bias, self.n, self.lengths)
-        # A kernel that does not write the bias gradient gets a placeholder pointer, and so
-        # does a kernel without a bias shift.
-        db = dbias_t if bias_grad else lse
-        common = dict(Q=q, K=k, V=v, Bias=bias, Lens=lens, Plain=plain, DO=do, Lse=lse,
-                      LseShift=shift if shift.numel() else lse, Delta=delta, DBias=db)
+        # Only what a launch may read: absent_arguments makes the rest None (the bias
+        # gradient of a launch that does not write it too).
+        common = dict(Q=q, K=k, V=v, DO=do, Lse=lse, Delta=delta)
+        if attn_bias is not None:
+            common["Bias"] = attn_bias.contiguous() if self.bias_compact else attn_bias
+            common["LseShift"] = shift
+            if self.lengths is not None:
+                common["Lens"], common["Plain"] = _key_lengths(attn_bias, self.n, self.lengths)
+        if bias_grad:
+            common["DBias"] = dbias_t
         qdo, kv = self.dkdv_streams
         for launch in self.dkdv:
             tensors = dict(common, DK=dk_, DV=dv_)
