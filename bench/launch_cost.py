@@ -25,6 +25,7 @@ it for scale. Rounds alternate the order; each figure is the median over rounds.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -39,17 +40,30 @@ SHAPE = (2, 8, 64, 77, 40)  # B, H, M, N, D
 
 class Recorder:
     """A stand-in for a compiled Triton kernel: its launcher takes the kernel's arguments
-    in their declared order (as Triton's does) and only counts them."""
+    in their declared order (as Triton's does) and only counts them, and what Triton's
+    launcher would pack of them: every argument but the constexprs and the None ones
+    (compile-time constants), and of those the tensors and tensor descriptors (a
+    pointer each, read from the object on every call)."""
 
     def __init__(self, jit):
         self.src = types.SimpleNamespace(fn=jit)
         self.function = self.packed_metadata = None
         self.launches = 0
         self.arguments = len(jit.arg_names)
+        self.kernel = jit.fn.__name__
+        # (Triton's JITFunction knows its constexprs; the interpreter's function only its
+        # signature, which the constexprs are annotated in.)
+        params = inspect.signature(jit.fn).parameters.values()
+        self.constexpr = [p.annotation in ("tl.constexpr", "constexpr") or "constexpr" in str(p.annotation)
+                          for p in params]
+        self.packed = self.tensors = None
 
     def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit_, *values):
         assert len(values) == self.arguments, (len(values), self.arguments)
         self.launches += 1
+        packed = [v for v, c in zip(values, self.constexpr) if not c and v is not None]
+        self.packed = len(packed)
+        self.tensors = sum(1 for v in packed if hasattr(v, "data_ptr") or hasattr(v, "base"))
 
 
 def _install_recorder(launch) -> list:
@@ -134,6 +148,9 @@ def measure(device: str = "cpu", rounds: int = 15, calls: int = 200) -> dict:
         # Every call after a signature's first reached the recorder with a full argument list.
         out["recorded_launches"] = sum(r.launches for r in recorders)
         assert out["recorded_launches"] > 0, "no launch took the direct path"
+        # What the launcher packs per launch, each kernel signature once (in call order).
+        out["packed_arguments"] = [dict(kernel=r.kernel, declared=r.arguments, packed=r.packed, tensors=r.tensors)
+                                   for r in recorders if r.packed is not None]
     out["met"] = {n: out["us_per_call"][n] <= t for n, t in out["targets_us"].items()}
     return out
 
@@ -158,6 +175,10 @@ def format_result(result: dict) -> str:
         target = result["targets_us"].get(name)
         mark = "" if target is None else f"  (target <= {target:g} us: {'met' if us <= target else 'NOT met'})"
         lines.append(f"  {name:<28} {us:8.1f} us  (min {result['us_min'][name]:.1f}){mark}")
+    if result.get("packed_arguments"):
+        lines.append("arguments each launch packs (of those declared), tensors and descriptors among them:")
+        for a in result["packed_arguments"]:
+            lines.append(f"  {a['kernel']:<28} {a['packed']:3d} of {a['declared']:3d}, {a['tensors']} tensors")
     return "\n".join(lines)
 
 

@@ -37,6 +37,14 @@ def test_the_launcher_cost_runs_and_reaches_the_recorder(launch_cost):
     timed = rounds * calls + 3
     assert out["recorded_launches"] >= timed * (1 + 2 + 4) - 7
     assert out["targets_us"] == {"forward": 10.0}
+    # What each launch packs: fewer than it declares (constexprs and the arguments it
+    # passes as None are not packed); the plain forward packs only Q, K, V, the output,
+    # the LSE and the descriptors of K and V (TMA on the interpreter's sm_90).
+    packed = out["packed_arguments"]
+    assert packed[0]["kernel"] == "_attn_fwd" and packed[0]["tensors"] == 5 + 4
+    assert {a["kernel"] for a in packed} >= {"_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_bwd_delta"}
+    for a in packed:
+        assert 0 < a["tensors"] <= a["packed"] < a["declared"], a
     assert "forward" in launch_cost.format_result(out)
 
 

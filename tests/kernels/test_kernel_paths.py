@@ -730,6 +730,60 @@ def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):
     assert all(torch.isfinite(x).all() for r in results for x in r)
 
 
+_READ_ALWAYS = {"_attn_fwd": {"Q", "K", "V", "Out", "Lse"}, "_attn_bwd_delta": {"Out", "DO", "Delta"},
+                "_attn_bwd_dkdv": {"Q", "K", "V", "DO", "Lse", "Delta", "DK", "DV"},
+                "_attn_bwd_dq": {"Q", "K", "V", "DO", "Lse", "Delta", "DQ"}}
+
+
+@pytest.mark.parametrize("case", ["none", "keypad", "full", "full-grad", "fp16-tma"])
+def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
+    """Arguments a launch does not read are passed as None, which Triton compiles as
+    constants and its launcher does not pack (launch.absent_arguments): no bias, no key
+    lengths, no row shift, no residual, no descriptors without TMA, no bias gradient
+    for a kernel that does not write one. What a launch passes is what its kernel
+    reads: its results match float64 (the kernels run, interpreted, with those Nones)."""
+    passed = []
+
+    def recorded(fn, grid, kwargs):
+        fn[grid](**kwargs)
+        passed.append((fn.fn.__name__, {n for n, x in kwargs.items() if x is not None and not isinstance(
+            x, (int, float, str, bool))}))
+
+    monkeypatch.setattr(fl, "_launch_triton", recorded)
+    dtype = torch.float16 if case == "fp16-tma" else torch.float32
+    grad = case in ("full-grad", "fp16-tma")
+    q, k, v = make_qkv(2, 2, 37, 45, 40, dtype, requires_grad=grad)
+    bias = None
+    if case == "keypad":
+        bias = make_bias("key_padding", 2, 2, 37, 45, torch.float32)
+    elif case.startswith("full"):
+        bias = torch.randn(2, 2, 37, 45, requires_grad=grad)
+    out = flash_attention(q, k, v, bias)
+    ref = reference_attention(q, k, v, bias)
+    assert rel_error(out, ref) < 2 * max(rel_error(torch_math_attention(q, k, v, bias), ref), EPSILON[dtype])
+    if grad:
+        torch.autograd.grad(out, (q, k, v) + ((bias,) if bias is not None else ()), torch.randn_like(out))
+    extra = {"none": set(), "keypad": {"Bias", "Lens", "Plain", "LseShift"}, "full": {"Bias", "LseShift"},
+             "full-grad": {"Bias", "LseShift"}, "fp16-tma": {"KD0", "KD1", "VD0", "VD1"}}[case]
+    for name, tensors in passed:
+        if name not in _READ_ALWAYS:
+            continue  # the key lengths' own kernel
+        want = set(_READ_ALWAYS[name])
+        if name != "_attn_bwd_delta":
+            want |= extra
+        if case == "fp16-tma" and name == "_attn_bwd_dkdv":
+            want |= {"QD0", "QD1", "DOD0", "DOD1"}
+        if case == "fp16-tma" and name == "_attn_bwd_dq":
+            want -= {"QD0", "QD1"}
+        if grad and dtype != torch.float32 and name in ("_attn_fwd", "_attn_bwd_delta"):
+            want.add("OutLo")  # a 16-bit training forward keeps its rounding residual
+        if case == "full-grad" and name == "_attn_bwd_dq":
+            want.add("DBias")  # dS whole, from the dQ pass; the dK/dV pass writes none
+        assert tensors == want, (name, tensors ^ want)
+    assert {n for n, _ in passed} >= ({"_attn_fwd", "_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq"} if grad
+                                      else {"_attn_fwd"})
+
+
 def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
     """flash_attention's up-front shared-memory check (which runs only on a GPU) reads the
     bias variant from the bias's shape and strides; it must be the variant _bias_args
