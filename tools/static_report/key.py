@@ -4,7 +4,7 @@ that code (its tile and variant).
 
 A row is kept by --resume while both are the same: a comment, a docstring, a line moved,
 an edit of the launcher's other host code (ops.py, launch.py outside _align,
-_COMPILE_OPTIONS and BIAS_16BIT_ALIGN; int8/ops.py, int8/quant.py outside qk_pieces) or
+_COMPILE_OPTIONS, BIAS_16BIT_ALIGN and absent_arguments; int8/ops.py, int8/quant.py outside qk_pieces) or
 of the tile table (tiles.py) keeps every other row; an edit of the kernels' code (flash/
 and int8/kernels.py), of the head-dim split (limits.py), of the SASS analysis (sass.py) or of
 the functions that compile and read a row (_ROW_FUNCTIONS, found by name in any module
@@ -29,8 +29,9 @@ _ROW_MODULES = ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/int8/kernel
                 "tools/static_report/sass.py")
 _ROW_FUNCTIONS = ("compile_job", "_compile_int8", "_int8", "analyse", "_read_cubin", "_compile", "_signature", "_tool",
                   "Result", "Job")
-# The host helpers of attnkit/kernels/flash/launch.py that compile_job reads.
-_ROW_HELPERS = ("_align", "_COMPILE_OPTIONS", "BIAS_16BIT_ALIGN")
+# The host helpers of attnkit/kernels/flash/launch.py that compile_job reads (the
+# arguments a launch passes as None are compiled as constants).
+_ROW_HELPERS = ("_align", "_COMPILE_OPTIONS", "BIAS_16BIT_ALIGN", "absent_arguments", "_ABSENT")
 # The host helper of attnkit/kernels/int8/quant.py that compile_job reads (the int8 head-dim
 # split); the rest of that module is host code.
 _INT8_HELPERS = ("qk_pieces",)

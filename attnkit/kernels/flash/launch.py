@@ -741,6 +741,17 @@ def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: 
     return plan(q, k, v, attn_bias, placeholders)
 
 
+def _with_bias(tensors: dict, attn_bias: Optional[torch.Tensor], shift, plan) -> dict:
+    """tensors and the bias's own (none without a bias: absent_arguments): the bias
+    (made compact where the plan says so), the row shift and a key bias's lengths."""
+    if attn_bias is not None:
+        tensors["Bias"] = attn_bias.contiguous() if plan.bias_compact else attn_bias
+        tensors["LseShift"] = shift
+        if plan.lengths is not None:
+            tensors["Lens"], tensors["Plain"] = _key_lengths(attn_bias, plan.n, plan.lengths)
+    return tensors
+
+
 class _ForwardPlan:
     """Everything of a forward call but its tensors (see _PLANS)."""
 
@@ -814,12 +825,7 @@ class _ForwardPlan:
         if tma_v:
             v = _tma_copy(v)
         # Only what the launch reads (absent_arguments: the rest are None).
-        tensors = dict(Q=q, K=k, V=v, Out=o, Lse=lse, OutLo=lo)
-        if attn_bias is not None:
-            tensors["Bias"] = attn_bias.contiguous() if self.bias_compact else attn_bias
-            tensors["LseShift"] = shift
-            if self.lengths is not None:
-                tensors["Lens"], tensors["Plain"] = _key_lengths(attn_bias, self.n, self.lengths)
+        tensors = _with_bias(dict(Q=q, K=k, V=v, Out=o, Lse=lse, OutLo=lo), attn_bias, shift, self)
         self.streams.add(tensors, self.launch, k, v)
         _run(self.launch, tensors)
         if o is not out:
@@ -1023,12 +1029,7 @@ class _BackwardPlan:
             do = _tma_copy(do)
         # Only what a launch may read: absent_arguments makes the rest None (the bias
         # gradient of a launch that does not write it too).
-        common = dict(Q=q, K=k, V=v, DO=do, Lse=lse, Delta=delta)
-        if attn_bias is not None:
-            common["Bias"] = attn_bias.contiguous() if self.bias_compact else attn_bias
-            common["LseShift"] = shift
-            if self.lengths is not None:
-                common["Lens"], common["Plain"] = _key_lengths(attn_bias, self.n, self.lengths)
+        common = _with_bias(dict(Q=q, K=k, V=v, DO=do, Lse=lse, Delta=delta), attn_bias, shift, self)
         if bias_grad:
             common["DBias"] = dbias_t
         qdo, kv = self.dkdv_streams
