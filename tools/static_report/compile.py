@@ -334,7 +334,7 @@ def compile_job(job: Job) -> Result:
                 constexprs["GRADS"] = job.grads
         # The arguments the launcher passes as None for this launch: constants, as Triton
         # compiles them at run time.
-        for name in fl.absent_arguments(job.kernel, constexprs):
+        for name in fl.absent_arguments(fn, constexprs):
             sig[name] = "constexpr"
             constexprs[name] = None
         # Pointers are 16-byte aligned (torch allocations are); Triton's runtime
@@ -371,6 +371,9 @@ def _compile_int8(job: Job, res: Result, fk, fl, t0: float) -> Result:
             BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS}[job.bias], CAUSAL=job.causal,
             ALIGN=fl._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True, EMULATE_BF16=False,
         )
+        for name in fl.absent_arguments(fn, constexprs):  # passed as None: constants
+            sig[name] = "constexpr"
+            constexprs[name] = None
         attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
                  if sig[p.name].startswith("*")}
         options = {**fl._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}

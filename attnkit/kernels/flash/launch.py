@@ -125,7 +125,7 @@ _TUNE_KEY = ("HEAD_DIM", "M", "N", "CAUSAL", "TMA", "PIECE", "GRADS")
 # (kernels.py's docstring): Triton compiles a None argument as a constant, and the
 # launcher packs nothing for it on each call.
 _ABSENT = (
-    (lambda c: not c["TMA"], ("KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1")),
+    (lambda c: not c.get("TMA", False), ("KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1")),
     (lambda c: c["BIAS"] == NO_BIAS, ("Bias", "stride_bb", "stride_bh", "stride_bm", "stride_bn", "LseShift")),
     (lambda c: c["BIAS"] != KEY_BIAS, ("Lens", "Plain", "stride_lb", "stride_lh")),
     (lambda c: not c.get("STORE_LO", True), ("OutLo",)),
@@ -133,10 +133,11 @@ _ABSENT = (
 )
 
 
-def absent_arguments(kernel: str, constexprs: dict) -> dict:
-    """{name: None} for each argument of a flash kernel (a KERNELS name) that a launch
-    with these constexprs does not read; the static report compiles the same."""
-    names = set(KERNELS[kernel].arg_names)
+def absent_arguments(fn, constexprs: dict) -> dict:
+    """{name: None} for each argument of kernel fn (a flash kernel, or the int8 one)
+    that a launch with these constexprs does not read; the static report compiles the
+    same."""
+    names = set(fn.arg_names)
     absent = {}
     for unread, group in _ABSENT:
         if unread(constexprs):
@@ -792,7 +793,7 @@ class _ForwardPlan:
                       D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
                       PRECISION=_precision(q.dtype, allow_tf32),
                       EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16, STORE_LO=store_lo)
-        static.update(absent_arguments(kernel, static))
+        static.update(absent_arguments(KERNELS[kernel], static))
         fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
         self.launch = _Launch(kernel, KERNELS[kernel], fn, tile, static, M, "BLOCK_M", B, H,
                               cuda=q.device.type == "cuda", bucket=_bucket(M, N, q, attn_bias))
@@ -963,7 +964,7 @@ class _BackwardPlan:
             kernel = "dkdv_dbias" if grad else "dkdv"
             fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
             launch_static = dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=which)
-            launch_static.update(absent_arguments(kernel, launch_static))
+            launch_static.update(absent_arguments(KERNELS[kernel], launch_static))
             self.dkdv.append(_Launch(kernel, KERNELS[kernel], fn, tile, launch_static, N, "BLOCK_N", B, H,
                                      cuda=cuda, bucket=bucket))
         # dQ streams the K and V that dK/dV held: through descriptors of the same layout.
@@ -978,7 +979,7 @@ class _BackwardPlan:
             kernel = "dq_dbias" if grad else "dq"
             fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
             launch_static = dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece)
-            launch_static.update(absent_arguments(kernel, launch_static))
+            launch_static.update(absent_arguments(KERNELS[kernel], launch_static))
             self.dq.append(_Launch(kernel, KERNELS[kernel], fn, tile, launch_static, M, "BLOCK_M", B, H, cuda=cuda,
                                    bucket=bucket))
 

@@ -108,6 +108,11 @@ def _attn_fwd_int8(
     tl.static_assert(DQ0 >= 32 and (DQ0 & (DQ0 - 1)) == 0, "DQ0: a power of two >= 32")
     tl.static_assert(DQ1 == 0 or (DQ1 >= 32 and DQ1 <= DQ0 and (DQ1 & (DQ1 - 1)) == 0),
                      "DQ1: 0 or a power of two in [32, DQ0]")
+    # Stand-ins for the arguments passed as None (see flash/kernels.py's docstring).
+    if BIAS == 0:
+        Bias, stride_bb, stride_bh, stride_bm, stride_bn = V, 0, 0, 0, 0
+    if BIAS != 1:
+        Lens, Plain, stride_lb, stride_lh = QS, QS, 0, 0
     b = tl.program_id(2)
     h = tl.program_id(1)
     row0 = tl.program_id(0) * BLOCK_M

@@ -112,6 +112,7 @@ class _Int8Plan:
         static.update(H=H, M=M, N=N, OFF=off, HEAD_DIM=D, D0=d0, D1=d1, DQ0=self.dq0, DQ1=self.dq1, BLOCK_M=bm,
                       BLOCK_N=bn, CAUSAL=causal, ALIGN=align, EMULATE_BF16=fl.INTERPRET and q.dtype == torch.bfloat16,
                       **bias_constexprs)
+        static.update(fl.absent_arguments(_attn_fwd_int8, static))
         # The tile in static (the kernel has no RELOAD, which a TileConfig's launch passes).
         options = {} if fl.INTERPRET else {"num_warps": warps, "num_stages": stages, **fl._COMPILE_OPTIONS}
         self.launch = fl._Launch("int8", _attn_fwd_int8, _attn_fwd_int8, None, static, M, "BLOCK_M", B, H,
@@ -124,12 +125,12 @@ class _Int8Plan:
         if self.copy_v:
             v = v.contiguous()
         o = out if self.o_in_place else fl._new_like(out, memory_format=torch.contiguous_format)
-        if attn_bias is None:
-            bias, lens, plain = q, q, q
-        else:
-            bias = attn_bias.contiguous() if self.bias_compact else attn_bias
-            lens, plain = (q, q) if self.lengths is None else fl._key_lengths(attn_bias, self.n, self.lengths)
-        fl._run(self.launch, dict(Q8=q8, K8=k8, QS=qs, KS=ks, V=v, Bias=bias, Lens=lens, Plain=plain, Out=o))
+        tensors = dict(Q8=q8, K8=k8, QS=qs, KS=ks, V=v, Out=o)  # the bias's only with a bias (absent_arguments)
+        if attn_bias is not None:
+            tensors["Bias"] = attn_bias.contiguous() if self.bias_compact else attn_bias
+            if self.lengths is not None:
+                tensors["Lens"], tensors["Plain"] = fl._key_lengths(attn_bias, self.n, self.lengths)
+        fl._run(self.launch, tensors)
         if o is not out:
             out.copy_(o)
         return out
