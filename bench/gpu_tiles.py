@@ -350,9 +350,11 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
     except KeyboardInterrupt:  # keep what was measured; the cases not reached are named
         rows += [{"case": c[0], "skipped": INTERRUPTED} for c in todo[len(rows):]]
     if autotune:
-        # What the autotuner chose, per list and tuning key (the default is each list's first).
+        # What the autotuner chose, per list and length bucket (the default is each list's
+        # first): keys (head dim, lengths rounded up to powers of two, causal, ...), the
+        # choice every call of the bucket ran.
         rows.append({"case": "autotuner choices", "choices": {
-            "/".join(map(str, key)): {str(k): str(c) for k, c in getattr(t, "cache", {}).items()}
+            "/".join(map(str, key)): {str(k): str(c) for k, c in getattr(t, "attnkit_chosen", {}).items()}
             for key, t in _fa()._TUNERS.items()}})
     return rows
 

@@ -62,7 +62,7 @@ def test_a_sigint_keeps_the_cases_measured_and_the_autotuners_choices(gpu_tiles,
         rows.append({"case": name, "autotune": autotune, "attnkit_ms": 1.0})
 
     class Tuner:
-        cache = {(64, 4096, 4096, False): "BLOCK_M=128"}
+        attnkit_chosen = {(64, 4096, 4096, False): "BLOCK_M=128"}  # per length bucket
 
     class Launch:
         _TUNERS = {("sm90", "fwd"): Tuner()}

@@ -267,8 +267,10 @@ class _Launch:
                  b: int, h: int, options: Optional[dict] = None, cuda: bool = False, bucket: Optional[tuple] = None):
         # bucket: what an autotuner's choice is kept under (see _TUNERS).
         self.kernel, self.jit, self.fn, self.static, self.cuda = kernel, jit, fn, static, cuda
-        self.bucket = None if bucket is None else (*bucket, *(static.get(k) for k in _TUNE_KEY[3:]),
-                                                   static.get("HEAD_DIM"))
+        # (head dim, rounded lengths, causal, TMA, piece, gradients, dtypes): the tuner's own
+        # key with the lengths rounded (bench/gpu_tiles.py logs the choices by it).
+        self.bucket = None if bucket is None else (static.get("HEAD_DIM"), *bucket[:2],
+                                                   *(static.get(k) for k in _TUNE_KEY[3:]), *bucket[2:])
         self.grid_rows, self.axis, self.b, self.h = grid_rows, axis, b, h
         self.compiled = self.template = self.slots = self.device = None
         self.boxes = DESCRIPTORS.get(kernel, ())
@@ -587,7 +589,7 @@ def _bucket(m: int, n: int, q: torch.Tensor, attn_bias: Optional[torch.Tensor]) 
     """What an autotuner's choice for a launch is kept under (_TUNERS): the lengths
     rounded up to powers of two and the dtypes (the kernel, head dim, causality, TMA
     and pieces come with the launch's static arguments)."""
-    return _next_pow2(m), _next_pow2(n), q.dtype, None if attn_bias is None else attn_bias.dtype
+    return _next_pow2(m), _next_pow2(n), str(q.dtype), None if attn_bias is None else str(attn_bias.dtype)
 
 
 # Tests set this to fill every buffer the kernels write with NaN before they run, so an
