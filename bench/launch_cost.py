@@ -61,9 +61,10 @@ class Recorder:
     def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit_, *values):
         assert len(values) == self.arguments, (len(values), self.arguments)
         self.launches += 1
-        packed = [v for v, c in zip(values, self.constexpr) if not c and v is not None]
-        self.packed = len(packed)
-        self.tensors = sum(1 for v in packed if hasattr(v, "data_ptr") or hasattr(v, "base"))
+        if self.packed is None:  # counted once: a launch plan passes the same kinds every call (not timed)
+            packed = [v for v, c in zip(values, self.constexpr) if not c and v is not None]
+            self.packed = len(packed)
+            self.tensors = sum(1 for v in packed if hasattr(v, "data_ptr") or hasattr(v, "base"))
 
 
 def _install_recorder(launch) -> list:
