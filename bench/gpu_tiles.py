@@ -353,9 +353,13 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
         # What the autotuner chose, per list and length bucket (the default is each list's
         # first): keys (head dim, lengths rounded up to powers of two, causal, ...), the
         # choice every call of the bucket ran.
-        rows.append({"case": "autotuner choices", "choices": {
-            "/".join(map(str, key)): {str(k): str(c) for k, c in getattr(t, "attnkit_chosen", {}).items()}
-            for key, t in _fa()._TUNERS.items()}})
+        # Tuners of one list whose candidates differ by head dim log under the list's name
+        # (their keys hold the head dim).
+        choices: dict = {}
+        for key, t in _fa()._TUNERS.items():
+            choices.setdefault("/".join(map(str, key[:7])), {}).update(
+                {str(k): str(c) for k, c in getattr(t, "attnkit_chosen", {}).items()})
+        rows.append({"case": "autotuner choices", "choices": choices})
     return rows
 
 

@@ -518,6 +518,27 @@ def test_every_list_builds_its_autotuner(monkeypatch):
                                 built += 1
     assert built > 100
 
+def test_each_head_dim_is_tuned_over_its_own_candidates(monkeypatch):
+    """Within a band, a tile may hold only for part of its head dims (its dims). The
+    autotuner a call gets times exactly the candidates of its own head dim, whichever
+    head dim of the band came first: a tuner made for head dim 40 must not serve 64 with
+    40's list. (Today's tables give such head dims one candidate each, which needs no
+    tuner; a band with two lists of several is set up here.)"""
+    monkeypatch.setattr(fl, "INTERPRET", False)
+    monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm90")
+    monkeypatch.setattr(fl, "_TUNERS", {})
+    T = fl.TileConfig
+    low = (T(64, 64, 4, 3, dims=(1, 48)), T(32, 64, 4, 2, dims=(1, 48)))
+    high = (T(128, 64, 8, 2, dims=(49, 64)), T(64, 32, 4, 2, dims=(49, 64)), T(32, 32, 4, 2, dims=(49, 64)))
+    monkeypatch.setitem(fl.CONFIGS["sm90"]["fwd"]["16bit"], 64, low + high)
+    for d, want in ((40, low), (64, high), (48, low), (56, high)):
+        tuner, fixed = fl._kernel_for("fwd", d, torch.float16, torch.device("cpu"), "none", False, False)
+        assert fixed is None
+        assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuner.configs] == \
+            [(c.block_m, c.block_n, c.num_warps, c.num_stages) for c in want], d
+    assert len(fl._TUNERS) == 2  # one tuner per list, shared by the head dims it serves
+
+
 # -- huge finite masks -------------------------------------------------------------------
 
 

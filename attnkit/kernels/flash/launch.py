@@ -96,8 +96,8 @@ def _autotune_enabled() -> bool:
     return os.environ.get("ATTNKIT_TRITON_AUTOTUNE", "1") not in ("0", "")
 
 
-# One triton.autotune wrapper per (target, kernel, width, band, variant), built on first
-# use: each has its own candidates and its own cache of best configs. The tuner is keyed
+# One triton.autotune wrapper per (target, kernel, width, band, variant, causal, loads,
+# candidates), built on first use: each has its own candidates and its own cache of best configs. The tuner is keyed
 # by the exact lengths, but consulted only for the first call of a length bucket (the
 # lengths rounded up to powers of two, _Launch.bucket): its choice is kept per bucket in
 # attnkit_chosen, and later signatures of the bucket settle on it without tuning.
@@ -211,7 +211,9 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
     cands = configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)
     if not _autotune_enabled() or len(cands) == 1:
         return KERNELS[kernel], _default_tile(cands, kernel, head_dim, dtype, device, variant, causal, tma, lengths)
-    key = (arch, kernel, _width(dtype), _band(_padded(head_dim)), variant, causal, tma)
+    # The candidates too: within a band, some hold only for part of its head dims (a tile's
+    # dims), and a tuner made for one head dim must not time another's list.
+    key = (arch, kernel, _width(dtype), _band(_padded(head_dim)), variant, causal, tma, cands)
     tuner = _TUNERS.get(key)
     if tuner is None:
         tuner = _TUNERS[key] = _make_tuner(kernel, cands)
