@@ -352,7 +352,8 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
     if autotune:
         # What the autotuner chose, per list and length bucket (the default is each list's
         # first): keys (head dim, lengths rounded up to powers of two, causal, ...), the
-        # choice every call of the bucket ran.
+        # choice the bucket's later calls run (a bucket first met inside a CUDA-graph
+        # capture runs the list's first tile and logs nothing).
         # Tuners of one list whose candidates differ by head dim log under the list's name
         # (their keys hold the head dim).
         choices: dict = {}

@@ -514,7 +514,7 @@ def test_every_list_builds_its_autotuner(monkeypatch):
                                 tuner, fixed = fl._kernel_for(kernel, band, dtype, torch.device("cpu"), variant,
                                                               causal, tma)
                                 assert fixed is None and len(tuner.configs) == len(cands)
-                                assert "HEAD_DIM" in tuner.keys and "CAUSAL" in tuner.keys
+                                assert {"HEAD_DIM", "CAUSAL", "PRECISION"} <= set(tuner.keys)
                                 built += 1
     assert built > 100
 
@@ -713,6 +713,57 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monke
     assert launches[seen:] == [] and len(real) == 1
     assert real[0][0] is fl.KERNELS["fwd"] and real[0][1] == (4, 3, 2)  # cdiv(110, 32)
     assert (real[0][2]["BLOCK_M"], real[0][2]["BLOCK_N"], real[0][2]["num_warps"]) == (32, 16, 8)
+
+
+def test_a_bucket_met_by_two_threads_at_once_is_tuned_once(monkeypatch):
+    """Two signatures of one length bucket (M = 100 and 110 round up to 128), first called
+    at once from two threads: the second waits for the first's tuning and runs its
+    choice; it is not tuned again over its exact lengths (which may choose otherwise)
+    while the bucket keeps the first choice."""
+    import threading
+    import time
+
+    monkeypatch.setattr(fl, "INTERPRET", False)
+    monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm90")
+    cands = (fl.TileConfig(64, 64, 4, 3), fl.TileConfig(32, 16, 8, 2))
+    # "Timing" that picks another tile for each exact length.
+    tuner = fl._make_tuner("fwd", cands, prune_configs_by={
+        "early_config_prune": lambda configs, nargs, **kw: configs[:1] if kw["M"] == 100 else configs[1:]})
+    ran, tuned, started = {}, [], threading.Event()
+
+    class Kernel:
+        arg_names = fl.KERNELS["fwd"].arg_names
+
+        def run(self, *args, grid, warmup, **kw):
+            tuned.append(kw["M"])
+            ran.setdefault(kw["M"], []).append(kw["BLOCK_M"])
+            if kw["M"] == 100:
+                started.set()
+                time.sleep(0.3)  # the other thread meets the bucket meanwhile
+            return _Compiled(fl.KERNELS["fwd"], [])
+
+    def plain(fn, grid, kwargs):
+        ran.setdefault(kwargs["M"], []).append(kwargs["BLOCK_M"])
+        return _Compiled(fl.KERNELS["fwd"], [])
+
+    tuner.fn = Kernel()
+    monkeypatch.setattr(fl, "_kernel_for", lambda *a: (tuner, None))
+    monkeypatch.setattr(fl, "_launch_triton", lambda fn, grid, kwargs: fn[grid](**kwargs) if fn is tuner
+                        else plain(fn, grid, kwargs))
+
+    def call(m):
+        q = torch.randn(1, 1, m, 64, dtype=torch.float16)
+        fl._forward_impl(q, q, q, None, 0.125, False)
+
+    first = threading.Thread(target=call, args=(100,))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=call, args=(110,))
+    second.start()
+    first.join()
+    second.join()
+    assert tuned == [100] and ran == {100: [64], 110: [64]}
+    assert [c.kwargs["BLOCK_M"] for c in tuner.attnkit_chosen.values()] == [64]
 
 
 def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):

@@ -58,9 +58,11 @@ Arguments a launch does not read are passed as None: Triton takes a None argumen
 compile-time constant, so the launcher packs nothing for it on every call
 (launch.absent_arguments says which: the tensor descriptors without TMA, the bias, its
 strides and the row shift without a bias, the key lengths without a key bias, OutLo
-without STORE_LO, DBias without BIAS_GRAD). Each kernel first rebinds such a name to a
-tensor it already has, so that the code naming it compiles; the branches that would
-read it are not compiled.
+without STORE_LO, DBias without BIAS_GRAD). Where code outside such a branch names it
+(a base pointer, a tuple of sources), the kernel first rebinds it to a tensor it already
+has; a name used only inside a branch that its constexpr leaves out (the forward's
+LseShift and OutLo, the dK/dV kernel's DBias) is not rebound: used anywhere else, it
+fails to compile, never reads memory.
 """
 
 

@@ -102,6 +102,7 @@ def _autotune_enabled() -> bool:
 # lengths rounded up to powers of two, _Launch.bucket): its choice is kept per bucket in
 # attnkit_chosen, and later signatures of the bucket settle on it without tuning.
 _TUNERS: dict[tuple, object] = {}
+_TUNERS_LOCK = threading.Lock()
 
 
 def _set_boxes(kernel: str):
@@ -118,8 +119,9 @@ def _set_boxes(kernel: str):
     return hook
 
 
-# What an autotuner's choice depends on (of the arguments each kernel has).
-_TUNE_KEY = ("HEAD_DIM", "M", "N", "CAUSAL", "TMA", "PIECE", "GRADS")
+# What an autotuner's choice depends on (of the arguments each kernel has): fp32 with and
+# without tf32 (PRECISION) run on different units.
+_TUNE_KEY = ("HEAD_DIM", "M", "N", "CAUSAL", "TMA", "PIECE", "GRADS", "PRECISION")
 
 # The arguments a launch passes as None, by the constexprs that say it does not read them
 # (kernels.py's docstring): Triton compiles a None argument as a constant, and the
@@ -216,7 +218,10 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
     key = (arch, kernel, _width(dtype), _band(_padded(head_dim)), variant, causal, tma, cands)
     tuner = _TUNERS.get(key)
     if tuner is None:
-        tuner = _TUNERS[key] = _make_tuner(kernel, cands)
+        with _TUNERS_LOCK:  # one tuner per key, whichever thread comes first: its choices are kept
+            tuner = _TUNERS.get(key)
+            if tuner is None:
+                tuner = _TUNERS[key] = _make_tuner(kernel, cands)
     return tuner, None
 
 
@@ -234,8 +239,8 @@ def _make_tuner(kernel: str, cands: tuple[TileConfig, ...], **autotune_options):
         key=[k for k in _TUNE_KEY if k in KERNELS[kernel].arg_names],
         **autotune_options,
     )(KERNELS[kernel])
-    # The config the tuner chose, per value of its key and input dtypes (_launch), and
-    # the lock that keeps a first call's choice from being read as another's.
+    # The config the tuner chose per length bucket (_Launch.bucket, kept by _run), and the
+    # lock that keeps a first call's choice from being read as another's.
     tuner.attnkit_chosen = {}
     tuner.attnkit_lock = threading.Lock()
     return tuner
@@ -269,8 +274,8 @@ class _Launch:
                  b: int, h: int, options: Optional[dict] = None, cuda: bool = False, bucket: Optional[tuple] = None):
         # bucket: what an autotuner's choice is kept under (see _TUNERS).
         self.kernel, self.jit, self.fn, self.static, self.cuda = kernel, jit, fn, static, cuda
-        # (head dim, rounded lengths, causal, TMA, piece, gradients, dtypes): the tuner's own
-        # key with the lengths rounded (bench/gpu_tiles.py logs the choices by it).
+        # (head dim, rounded lengths, causal, TMA, piece, gradients, precision, dtypes): the
+        # tuner's own key with the lengths rounded (bench/gpu_tiles.py logs the choices by it).
         self.bucket = None if bucket is None else (static.get("HEAD_DIM"), *bucket[:2],
                                                    *(static.get(k) for k in _TUNE_KEY[3:]), *bucket[2:])
         self.grid_rows, self.axis, self.b, self.h = grid_rows, axis, b, h
@@ -369,9 +374,10 @@ def _run(launch: _Launch, tensors: dict) -> None:
     """Launch one kernel of a plan with the call's tensors (by argument name).
 
     A settled launch runs its compiled kernel directly. The first launch goes through
-    Triton (the autotuner where there is one: it benchmarks its candidates once per key,
-    never during a CUDA-graph capture, where the default tile runs instead), which
-    compiles and returns the kernel kept for the next. A launch hook set in Triton's
+    Triton (the autotuner where there is one: it benchmarks its candidates once per
+    length bucket, whose later signatures run its choice, and never during a CUDA-graph
+    capture, where the list's first tile runs instead), which compiles and returns the
+    kernel kept for the next. A launch hook set in Triton's
     knobs (a profiler) sends every launch through Triton, which calls it."""
     current = triton.runtime.driver.active.get_current_device() if launch.cuda else None
     # A compiled kernel is loaded on the device that was current when it was compiled:
@@ -388,22 +394,25 @@ def _run(launch: _Launch, tensors: dict) -> None:
     if launch.meta is None:
         fn = launch.fn
         chosen = None if launch.bucket is None else fn.attnkit_chosen.get(launch.bucket)
-        if chosen is not None:  # the tuner chose for this length bucket already
-            launch._settle_config(chosen)
-        elif torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            launch._settle_config(fn.configs[0])  # no benchmarking inside a capture: the default tile
-        else:
+        if chosen is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            chosen = fn.configs[0]  # no benchmarking inside a capture: the default tile
+        if chosen is None:
             def grid(meta):
                 return (triton.cdiv(launch.grid_rows, meta[launch.axis]), launch.h, launch.b)
 
             with fn.attnkit_lock:  # best_config is the tuner's one field for every caller
-                compiled = _launch_triton(fn, grid, {**kwargs, **launch.options})
-                best = fn.best_config
-                if launch.bucket is not None:
-                    fn.attnkit_chosen.setdefault(launch.bucket, best)
-            launch._settle_config(best)
-            launch._keep(compiled, current)
-            return
+                # Another thread may have tuned this bucket meanwhile: its choice holds.
+                chosen = None if launch.bucket is None else fn.attnkit_chosen.get(launch.bucket)
+                if chosen is None:
+                    compiled = _launch_triton(fn, grid, {**kwargs, **launch.options})
+                    best = fn.best_config
+                    if launch.bucket is not None:
+                        fn.attnkit_chosen[launch.bucket] = best
+            if chosen is None:
+                launch._settle_config(best)
+                launch._keep(compiled, current)
+                return
+        launch._settle_config(chosen)  # a bucket's choice (or the default tile in a capture)
     if launch.boxes:
         _set_boxes(launch.kernel)({**kwargs, **launch.meta})
     compiled = _launch_triton(launch.jit, launch.grid, {**kwargs, **launch.meta, **launch.options})
@@ -588,7 +597,7 @@ def _causal_args(causal: bool, offset: int, M: int, N: int) -> tuple[bool, int]:
 
 
 def _bucket(m: int, n: int, q: torch.Tensor, attn_bias: Optional[torch.Tensor]) -> tuple:
-    """What an autotuner's choice for a launch is kept under (_TUNERS): the lengths
+    """What an autotuner's choice for a launch is kept under (its attnkit_chosen): the lengths
     rounded up to powers of two and the dtypes (the kernel, head dim, causality, TMA
     and pieces come with the launch's static arguments)."""
     return _next_pow2(m), _next_pow2(n), str(q.dtype), None if attn_bias is None else str(attn_bias.dtype)
