@@ -1,4 +1,4 @@
-"""The zoo cases of the first half of diffusers' model classes (AceStep... to I2VGenXLUNet),
+"""The zoo cases of the first half of diffusers' model classes (AceStep... to Ideogram4PromptEnhancerHead),
 with their stock attention: what a comparison of attention backends through them relies on.
 ``tests_for(cases)`` parametrizes the checks over one family's cases of this half, for
 tests/zoo/test_<family>.py (see _checks.py).
@@ -36,8 +36,10 @@ from tests.zoo import _zoo
 from tests.zoo._zoo import copy_function
 from tests.zoo._zoo_common import ZooCase
 
-# This file's half of diffusers' exported ModelMixin classes, by sorted name.
-FIRST, LAST = "A", "I2VGenXLUNet"
+# This file's half of diffusers' exported ModelMixin classes, by sorted name: from FIRST up to
+# the second half's first class (_zoo.SECOND_HALF_FROM), exclusive. The last class at the first
+# writing was I2VGenXLUNet; Ideogram4PromptEnhancerHead (exported with transformers) sorts after it.
+FIRST = "A"
 CASES = [c for c in _zoo.CASES if not _zoo.in_second_half(c.name)]
 NO_ATTENTION = {name: why for name, why in _zoo.NO_ATTENTION.items() if not _zoo.in_second_half(name)}
 
@@ -48,9 +50,14 @@ PRIMITIVES = frozenset(
     {"scaled_dot_product_attention", "dispatch_attention_fn", "softmax", "baddbmm", "multi_head_attention_forward"}
 )
 TRANSFORMERS_PRIMITIVES = frozenset({"ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"})
-# Module classes whose methods reference a primitive without computing attention.
+# Module classes (or their bases) whose methods reference a primitive without computing attention.
 NOT_ATTENTION_CLASSES = {
     "MoEGate": "softmax over the experts' logits: mixture-of-experts routing, not attention",
+    "PreTrainedModel": (
+        "transformers' model base class (a whole model, and in transformers 5 some encoder stacks too): "
+        "names ALL_ATTENTION_FUNCTIONS only to check and set config._attn_implementation; the attention "
+        "runs in the model's attention modules, which are found on their own"
+    ),
 }
 # Noise of PERTURBATION times the std of one attention module's output (an attention half
 # wrong) must move the model output by at least MIN_EFFECT (relative): 10x the loosest
@@ -86,9 +93,9 @@ def _code_names(code) -> set[str]:
 def _calls_primitive(cls: type) -> bool:
     """Whether a method defined by ``cls`` or a base from diffusers / transformers names an
     attention primitive (read from the bytecode: no source parsing)."""
-    if cls.__name__ in NOT_ATTENTION_CLASSES:
-        return False
     for klass in cls.__mro__:
+        if klass.__name__ in NOT_ATTENTION_CLASSES:
+            continue
         module = klass.__module__
         if not (module.startswith("diffusers.") or module.startswith("transformers.")):
             continue

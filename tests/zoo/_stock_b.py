@@ -373,6 +373,7 @@ EXPECTED_SHAPES = {
     "UNetSpatioTemporalConditionModel": ((2, 3, 4, 8, 8),),
     "UNetControlNetXSModel": ((2, 4, 8, 8),),
     "UVit2DModel": ((2, 32, 8, 8),),
+    "UniDiffuserModel": ((2, 4, 8, 8), (2, 1, 10), (2, 5, 12)),
     "VQModel": ((2, 3, 16, 16),),
     "VQModel-movq": ((2, 3, 16, 16),),
 }

@@ -1,4 +1,4 @@
-"""Zoo cases: audio models: ACE-Step, LongCat audio DiT, MiniMax Music 3, Stable Audio Open (and 3), T5FilmDecoder.
+"""Zoo cases: audio models: ACE-Step (DiT, condition encoder, audio tokenizer and detokenizer), AudioLDM2's UNet, LongCat audio DiT, MiniMax Music 3, Stable Audio Open (and 3), T5FilmDecoder.
 
 See tests/zoo/cases/__init__.py for what a case keeps of its model.
 """
@@ -11,6 +11,7 @@ import torch
 
 from tests.zoo._zoo_common import ZooCase
 from tests.zoo.cases._helpers import (
+    _Case,
     _keep,
     _like,
     _pd,
@@ -58,6 +59,144 @@ CASES.append(
         ),
         extra={"shape_like": "hidden_states"},
     )
+)
+
+
+# --- ACE-Step's pipeline models: condition encoder, audio tokenizer and detokenizer ---------
+# Each runs a stack of AceStepEncoderLayer: AceStepAttention (the DiT's module) self-attention,
+# layers alternating a sliding-window band mask and full attention, with rotary built inside.
+
+_ACE_STEP_ENCODER = dict(
+    hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    sliding_window=2,
+)
+_ACE_STEP_ENCODER_NOTE = (
+    "AceStepAttention (AttentionModuleMixin) + AceStepAttnProcessor2_0 -> dispatch_attention_fn: GQA (4 q / 2 kv "
+    "heads), RMS qk-norm, rotary (cos, sin) built inside; AceStepEncoderLayer stacks whose self-attention layers "
+    "alternate a sliding-window additive 4-D mask (finfo.min) and "
+)
+
+
+def _ace_step_condition_inputs(model, gen):
+    device, _ = _pd(model)
+    cfg = model.config
+    return {
+        "text_hidden_states": _r(gen, model, 2, 5, cfg.text_hidden_dim),
+        "text_attention_mask": _keep([5, 3], 5, device, dtype=torch.long),
+        # lengths 7 and 5 of 7: with the window of 2 every padded query still has a valid key
+        "lyric_hidden_states": _r(gen, model, 2, 7, cfg.text_hidden_dim),
+        "lyric_attention_mask": _keep([7, 5], 7, device, dtype=torch.long),
+        # three reference clips, packed: one for batch item 0, two for item 1
+        "refer_audio_acoustic_hidden_states_packed": _r(gen, model, 3, 6, cfg.timbre_hidden_dim),
+        "refer_audio_order_mask": torch.tensor([0, 1, 1], device=device),
+    }
+
+
+_add(
+    ZooCase(
+        "AceStepConditionEncoder",
+        dict(
+            _ACE_STEP_ENCODER, text_hidden_dim=24, timbre_hidden_dim=8, num_lyric_encoder_hidden_layers=2,
+            num_timbre_encoder_hidden_layers=2,
+        ),
+        _ace_step_condition_inputs,
+        note=(
+            _ACE_STEP_ENCODER_NOTE + "none in the timbre encoder, the lyric padding mask (B, L) folded into both "
+            "(additive (B, 1, L, L)) in the lyric encoder. The masks are required inputs (the text mask only packs). "
+            "Output: the packed [lyrics, timbre, text] hidden states (the packed mask is not compared)."
+        ),
+        extra={"out_shape": (2, 7 + 2 + 5, 32)},
+    ),
+    ZooCase(
+        "AceStepAudioTokenizer",
+        dict(_ACE_STEP_ENCODER, audio_acoustic_hidden_dim=8, pool_window_size=5, fsq_dim=32,
+             num_attention_pooler_hidden_layers=2),
+        # (B, patches, pool window, acoustic dim), as tokenize() reshapes the 25 Hz latents
+        lambda model, gen: {"hidden_states": _r(gen, model, 2, 3, 5, 8)},
+        note=(
+            _ACE_STEP_ENCODER_NOTE + "none, in the attention pooler over [CLS, 5 frames] of each patch (the CLS "
+            "output pooled); then a residual FSQ quantizer (in float32, floor: a stock draw whose attention output "
+            "is perturbed moves many codes). Output: the quantized embeddings (the code indices are not compared)."
+        ),
+        extra={"out_shape": (2, 3, 32)},
+    ),
+    _Case(
+        name="AceStepAudioTokenDetokenizer",
+        # The learned per-position tokens are all that tells the pool window's copies of a token
+        # apart: at the init scale (~0.05 against ~0.6 for the embedded token) attention over the
+        # window averages near-identical values, and its weights barely matter (dropping the
+        # sliding-window mask moved the output by ~1e-2). x10 brings them to the token's scale
+        # (~1e-1).
+        gains=((r"^special_tokens$", 10.0),),
+        config=dict(_ACE_STEP_ENCODER, audio_acoustic_hidden_dim=8, pool_window_size=5,
+                    num_attention_pooler_hidden_layers=2),
+        inputs=lambda model, gen: {"hidden_states": _r(gen, model, 2, 3, 32)},
+        note=(
+            _ACE_STEP_ENCODER_NOTE + "none, over the 5 copies of each 5 Hz token (plus learned per-position "
+            "tokens) that become its 25 Hz frames."
+        ),
+        extra={"out_shape": (2, 15, 8)},
+    ),
+)
+
+
+# --- AudioLDM2's UNet -----------------------------------------------------------------------
+
+# As AudioLDM2's checkpoints: every cross-attention block holds three Transformer2DModels,
+# cross_attention_dim [None, GPT-2's width, T5's width]: self-attention only (None: its attn2
+# is a second self-attention), cross-attention to the language model's generated embeddings
+# (encoder_hidden_states), and cross-attention to the T5 embeddings (encoder_hidden_states_1).
+_AUDIOLDM2_UNET = dict(
+    sample_size=8,
+    in_channels=4,
+    out_channels=4,
+    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    attention_head_dim=2,  # SD's naming: the number of heads
+    norm_num_groups=8,
+    cross_attention_dim=[[None, 24, 20], [None, 24, 20]],
+)
+
+
+def _audioldm2_unet_inputs(lengths=None, lengths_1=None, batch=2, text_len=5, text_len_1=6):
+    def inputs(model, gen):
+        device, _ = _pd(model)
+        kw = dict(
+            sample=_r(gen, model, batch, 4, 8, 8),
+            timestep=_steps(gen, model, batch),
+            encoder_hidden_states=_r(gen, model, batch, text_len, 24),
+            encoder_hidden_states_1=_r(gen, model, batch, text_len_1, 20),
+        )
+        if lengths is not None:
+            kw["encoder_attention_mask"] = _keep(lengths, text_len, device, dtype=torch.long)
+            kw["encoder_attention_mask_1"] = _keep(lengths_1, text_len_1, device, dtype=torch.long)
+        return kw
+
+    return inputs
+
+
+_AUDIOLDM2_UNET_NOTE = (
+    "diffusers Attention + AttnProcessor2_0 (F.scaled_dot_product_attention) in three Transformer2DModel blocks per "
+    "layer of the cross-attention down/mid/up blocks: one of two self-attentions, one self-attention + "
+    "cross-attention to encoder_hidden_states (the GPT-2 embeddings), one self-attention + cross-attention to "
+    "encoder_hidden_states_1 (the T5 embeddings)."
+)
+_add(
+    ZooCase(
+        "AudioLDM2UNet2DConditionModel", _AUDIOLDM2_UNET, _audioldm2_unet_inputs(), note=_AUDIOLDM2_UNET_NOTE + " No mask."
+    ),
+    ZooCase(
+        "AudioLDM2UNet2DConditionModel",
+        _AUDIOLDM2_UNET,
+        _audioldm2_unet_inputs([5, 2], [6, 3]),
+        variant="masked",
+        note=_AUDIOLDM2_UNET_NOTE
+        + " Both text masks (the pipeline passes the T5 one) made additive (-10000), (B, 1, L), each for its own "
+        "cross-attention.",
+        extra={"mask_keys": ("encoder_attention_mask", "encoder_attention_mask_1")},
+    ),
 )
 
 
@@ -343,11 +482,22 @@ _add(
 
 NO_ATTENTION.update(
     {
+        "AudioLDM2ProjectionModel": (
+            "two linear projections of the text encoders' embeddings, learned start/end tokens and the masks "
+            "concatenated: no attention"
+        ),
         "MMAudioVocoder": "BigVGAN-style vocoder (transposed convolutions, AMP blocks, anti-aliased Snake): no attention",
         "MiniMaxMusic3ConditionEncoder": (
             "a softmax over learned layer-mixing weights, a 1-D convolution and resampling: no attention "
             "between tokens"
         ),
         "MiniMaxMusic3Vocoder": "1-D convolutional vocoder (transposed convolutions, Snake residual units): no attention",
+        "StableAudio3DurationEmbedder": (
+            "fixed exponential Fourier features of the duration and one linear projection: no attention"
+        ),
+        "StableAudioProjectionModel": (
+            "a linear projection of the T5 embeddings and two number conditioners (Fourier features + linear) for "
+            "the start and end seconds: no attention"
+        ),
     }
 )

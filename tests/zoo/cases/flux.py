@@ -525,3 +525,13 @@ _add(
         ),
     ),
 )
+
+
+NO_ATTENTION.update(
+    {
+        "ReduxImageEncoder": (
+            "Flux Redux's image-embedding projector: two linear layers around a SiLU (SigLIP features to T5 "
+            "width): no attention"
+        ),
+    }
+)

@@ -1,4 +1,4 @@
-"""Zoo cases: other image transformers: Anima, AuraFlow, DreamLite, ERNIE-Image, GLM-Image, HiDream, Ideogram4, JoyImage, Krea 2, NucleusMoE-Image, OmniGen, PRX, Z-Image, UVit2D.
+"""Zoo cases: other image transformers: Anima, AuraFlow, DreamLite, ERNIE-Image, GLM-Image, HiDream, Ideogram4, JoyImage, Krea 2, NucleusMoE-Image, OmniGen, PRX, Z-Image, UVit2D, UniDiffuser.
 
 See tests/zoo/cases/__init__.py for what a case keeps of its model.
 """
@@ -947,4 +947,69 @@ _add(
             "layers, and in the SkipFFTransformerBlock of the down/up UVit blocks; no mask."
         ),
     ),
+)
+
+
+# --- UniDiffuser (U-ViT over [timesteps, data type, text, CLIP image, VAE patches]) ---------
+
+_UNIDIFFUSER = dict(
+    text_dim=12,
+    clip_img_dim=10,
+    num_text_tokens=5,
+    num_attention_heads=2,
+    attention_head_dim=8,
+    in_channels=4,
+    out_channels=4,
+    num_layers=2,  # one in-block, the mid block, one out-block (with its skip)
+    sample_size=8,
+    patch_size=2,
+    activation_fn="gelu",
+    block_type="unidiffuser",  # post-LayerNorm on the residual stream, as released
+    pre_layer_norm=False,
+    use_timestep_embedding=False,
+    use_data_type_embedding=True,  # UniDiffuser-v1
+)
+
+
+def _unidiffuser_inputs(model, gen, batch=2):
+    device, _ = _pd(model)
+    cfg = model.config
+    return dict(
+        latent_image_embeds=_r(gen, model, batch, cfg.in_channels, cfg.sample_size, cfg.sample_size),
+        image_embeds=_r(gen, model, batch, 1, cfg.clip_img_dim),
+        prompt_embeds=_r(gen, model, batch, cfg.num_text_tokens, cfg.text_dim),
+        timestep_img=_steps(gen, model, batch),
+        timestep_text=_steps(gen, model, batch),
+        data_type=torch.randint(0, 2, (batch,), generator=gen).to(device),
+    )
+
+
+_add(
+    ZooCase(
+        "UniDiffuserModel",
+        _UNIDIFFUSER,
+        _unidiffuser_inputs,
+        outputs=lambda out: tuple(out),
+        note=(
+            "diffusers Attention + AttnProcessor2_0 (F.scaled_dot_product_attention): self-attention only (attn1; "
+            "no cross-attention dim, so no attn2) over the joint [image timestep, text timestep, data type, text, "
+            "CLIP image, VAE patches] sequence in UniDiffuserBlocks (post-LayerNorm); no mask. Outputs: the VAE "
+            "image, CLIP image and text predictions. No set_attn_processor on the model."
+        ),
+    ),
+)
+
+
+NO_ATTENTION.update(
+    {
+        "Ideogram4PromptEnhancerHead": (
+            "one linear LM head; the prompt enhancer's attention runs in the pipeline's Qwen3-VL text encoder "
+            "(transformers), not in this class"
+        ),
+        "UniDiffuserTextDecoder": (
+            "a GPT-2 caption decoder: two linear prefix projections around transformers' GPT2LMHeadModel, whose "
+            "attention (GPT2Attention, transformers' attention interface) attnkit does not serve; no diffusers "
+            "attention"
+        ),
+    }
 )

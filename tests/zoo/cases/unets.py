@@ -685,6 +685,9 @@ _add(
 
 NO_ATTENTION.update(
     {
+        "CLIPImageProjection": (
+            "GLIGEN's (Stable Diffusion) projection of CLIP image embeddings: one linear layer, no attention"
+        ),
         "MultiAdapter": "a weighted sum of T2IAdapter outputs: convolutional, no attention",
         "T2IAdapter": (
             "convolutional adapter (full, full_xl and light variants: pixel unshuffle, ResNet-like conv blocks): "
