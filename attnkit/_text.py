@@ -3,6 +3,7 @@ failure, a module and the code making an attention call are named."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 from torch import nn
@@ -37,6 +38,10 @@ def describe_module(attn: nn.Module | str | None) -> str:
     return f"{name} [{label}]" if name else label
 
 
+_SNAPSHOT = sys.version_info < (3, 13)
+_LIBRARIES = ("diffusers.", "torch.", "attnkit.")
+
+
 class Caller:
     """Who makes an attention call that arrives without its module (a processor's
     dispatch_attention_fn or scaled_dot_product_attention call): found on the call stack
@@ -67,8 +72,18 @@ class Caller:
         frame = sys._getframe(2)
         module = model = None
         while frame is not None:
-            local = frame.f_locals
-            attn, owner = local.get("attn"), local.get("self")
+            attn = owner = None
+            code = frame.f_code
+            if "attn" in code.co_varnames or "self" in code.co_varnames:
+                local = frame.f_locals
+                attn, owner = local.get("attn"), local.get("self")
+                if (_SNAPSHOT and code.co_flags & inspect.CO_OPTIMIZED
+                        and str(frame.f_globals.get("__name__")).startswith(_LIBRARIES)):
+                    # Before Python 3.13, f_locals of a function's frame is a copy kept on
+                    # the frame until it returns: it would hold the locals of a library's
+                    # long-lived frame (a pipeline's latents of an earlier step) alive.
+                    # Code of the caller's own is left as it is (a debugger may be reading it).
+                    local.clear()
             if module is None and isinstance(attn, nn.Module):
                 module = attn
             if isinstance(owner, nn.Module):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import types
+import weakref
 from typing import Callable
 
 import torch
@@ -57,12 +58,16 @@ def nn_for(chooser, who: str = "") -> types.ModuleType:
 
 def _sdpa_for(chooser, who: str):
     label = Caller(f"{who}'s scaled_dot_product_attention call" if who else SDPA_WHO)
+    # Weakly: this function may sit in a module's globals (see routes._rebind); what routes
+    # calls to it (a bound processor's class, a module's method) holds the chooser.
+    chooser_ref = weakref.ref(chooser)
 
     def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                      scale=None, enable_gqa=False):
         """torch.nn.functional.scaled_dot_product_attention's arguments and meaning
         (masks broadcast from the right, True = attend), computed by attnkit."""
-        return sdpa_call(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, label)
+        return sdpa_call(chooser_ref(), query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                         label)
 
     return scaled_dot_product_attention
 

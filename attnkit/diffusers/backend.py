@@ -33,12 +33,14 @@ the others without a word, so attnkit's entry tells it to pass everything.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
 import itertools
 import logging
 import threading
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -153,10 +155,13 @@ def _pickled_as_default(protocol):
 
 
 def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: Any = None):
-    """Register ``value`` in diffusers' registry, backed by ``chooser``, or by the chooser
-    the factory makes (once, on first use). Returns the enum member."""
+    """Register ``value`` in diffusers' registry, backed by the chooser the factory makes
+    (once, on first use), or by ``chooser``, held weakly: the name is taken out of the
+    registry again when that chooser is freed (see :func:`member_for`). Returns the enum
+    member."""
     require()
     mark_compile_constant(_make_chooser)  # idempotent
+    _sweep()
     with _LOCK:
         member = _add_member(value)
         registry = _dispatch._AttentionBackendRegistry
@@ -170,12 +175,66 @@ def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: An
             cp = getattr(registry, "_supports_context_parallel", None)  # diffusers >= 0.36
             if isinstance(cp, set):
                 cp.add(member.value)
+            if chooser is not None:
+                weakref.finalize(chooser, _freed, value)
         return member
 
 
+# Names whose chooser was freed, taken out of diffusers' registry at the next
+# registration or look-up (_sweep), never from the finalizer itself: a garbage collection
+# can run in the middle of a torch.compile trace, and a registry changed under it fails
+# dynamo's guard on the registry's size ("Guard failed on the same frame it was created").
+_FREED: list[str] = []
+
+
+def _freed(value: str) -> None:
+    """A registered chooser was freed: its plans go now, its name at the next _sweep."""
+    holder = _HOLDERS.get(value)
+    if holder is not None:
+        holder.plans = {}
+    _FREED.append(value)
+
+
+def _sweep() -> None:
+    if is_compiling():  # the registry read by the trace stays as it was
+        return
+    while _FREED:
+        try:
+            value = _FREED.pop()
+        except IndexError:  # another thread took the last one
+            return
+        _unregister(value)
+
+
+def _unregister(value: str) -> None:
+    """Take the name of a freed chooser out of diffusers' registry and enum (nothing can
+    call it any more: every model that routed to it held the chooser). Left as it is
+    while it is diffusers' process-wide backend, whose calls then say what happened."""
+    if _dispatch is None:
+        return
+    with _LOCK:
+        names = _dispatch.AttentionBackendName
+        registry = _dispatch._AttentionBackendRegistry
+        member = names._value2member_map_.get(value)
+        if member is None or getattr(registry, "_active_backend", None) is member:
+            return
+        _HOLDERS.pop(value, None)
+        for table in (registry._backends, registry._constraints, registry._supported_arg_names):
+            table.pop(member, None)
+        cp = getattr(registry, "_supports_context_parallel", None)
+        if isinstance(cp, set):
+            cp.discard(value)
+        names._value2member_map_.pop(value, None)
+        names._member_map_.pop(member._name_, None)
+        with contextlib.suppress(ValueError):
+            names._member_names_.remove(member._name_)
+
+
 class _ChooserHolder:
-    """Makes a chooser on first use: creating auto()'s at import would read
-    ATTNKIT_BACKEND before a user sets it.
+    """The chooser behind one registered name: made on first use by ``factory`` (creating
+    auto()'s at import would read ATTNKIT_BACKEND before a user sets it), or a chooser
+    given and held weakly (a processor's, see :func:`member_for`: the models it serves
+    hold it, this registry never does).
 
     Under torch.compile the chooser is made by :func:`_make_chooser`, a trace-time
     constant run in plain Python, before the trace reads it: a model compiled before its
@@ -183,25 +242,54 @@ class _ChooserHolder:
     traces the lock or the chooser's constructor, and the graph reads the built chooser
     (one guard on it, as after an eager call)."""
 
-    __slots__ = ("name", "factory", "chooser", "plans")
+    __slots__ = ("name", "factory", "_strong", "_weak", "plans")
 
     def __init__(self, name: str, factory: Callable[[], Any] | None, chooser: Any = None) -> None:
-        self.name, self.factory, self.chooser = name, factory, chooser
-        self.plans: dict[tuple, _Plan] = {}  # the plain call's plans, per call signature (see attention)
+        self.name, self.factory = name, factory
+        self._strong = None
+        self._weak = weakref.ref(chooser) if chooser is not None else None
+        # the plain call's plans, per call signature (see attention); made for the chooser
+        # held now, and dropped when another is set
+        self.plans: dict[tuple, _Plan] = {}
+
+    @property
+    def chooser(self):
+        """The chooser, or None (not made yet, or freed)."""
+        return self._strong if self._weak is None else self._weak()
+
+    @chooser.setter
+    def chooser(self, chooser) -> None:
+        with _LOCK:
+            self.plans = {}
+            if self._weak is None:
+                self._strong = chooser
+            else:
+                self._weak = weakref.ref(chooser) if chooser is not None else _gone
 
     def get(self):
-        chooser = self.chooser
+        chooser = self._strong
         if chooser is not None:  # the hot path: no lock
             return chooser
+        if self._weak is not None:
+            chooser = self._weak()
+            if chooser is None:
+                raise DiffusersBackendUnavailable(
+                    f"attention backend {self.name!r} belonged to an attnkit processor that no longer exists; "
+                    f"set attnkit's backend again (set_attention_backend(\"attnkit\"), attnkit.apply)")
+            return chooser
         with _LOCK:
-            if self.chooser is None:
-                self.chooser = self.factory()
-        return self.chooser
+            if self._strong is None:
+                self._strong = self.factory()
+        return self._strong
 
     def traced(self):
         """get() for torch.compile's trace: the chooser made outside the traced code first."""
         _make_chooser(self.name)
-        return self.chooser
+        return self.get()
+
+
+def _gone():
+    return None
 
 
 # registered name -> its holder, for _make_chooser (a trace-time constant takes a string)
@@ -217,12 +305,41 @@ def _make_chooser(name: str) -> bool:
 
 def member_for(processor) -> Any:
     """The backend name that routes dispatch_attention_fn to ``processor``'s chooser (an
-    attnkit processor, e.g. ``attnkit.auto(tune=True)``): made once per processor."""
-    member = getattr(processor, "_diffusers_backend", None)
-    if member is None:
-        member = _register(f"{PREFIX}_{next(_COUNTER)}", None, processor.chooser)
-        processor._diffusers_backend = member
+    attnkit processor, e.g. ``attnkit.auto(tune=True)``): made once per chooser.
+
+    The registry holds that chooser weakly; what routes to it must hold it (see
+    :func:`lease`), and when the chooser is freed its name leaves the registry."""
+    chooser = processor.chooser
+    with _LOCK:
+        member = _MEMBERS.get(chooser)
+        if member is None:
+            member = _MEMBERS[chooser] = _register(f"{PREFIX}_{next(_COUNTER)}", None, chooser)
     return member
+
+
+# chooser -> its registered name (weak keys: a copied or unpickled chooser gets its own)
+_MEMBERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+class Lease:
+    """What a processor that routes its dispatch_attention_fn calls to a chooser's name
+    holds, so that the chooser lives as long as the processor: the registry does not hold
+    it. A copied model shares the chooser (``copy.deepcopy``), and a pickled one saves
+    nothing (it loads as the stock model)."""
+
+    __slots__ = ("chooser", "__weakref__")
+
+    def __init__(self, chooser) -> None:
+        self.chooser = chooser
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return type(None), ()
 
 
 def prepare(name: str) -> None:
@@ -241,6 +358,7 @@ def registered_names() -> list[str]:
     """Every attnkit name in diffusers' registry."""
     if _dispatch is None:
         return []
+    _sweep()
     return [m.value for m in _dispatch._AttentionBackendRegistry._backends if str(m.value).startswith(PREFIX)]
 
 
@@ -289,7 +407,7 @@ def attention(
     if is_compiling():
         return _attend(_holder.traced(), query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                        return_lse, _parallel_config)
-    chooser = _holder.chooser or _holder.get()
+    chooser = _holder._strong or _holder.get()
     if _parallel_config is not None or return_lse or is_causal or dropout_p != 0.0:
         return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                        _parallel_config)
@@ -307,7 +425,7 @@ def attention(
                 torch.are_deterministic_algorithms_enabled())
     plans = _holder.plans
     plan = plans.get(plan_key)
-    if plan is not None and plan.chooser is chooser:  # (a plan of a chooser replaced since is not)
+    if plan is not None:
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
         bias = None
         if attn_mask is not None:
@@ -326,17 +444,19 @@ def attention(
 
 
 class _Plan:
-    """What a served call signature of the plain call runs: the backend its chooser
-    (``chooser``, the holder's when the plan was made) decided, and how its mask becomes the bias that backend takes (the view the checks
-    made of it, and whether it is a boolean mask to turn into 0 / -inf). The checks of
+    """What a served call signature of the plain call runs: the backend its holder's
+    chooser decided (a holder drops its plans when its chooser is replaced), and how its
+    mask becomes the bias that backend takes (the view the checks made of it, and whether
+    it is a boolean mask to turn into 0 / -inf). It holds no chooser, so that a chooser
+    the registry holds weakly is freed with its models. The checks of
     the first call (shapes, mask shape and dtype, the chooser's decision) hold for every
     call with the same key: the shapes, dtypes and devices of q, k, v and the mask,
     enable_gqa, whether a gradient is needed and torch's deterministic mode."""
 
-    __slots__ = ("chooser", "backend", "mask_shape", "keep_mask")
+    __slots__ = ("backend", "mask_shape", "keep_mask", "__weakref__")
 
-    def __init__(self, chooser, backend, mask_shape, keep_mask: bool) -> None:
-        self.chooser, self.backend, self.mask_shape, self.keep_mask = chooser, backend, mask_shape, keep_mask
+    def __init__(self, backend, mask_shape, keep_mask: bool) -> None:
+        self.backend, self.mask_shape, self.keep_mask = backend, mask_shape, keep_mask
 
 
 PLANS_MAX = 1024  # call signatures kept per backend name; more (shapes that never repeat) start again
@@ -370,7 +490,7 @@ def _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, 
             if len(plans) >= PLANS_MAX:
                 plans.clear()
             mask_shape = None if attn_mask is None or bias.shape == attn_mask.shape else tuple(bias.shape)
-            plans[plan_key] = _Plan(chooser, backend, mask_shape, attn_mask is not None and attn_mask.dtype == torch.bool)
+            plans[plan_key] = _Plan(backend, mask_shape, attn_mask is not None and attn_mask.dtype == torch.bool)
     return out.transpose(1, 2)
 
 
@@ -422,6 +542,38 @@ def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
     return to_additive_bias(attn_mask, q.dtype, (*q.shape[:3], k.shape[-2]), key_padding=True)
 
 
+def watch_active_backend(callback: Callable[[bool], None]) -> None:
+    """Call ``callback(is_attnkit)`` whenever diffusers' process-wide backend is set (the
+    ``attention_backend`` context on entry and exit, ``set_attention_backend``): wraps
+    the registry's ``set_active_backend`` once; the callback sees whether the new backend
+    is one of attnkit's names."""
+    if _dispatch is None or PROBLEM is not None:
+        return
+    registry = _dispatch._AttentionBackendRegistry
+    current = registry.__dict__.get("set_active_backend")
+    func = getattr(current, "__func__", None)
+    if not isinstance(current, classmethod) or func is None:
+        logger.info("attnkit: diffusers %s has no _AttentionBackendRegistry.set_active_backend classmethod; the "
+                    "attention_backend context is not watched", getattr(diffusers, "__version__", "?"))
+        return
+    if getattr(func, "_attnkit_watchers", None) is None:
+        original = func
+
+        @functools.wraps(original)
+        def set_active_backend(cls, backend, *args, **kwargs):
+            result = original(cls, backend, *args, **kwargs)
+            ours = str(getattr(backend, "value", backend)).lower().startswith(PREFIX)
+            for watcher in set_active_backend._attnkit_watchers:
+                watcher(ours)
+            return result
+
+        set_active_backend._attnkit_watchers = []
+        registry.set_active_backend = classmethod(set_active_backend)
+        func = set_active_backend
+    if callback not in func._attnkit_watchers:
+        func._attnkit_watchers.append(callback)
+
+
 def register_defaults() -> None:
     """Register "attnkit" and "attnkit_<backend>" in diffusers' registry (attnkit/__init__.py
     calls it once: registering is a change to diffusers, never a side effect of an import)."""
@@ -431,5 +583,5 @@ def register_defaults() -> None:
         logger.info("attnkit: %s", PROBLEM)
 
 
-__all__ = ["PROBLEM", "DiffusersBackendUnavailable", "attention", "expand_kv_heads", "mask_to_bias", "member_for",
-           "registered_names", "require"]
+__all__ = ["PROBLEM", "DiffusersBackendUnavailable", "Lease", "attention", "expand_kv_heads", "mask_to_bias", "member_for",
+           "registered_names", "require", "watch_active_backend"]

@@ -34,6 +34,7 @@ import itertools
 import textwrap
 import threading
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -292,6 +293,8 @@ def _rebind(fn: types.FunctionType, chooser) -> types.FunctionType:
         unique = names.get((who, alias))
         if unique is None:
             unique = names[(who, alias)] = f"_attnkit_{alias}_{next(_UNIQUE)}"
+            # the proxy holds the chooser weakly; its name leaves the module with the chooser
+            weakref.finalize(chooser, globals_.pop, unique, None)
         globals_[unique] = proxy
         code = code.replace(co_names=tuple(unique if n == alias else n for n in code.co_names))
     else:  # the name is also an attribute somewhere in the code: a copy of the globals
@@ -300,6 +303,7 @@ def _rebind(fn: types.FunctionType, chooser) -> types.FunctionType:
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__
     new.__doc__ = fn.__doc__
+    new._attnkit_lease = diffusers_backend.Lease(chooser)  # the proxy holds it weakly: the code holds it
     return new
 
 

@@ -142,7 +142,8 @@ def test_a_planned_backend_that_fails_falls_back(seed, monkeypatch, caplog):
     from attnkit.backends.sdpa import SDPABackend
 
     sdpa = SDPABackend()
-    name = diffusers_backend.member_for(attnkit.auto(backends={"sdpa": sdpa})).value
+    proc = attnkit.auto(backends={"sdpa": sdpa})  # held: the registry holds its chooser weakly
+    name = diffusers_backend.member_for(proc).value
     q, k, v = bsd(1, 6, 2, 16), bsd(1, 9, 2, 16), bsd(1, 9, 2, 16)
     ours(q, k, v, name=name)
     assert _plan_of(name, q, k, v).backend is sdpa
@@ -162,7 +163,8 @@ def test_a_planned_backend_that_fails_falls_back(seed, monkeypatch, caplog):
 def test_check_finite_checks_every_call(seed, monkeypatch):
     """With ATTNKIT_CHECK_FINITE=1 nothing is planned: every call is checked."""
     monkeypatch.setenv("ATTNKIT_CHECK_FINITE", "1")
-    name = diffusers_backend.member_for(attnkit.auto()).value
+    proc = attnkit.auto()  # held: the registry holds its chooser weakly
+    name = diffusers_backend.member_for(proc).value
     q, k, v = bsd(1, 6, 2, 16), bsd(1, 6, 2, 16), bsd(1, 6, 2, 16)
     ours(q, k, v, name=name)
     ours(q, k, v, name=name)
