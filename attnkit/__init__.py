@@ -21,11 +21,11 @@ from . import _moved
 from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
 from .diffusers import backend as _diffusers_backend
 from .diffusers import binding as _binding
-from .diffusers.apply import install_backend_warning as _install_backend_warning
+from .diffusers import wrappers as _wrappers
 
 _diffusers_backend.register_defaults()  # "attnkit", "attnkit_sdpa", ... in diffusers' dispatcher
 _binding.install()  # set_attn_processor notes what attnkit's processor replaces, per module
-_install_backend_warning()  # set_attention_backend("attnkit") says what it does not reach
+_wrappers.install()  # set_attn_processor, set_attention_backend and attention_backend say what they do not reach
 
 __version__ = "0.1.0"
 

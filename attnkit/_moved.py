@@ -20,7 +20,8 @@ MOVED: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "attnkit.apply": {
         "attnkit.diffusers.apply": ("Applied", "AppliedPipeline", "PROCESSOR_NAMES", "apply", "attention_modules",
-            "install_backend_warning", "plan", "processor", "unreached_by_dispatch"),
+            "plan", "processor"),
+        "attnkit.diffusers.wrappers": ("install_backend_warning", "unreached_by_dispatch"),
     },
     "attnkit.binding": {
         "attnkit.diffusers.binding": ("KEEP_HINT", "QUIET", "SERVE", "STOCK", "accepted_keywords",
@@ -66,8 +67,7 @@ MOVED: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "attnkit.routes": {
         "attnkit.diffusers.adapters": ("SDPA_WHO", "functional_for", "nn_for", "sdpa_call", "sdpa_mask"),
-        "attnkit.diffusers.apply": ("METHODS",),
-        "attnkit.diffusers.routes": ("DISPATCH", "FORWARD_ADAPTERS", "Route", "SDPA", "bind_module",
+        "attnkit.diffusers.routes": ("DISPATCH", "FORWARD_ADAPTERS", "METHODS", "Route", "SDPA", "bind_module",
             "bound_processor", "classify", "classify_forward"),
     },
     "attnkit.tuning": {

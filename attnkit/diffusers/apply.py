@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import weakref
 from collections import Counter
@@ -10,10 +9,9 @@ from typing import Any
 
 from torch import nn
 
-from . import backend as diffusers_backend
 from . import binding
 from .processor import PROCESSORS, AttnkitProcessor, auto
-from .routes import METHODS, Route, bind_module, bound_processor, classify, classify_forward
+from .routes import Route, bind_module, bound_processor, classify, classify_forward
 
 logger = logging.getLogger("attnkit")
 
@@ -36,11 +34,12 @@ class Applied(dict):
     with ``routes`` ({module name: Route}) saying how and why, and ``explain()``."""
 
     def __init__(self, routes: dict[str, Route], kept_names: dict[str, str],
-                 modules: dict[str, nn.Module] | None = None):
+                 modules: dict[str, nn.Module] | None = None, named: dict[str, nn.Module] | None = None):
         super().__init__({name: ("attnkit" if r.served else kept_names[name]) for name, r in routes.items()})
         self.routes = routes
         # weakly: a processor keeps every Applied it served (explain()), never the models
         self._modules = weakref.WeakValueDictionary(modules or {})
+        self._named = weakref.WeakValueDictionary(named or {})  # the modules given their name
         self._model = None
 
     def undo(self) -> None:
@@ -48,7 +47,10 @@ class Applied(dict):
         then computes exactly what it did before."""
         for module in list(self._modules.values()):
             binding.undo(module)
+        for module in list(self._named.values()):
+            module.__dict__.pop(binding.NAME, None)
         self._modules.clear()
+        self._named.clear()
         model = self._model() if self._model is not None else None
         if model is not None:
             model.__dict__.pop("_attnkit_applied", None)
@@ -90,7 +92,9 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, Route | No
     that run a processor (route None: decided by the processor), and those whose own
     forward attnkit can see computing it (route given)."""
     out = []
-    processors = {id(getattr(m, "processor", None)) for m in model.modules()}
+    # processors with weights are submodules: their module's business (the one running
+    # now, or the one attnkit's processor keeps, see binding.served_by)
+    processors = {id(p) for m in model.modules() for p in (getattr(m, "processor", None), binding.stock_of(m))}
     for name, module in model.named_modules():
         if isinstance(module, AttnkitProcessor) or id(module) in processors:
             continue  # a processor with weights (IP-Adapter) is its module's business
@@ -115,10 +119,22 @@ def plan(model: nn.Module) -> Applied:
     for name, module, route in attention_modules(model):
         old = binding.stock_of(module)
         if route is None:
-            route = classify(old, module)
+            route = _route(old, module, say=False)[1]
         routes[name] = route
         kept_names[name] = type(old if old is not None else module).__name__
     return Applied(routes, kept_names)
+
+
+def _route(old: Any, module: nn.Module, say: bool = True) -> tuple[Any, Route]:
+    """(the processor apply serves ``module`` by, its route): ``old`` itself, or the
+    module's standard processor where ``old`` is a foreign one without weights
+    (binding.routing_basis)."""
+    basis, route, note = binding.routing_basis(old, module, replacing=False, say=say)
+    if route is None:
+        route = classify(basis, module)
+        if note:
+            route = Route(route.kind, note + route.reason)
+    return basis, route
 
 
 def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
@@ -146,8 +162,10 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
     routes: dict[str, Route] = {}
     kept_names: dict[str, str] = {}
     touched: dict[str, nn.Module] = {}
+    named: dict[str, nn.Module] = {}
     for name, module, route in attention_modules(model):
-        module._attnkit_name = name
+        named[name] = module
+        module.__dict__[binding.NAME] = name
         if route is not None:  # no processor: its own forward
             if route.kind == "forward":
                 bind_module(module, proc.chooser)
@@ -157,19 +175,19 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
             kept_names[name] = type(module).__name__
             continue
         old = binding.stock_of(module)
-        route = classify(old, module)
+        basis, route = _route(old, module)
         if route.served:
             binding.record(module, old)
             touched[name] = module
         if route.kind == "dispatch":
-            _set(module, binding.dispatch_copy(old, proc))
+            _set(module, binding.dispatch_copy(basis, proc))
         elif route.kind == "protocol":
             _set(module, proc)
         elif route.kind == "sdpa":
-            _set(module, bound_processor(old, proc.chooser))
+            _set(module, bound_processor(basis, proc.chooser))
         routes[name] = route
         kept_names[name] = type(old).__name__
-    applied = Applied(routes, kept_names, touched)
+    applied = Applied(routes, kept_names, touched, named)
     logger.info("attnkit.apply(%s): %s", type(model).__name__, applied.summary())
     for name, route in routes.items():
         if not route.served:
@@ -177,8 +195,14 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
     model._attnkit_applied = applied
     applied._model = weakref.ref(model)
     binding.protect_pickle(model)
-    proc._applied.append((type(model).__name__, applied))
+    remember(proc, type(model).__name__, applied)
     return applied
+
+
+def remember(proc: AttnkitProcessor, model_name: str, applied: Applied) -> None:
+    """Keep ``applied`` on ``proc`` for its explain(), dropping those of freed models."""
+    proc._applied = [(n, a) for n, a in proc._applied if a._model is None or a._model() is not None]
+    proc._applied.append((model_name, applied))
 
 
 class AppliedPipeline(dict):
@@ -215,69 +239,6 @@ def _components(pipe: Any, what: str) -> dict[str, nn.Module]:
     return out
 
 
-# -- set_attention_backend("attnkit"), wrapped once -------------------------------------------------
-def _wrap_set_attention_backend(original):
-    @functools.wraps(original)
-    def set_attention_backend(self, backend, *args, **kwargs):
-        result = original(self, backend, *args, **kwargs)
-        name = getattr(backend, "value", backend)
-        if isinstance(name, str) and name.lower().startswith("attnkit"):
-            diffusers_backend.prepare(name.lower())
-        if isinstance(name, str) and name.lower().startswith("attnkit") and self not in _WARNED:
-            _WARNED.add(self)
-            unreached = unreached_by_dispatch(self)
-            if unreached:
-                logger.warning("%s", unreached)
-        return result
-
-    set_attention_backend._attnkit_wrapped = True
-    return set_attention_backend
-
-
-_WARNED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
-
-
-def unreached_by_dispatch(model: nn.Module) -> str:
-    """What ``model.set_attention_backend("attnkit")`` leaves on stock attention: the
-    attention modules whose processor or code does not call diffusers'
-    dispatch_attention_fn with its own backend ("" if there are none)."""
-    routes = plan(model).routes
-    modules = dict(model.named_modules())
-    missed = {name: r for name, r in routes.items() if r.kind in ("protocol", "sdpa", "forward")
-              and not _served_already(modules.get(name))}
-    if not missed:
-        return ""
-    names = list(missed)
-    shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
-    first = next(iter(missed.values()))
-    how = {"protocol": "computes diffusers' Attention protocol itself",
-           "sdpa": "calls scaled_dot_product_attention itself",
-           "forward": "computes attention in its own forward"}[first.kind]
-    return (
-        f"set_attention_backend('attnkit') does not reach {len(missed)} of the {len(routes)} attention modules "
-        f"of {type(model).__name__} ({shown}): they compute attention without diffusers' dispatch_attention_fn "
-        f"(e.g. {first.reason.split()[0]} {how}), so they keep their stock attention. "
-        f"attnkit.apply(model, attnkit.auto()) serves them."
-    )
-
-
-def _served_already(module: nn.Module | None) -> bool:
-    """Whether attnkit already serves ``module`` (set_attn_processor or apply before)."""
-    if module is None:
-        return False
-    return binding.is_attnkit(binding.current_processor(module)) or METHODS in module.__dict__
-
-
-def install_backend_warning() -> None:
-    """Wrap ``ModelMixin.set_attention_backend`` (idempotent): an "attnkit" backend's
-    chooser is made there, and a model it does not wholly reach is told so."""
-    from diffusers import ModelMixin
-
-    original = ModelMixin.__dict__.get("set_attention_backend")
-    if original is not None and not getattr(original, "_attnkit_wrapped", False):
-        ModelMixin.set_attention_backend = _wrap_set_attention_backend(original)
-
-
 def _set(module: nn.Module, new: Any) -> None:
     setter = getattr(module, "set_processor", None)
     if setter is not None:
@@ -286,4 +247,5 @@ def _set(module: nn.Module, new: Any) -> None:
         module.processor = new
 
 
-__all__ = ["PROCESSOR_NAMES", "Applied", "AppliedPipeline", "install_backend_warning", "unreached_by_dispatch", "apply", "attention_modules", "plan", "processor"]
+__all__ = ["PROCESSOR_NAMES", "Applied", "AppliedPipeline", "apply", "attention_modules", "plan", "processor",
+           "remember"]

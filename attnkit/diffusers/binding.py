@@ -28,8 +28,11 @@ import copy
 import functools
 import inspect
 import logging
+import os
 import sys
+import threading
 import types
+import weakref
 from typing import Any
 
 import torch.nn.functional as F
@@ -44,10 +47,12 @@ from .routes import METHODS, Route, bound_processor, classify
 
 logger = logging.getLogger("attnkit")
 
+STRICT_VAR = "ATTNKIT_STRICT"
 STOCK = "_attnkit_stock"  # the processor attnkit replaced on this module
 # (attnkit processor, what serves the call or None for the protocol, the names it takes or None)
 SERVE = "_attnkit_serve"
 _GETSTATE = "__getstate__"
+NAME = "_attnkit_name"  # the module's name in its model, for logs and errors
 _UNSET = object()
 
 KEEP_HINT = (
@@ -102,28 +107,101 @@ def record(module: nn.Module, stock: Any) -> None:
 def served_by(proc, module: nn.Module):
     """Bind ``module`` to attnkit processor ``proc``: what serves its calls (None: the
     processor computes the protocol itself; else a callable taking the processor's
-    arguments). Stored on the module."""
-    stock = module.__dict__.get(STOCK, _UNSET)
-    if stock is _UNSET or stock is None:
-        stock = default_stock(module)
-    route = classify(stock, module)
-    generic, problem = _generic(stock, module)
-    if generic and problem is not None:
-        # diffusers' generic processor does not handle this module either (added k/v
-        # projections, a causal flag, ...): say why, rather than fail inside it
-        route = Route("kept", problem)
-    if generic and problem is None and route.kind != "protocol":
-        _say_what_differs(stock, module)
-    if route.kind == "protocol" or (generic and problem is None):
+    arguments). Stored on the module, with the route and why."""
+    recorded = module.__dict__.get(STOCK, _UNSET)
+    stock = default_stock(module) if recorded is _UNSET or recorded is None else recorded
+    basis, route, note = routing_basis(stock, module, replacing=True)
+    generic = False
+    if route is None:
+        route = classify(basis, module)
+        if note:
+            route = Route(route.kind, note + route.reason)
+        generic, problem = _generic(basis, module)
+        if generic and problem is None and route.kind != "protocol":
+            if not is_foreign(stock):  # a foreign processor's replacement is said by routing_basis
+                _say_what_differs(basis, module)
+            route = Route("protocol", f"{type(basis).__name__} replaced: attnkit's processor computes the module's "
+                                      "Attention protocol with every option of its configuration")
+        generic = generic and problem is None
+    if route.kind == "protocol" or generic:
         inner = None
     elif route.kind == "dispatch":
-        inner = dispatch_copy(stock, proc)
+        inner = dispatch_copy(basis, proc)
     elif route.kind == "sdpa":
-        inner = bound_processor(stock, proc.chooser)
+        inner = bound_processor(basis, proc.chooser)
+    elif getattr(proc, "strict", False):
+        inner = functools.partial(_refuse, route.reason, type(basis).__name__)
     else:
-        inner = functools.partial(_refuse, route.reason)
-    module.__dict__[SERVE] = (proc, inner, accepted_keywords(inner))
+        inner = basis  # kept: the module's own processor computes it, as before attnkit
+        if basis is recorded and isinstance(basis, nn.Module):
+            # diffusers took it out of the module's submodules when attnkit's was set: back
+            # among them, its weights stay the model's (state_dict, .to(), parameters())
+            module._modules["processor"] = basis
+        _note_kept(module, route)
+    module.__dict__[SERVE] = (proc, inner, accepted_keywords(inner), route)
     return module.__dict__[SERVE]
+
+
+def strict_default() -> bool:
+    """Whether attnkit's processors refuse, rather than keep, a module they cannot serve
+    exactly when they are not told (``ATTNKIT_STRICT=1``: for CI)."""
+    return os.environ.get(STRICT_VAR, "").strip() not in ("", "0")
+
+
+def is_foreign(proc: Any) -> bool:
+    """Whether ``proc`` is a processor of neither diffusers nor attnkit (a user's, a
+    tutorial's, another library's): attnkit cannot read what it computes."""
+    if proc is None or is_attnkit(proc):
+        return False
+    where = type(proc).__module__ or ""
+    return where != "diffusers" and not where.startswith("diffusers.")
+
+
+def standard_of(module: nn.Module) -> Any:
+    """The diffusers processor whose attention is ``module``'s standard one, or None if
+    attnkit cannot tell: the diffusers processor a foreign one replaced on it (noted by
+    the wrapped ``set_processor``), else the module class's default processor; for a
+    legacy Attention, diffusers' default only where the protocol fits it (a joint or
+    causal module is given its processor by its model)."""
+    origin = _ORIGIN.get(module)
+    if origin is not None:
+        return origin
+    if getattr(module, "_default_processor_cls", None) is not None:
+        return default_stock(module)
+    if isinstance(module, ap.Attention) and check_module_problem(module, None) is None:
+        return default_stock(module)
+    return None
+
+
+def routing_basis(stock: Any, module: nn.Module, replacing: bool, say: bool = True) -> tuple[Any, Route | None, str]:
+    """(the processor whose computation decides ``module``'s route, a Route already
+    decided or None, what to put before the route's reason). That is ``stock`` itself,
+    except for a foreign processor (see :func:`is_foreign`): replacing it
+    (``set_attn_processor``; or ``apply`` where it carries no weights) gives the module its
+    standard attention (:func:`standard_of`), and says so once per processor class (with
+    ``say``); where attnkit cannot tell what that is, the foreign processor is kept, with
+    the reason."""
+    if not is_foreign(stock) or (not replacing and isinstance(stock, nn.Module)):
+        return stock, None, ""
+    name = type(stock).__name__
+    standard = standard_of(module)
+    if standard is None:
+        return stock, Route("kept", f"{name} is not a processor of diffusers' or attnkit's, and attnkit cannot tell "
+                                    f"which standard attention this module has ({check_module_problem(module, None)}):"
+                                    " kept as it is"), ""
+    if say and type(stock) not in _REPLACED:
+        _REPLACED.add(type(stock))
+        logger.warning(
+            "attnkit replaced %s on %s (and on every module it runs on): it is not a processor of diffusers' or "
+            "attnkit's, so attnkit cannot read what it computes; the module computes its standard attention "
+            "instead, as diffusers' %s does, with attnkit's attention (undo() puts %s back)",
+            name, describe_module(module), type(standard).__name__, name)
+    return standard, None, f"{name} (not diffusers' or attnkit's) replaced by the module's {type(standard).__name__}: "
+
+
+_REPLACED: set = set()  # foreign processor classes attnkit has said it replaced
+# module -> the diffusers processor a foreign one replaced on it (see standard_of)
+_ORIGIN: "weakref.WeakKeyDictionary[nn.Module, Any]" = weakref.WeakKeyDictionary()
 
 
 # What diffusers' modules drop without a warning when their processor does not take it.
@@ -200,17 +278,57 @@ def dispatch_copy(stock: Any, proc) -> Any:
     inner = copy.copy(stock)
     inner._attention_backend = diffusers_backend.member_for(proc)
     inner._attnkit_copy = True
+    inner._attnkit_lease = diffusers_backend.Lease(proc.chooser)  # the registry holds the chooser weakly
     return inner
 
 
-def _refuse(reason: str, attn: nn.Module, *args: Any, **kwargs: Any):
-    raise UnsupportedModule(f"attnkit's processor cannot serve {describe_module(attn)}: {reason}. {KEEP_HINT}.")
+def _refuse(reason: str, kept: str, attn: nn.Module, *args: Any, **kwargs: Any):
+    raise UnsupportedModule(
+        f"attnkit's processor (strict: strict=True or {STRICT_VAR}=1) cannot serve {describe_module(attn)}: "
+        f"{reason}. Without strict mode (the default), attnkit keeps this module on its own processor ({kept}), "
+        f"which computes what it computed before attnkit, and serves the others "
+        f"(`attnkit.plan(model).explain()` shows every module's route)"
+    )
 
 
 def forget(module: nn.Module) -> None:
     """Drop what attnkit noted on ``module`` (a non-attnkit processor was set)."""
-    for key in (STOCK, SERVE, _GETSTATE):
+    for key in (STOCK, SERVE, _GETSTATE, NAME):
         module.__dict__.pop(key, None)
+
+
+# -- the modules an attnkit processor keeps, said once per model ------------------------------
+_BATCH = threading.local()  # .kept: [(module, Route)] while a model's set_attn_processor runs
+_SAID_KEPT: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def _note_kept(module: nn.Module, route: Route) -> None:
+    """A module bound as kept: said once for the whole model by the wrapped
+    set_attn_processor (see :func:`collect_kept`), or here, once per module, when the
+    processor was set on the module alone."""
+    batch = getattr(_BATCH, "kept", None)
+    if batch is not None:
+        batch.append((module, route))
+    elif module not in _SAID_KEPT:
+        _SAID_KEPT.add(module)
+        logger.warning("attnkit's processor keeps %s on its own processor, which computes what it computed before "
+                       "attnkit: %s (strict=True or %s=1 refuses it instead)", describe_module(module), route.reason,
+                       STRICT_VAR)
+
+
+class collect_kept:
+    """``with collect_kept() as kept:`` the modules bound as kept meanwhile, in this thread
+    (nested uses leave them to the outermost)."""
+
+    def __enter__(self) -> list:
+        self.outer = getattr(_BATCH, "kept", None)
+        if self.outer is None:
+            _BATCH.kept = []
+        return _BATCH.kept if self.outer is None else []
+
+    def __exit__(self, *exc) -> None:
+        if self.outer is None:
+            _BATCH.kept = None
 
 
 def undo(module: nn.Module) -> None:
@@ -275,6 +393,10 @@ def _wrap(original):
             served_by(processor, self)
         elif not is_attnkit(processor):
             forget(self)
+            if not is_foreign(processor):
+                _ORIGIN.pop(self, None)
+            elif old is not None and not is_foreign(old) and not is_attnkit(old):
+                _ORIGIN[self] = old  # what the foreign processor replaced: the module's standard
         return result
 
     set_processor._attnkit_wrapped = True

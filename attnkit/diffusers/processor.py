@@ -25,7 +25,7 @@ from ..choose._compile import is_compiling
 from ..choose.auto import AUTO_OPTIONS, AutoChooser, Decision
 from ..choose.fixed import Chooser, FixedChooser
 from ..errors import UnsupportedModule
-from .binding import SERVE, keep_accepted, protocol_fits, served_by
+from .binding import SERVE, keep_accepted, protocol_fits, served_by, strict_default
 from .protocol import (  # noqa: F401  (check_module_problem, PROCESSOR_ARGUMENTS: read here by code older than attnkit.diffusers)
     APPLY_HINT,
     PROCESSOR_ARGUMENTS,
@@ -55,8 +55,14 @@ class AttnkitProcessor:
 
     backend_name: str | None = None
     _attnkit_processor = True  # what attnkit.diffusers.binding and .routes recognise it by
+    # What a module attnkit cannot compute exactly does: False, it keeps its own processor
+    # (stock's output, said once per model); True, it raises UnsupportedModule at its first
+    # call. (A processor pickled before the option existed unpickles as not strict.)
+    strict: bool = False
 
-    def __init__(self, backend: Backend | str | Chooser | None = None, **options: Any):
+    def __init__(self, backend: Backend | str | Chooser | None = None, *, strict: bool | None = None,
+                 **options: Any):
+        self.strict = strict_default() if strict is None else _flag(strict, "strict")
         if backend is None:
             backend = self.backend_name
         if backend is None:
@@ -106,7 +112,10 @@ class AttnkitProcessor:
                 if key not in accepted:
                     kwargs = keep_accepted(attn, inner, accepted, kwargs)
                     break
-        inner._parallel_config = getattr(self, "_parallel_config", None)
+        config = getattr(self, "_parallel_config", None)
+        if config is not None or getattr(inner, "_parallel_config", None) is not None:
+            # diffusers' enable_parallelism sets it on the module's processor (this one)
+            inner._parallel_config = config
         return inner(attn, *args, **kwargs)
 
     def _bind(self, attn: nn.Module):
@@ -226,13 +235,20 @@ class AttnkitProcessor:
 AttnkitProcessor.__call__.__signature__ = advertised_signature()
 
 
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r}: pass True or False (or None: the environment variable "
+                        f"ATTNKIT_{name.upper()} decides)")
+    return value
+
+
 class VanillaProcessor(AttnkitProcessor):
     """baddbmm + softmax + bmm (diffusers' AttnProcessor), honouring every option."""
 
     backend_name = "vanilla"
 
-    def __init__(self) -> None:
-        super().__init__("vanilla")
+    def __init__(self, *, strict: bool | None = None) -> None:
+        super().__init__("vanilla", strict=strict)
 
 
 class SlicedProcessor(AttnkitProcessor):
@@ -243,8 +259,8 @@ class SlicedProcessor(AttnkitProcessor):
 
     backend_name = "sliced"
 
-    def __init__(self, slice_size: int | str = "auto") -> None:
-        super().__init__("sliced", slice_size=slice_size)
+    def __init__(self, slice_size: int | str = "auto", *, strict: bool | None = None) -> None:
+        super().__init__("sliced", slice_size=slice_size, strict=strict)
 
 
 class SDPAProcessor(AttnkitProcessor):
@@ -255,8 +271,8 @@ class SDPAProcessor(AttnkitProcessor):
 
     backend_name = "sdpa"
 
-    def __init__(self, kernel: str | None = None) -> None:
-        super().__init__("sdpa", kernel=kernel)
+    def __init__(self, kernel: str | None = None, *, strict: bool | None = None) -> None:
+        super().__init__("sdpa", kernel=kernel, strict=strict)
 
 
 class XFormersProcessor(AttnkitProcessor):
@@ -264,8 +280,8 @@ class XFormersProcessor(AttnkitProcessor):
 
     backend_name = "xformers"
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__("xformers", **options)
+    def __init__(self, *, strict: bool | None = None, **options: Any) -> None:
+        super().__init__("xformers", strict=strict, **options)
 
 
 class FlashAttnProcessor(AttnkitProcessor):
@@ -273,8 +289,8 @@ class FlashAttnProcessor(AttnkitProcessor):
 
     backend_name = "flash_attn"
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__("flash_attn", **options)
+    def __init__(self, *, strict: bool | None = None, **options: Any) -> None:
+        super().__init__("flash_attn", strict=strict, **options)
 
 
 class TritonProcessor(AttnkitProcessor):
@@ -282,8 +298,8 @@ class TritonProcessor(AttnkitProcessor):
 
     backend_name = "triton"
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__("triton", **options)
+    def __init__(self, *, strict: bool | None = None, **options: Any) -> None:
+        super().__init__("triton", strict=strict, **options)
 
 
 PROCESSORS = {
@@ -300,12 +316,12 @@ class AutoProcessor(AttnkitProcessor):
     """The diffusers attention processor that picks a backend per call (see
     :mod:`attnkit.choose.auto`). Options as :func:`auto`."""
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, strict: bool | None = None, **options: Any) -> None:
         unknown = sorted(set(options) - set(AUTO_OPTIONS))
         if unknown:
             raise TypeError(f"attnkit.auto() has no option {', '.join(map(repr, unknown))}; its options are "
-                            f"{', '.join(AUTO_OPTIONS)} (help(attnkit.auto) says what each does)")
-        super().__init__(AutoChooser(**options))
+                            f"{', '.join(('strict',) + AUTO_OPTIONS)} (help(attnkit.auto) says what each does)")
+        super().__init__(AutoChooser(**options), strict=strict)
 
     def __repr__(self) -> str:
         return self.chooser.describe()
@@ -332,6 +348,11 @@ def auto(**options: Any) -> AutoProcessor:
     to ``cache_path``), ``order=[...]``, ``exclude=[...]``, ``backend_options={...}``,
     ``backends={label: Backend}``, ``tune_iters``. ``ATTNKIT_BACKEND=name`` forces one
     backend. ``processor.explain()`` shows every decision and why.
+
+    ``strict=True`` (or ``ATTNKIT_STRICT=1``): a module attnkit cannot compute exactly
+    (linear attention, a flex mask, weights of its own) raises UnsupportedModule at its
+    first call, naming it and why, instead of keeping its own processor (the default:
+    stock's output, said once per model).
 
     ``lossy="int8"`` (opt-in; never chosen otherwise) runs attnkit's INT8 attention first
     wherever it can serve a call (inference, 16-bit, head dims 8-512, any mask), under a

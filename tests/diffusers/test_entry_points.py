@@ -59,13 +59,19 @@ def test_set_attention_backend_is_quiet_where_it_reaches_everything(caplog, rest
 
 
 def test_no_refusal_recommends_set_attention_backend_for_a_module_it_does_not_reach():
-    from diffusers.models.attention_processor import Attention
+    """A strict refusal of a module computed by its own matmul names strict mode and the
+    plan, never the dispatcher (which would not reach that module either)."""
+    from diffusers.models.attention_processor import Attention, AttnAddedKVProcessor
 
-    attn = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=32, context_pre_only=False)
-    attn.set_processor(attnkit.auto())
+    attn = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=8, norm_num_groups=4,
+                     cross_attention_norm="group_norm", cross_attention_norm_num_groups=4)
+    attn.set_processor(AttnAddedKVProcessor())
+    attn.set_processor(attnkit.auto(strict=True))
     with pytest.raises(attnkit.UnsupportedModule) as info:
-        attn(torch.randn(1, 4, 32), torch.randn(1, 3, 32))
-    assert "set_attention_backend" not in str(info.value) and "attnkit.apply" in str(info.value)
+        attn(torch.randn(1, 32, 2, 2), torch.randn(1, 3, 8))
+    message = str(info.value)
+    assert "set_attention_backend" not in message
+    assert "strict=True or ATTNKIT_STRICT=1" in message and "attnkit.plan(model).explain()" in message
 
 
 # -- an input error is not a backend failure -----------------------------------------------------------
@@ -90,7 +96,8 @@ def test_a_key_batch_of_one_broadcasts_as_native_takes_it(seed, forced, monkeypa
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
     monkeypatch.setenv("ATTNKIT_BACKEND", forced)
-    member = attnkit.diffusers.backend.member_for(attnkit.auto())
+    proc = attnkit.auto()  # held: the registry holds its chooser weakly
+    member = attnkit.diffusers.backend.member_for(proc)
     q, k, v = torch.randn(3, 8, 2, 16), torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
     expected = dispatch_attention_fn(q, k, v, backend="native")
     assert rel_error(dispatch_attention_fn(q, k, v, backend=member), expected) < 1e-5
@@ -264,8 +271,10 @@ def test_a_mask_that_is_not_a_tensor_of_the_right_rank_is_refused_clearly(mask):
 
 
 def test_auto_names_an_unknown_option_and_lists_the_options():
-    with pytest.raises(TypeError, match=r"attnkit\.auto\(\) has no option 'foo'; its options are tune, cache_path"):
+    with pytest.raises(TypeError, match=r"attnkit\.auto\(\) has no option 'foo'; its options are ") as info:
         attnkit.auto(foo=1)
+    listed = str(info.value).split("its options are ")[1].split(" (")[0].split(", ")
+    assert {"strict", "tune", "cache_path", "order", "exclude", "lossy", "guard"} <= set(listed)
 
 
 def test_a_module_built_with_attnkits_processor_pickles_as_diffusers_default(seed):

@@ -13,7 +13,13 @@ import warnings
 
 import pytest
 import torch
-from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
+from diffusers.models.attention_processor import (
+    Attention,
+    AttnAddedKVProcessor,
+    AttnAddedKVProcessor2_0,
+    AttnProcessor,
+    AttnProcessor2_0,
+)
 
 import attnkit
 from attnkit.errors import UnsupportedModule
@@ -183,19 +189,78 @@ def test_diffusers_mask_matches_stock_processor(seed):
 
 # -- refusals: a clear ValueError, never a wrong answer or a deep shape error ---------
 
-def test_refuses_added_kv_module():
-    attn = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=8, cross_attention_norm="group_norm",
-                     cross_attention_norm_num_groups=4)
-    attn.set_processor(attnkit.SDPAProcessor())
-    with pytest.raises(UnsupportedModule, match="added key/value projections"):
-        attn(torch.randn(1, 4, 32), torch.randn(1, 3, 8))
+# Modules with options attnkit's own computation does not cover: served exactly as their
+# stock processor computes them where that processor calls scaled_dot_product_attention
+# (attnkit takes that call), kept on the stock processor otherwise (one warning naming the
+# module), and refused in strict mode when kept.
+def _added_kv_args():
+    return torch.randn(1, 32, 2, 2, dtype=torch.float64), torch.randn(1, 3, 8, dtype=torch.float64)
 
 
-def test_refuses_joint_attention_module():
-    attn = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=32, context_pre_only=False)
-    attn.set_processor(attnkit.VanillaProcessor())
-    with pytest.raises(ValueError, match="cannot serve Attention"):
-        attn(torch.randn(1, 4, 32), torch.randn(1, 3, 32))
+def _seq_args(ctx_dim=None):
+    x = torch.randn(1, 4, 32, dtype=torch.float64)
+    return lambda: (x,) if ctx_dim is None else (x, torch.randn(1, 3, ctx_dim, dtype=torch.float64))
+
+
+_ADDED_KV = dict(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=8, norm_num_groups=4,
+                 cross_attention_norm="group_norm", cross_attention_norm_num_groups=4, residual_connection=True)
+UNUSUAL_MODULES = {
+    # name: (Attention kwargs, stock processor, inputs, kept (True) or served through its SDPA call)
+    "added-kv-matmul": (_ADDED_KV, AttnAddedKVProcessor, _added_kv_args, True),
+    "added-kv-sdpa": (_ADDED_KV, AttnAddedKVProcessor2_0, _added_kv_args, False),
+    "joint": (dict(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=32, context_pre_only=False),
+              AttnProcessor2_0, _seq_args(32), False),
+    "causal": (dict(query_dim=32, heads=2, dim_head=16, is_causal=True), AttnProcessor2_0, _seq_args(), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSUAL_MODULES))
+@pytest.mark.parametrize("name", ["vanilla", "sdpa", "auto"])
+def test_module_with_unusual_options_computes_what_its_stock_processor_does(case, name, caplog):
+    kw, stock, make_args, kept = UNUSUAL_MODULES[case]
+    attn = _module(**kw)
+    attn.set_processor(stock())
+    args = make_args()
+    with torch.no_grad():
+        want = attn(*args)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        got = _run(attn, PROCESSORS[name](), *args)
+    assert torch.isfinite(got).all()
+    if kept:  # the stock processor itself: bit-equal
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    else:  # attnkit's computation of the same attention, float64
+        assert rel_error(got, want) < 1e-12
+    said = [r.getMessage() for r in caplog.records if r.name == "attnkit" and "keeps" in r.getMessage()]
+    if kept:
+        assert len(said) == 1 and stock.__name__ in said[0] and "Attention(heads=2" in said[0], said
+    else:
+        assert not said
+
+
+@pytest.mark.parametrize("case", sorted(UNUSUAL_MODULES))
+def test_strict_refuses_only_what_it_would_keep(case):
+    kw, stock, make_args, kept = UNUSUAL_MODULES[case]
+    attn = _module(**kw)
+    attn.set_processor(stock())
+    args = make_args()
+    with torch.no_grad():
+        want = attn(*args)
+    attn.set_processor(attnkit.SDPAProcessor(strict=True))
+    if not kept:
+        assert rel_error(attn(*args).detach(), want) < 1e-12
+        return
+    with pytest.raises(UnsupportedModule, match=rf"strict.*cannot serve Attention.*{stock.__name__} computes"):
+        attn(*args)
+
+
+def test_strict_from_the_environment(monkeypatch):
+    kw, stock, make_args, _ = UNUSUAL_MODULES["added-kv-matmul"]
+    monkeypatch.setenv("ATTNKIT_STRICT", "1")
+    attn = _module(**kw)
+    attn.set_processor(stock())
+    attn.set_processor(attnkit.auto())
+    with pytest.raises(UnsupportedModule, match="ATTNKIT_STRICT"):
+        attn(*make_args())
 
 
 def test_refuses_ip_adapter_tuple_and_names_the_fix():
@@ -203,13 +268,6 @@ def test_refuses_ip_adapter_tuple_and_names_the_fix():
     attn.set_processor(attnkit.SDPAProcessor())
     with pytest.raises(UnsupportedModule, match=r"IP-Adapter.*attnkit\.apply"):
         attn(torch.randn(1, 4, 32), (torch.randn(1, 3, 16), [torch.randn(1, 4, 16)]))
-
-
-def test_refuses_causal_module():
-    attn = Attention(query_dim=32, heads=2, dim_head=16, is_causal=True)
-    attn.set_processor(attnkit.SDPAProcessor())
-    with pytest.raises(UnsupportedModule, match="causal"):
-        attn(torch.randn(1, 4, 32))
 
 
 @pytest.mark.parametrize(

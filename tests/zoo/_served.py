@@ -224,15 +224,20 @@ def test_set_attention_backend_attnkit_matches_stock(case):
     refs.check(outs, f"{case.id} with set_attention_backend('attnkit')")
 
 
-def test_set_attn_processor_serves_exactly_or_refuses(case):
+def test_set_attn_processor_serves_exactly_or_keeps(case, caplog):
     """``model.set_attn_processor(attnkit processor)`` on every model that has it: each
-    module served by what its own processor computed (as attnkit.apply decides), and
-    equal to stock under the tolerance rule; or, where a module computes what attnkit
-    cannot (linear attention, a flex mask, a hard-coded backend), an UnsupportedModule
-    at the first call naming attnkit.apply. Never a silent change of the math (Sana's
-    linear attention was replaced by softmax attention; CogVideoX's two outputs were
-    returned as one). attnkit's vanilla backend computes every served call, so a route
-    that silently did nothing would count no call."""
+    module served by what its own processor computed (as attnkit.apply decides), and the
+    model equal to stock under the tolerance rule; a module attnkit cannot compute
+    exactly (linear attention, a flex mask, a hard-coded backend) keeps its own processor
+    and gives stock's output bit for bit on the inputs it gets, with one warning for the
+    model naming it. Never a silent change of the math (Sana's linear attention was
+    replaced by softmax attention; CogVideoX's two outputs were returned as one).
+    attnkit's vanilla backend computes every served call, so a route that silently did
+    nothing would count no call. With strict=True, a kept module is refused at the
+    first call instead, naming it and the non-strict default."""
+    import copy
+    import logging
+
     refs = _refs_of(case)
     model = case.build(SEED)
     if not hasattr(model, "set_attn_processor"):
@@ -240,20 +245,128 @@ def test_set_attn_processor_serves_exactly_or_refuses(case):
     modules = dict(model.named_modules())
     planned = {name: route for name, route in attnkit.plan(model).routes.items()
                if hasattr(modules[name], "set_processor")}
-    refused = {name for name, route in planned.items() if not route.served}
-    proc = attnkit.processor("vanilla")
+    kept = {name for name, route in planned.items() if not route.served}
+    stock_modules = {name: copy.deepcopy(modules[name]) for name in kept}
+    proc = attnkit.processor("vanilla", strict=False)
     served_by_module = _count_calls_per_module(proc, [modules[name] for name in planned])
-    model.set_attn_processor(proc)
-    if refused:
-        with pytest.raises(attnkit.UnsupportedModule, match=r"cannot serve .*attnkit\.apply"):
-            _run(case, model, inputs_for(case, model))
-        return
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        model.set_attn_processor(proc)
+    said = [r.getMessage() for r in caplog.records if r.name == "attnkit" and "keeps" in r.getMessage()]
+    if kept:
+        assert len(said) == 1, said
+        assert f"keeps {len(kept)} attention module" in said[0] and "strict=True" in said[0], said[0]
+        assert sorted(kept)[0] in said[0] or len(kept) > 3, said[0]
+    else:
+        assert not said, said
+    seen = _calls_of(model, [modules[name] for name in kept])
     ran = _modules_that_run(model, [modules[name] for name in planned])
     outs = _run(case, model, inputs_for(case, model))
     refs.check(outs, f"{case.id} with model.set_attn_processor(vanilla)")
     assert ran, "no attention module of the model ran"
-    silent = [name for name, module in modules.items() if id(module) in ran and not served_by_module.get(id(module))]
+    silent = [name for name, module in modules.items() if id(module) in ran and not served_by_module.get(id(module))
+              and name not in kept]
     assert not silent, f"modules that ran without attnkit computing their attention: {silent}"
+    for name in kept:
+        assert not served_by_module.get(id(modules[name])), f"{name} is kept, yet attnkit computed its attention"
+        for args, kwargs, out in seen.get(id(modules[name]), []):
+            with torch.no_grad():
+                expected = stock_modules[name](*args, **kwargs)
+            for a, b in zip(_leaves(out), _leaves(expected)):
+                assert torch.equal(a, b), f"{name}: kept, but its output differs from its stock processor's"
+    _check_set_default_attn_processor(case, model)
+    if kept:
+        strict = case.build(SEED)
+        strict.set_attn_processor(attnkit.processor("vanilla", strict=True))
+        with pytest.raises(attnkit.UnsupportedModule, match=r"strict.* cannot serve .*Without strict mode"):
+            _run(case, strict, inputs_for(case, strict))
+
+
+def _check_set_default_attn_processor(case, model) -> None:
+    """diffusers' ``set_default_attn_processor`` on a model running attnkit's processors
+    sets what it sets on the stock model (it raised "Cannot call set_default_attn_processor
+    when attention processors are of type ..." for any processor not of diffusers)."""
+    if not hasattr(model, "set_default_attn_processor"):
+        return
+    stock = case.build(SEED)
+
+    def outcome(m):
+        try:
+            m.set_default_attn_processor()
+        except ValueError as e:
+            return f"ValueError: {str(e).split(' of type ')[0]}"
+        return {name: type(p).__name__ for name, p in m.attn_processors.items()}
+
+    expected, got = outcome(stock), outcome(model)
+    assert got == expected, f"{case.id}: set_default_attn_processor gave {got}, stock gives {expected}"
+
+
+def test_attention_backend_context_says_what_it_does_not_reach(case, caplog):
+    """``with attention_backend("attnkit"):`` is diffusers' process-wide backend, which
+    reaches only modules whose processor calls dispatch_attention_fn. The first call of a
+    model inside it gives one warning when some attention module of the model ran without
+    attnkit computing its attention, naming none that attnkit did compute; nothing when
+    every module that ran was computed by attnkit, nothing at a second call, and nothing
+    stays installed after the context."""
+    import logging
+    import re
+    import types
+
+    from diffusers.models.attention_dispatch import attention_backend
+
+    from attnkit.diffusers import backend as diffusers_backend
+    from attnkit.diffusers import wrappers
+
+    model = case.build(SEED)
+    modules = dict(model.named_modules())
+    routes = attnkit.plan(model).routes
+    attention = [modules[name] for name in routes]
+    holder = diffusers_backend._HOLDERS[diffusers_backend.PREFIX]
+    chooser = holder.get()
+    holder.plans.clear()  # a signature served before would skip the counting below
+    counts = _count_calls_per_module(types.SimpleNamespace(chooser=chooser), attention)
+    ran = _modules_that_run(model, attention)
+    try:
+        with caplog.at_level(logging.WARNING, logger="attnkit"):
+            with attention_backend(diffusers_backend.PREFIX):
+                assert wrappers.watching()
+                _run(case, model, inputs_for(case, model))
+                first = [r.getMessage() for r in caplog.records if "does not reach" in r.getMessage()]
+                _run(case, model, inputs_for(case, model))
+            after = [r.getMessage() for r in caplog.records if "does not reach" in r.getMessage()]
+    finally:
+        for name in ("attention", "resolved"):
+            chooser.__dict__.pop(name, None)
+        holder.plans.clear()
+    assert not wrappers.watching(), "attnkit's model-call watcher outlived the context"
+    again = [m for m in after[len(first):] if f"modules of {type(model).__name__} (" in m]
+    assert not again, f"a second call of the model warned again: {again}"
+    reached = {name for name, m in modules.items() if counts.get(id(m))}
+    # modules attnkit serves on no route (linear attention, flex masks: see KEPT) are not
+    # the context's to reach
+    unreached = [name for name, m in modules.items()
+                 if id(m) in ran and not counts.get(id(m)) and routes[name].served]
+    if unreached:
+        assert len(first) == 1, f"{case.id}: {unreached} ran on stock attention, warnings: {first}"
+        # (the model run: MotionAdapter's case runs the UNetMotionModel made from it)
+        assert re.search(r"modules of \w+ \(", first[0]) and "attnkit.apply" in first[0], first[0]
+    else:
+        assert not first or len(first) == 1, first
+    for message in first:
+        shown = re.search(r"attention modules of \w+ \((.*?)\): e\.g\.", message).group(1)
+        named = {n for n in shown.split(", ") if not n.startswith("...")}
+        assert not named & reached, f"the warning names modules attnkit computed: {sorted(named & reached)}"
+
+
+def _calls_of(model, modules) -> dict[int, list]:
+    """{id(module): [(args, kwargs, output)]} of the next forward, for the given modules."""
+    seen: dict[int, list] = {}
+
+    def record(module, args, kwargs, out):
+        seen.setdefault(id(module), []).append((args, kwargs, out))
+
+    for module in modules:
+        module.register_forward_hook(record, with_kwargs=True)
+    return seen
 
 
 def _count_calls_per_module(proc, modules=()) -> dict[int, int]:
@@ -333,7 +446,10 @@ def tests_for(cases) -> dict:
         "test_set_attention_backend_attnkit_matches_stock": case(
             copy_function(test_set_attention_backend_attnkit_matches_stock)
         ),
-        "test_set_attn_processor_serves_exactly_or_refuses": case(
-            copy_function(test_set_attn_processor_serves_exactly_or_refuses)
+        "test_set_attn_processor_serves_exactly_or_keeps": case(
+            copy_function(test_set_attn_processor_serves_exactly_or_keeps)
+        ),
+        "test_attention_backend_context_says_what_it_does_not_reach": case(
+            copy_function(test_attention_backend_context_says_what_it_does_not_reach)
         ),
     }
