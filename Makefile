@@ -8,7 +8,7 @@ BENCH_ARGS ?=
 # e.g. INSPECT_ARGS="--reference /path/to/06-fused-attention.py" (Triton's tutorial kernel, not shipped)
 INSPECT_ARGS ?=
 
-.PHONY: setup setup-bench test lint bench bench-kernels bench-gpu inspect info clean
+.PHONY: setup setup-bench test lint bench bench-kernels bench-gpu inspect info clean diffusers-tests .diffusers-tests-var
 
 $(VENV)/.setup-test: pyproject.toml constraints.txt scripts/setup-env.sh
 	scripts/setup-env.sh $(VENV) test
@@ -48,9 +48,31 @@ info: $(VENV)/.setup-test
 	$(PY) -m attnkit info
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(DT_VENV) build *.egg-info .pytest_cache
 
 # Everything for a CUDA machine in one run: tables 1-5 + kernel microbenchmarks.
 OUT ?= bench/out/gpu
 bench-gpu: $(VENV)/.setup-bench
 	PYTHON=$(abspath $(PY)) bench/gpu_suite.sh $(OUT)
+
+# diffusers' own model and pipeline tests, stock and with attnkit.auto() set on every
+# attention module at construction, compared per family (tools/diffusers_tests, not
+# installed): make diffusers-tests DIFFUSERS_TESTS=/path/to/diffusers/tests
+# Uses $(DIFFUSERS_TESTS)/../src when it holds diffusers. Runs in $(DT_VENV): the project's
+# venv plus what diffusers' tests import. Writes bench/results/cpu/diffusers-tests/report.md
+# (and .json); logs in bench/out/diffusers-tests/. With --jobs 2 on 2 cores: stock 65 min
+# (15,000 tests), attnkit 27 min (the 4,650 that pass stock). DIFFUSERS_TESTS_ARGS="--jobs 2",
+# "--files 'models/unets/*'" runs a part, "--reuse-stock" only the attnkit run again.
+DIFFUSERS_TESTS ?=
+DIFFUSERS_TESTS_ARGS ?=
+DT_VENV ?= .venv-diffusers-tests
+
+$(DT_VENV)/.setup-diffusers-tests: $(VENV)/.setup-test tools/diffusers_tests/requirements.txt tools/diffusers_tests/setup-env.sh
+	tools/diffusers_tests/setup-env.sh $(VENV) $(DT_VENV)
+	touch $@
+
+.diffusers-tests-var:
+	@test -n "$(DIFFUSERS_TESTS)" || { echo "usage: make diffusers-tests DIFFUSERS_TESTS=/path/to/diffusers/tests" >&2; exit 2; }
+
+diffusers-tests: .diffusers-tests-var $(DT_VENV)/.setup-diffusers-tests
+	$(DT_VENV)/bin/python -m tools.diffusers_tests $(DIFFUSERS_TESTS) $(DIFFUSERS_TESTS_ARGS)
