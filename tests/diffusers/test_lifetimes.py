@@ -59,10 +59,13 @@ def _cycle(case_id: str, route: str) -> dict[str, list[weakref.ref]]:
         del applied, proc
         gc.collect()
         assert refs["chooser"][0]() is None, f"{case_id}: the chooser outlived undo() with its model alive"
-    elif route == "replaced":
+    elif route in ("replaced", "default"):
         from diffusers.models.attention_processor import AttnProcessor2_0
 
-        model.set_attn_processor(AttnProcessor2_0())
+        if route == "default":  # diffusers' own way back to its default processors
+            model.set_default_attn_processor()
+        else:
+            model.set_attn_processor(AttnProcessor2_0())
         del proc
         gc.collect()
         assert refs["chooser"][0]() is None, f"{case_id}: the chooser outlived its processor's replacement"
@@ -90,8 +93,9 @@ def test_nothing_outlives_undo_or_the_model(case_id, route):
         sorted(set(diffusers_backend.registered_names()) - registered)
 
 
-def test_the_chooser_leaves_when_diffusers_processor_replaces_it():
-    refs = [_cycle("UNet2DConditionModel", "replaced") for _ in range(3)]
+@pytest.mark.parametrize("route", ["replaced", "default"])
+def test_the_chooser_leaves_when_diffusers_processor_replaces_it(route):
+    refs = [_cycle("UNet2DConditionModel", route) for _ in range(3)]
     gc.collect()
     assert all(r() is None for cycle in refs for kind in cycle.values() for r in kind)
 
