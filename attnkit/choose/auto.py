@@ -36,8 +36,13 @@ graph, errors are raised as they are: a graph cannot re-run a different backend.
 Tuning
 ------
 ``auto(tune=True)``: on the first call of a signature, every candidate that can serve
-it is timed on the real inputs and the fastest is kept, in a JSON file shared by every
-process (:mod:`attnkit.choose.tuning`). With a single candidate nothing is timed or written.
+it is run on the real inputs and its output compared with the priority choice's (one
+that differs beyond the project's tolerance rule is never chosen, and a warning names
+it); the priority choice and those that passed are timed in ``tune_iters`` interleaved
+rounds, and a candidate replaces the priority choice only when its median per-round gain
+is at least ``tune_margin`` (0.05: 5% faster). What was measured is kept in a JSON file
+shared by every process (:mod:`attnkit.choose.tuning`). With a single candidate nothing
+is timed or written.
 
 torch.compile
 -------------
@@ -84,6 +89,14 @@ class Decision:
     how: str  # "priority", "tuned", "tune cache", "forced", "fallback", "compile"
     ms: dict[str, float] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    # Tuned ("tuned", "tune cache"): the priority choice (backend == priority: it was kept,
+    # no candidate faster by the margin), each timed candidate's median gain over it, each
+    # candidate's output difference as a fraction of the bound ("differs", "failed"), and
+    # the decision in words. Plain defaults: a Decision pickled before them has them.
+    priority: str = ""
+    gain: Mapping[str, float] | None = None
+    diff: Mapping[str, float | str] | None = None
+    note: str = ""
 
 
 class _Slot:
@@ -113,6 +126,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         backend_options: Mapping[str, Mapping[str, Any]] | None = None,
         backends: Mapping[str, Backend] | None = None,
         tune_iters: int = 7,
+        tune_margin: float = tuning.DEFAULT_MARGIN,
         lossy: str | None = None,
         guard: Any = None,
     ) -> None:
@@ -136,6 +150,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         if not isinstance(tune_iters, int) or isinstance(tune_iters, bool) or tune_iters < 1:
             raise ValueError(f"tune_iters={tune_iters!r}: use a positive int")
         self.tune_iters = tune_iters
+        self.tune_margin = tuning.check_margin(tune_margin)
         forced = os.environ.get(ENV_VAR, "").strip()
         if forced in ("", "auto"):
             forced = None
@@ -309,10 +324,10 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             module = describe_module(who)
             if label is None:
                 raise self._unavailable(call, table, module)
-            how, ms = ("forced" if self.forced else "priority"), {}
+            how, ms, tuned = ("forced" if self.forced else "priority"), {}, {}
             if self.tune and self.forced is None:
-                label, how, ms = self._tuned(call, table, args)
-            record = Decision(call, label, table, order, module, how, ms)
+                label, how, ms, tuned = self._tuned(call, table, args)
+            record = Decision(call, label, table, order, module, how, ms, **tuned)
             self._records[sig] = record
             backend = self._decisions[sig] = self.backend(label)
             logger.info("%s", log_line(record))
@@ -418,6 +433,8 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         opts = []
         if self.tune:
             opts.append(f"tune=True, cache_path={str(self.cache_path)!r}")
+            if self.tune_margin != tuning.DEFAULT_MARGIN:
+                opts.append(f"tune_margin={self.tune_margin!r}")
         if self.order is not None:
             opts.append(f"order={list(self.order)!r}")
         if self.exclude:
@@ -464,9 +481,10 @@ def log_line(record: Decision) -> str:
     if record.ms:
         timing = " [" + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(record.ms.items(), key=lambda kv: kv[1])) + "]"
     why = f" ({'; '.join(skipped)})" if skipped else ""
+    note = f" ({record.note})" if record.note else ""
     return (
         f"attnkit.auto: {record.module}: {record.backend} for {describe_call(record.call)}"
-        f"{why}{timing} [{record.how}, {record.order}]"
+        f"{why}{timing}{note} [{record.how}, {record.order}]"
     )
 
 
@@ -478,6 +496,9 @@ def format_decision(record: Decision) -> str:
     )
     width = max((len(x) for x in record.table), default=0)
     rows = [head]
+    if record.note:
+        rows.append(f"    tuning: {record.note}")
+    gain, diff = record.gain or {}, record.diff or {}
     for label, reasons in record.table.items():
         if label == record.backend:
             state = "chosen"
@@ -485,8 +506,17 @@ def format_decision(record: Decision) -> str:
             state = "can run"
         else:
             state = "; ".join(reasons)
+        figures = []
         if label in record.ms:
-            state += f"  ({record.ms[label]:.3f} ms)"
+            figures.append(f"{record.ms[label]:.3f} ms")
+        if label in gain:
+            figures.append(f"{gain[label] * 100:+.1f}% vs {record.priority}")
+        if diff.get(label) == "differs":
+            figures.append(f"output differs from {record.priority}'s: never chosen")
+        elif diff.get(label) == "failed":
+            figures.append("failed while tuning")
+        if figures:
+            state += f"  ({', '.join(figures)})"
         rows.append(f"    {label:<{width}}  {state}")
     return "\n".join(rows)
 

@@ -344,9 +344,11 @@ def auto(**options: Any) -> AutoProcessor:
     """A processor for ``set_attn_processor`` / ``attnkit.apply`` that picks, per call,
     the first backend of the device's priority list that can serve it.
 
-    Options: ``tune=True`` (time candidates on first sight, keep the fastest, persist
-    to ``cache_path``), ``order=[...]``, ``exclude=[...]``, ``backend_options={...}``,
-    ``backends={label: Backend}``, ``tune_iters``. ``ATTNKIT_BACKEND=name`` forces one
+    Options: ``tune=True`` (on first sight of a signature, check every candidate's
+    output against the priority choice's, time those that pass in ``tune_iters``
+    interleaved rounds, and take one only for a median gain of ``tune_margin`` (0.05);
+    persisted to ``cache_path``), ``order=[...]``, ``exclude=[...]``,
+    ``backend_options={...}``, ``backends={label: Backend}``. ``ATTNKIT_BACKEND=name`` forces one
     backend. ``processor.explain()`` shows every decision and why.
 
     ``strict=True`` (or ``ATTNKIT_STRICT=1``): a module attnkit cannot compute exactly
