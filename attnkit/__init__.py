@@ -19,13 +19,13 @@ from .diffusers.processor import (
 from .diffusers.apply import PROCESSOR_NAMES, Applied, apply, plan, processor
 from . import _moved
 from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
-from .diffusers import backend as _diffusers_backend
-from .diffusers import binding as _binding
-from .diffusers import wrappers as _wrappers
+from .diffusers import hooks as _hooks
+from .diffusers import wrappers as _wrappers  # noqa: F401  (connects what the hooks call)
 
-_diffusers_backend.register_defaults()  # "attnkit", "attnkit_sdpa", ... in diffusers' dispatcher
-_binding.install()  # set_attn_processor notes what attnkit's processor replaces, per module
-_wrappers.install()  # set_attn_processor, set_attention_backend and attention_backend say what they do not reach
+# every change attnkit makes to diffusers (its backend names, set_processor, set_attn_processor,
+# set_default_attn_processor, set_attention_backend, the attention_backend context), each
+# checked against the installed diffusers: attnkit/diffusers/hooks.py
+_hooks.install()
 
 __version__ = "0.1.0"
 

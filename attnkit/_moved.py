@@ -25,8 +25,9 @@ MOVED: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "attnkit.binding": {
         "attnkit.diffusers.binding": ("KEEP_HINT", "QUIET", "SERVE", "STOCK", "accepted_keywords",
-            "current_processor", "default_stock", "dispatch_copy", "forget", "install", "is_attnkit",
+            "current_processor", "default_stock", "dispatch_copy", "forget", "is_attnkit",
             "keep_accepted", "protect_pickle", "protocol_fits", "record", "served_by", "stock_of", "undo"),
+        "attnkit.diffusers.hooks": ("install",),
     },
     "attnkit.chooser": {
         "attnkit.choose.auto": ("AUTO_OPTIONS", "AutoChooser", "_Slot", "Decision", "ENV_VAR", "format_decision",

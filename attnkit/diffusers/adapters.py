@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import types
 import weakref
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +25,34 @@ SDPA = "scaled_dot_product_attention"
 _LOCK = threading.RLock()
 
 
+class PerChooser:
+    """A cache per chooser that lives as long as the chooser and never keeps it alive: a
+    weak table keyed by the chooser (any object of the chooser protocol that can be
+    weakly referenced; nothing is written on the chooser itself). With ``weak_values``,
+    each chooser's entries are held weakly too, for values that hold the chooser (a
+    bound processor class): the entry goes with the last object that uses it."""
+
+    def __init__(self, weak_values: bool = False) -> None:
+        self._tables: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+        self._weak_values = weak_values
+
+    def of(self, chooser) -> Any:
+        """``chooser``'s entries (a dict, or a WeakValueDictionary)."""
+        with _LOCK:
+            table = self._tables.get(chooser)
+            if table is None:
+                table = self._tables[chooser] = weakref.WeakValueDictionary() if self._weak_values else {}
+            return table
+
+
+_FUNCTIONAL = PerChooser()  # chooser -> {who: torch.nn.functional with attnkit's attention}
+_NN = PerChooser()  # chooser -> {who: torch.nn with that functional}
+
+
 def functional_for(chooser, who: str = "") -> types.ModuleType:
     """torch.nn.functional, but with scaled_dot_product_attention served by ``chooser``
     (``who`` names the calling code in attnkit's logs). One per chooser and caller."""
-    cache = chooser.__dict__.setdefault("_attnkit_functional", {})
+    cache = _FUNCTIONAL.of(chooser)
     mod = cache.get(who)
     if mod is None:
         with _LOCK:
@@ -43,7 +67,7 @@ def functional_for(chooser, who: str = "") -> types.ModuleType:
 
 def nn_for(chooser, who: str = "") -> types.ModuleType:
     """torch.nn with its ``functional`` replaced by :func:`functional_for`'s."""
-    cache = chooser.__dict__.setdefault("_attnkit_nn", {})
+    cache = _NN.of(chooser)
     mod = cache.get(who)
     if mod is None:
         with _LOCK:

@@ -17,10 +17,10 @@ choice). Names registered when attnkit is imported:
 
 Registering only adds names; nothing about diffusers' own backends or its process-wide
 active backend changes. diffusers keeps backends in a private registry that accepts
-only members of its ``AttentionBackendName`` enum, so this module adds members to that
-enum and entries to the registry. All of that private access is here, checked when this
-module is imported: if diffusers changed it, :data:`PROBLEM` says how (naming the
-diffusers version) and every use raises it.
+only members of its ``AttentionBackendName`` enum: :mod:`attnkit.diffusers.hooks` adds
+members to that enum and entries to the registry (and takes them out), checked when it
+is imported: if diffusers changed them, :data:`PROBLEM` says how (naming the diffusers
+version) and every use raises it.
 
 What the backend function takes: diffusers' (B, S, H, D) tensors, as views (no copy);
 ``attn_mask`` as diffusers' native backend reads it (a (B, S_kv) key-padding mask, or any
@@ -33,10 +33,7 @@ the others without a word, so attnkit's entry tells it to pass everything.
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import functools
-import inspect
 import itertools
 import logging
 import threading
@@ -53,69 +50,38 @@ from ..choose.policy import CANDIDATES, default_backend
 from ..errors import DiffusersBackendUnavailable, UnsupportedModule
 from ..backends import signature
 from ..masks import expand_kv_heads, keep_to_bias, to_additive_bias
+from . import hooks
 from .context_parallel import context_parallel
 
 logger = logging.getLogger("attnkit")
 
-PREFIX = "attnkit"
+PREFIX = hooks.PREFIX
 DISPATCH_WHO = "through dispatch_attention_fn"
 # What attnkit's backend function implements of dispatch_attention_fn's arguments.
 KNOWN_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa",
               "return_lse", "_parallel_config")
 
-PROBLEM: str | None = None  # why diffusers' registry cannot be used, or None
-
-try:
-    import diffusers
-    from diffusers.models import attention_dispatch as _dispatch
-except Exception as exc:  # diffusers missing or broken: say so at first use
-    _dispatch = None
-    PROBLEM = f"diffusers' attention dispatcher could not be imported ({type(exc).__name__}: {exc})"
+_dispatch = hooks._dispatch
+# why diffusers' registry cannot be used on this diffusers, or None
+PROBLEM: str | None = hooks.check_registry()
 
 
-def _check_internals() -> str | None:
-    """What this module relies on in diffusers' private registry, or what changed."""
-    version = getattr(diffusers, "__version__", "?")
-    names = getattr(_dispatch, "AttentionBackendName", None)
-    registry = getattr(_dispatch, "_AttentionBackendRegistry", None)
-    missing = []
-    if not (isinstance(names, type) and issubclass(names, enum.Enum) and issubclass(names, str)):
-        missing.append("AttentionBackendName (a str Enum)")
-    else:
-        for attr in ("_member_map_", "_value2member_map_", "_member_names_"):
-            if not hasattr(names, attr):
-                missing.append(f"AttentionBackendName.{attr}")
-    if registry is None:
-        missing.append("_AttentionBackendRegistry")
-    else:
-        for attr, kind in (("_backends", dict), ("_constraints", dict), ("_supported_arg_names", dict)):
-            if not isinstance(getattr(registry, attr, None), kind):
-                missing.append(f"_AttentionBackendRegistry.{attr} ({kind.__name__})")
-    dispatch = getattr(_dispatch, "dispatch_attention_fn", None)
-    if dispatch is None:
-        missing.append("dispatch_attention_fn")
-    else:
-        params = inspect.signature(dispatch).parameters
-        for arg in ("query", "key", "value", "attn_mask", "backend"):
-            if arg not in params:
-                missing.append(f"dispatch_attention_fn({arg}=...)")
-    if missing:
-        return (
-            f"diffusers {version} changed the attention registry attnkit plugs into "
-            f"(missing or different: {', '.join(missing)}); attnkit's diffusers backend needs a "
-            "diffusers release from 0.35 to 0.42 (processors still work with any diffusers)"
-        )
+def problem() -> str | None:
+    """Why attnkit's names cannot be used in diffusers' registry now (None: they can):
+    :data:`PROBLEM`, or the names taken out by ``hooks.uninstall()``."""
+    if PROBLEM is not None:
+        return PROBLEM
+    if not hooks.NAMES.installed:
+        return ("attnkit's backend names are not in diffusers' registry (taken out by "
+                "attnkit.diffusers.hooks.uninstall(); hooks.install() puts them back)")
     return None
-
-
-if PROBLEM is None:
-    PROBLEM = _check_internals()
 
 
 def require() -> None:
     """Raise :class:`DiffusersBackendUnavailable` if the registry cannot be used."""
-    if PROBLEM is not None:
-        raise DiffusersBackendUnavailable(PROBLEM)
+    why = problem()
+    if why is not None:
+        raise DiffusersBackendUnavailable(why)
 
 
 class _EveryName(frozenset):
@@ -131,29 +97,6 @@ _LOCK = threading.RLock()
 _COUNTER = itertools.count(1)
 
 
-def _add_member(value: str):
-    """The AttentionBackendName member ``value``, added to the enum if it is not there."""
-    names = _dispatch.AttentionBackendName
-    member = names._value2member_map_.get(value)
-    if member is not None:
-        return member
-    member = str.__new__(names, value)
-    member._name_ = value.upper()
-    member._value_ = value
-    member.__objclass__ = names
-    # Pickled as None, diffusers' "the process-wide backend": a model saved with one of
-    # attnkit's names loads without attnkit, as the stock model.
-    member.__reduce_ex__ = _pickled_as_default
-    names._member_map_[member._name_] = member
-    names._value2member_map_[value] = member
-    names._member_names_.append(member._name_)
-    return member
-
-
-def _pickled_as_default(protocol):
-    return type(None), ()
-
-
 def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: Any = None):
     """Register ``value`` in diffusers' registry, backed by the chooser the factory makes
     (once, on first use), or by ``chooser``, held weakly: the name is taken out of the
@@ -163,20 +106,15 @@ def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: An
     mark_compile_constant(_make_chooser)  # idempotent
     _sweep()
     with _LOCK:
-        member = _add_member(value)
-        registry = _dispatch._AttentionBackendRegistry
-        if member not in registry._backends:
+        def entry():
             holder = _HOLDERS[value] = _ChooserHolder(value, chooser_factory, chooser)
             fn = functools.partial(attention, _holder=holder)
             functools.update_wrapper(fn, attention)
-            registry._backends[member] = fn
-            registry._constraints[member] = []
-            registry._supported_arg_names[member] = _EveryName(KNOWN_ARGS)
-            cp = getattr(registry, "_supports_context_parallel", None)  # diffusers >= 0.36
-            if isinstance(cp, set):
-                cp.add(member.value)
-            if chooser is not None:
-                weakref.finalize(chooser, _freed, value)
+            return fn
+
+        member, added = hooks.add_backend(value, entry, _EveryName(KNOWN_ARGS))
+        if added and chooser is not None:
+            weakref.finalize(chooser, _freed, value)
         return member
 
 
@@ -210,24 +148,20 @@ def _unregister(value: str) -> None:
     """Take the name of a freed chooser out of diffusers' registry and enum (nothing can
     call it any more: every model that routed to it held the chooser). Left as it is
     while it is diffusers' process-wide backend, whose calls then say what happened."""
-    if _dispatch is None:
-        return
     with _LOCK:
-        names = _dispatch.AttentionBackendName
-        registry = _dispatch._AttentionBackendRegistry
-        member = names._value2member_map_.get(value)
-        if member is None or getattr(registry, "_active_backend", None) is member:
-            return
+        if hooks.remove_backend(value):
+            _HOLDERS.pop(value, None)
+
+
+def forget_name(value: str) -> None:
+    """``value`` was taken out of diffusers' registry (hooks.uninstall()): its holder and
+    the chooser that routed to it are forgotten; the chooser gets a new name if it is
+    routed to again."""
+    with _LOCK:
         _HOLDERS.pop(value, None)
-        for table in (registry._backends, registry._constraints, registry._supported_arg_names):
-            table.pop(member, None)
-        cp = getattr(registry, "_supports_context_parallel", None)
-        if isinstance(cp, set):
-            cp.discard(value)
-        names._value2member_map_.pop(value, None)
-        names._member_map_.pop(member._name_, None)
-        with contextlib.suppress(ValueError):
-            names._member_names_.remove(member._name_)
+        for chooser, member in list(_MEMBERS.items()):
+            if member.value == value:
+                _MEMBERS.pop(chooser, None)
 
 
 class _ChooserHolder:
@@ -345,7 +279,7 @@ class Lease:
 def prepare(name: str) -> None:
     """Make the chooser behind attnkit's backend ``name`` now (set_attention_backend
     calls it), so that torch.compile never meets its lazy creation while tracing."""
-    if _dispatch is None or PROBLEM is not None:
+    if problem() is not None:
         return
     member = _dispatch.AttentionBackendName._value2member_map_.get(name)
     fn = _dispatch._AttentionBackendRegistry._backends.get(member) if member is not None else None
@@ -356,10 +290,8 @@ def prepare(name: str) -> None:
 
 def registered_names() -> list[str]:
     """Every attnkit name in diffusers' registry."""
-    if _dispatch is None:
-        return []
     _sweep()
-    return [m.value for m in _dispatch._AttentionBackendRegistry._backends if str(m.value).startswith(PREFIX)]
+    return hooks.attnkit_names()
 
 
 def _register_defaults() -> None:
@@ -542,46 +474,13 @@ def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
     return to_additive_bias(attn_mask, q.dtype, (*q.shape[:3], k.shape[-2]), key_padding=True)
 
 
-def watch_active_backend(callback: Callable[[bool], None]) -> None:
-    """Call ``callback(is_attnkit)`` whenever diffusers' process-wide backend is set (the
-    ``attention_backend`` context on entry and exit, ``set_attention_backend``): wraps
-    the registry's ``set_active_backend`` once; the callback sees whether the new backend
-    is one of attnkit's names."""
-    if _dispatch is None or PROBLEM is not None:
-        return
-    registry = _dispatch._AttentionBackendRegistry
-    current = registry.__dict__.get("set_active_backend")
-    func = getattr(current, "__func__", None)
-    if not isinstance(current, classmethod) or func is None:
-        logger.info("attnkit: diffusers %s has no _AttentionBackendRegistry.set_active_backend classmethod; the "
-                    "attention_backend context is not watched", getattr(diffusers, "__version__", "?"))
-        return
-    if getattr(func, "_attnkit_watchers", None) is None:
-        original = func
-
-        @functools.wraps(original)
-        def set_active_backend(cls, backend, *args, **kwargs):
-            result = original(cls, backend, *args, **kwargs)
-            ours = str(getattr(backend, "value", backend)).lower().startswith(PREFIX)
-            for watcher in set_active_backend._attnkit_watchers:
-                watcher(ours)
-            return result
-
-        set_active_backend._attnkit_watchers = []
-        registry.set_active_backend = classmethod(set_active_backend)
-        func = set_active_backend
-    if callback not in func._attnkit_watchers:
-        func._attnkit_watchers.append(callback)
-
-
 def register_defaults() -> None:
-    """Register "attnkit" and "attnkit_<backend>" in diffusers' registry (attnkit/__init__.py
-    calls it once: registering is a change to diffusers, never a side effect of an import)."""
+    """Register "attnkit" and "attnkit_<backend>" in diffusers' registry (the hook of the
+    backend names, :mod:`attnkit.diffusers.hooks`, calls it when it is installed:
+    registering is a change to diffusers, never a side effect of an import)."""
     if PROBLEM is None:
         _register_defaults()
-    else:
-        logger.info("attnkit: %s", PROBLEM)
 
 
 __all__ = ["PROBLEM", "DiffusersBackendUnavailable", "Lease", "attention", "expand_kv_heads", "mask_to_bias", "member_for",
-           "registered_names", "require", "watch_active_backend"]
+           "problem", "registered_names", "require"]

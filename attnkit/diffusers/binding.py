@@ -382,40 +382,30 @@ def _called_from_copy() -> bool:
     return frame.f_globals.get("__name__") == "copy"
 
 
-# -- diffusers' set_processor, wrapped once ------------------------------------------------
-def _wrap(original):
-    @functools.wraps(original)
-    def set_processor(self, processor, *args, **kwargs):
-        old = current_processor(self)
-        result = original(self, processor, *args, **kwargs)
-        if getattr(type(processor), "_attnkit_processor", False):
-            record(self, old)
-            served_by(processor, self)
-        elif not is_attnkit(processor):
-            forget(self)
-            if not is_foreign(processor):
-                _ORIGIN.pop(self, None)
-            elif old is not None and not is_foreign(old) and not is_attnkit(old):
-                _ORIGIN[self] = old  # what the foreign processor replaced: the module's standard
-        return result
-
-    set_processor._attnkit_wrapped = True
-    return set_processor
+# -- after diffusers' set_processor (attnkit.diffusers.hooks wraps it) ----------------------------
+def around_set_processor(original, module: nn.Module, processor: Any, *args, **kwargs):
+    """diffusers' ``module.set_processor(processor)`` (``original``), then
+    :func:`after_set_processor`."""
+    old = current_processor(module)
+    result = original(module, processor, *args, **kwargs)
+    after_set_processor(module, old, processor)
+    return result
 
 
-def install() -> None:
-    """Wrap ``set_processor`` of diffusers' attention module classes (idempotent)."""
-    classes = [ap.Attention]
-    try:
-        from diffusers.models.attention import AttentionModuleMixin
+def after_set_processor(module: nn.Module, old: Any, processor: Any) -> None:
+    """``module.set_processor(processor)`` replaced ``old``: an attnkit processor notes
+    what it replaced and the module's route; any other forgets attnkit's notes (and, for a
+    user's own processor, remembers the diffusers processor it replaced: the module's
+    standard)."""
+    if getattr(type(processor), "_attnkit_processor", False):
+        record(module, old)
+        served_by(processor, module)
+    elif not is_attnkit(processor):
+        forget(module)
+        if not is_foreign(processor):
+            _ORIGIN.pop(module, None)
+        elif old is not None and not is_foreign(old) and not is_attnkit(old):
+            _ORIGIN[module] = old  # what the foreign processor replaced: the module's standard
 
-        classes.append(AttentionModuleMixin)
-    except ImportError:  # an older diffusers
-        pass
-    for cls in classes:
-        original = cls.__dict__.get("set_processor")
-        if original is not None and not getattr(original, "_attnkit_wrapped", False):
-            cls.set_processor = _wrap(original)
 
-
-__all__ = ["KEEP_HINT", "install", "is_attnkit", "record", "served_by", "stock_of", "undo"]
+__all__ = ["KEEP_HINT", "after_set_processor", "around_set_processor", "is_attnkit", "record", "served_by", "stock_of", "undo"]

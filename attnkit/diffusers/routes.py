@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backend as diffusers_backend
-from .adapters import FORWARD_ADAPTERS, SDPA, functional_for, nn_for
+from .adapters import FORWARD_ADAPTERS, SDPA, PerChooser, functional_for, nn_for
 from .protocol import check_module_problem
 
 METHODS = "_attnkit_methods"  # instance methods attnkit set on a module (undone by attnkit.diffusers.binding.undo)
@@ -168,8 +168,9 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
                                  "or accepts only some): kept with diffusers' backend")
         if not hasattr(proc, "_attention_backend"):
             return Route("kept", f"{name} has no _attention_backend to point at attnkit")
-        if diffusers_backend.PROBLEM is not None:
-            return Route("kept", diffusers_backend.PROBLEM)
+        why = diffusers_backend.problem()
+        if why is not None:
+            return Route("kept", why)
         return Route("dispatch", f"{name} calls dispatch_attention_fn: attnkit serves that call")
     found, problem = _sdpa_global(call)
     if problem:
@@ -258,6 +259,11 @@ def bind_module(module: nn.Module, chooser) -> None:
 
 
 _UNIQUE = itertools.count()
+# chooser -> {(class, alias): the module global its rebound code reads}
+_GLOBAL_NAMES = PerChooser()
+# chooser -> {stock processor class: its class bound to the chooser}, held weakly: a bound
+# class holds its chooser (through its __call__'s Lease), and goes with its last processor
+_BOUND_CLASSES = PerChooser(weak_values=True)
 
 
 def _with_chooser(adapter: Callable, chooser) -> Callable:
@@ -289,7 +295,7 @@ def _rebind(fn: types.FunctionType, chooser) -> types.FunctionType:
         # The code reads the alias only as a global: rename it, in this code object only,
         # to a name of its own added to the same module globals. The function keeps its
         # module's globals, which torch.compile's guards rely on.
-        names = chooser.__dict__.setdefault("_attnkit_global_names", {})
+        names = _GLOBAL_NAMES.of(chooser)
         unique = names.get((who, alias))
         if unique is None:
             unique = names[(who, alias)] = f"_attnkit_{alias}_{next(_UNIQUE)}"
@@ -315,7 +321,7 @@ def bound_processor(proc: Any, chooser) -> Any:
     cls = type(proc)
     if getattr(cls, "_attnkit_chooser", None) is not None:  # bound before: start from the stock class
         cls = cls.__mro__[1]
-    cache = chooser.__dict__.setdefault("_attnkit_bound_classes", {})
+    cache = _BOUND_CLASSES.of(chooser)
     with _LOCK:
         bound = cache.get(cls)
         if bound is None:

@@ -1,27 +1,24 @@
-"""What attnkit adds to diffusers' model-level entry points, so that each of them says what
-it does and what it does not reach:
+"""What attnkit does at diffusers' model-level entry points, so that each of them says what
+it does and what it does not reach (:mod:`attnkit.diffusers.hooks` puts these in
+diffusers' place; nothing here changes diffusers):
 
 * ``set_attn_processor`` (diffusers' ``AttentionMixin``), given an attnkit processor:
   every attention module it reaches is given its name in the model (for logs and
   errors), the routes are kept for ``processor.explain()``, and the modules attnkit keeps
   on their own processor (linear attention, a flex mask, weights of their own) are said
   in one warning for the model;
+* ``set_default_attn_processor``: attnkit's processors stand for the diffusers processor
+  they compute while diffusers picks the default;
 * ``set_attention_backend("attnkit...")``: the chooser is made there (torch.compile
   never meets its lazy creation) and a model the dispatcher does not wholly reach is
   told so, once;
 * ``with attention_backend("attnkit..."):`` (and any process-wide attnkit backend): the
   first call of each model run meanwhile is looked at, and a model the dispatcher does
-  not wholly reach gets the same warning, once. Only while the process-wide backend is
-  one of attnkit's: diffusers' ``ModelMixin.__call__`` is attnkit's for that time, and
-  is taken away when another backend is set (the context's exit).
-
-:func:`install` wraps them once (``import attnkit``); the registry itself is
-:mod:`attnkit.diffusers.backend`'s, ``set_processor`` :mod:`attnkit.diffusers.binding`'s.
+  not wholly reach gets the same warning, once.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import weakref
@@ -32,7 +29,7 @@ from torch import nn
 from .._text import describe_module
 from ..choose._compile import is_compiling
 from . import backend as diffusers_backend
-from . import binding
+from . import binding, hooks
 from .apply import Applied, plan, remember
 from .routes import METHODS
 
@@ -52,19 +49,16 @@ def _attnkit_processors(processor: Any) -> list:
     return out
 
 
-def _wrap_set_attn_processor(original):
-    @functools.wraps(original)
-    def set_attn_processor(self, processor, *args, **kwargs):
-        ours = _attnkit_processors(processor)  # before diffusers empties a dict of them
-        if not ours:
-            return original(self, processor, *args, **kwargs)
-        with binding.collect_kept() as kept:
-            result = original(self, processor, *args, **kwargs)
-        _after_set(self, ours, kept)
-        return result
-
-    set_attn_processor._attnkit_wrapped = True
-    return set_attn_processor
+def set_attn_processor(original, model: nn.Module, processor: Any, *args, **kwargs):
+    """diffusers' ``set_attn_processor`` (``original``) on ``model``, then, for attnkit's
+    processors, the modules named, the routes kept and the kept modules said."""
+    ours = _attnkit_processors(processor)  # before diffusers empties a dict of them
+    if not ours:
+        return original(model, processor, *args, **kwargs)
+    with binding.collect_kept() as kept:
+        result = original(model, processor, *args, **kwargs)
+    _after_set(model, ours, kept)
+    return result
 
 
 def _stock_for_default(module: nn.Module) -> Any:
@@ -77,67 +71,28 @@ def _stock_for_default(module: nn.Module) -> Any:
     return binding.standard_of(module)
 
 
-def _wrap_set_default_attn_processor(original):
-    """diffusers' ``set_default_attn_processor`` accepts only its own processor classes
-    and raises "Cannot call `set_default_attn_processor` when attention processors are of
-    type ..." for any other. attnkit's processors compute what a diffusers processor
-    computes, so each stands for that processor while diffusers decides which default to
-    set (its result replaces every processor, as it does without attnkit)."""
-
-    @functools.wraps(original)
-    def set_default_attn_processor(self, *args, **kwargs):
-        swapped = []
-        for module in self.modules():
-            proc = module.__dict__.get("processor", module._modules.get("processor"))
-            if proc is None or not binding.is_attnkit(proc) or not hasattr(module, "set_processor"):
-                continue
-            stock = _stock_for_default(module)
-            if stock is not None:
-                swapped.append((module, proc))
-                module.set_processor(stock)
-        try:
-            return original(self, *args, **kwargs)
-        except BaseException:
-            for module, proc in swapped:
-                module.set_processor(proc)
-            raise
-
-    set_default_attn_processor._attnkit_wrapped = True
-    return set_default_attn_processor
-
-
-def _wrap_model_class(cls: type) -> None:
-    original = cls.__dict__.get("set_default_attn_processor")
-    if original is not None and not getattr(original, "_attnkit_wrapped", False):
-        cls.set_default_attn_processor = _wrap_set_default_attn_processor(original)
-
-
-def _model_subclass_hook(cls, **kwargs):
-    """ModelMixin.__init_subclass__ while attnkit is imported: wraps the
-    set_default_attn_processor of model classes defined after attnkit (diffusers imports
-    its model modules lazily)."""
-    super(_ModelMixin(), cls).__init_subclass__(**kwargs)
-    _wrap_model_class(cls)
-
-
-def _ModelMixin():
-    from diffusers import ModelMixin
-
-    return ModelMixin
-
-
-def _wrap_model_classes() -> None:
-    ModelMixin = _ModelMixin()
-    seen, todo = set(), [ModelMixin]
-    while todo:
-        cls = todo.pop()
-        for sub in cls.__subclasses__():
-            if sub not in seen:
-                seen.add(sub)
-                _wrap_model_class(sub)
-                todo.append(sub)
-    if "__init_subclass__" not in ModelMixin.__dict__:
-        ModelMixin.__init_subclass__ = classmethod(_model_subclass_hook)
+def set_default_attn_processor(original, model: nn.Module, *args, **kwargs):
+    """diffusers' ``set_default_attn_processor`` (``original``) accepts only its own
+    processor classes and raises "Cannot call `set_default_attn_processor` when attention
+    processors are of type ..." for any other. attnkit's processors compute what a
+    diffusers processor computes, so each stands for that processor while diffusers
+    decides which default to set (its result replaces every processor, as it does
+    without attnkit)."""
+    swapped = []
+    for module in model.modules():
+        proc = module.__dict__.get("processor", module._modules.get("processor"))
+        if proc is None or not binding.is_attnkit(proc) or not hasattr(module, "set_processor"):
+            continue
+        stock = _stock_for_default(module)
+        if stock is not None:
+            swapped.append((module, proc))
+            module.set_processor(stock)
+    try:
+        return original(model, *args, **kwargs)
+    except BaseException:
+        for module, proc in swapped:
+            module.set_processor(proc)
+        raise
 
 
 def _after_set(model: nn.Module, ours: list, kept: list) -> None:
@@ -183,18 +138,13 @@ def _after_set(model: nn.Module, ours: list, kept: list) -> None:
 
 
 # -- set_attention_backend("attnkit") ----------------------------------------------------------
-def _wrap_set_attention_backend(original):
-    @functools.wraps(original)
-    def set_attention_backend(self, backend, *args, **kwargs):
-        result = original(self, backend, *args, **kwargs)
-        name = getattr(backend, "value", backend)
-        if isinstance(name, str) and name.lower().startswith(diffusers_backend.PREFIX):
-            diffusers_backend.prepare(name.lower())
-            _tell_once(self, f"set_attention_backend({name.lower()!r})")
-        return result
-
-    set_attention_backend._attnkit_wrapped = True
-    return set_attention_backend
+def after_set_attention_backend(model: nn.Module, backend: Any) -> None:
+    """``model.set_attention_backend(backend)`` ran: for an attnkit name, its chooser is
+    made now and the model is told what the dispatcher does not reach in it."""
+    name = getattr(backend, "value", backend)
+    if isinstance(name, str) and name.lower().startswith(diffusers_backend.PREFIX):
+        diffusers_backend.prepare(name.lower())
+        _tell_once(model, f"set_attention_backend({name.lower()!r})")
 
 
 def _tell_once(model: nn.Module, how: str, context: bool = False) -> None:
@@ -258,59 +208,28 @@ def _served_already(module: nn.Module | None) -> bool:
 
 # -- with attention_backend("attnkit"): the first call of each model ----------------------------
 _CONTEXT_HOW = "with attention_backend('attnkit') (diffusers' process-wide backend)"
-_SAVED = []  # ModelMixin's own __call__ entry (or nothing), while attnkit's is installed
 
 
-def _watching_call(self, *args, **kwargs):
-    """ModelMixin.__call__ while an attnkit backend is diffusers' process-wide one: the
-    first call of each model says what the dispatcher does not reach in it."""
-    if not is_compiling() and self not in _WARNED:
-        _tell_once(self, _CONTEXT_HOW, context=True)
-    return nn.Module.__call__(self, *args, **kwargs)
+def first_call_under_context(model: nn.Module) -> None:
+    """A model is called while an attnkit name is diffusers' process-wide backend (hooks'
+    ModelMixin.__call__): its first call says what the dispatcher does not reach in it."""
+    if not is_compiling() and model not in _WARNED:
+        _tell_once(model, _CONTEXT_HOW, context=True)
 
 
-def _on_active_backend(ours: bool) -> None:
-    from diffusers import ModelMixin
+watching = hooks.watching
+install_backend_warning = hooks.install  # its name in attnkit.apply before this module (attnkit/_moved.py)
 
-    with _LOCK:
-        installed = ModelMixin.__dict__.get("__call__") is _watching_call
-        if ours and not installed:
-            _SAVED[:] = [ModelMixin.__dict__["__call__"]] if "__call__" in ModelMixin.__dict__ else []
-            ModelMixin.__call__ = _watching_call
-        elif not ours and installed:
-            if _SAVED:
-                ModelMixin.__call__ = _SAVED.pop()
-            else:
-                del ModelMixin.__call__
+# what attnkit.diffusers.hooks calls from diffusers' functions (hooks.install() puts them in place)
+hooks.connect(
+    set_processor=binding.around_set_processor,
+    set_attn_processor=set_attn_processor,
+    set_default_attn_processor=set_default_attn_processor,
+    set_attention_backend=after_set_attention_backend,
+    first_call=first_call_under_context,
+    register_names=diffusers_backend.register_defaults,
+    forget_name=diffusers_backend.forget_name,
+)
 
-
-def watching() -> bool:
-    """Whether the first calls of models are being looked at now (an attnkit backend is
-    diffusers' process-wide one)."""
-    from diffusers import ModelMixin
-
-    return ModelMixin.__dict__.get("__call__") is _watching_call
-
-
-# -- installing ---------------------------------------------------------------------------------
-def install() -> None:
-    """Wrap diffusers' model-level entry points (idempotent)."""
-    from diffusers import ModelMixin
-
-    original = ModelMixin.__dict__.get("set_attention_backend")
-    if original is not None and not getattr(original, "_attnkit_wrapped", False):
-        ModelMixin.set_attention_backend = _wrap_set_attention_backend(original)
-    try:
-        from diffusers.models.attention import AttentionMixin
-    except ImportError:  # an older diffusers: each model class has its own (kept modules said per module)
-        AttentionMixin = None
-    original = AttentionMixin.__dict__.get("set_attn_processor") if AttentionMixin is not None else None
-    if original is not None and not getattr(original, "_attnkit_wrapped", False):
-        AttentionMixin.set_attn_processor = _wrap_set_attn_processor(original)
-    _wrap_model_classes()
-    diffusers_backend.watch_active_backend(_on_active_backend)
-
-
-install_backend_warning = install  # its name in attnkit.apply before this module (attnkit/_moved.py)
-
-__all__ = ["install", "install_backend_warning", "unreached_by_dispatch", "watching"]
+__all__ = ["after_set_attention_backend", "first_call_under_context", "install_backend_warning",
+           "set_attn_processor", "set_default_attn_processor", "unreached_by_dispatch", "watching"]

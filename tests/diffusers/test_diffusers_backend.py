@@ -240,7 +240,9 @@ def test_attention_backend_context_manager(seed, restore_active_backend):
 def test_an_incompatible_diffusers_is_named(monkeypatch):
     """If diffusers' registry changed, the check says which diffusers and what."""
     monkeypatch.setattr(diffusers_backend._dispatch, "_AttentionBackendRegistry", types.SimpleNamespace())
-    problem = diffusers_backend._check_internals()
+    from attnkit.diffusers import hooks
+
+    problem = hooks.check_registry()
     import diffusers
 
     assert f"diffusers {diffusers.__version__}" in problem and "_AttentionBackendRegistry._backends" in problem
