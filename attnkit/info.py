@@ -29,6 +29,7 @@ from .backends.base import dtype_name, package_version
 from .choose.auto import ENV_VAR, AutoChooser
 from .choose import policy, records
 from .choose.policy import CANDIDATES, PRIORITIES, install_hint_of, installed_packages, reasons_of
+from .diffusers import hooks
 from .diffusers.apply import plan
 from .kernels.tile_records import TILE_RULES
 
@@ -196,6 +197,7 @@ def collect() -> dict[str, Any]:
                 choices.append(row)
     return {
         "versions": versions,
+        "diffusers_hooks": hooks.status(),
         "devices": _devices(),
         "primary_device": str(device),
         "probe": f"{dtype_name(dtype)}, head_dim=64, 1024 tokens, no mask",
@@ -217,6 +219,14 @@ def report(data: dict[str, Any] | None = None) -> str:
     for name, version in data["versions"].items():
         missing = "-" if name in ("cuda", "hip") else "not installed"
         lines.append(f"  {name:<13} {version if version is not None else missing}")
+    hooks_ = data.get("diffusers_hooks", [])
+    if hooks_:
+        installed = [h["name"] for h in hooks_ if h["installed"]]
+        lines += ["", f"changes to diffusers (attnkit/diffusers/hooks.py): {len(installed)} of {len(hooks_)} installed"
+                  + (f": {', '.join(installed)}" if installed else "")]
+        for h in hooks_:
+            if not h["installed"]:
+                lines.append(f"  {h['name']}: not installed ({h['problem'] or 'hooks.uninstall()'})")
     lines += ["", "devices:"]
     for dev in data["devices"]:
         extra = ""

@@ -12,6 +12,7 @@ from attnkit import info
 import pytest
 
 from attnkit.choose import policy
+from attnkit.diffusers import hooks
 from attnkit.choose.policy import CANDIDATES
 from attnkit.testing import assert_close_to_reference, make_qkv
 
@@ -57,6 +58,19 @@ def test_report_on_this_machine():
         assert "sdpa         available" in text
         assert "hardware class cpu, order sdpa > sliced > vanilla" in text
         assert "triton" not in text.split("auto() for Stable Diffusion")[1]
+
+
+def test_report_names_the_changes_to_diffusers():
+    data = info.collect()
+    assert [h["name"] for h in data["diffusers_hooks"]] == [h.name for h in hooks.HOOKS]
+    assert "changes to diffusers (attnkit/diffusers/hooks.py): 6 of 6 installed" in info.report(data)
+    missing = dict(data, diffusers_hooks=[dict(h, installed=h["name"] != "set_attn_processor",
+                                               problem="AttentionMixin.set_attn_processor is missing"
+                                               if h["name"] == "set_attn_processor" else None)
+                                          for h in data["diffusers_hooks"]])
+    text = info.report(missing)
+    assert "5 of 6 installed" in text
+    assert "  set_attn_processor: not installed (AttentionMixin.set_attn_processor is missing)" in text
 
 
 def test_main_json(capsys):
