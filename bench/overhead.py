@@ -15,8 +15,9 @@
     the Wan-like CPU presets (attnkit bench --preset flux / wan) with
     set_attention_backend("attnkit") against set_attention_backend("native").
     Target: ratio <= 1.02 each.
-(e) the dispatch route per call: one tiny attention call (q/k/v (2, 77, 8, 40), fp32, as a
-    transformer's processor makes it) through diffusers' dispatch_attention_fn with
+(e) the dispatch route per call: one small attention call (q/k/v (2, 77, 8, 40), fp32, as a
+    transformer's processor makes it) and one tiny call (1, 64, 2, 16), where the host
+    time is nearly all there is, through diffusers' dispatch_attention_fn with
     backend="attnkit" against backend="native", without a mask and with a (B, S) boolean
     key-padding mask (one mask tensor for every call, as a transformer passes the same mask
     to each of its layers). Target: ratio <= 1.10 each.
@@ -193,9 +194,9 @@ def part_d(device: torch.device, rounds: int) -> dict:
 
 
 def part_e(device: torch.device, dtype: torch.dtype, rounds: int, calls: int) -> dict:
-    """attnkit's diffusers backend against diffusers' native one on one tiny
+    """attnkit's diffusers backend against diffusers' native one on a small and a tiny
     dispatch_attention_fn call, with and without a key-padding mask, interleaved."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
+    from diffusers.models.attention_dispatch import AttentionBackendName
 
     import attnkit  # noqa: F401  (registers the "attnkit" backend)
     from attnkit.diffusers.backend import prepare
@@ -203,12 +204,23 @@ def part_e(device: torch.device, dtype: torch.dtype, rounds: int, calls: int) ->
     prepare("attnkit")  # as set_attention_backend("attnkit") does
     ours, theirs = AttentionBackendName("attnkit"), AttentionBackendName("native")
     g = torch.Generator().manual_seed(0)
-    b, s, h, d = 2, 77, 8, 40
-    q, k, v = (torch.randn(b, s, h, d, generator=g).to(device, dtype) for _ in range(3))
-    lengths = torch.tensor([s, s // 2 + 1], device=device)
-    keep = torch.arange(s, device=device)[None, :] < lengths[:, None]  # (B, S), True = attend
     out = {}
-    for name, mask in (("no mask", None), ("key-padding mask", keep)):
+    for size, (b, s, h, d) in (("small", (2, 77, 8, 40)), ("tiny", (1, 64, 2, 16))):
+        q, k, v = (torch.randn(b, s, h, d, generator=g).to(device, dtype) for _ in range(3))
+        lengths = torch.tensor([s, s // 2 + 1][:b] if b > 1 else [s // 2 + 1], device=device)
+        keep = torch.arange(s, device=device)[None, :] < lengths[:, None]  # (B, S), True = attend
+        out.update(_part_e_size(size, (b, s, h, d), q, k, v, keep, ours, theirs, dtype, rounds, calls, device))
+    return out
+
+
+def _part_e_size(size, shape, q, k, v, keep, ours, theirs, dtype, rounds, calls, device) -> dict:
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    b, s, h, d = shape
+    out = {}
+    for kind, mask in (("no mask", None), ("key-padding mask", keep)):
+        name = f"{size}, {kind}"
+
         def run(backend, mask=mask):
             def fn():
                 with torch.inference_mode():
@@ -356,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if "e" in args.parts:
         results["e"] = part_e(device, dtype, args.rounds_e, args.calls_e)
         for name, r in results["e"].items():
-            print(_against_diffusers("e", f"dispatch_attention_fn, tiny call, {name}, per call:", r, 1e6, "1f", " us",
+            print(_against_diffusers("e", f"dispatch_attention_fn, {name} call, per call:", r, 1e6, "1f", " us",
                                      "3f", ours="attnkit", theirs="native"))
     if "l" in args.parts:
         results["l"] = part_l(device, args.rounds_l, args.calls_l)

@@ -136,6 +136,38 @@ def test_a_planned_signature_keeps_every_check(seed):
     torch.testing.assert_close(ours(q, k, v, attn_mask=bias), native(q, k, v, attn_mask=bias))
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad"])
+def test_a_planned_mask_is_converted_again_whenever_it_changes(seed, mode):
+    """A plan keeps the bias made of the last mask tensor, for the layers that pass the
+    same one: a mask changed in place, another tensor of the same shape, or a mask that
+    needs a gradient never gets a stale bias."""
+    b, m, n, h, d = 2, 5, 11, 2, 16
+    q, k, v = bsd(b, m, h, d), bsd(b, n, h, d), bsd(b, n, h, d)
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "grad": torch.enable_grad}[mode]
+    keep = torch.rand(b, n) > 0.3
+    keep[:, 0] = True
+    with context():
+        for _ in range(3):  # the first call plans, the next ones run the plan
+            torch.testing.assert_close(ours(q, k, v, attn_mask=keep), native(q, k, v, attn_mask=keep))
+        assert _plan_of("attnkit", q, k, v, keep) is not None
+        keep[:, 1:] = ~keep[:, 1:]  # in place: its version moves
+        torch.testing.assert_close(ours(q, k, v, attn_mask=keep), native(q, k, v, attn_mask=keep))
+        other = torch.rand(b, n) > 0.5
+        other[:, 0] = True
+        torch.testing.assert_close(ours(q, k, v, attn_mask=other), native(q, k, v, attn_mask=other))
+        torch.testing.assert_close(ours(q, k, v, attn_mask=keep), native(q, k, v, attn_mask=keep))
+    # a learned additive mask: each forward's gradient is its own
+    bias = torch.randn(b, 1, m, n, requires_grad=True)
+    qg = q.clone().requires_grad_()
+    for _ in range(3):
+        ours(qg, k, v, attn_mask=bias).square().sum().backward()
+    ours_grad = bias.grad.clone()
+    bias.grad = None
+    for _ in range(3):
+        native(qg, k, v, attn_mask=bias).square().sum().backward()
+    torch.testing.assert_close(ours_grad, bias.grad)
+
+
 def test_a_planned_backend_that_fails_falls_back(seed, monkeypatch, caplog):
     """A planned backend that raises (out of memory, say) hands the call to auto()'s
     fall-back: the answer is still right, and the next plan is the new backend's."""
