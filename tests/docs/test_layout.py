@@ -1,5 +1,7 @@
 """The README's Layout section describes the tree as it is: every path it names exists,
-and it names every module and subpackage of attnkit/ and every top-level folder."""
+and it names every module and subpackage of attnkit/ and every top-level folder; every
+package folder under attnkit/ has its own line, and that line names each of its modules
+(by its stem, as a word of the description)."""
 
 from __future__ import annotations
 
@@ -11,14 +13,24 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 
-def _layout_paths() -> list[str]:
-    """The first word of each line of the fenced block in the README's "## Layout" section."""
+def _layout_lines() -> dict[str, str]:
+    """path -> description, for each line of the fenced block in the README's "## Layout" section."""
     text = README.read_text(encoding="utf-8")
     section = text[text.index("\n## Layout\n"):]
     section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
     block = re.search(r"```\n(.*?)\n```", section, re.S)
     assert block, "the README's Layout section has no fenced block of `path  description` lines"
-    return [line.split()[0] for line in block.group(1).splitlines() if line.strip()]
+    lines = {}
+    for line in block.group(1).splitlines():
+        if line.strip():
+            path, _, description = line.strip().partition(" ")
+            lines[path] = description
+    return lines
+
+
+def _layout_paths() -> list[str]:
+    """The first word of each line of the fenced block in the README's "## Layout" section."""
+    return list(_layout_lines())
 
 
 def _tracked() -> set[str]:
@@ -60,3 +72,22 @@ def test_the_layout_names_every_package_module_and_top_level_folder():
     # a module or subpackage of attnkit/ by its own line; a top-level folder by any line in it
     unnamed = sorted(package - named) + sorted(d for d in folders if not any(n.startswith(d) for n in named))
     assert not unnamed, f"the README's Layout does not name: {unnamed}"
+
+
+def test_every_attnkit_package_has_a_line_naming_each_of_its_modules():
+    lines = _layout_lines()
+    packages: dict[str, set[str]] = {}
+    for f in _tracked():
+        parts = f.split("/")
+        if parts[0] == "attnkit" and len(parts) > 2 and f.endswith(".py") and "__pycache__" not in parts:
+            folder = "/".join(parts[:-1]) + "/"
+            packages.setdefault(folder, set()).add(parts[-1][:-3])
+    assert packages, "no package under attnkit/: the test reads nothing"
+    unnamed_packages = sorted(p for p in packages if p not in lines)
+    assert not unnamed_packages, f"the README's Layout has no line for: {unnamed_packages}"
+    unnamed = []
+    for folder, stems in sorted(packages.items()):
+        words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", lines[folder]))
+        unnamed += [f"{folder}{stem}.py" for stem in sorted(stems) if stem != "__init__" and stem not in words]
+    assert not unnamed, f"the README's Layout line of each package does not name: {unnamed}"
+
