@@ -75,6 +75,11 @@ from .policy import CANDIDATES, LOCK, describe_call, installed_packages
 logger = logging.getLogger("attnkit")
 
 ENV_VAR = "ATTNKIT_BACKEND"
+# Call signatures an AutoChooser keeps (its decisions, their records for explain(), the
+# compiled choices): a process whose shapes never repeat (a server at every resolution)
+# drops the oldest beyond this, and decides them again if they come back. The warn-once
+# notes are forgotten together, at four times this.
+DECISIONS_MAX = 4096
 
 
 @dataclass
@@ -115,6 +120,8 @@ class AutoChooser(tuning.Tuned, ChooserBase):
     # No lossy backend: what a chooser pickled before these options existed unpickles as.
     lossy: str | None = None
     guard: dict | None = None
+
+    _dropped = 0  # what a chooser pickled before DECISIONS_MAX has
 
     def __init__(
         self,
@@ -172,9 +179,13 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             if not isinstance(backend, Backend):
                 raise TypeError(f"backends[{label!r}] is a {type(backend).__name__}, not an attnkit Backend")
             self._slots[label].backend = backend
+        # Stale: never (what decides a signature's backend is in the signature, or in this
+        # chooser's options, fixed at construction); a fall-back replaces an entry.
+        # Bounded by DECISIONS_MAX, the oldest first.
         self._decisions: dict[Signature, Backend] = {}  # the hot path
         self._records: dict[Signature, Decision] = {}  # explain()
         self._compiled: dict[Signature, str] = {}  # signature without lengths -> label
+        self._dropped = 0  # signatures dropped to keep DECISIONS_MAX
         self._warned: set = set()
         self._disk: dict[str, dict] | None = None
         self._take_compile_token()
@@ -328,10 +339,23 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             if self.tune and self.forced is None:
                 label, how, ms, tuned = self._tuned(call, table, args)
             record = Decision(call, label, table, order, module, how, ms, **tuned)
+            self._make_room(self._records, self._decisions)
             self._records[sig] = record
             backend = self._decisions[sig] = self.backend(label)
             logger.info("%s", log_line(record))
             return backend
+
+    def _make_room(self, *tables: dict) -> None:
+        """Under LOCK: drop the oldest signature of ``tables`` when they hold DECISIONS_MAX."""
+        first = tables[0]
+        if len(first) < DECISIONS_MAX:
+            return
+        oldest = next(iter(first))
+        for table in tables:
+            table.pop(oldest, None)
+        self._dropped += 1
+        if len(self._warned) >= 4 * DECISIONS_MAX:
+            self._warned.clear()
 
     def _warn_once(self, what, msg, *args) -> None:
         if what not in self._warned:
@@ -352,7 +376,13 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             raise exc
         first = exc
         with LOCK:
-            record = self._records[sig]
+            record = self._records.get(sig)
+        if record is None:  # dropped meanwhile (DECISIONS_MAX): decided again, then fallen back from
+            self._decide(sig, who, args)
+            with LOCK:
+                record = self._records.get(sig)
+            if record is None:
+                raise exc
         failed = dict(record.failed)
         failed_label = record.backend
         while True:
@@ -396,6 +426,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
                 if not table.get(common, ["not in the order"]):
                     label = common
             self.backend(label)
+            self._make_room(self._compiled)
             self._compiled[sig] = label
             logger.info("%s", log_line(Decision(call, label, table, order, "torch.compile graph", "compile")))
             return label
@@ -417,7 +448,8 @@ class AutoChooser(tuning.Tuned, ChooserBase):
                 call = replace(call, packages=installed_packages())
             label, table, order = self.walk(call)
             return format_decision(Decision(call, label or "(none)", table, order, "-", "priority"))
-        lines = [f"{self.describe()}: {len(self._records)} call signature(s)"]
+        dropped = f" (and {self._dropped} older, no longer kept)" if self._dropped else ""
+        lines = [f"{self.describe()}: {len(self._records)} call signature(s){dropped}"]
         if self.lossy is not None:
             lines.append(self._describe_lossy())
         if not self._records and not self._compiled and not self.guard_states():

@@ -86,6 +86,29 @@ def test_decision_is_cached_per_signature_and_logged_once(seed, caplog):
     assert len(proc.decisions) == 3
 
 
+def test_decisions_are_bounded_oldest_first(seed, monkeypatch):
+    """A process whose shapes never repeat keeps DECISIONS_MAX signatures: the oldest
+    go first, explain() says how many went, and one that comes back is decided again."""
+    from attnkit.choose import auto as auto_module
+
+    monkeypatch.setattr(auto_module, "DECISIONS_MAX", 3)
+    proc = attnkit.auto()
+    attn = module()
+    attn.set_processor(proc)
+    lengths = [4, 5, 6, 7, 8]
+    for n in lengths:
+        out = attn(torch.randn(1, n, 32))
+        assert torch.isfinite(out).all()
+    kept = [r.call.q_len for r in proc.decisions]
+    assert kept == [6, 7, 8], kept
+    assert len(proc.chooser._decisions) == 3
+    assert "3 call signature(s) (and 2 older, no longer kept)" in proc.explain()
+    q, k, v = make_qkv(1, 2, 4, 4, 16)
+    out = proc.chooser.attention(attn, q, k, v, None, None, False)  # a dropped signature, decided again
+    assert_close_to_reference(out, q, k, v)
+    assert [r.call.q_len for r in proc.decisions] == [7, 8, 4]
+
+
 def test_log_names_the_module_and_the_skipped(seed, caplog):
     unet_like = torch.nn.Module()
     unet_like.block = module()
