@@ -74,7 +74,8 @@ MOVED: dict[str, dict[str, tuple[str, ...]]] = {
     "attnkit.tuning": {
         "attnkit.choose._files": ("CacheNotWritten", "NotRegularFile"),
         "attnkit.choose.tuning": ("CACHE_VERSION", "CacheError", "LOCK_TIMEOUT_S", "STALE_TMP_S", "cache_key",
-            "default_cache_path", "read_cache", "read_raw", "time_backend", "update_cache", "valid_entry"),
+            "default_cache_path", "read_cache", "read_raw", "update_cache", "valid_entry"),
+        "attnkit.choose.tune_check": ("time_backend",),
     },
 }
 

@@ -66,7 +66,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from ..backends.base import compile_key
-from . import policy, tuning
+from . import policy, tune_check, tuning
 from ._compile import compile_owner, is_compiling, mark_compile_constant
 from .fixed import ChooserBase, call_flags, check_finite_on, run_backend
 from .guard import GuardState, compare, guard_options, sample_inputs, sample_rows
@@ -133,7 +133,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         backend_options: Mapping[str, Mapping[str, Any]] | None = None,
         backends: Mapping[str, Backend] | None = None,
         tune_iters: int = 7,
-        tune_margin: float = tuning.DEFAULT_MARGIN,
+        tune_margin: float = tune_check.DEFAULT_MARGIN,
         lossy: str | None = None,
         guard: Any = None,
     ) -> None:
@@ -157,7 +157,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         if not isinstance(tune_iters, int) or isinstance(tune_iters, bool) or tune_iters < 1:
             raise ValueError(f"tune_iters={tune_iters!r}: use a positive int")
         self.tune_iters = tune_iters
-        self.tune_margin = tuning.check_margin(tune_margin)
+        self.tune_margin = tune_check.check_margin(tune_margin)
         forced = os.environ.get(ENV_VAR, "").strip()
         if forced in ("", "auto"):
             forced = None
@@ -465,7 +465,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         opts = []
         if self.tune:
             opts.append(f"tune=True, cache_path={str(self.cache_path)!r}")
-            if self.tune_margin != tuning.DEFAULT_MARGIN:
+            if self.tune_margin != tune_check.DEFAULT_MARGIN:
                 opts.append(f"tune_margin={self.tune_margin!r}")
         if self.order is not None:
             opts.append(f"order={list(self.order)!r}")

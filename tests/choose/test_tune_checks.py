@@ -4,7 +4,7 @@ priority choice only when its median gain over interleaved rounds reaches tune_m
 cache file keeps both figures and an entry without them is tuned again.
 
 Timing is made deterministic: the backends below are SDPA at a cost of their own on a
-clock of the test's (tuning._clock), so no assertion rests on real wall-clock time.
+clock of the test's (tune_check._clock), so no assertion rests on real wall-clock time.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from diffusers.models.attention_processor import Attention
 
 import attnkit
 from attnkit.backends.sdpa import SDPABackend
-from attnkit.choose import tuning
+from attnkit.choose import tune_check, tuning
 from attnkit.choose.auto import AUTO_OPTIONS
 from attnkit.choose.fixed import run_backend
 from attnkit.choose.policy import CANDIDATES
@@ -74,7 +74,7 @@ class Fake(SDPABackend):
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(tuning, "_clock", clock)
+    monkeypatch.setattr(tune_check, "_clock", clock)
     return clock
 
 
@@ -82,7 +82,7 @@ def tuned(path, clock, rounds=7, **costs):
     """auto(tune=True) over sdpa (the priority choice, 1 ms) and the given Fakes, in the
     order given: ``costs`` maps a label to a Fake's (ms, wrong...) or to a Fake."""
     backends = {"sdpa": Fake(clock, "sdpa", 1.0)}
-    margin = costs.pop("tune_margin", tuning.DEFAULT_MARGIN)
+    margin = costs.pop("tune_margin", tune_check.DEFAULT_MARGIN)
     for label, spec in costs.items():
         backends[label] = spec if isinstance(spec, Fake) else Fake(clock, label, spec)
     return attnkit.auto(tune=True, cache_path=path, order=list(backends), backends=backends, tune_iters=rounds,
@@ -167,9 +167,9 @@ def test_a_few_wrong_rows_are_caught_where_an_average_would_pass(seed, tmp_path,
     q, k, v, bias = inputs
     right = SDPABackend().forward(q, k, v, bias)
     wrong = _few_rows_wrong(right)
-    out_bound, _ = tuning.output_bound((q, k, v, bias, None, False, None, 0.0, False))
+    out_bound, _ = tune_check.output_bound((q, k, v, bias, None, False, None, 0.0, False))
     assert rel_error(wrong, right) < min(out_bound, 0.05)  # an average-only check would keep it
-    assert tuning.worst_row_error(wrong, right) > out_bound
+    assert tune_check.worst_row_error(wrong, right) > out_bound
 
 
 def _one_nan(out):
@@ -214,27 +214,27 @@ def test_correct_backends_pass_the_check(seed, dtype):
         bias = make_bias(mask, 2, 2, 160, 96, dtype)
         for upcast, causal, lse in ((False, None, False), (True, None, False), (False, 0, False), (False, None, True)):
             args = (q, k, v, bias, None, upcast, causal, 0.0, lse)
-            bounds = tuning.output_bound(args)
-            fraction = tuning.output_difference(run_backend(vanilla, *args), run_backend(sdpa, *args), bounds)
+            bounds = tune_check.output_bound(args)
+            fraction = tune_check.output_difference(run_backend(vanilla, *args), run_backend(sdpa, *args), bounds)
             assert fraction <= 0.8, (mask, upcast, causal, lse, fraction, bounds)
 
 
 def test_worst_row_error():
     ref = torch.randn(2, 3, 50, 8)
-    assert tuning.worst_row_error(ref, ref) == 0.0
+    assert tune_check.worst_row_error(ref, ref) == 0.0
     off = ref.clone()
     off[1, 2, 7] += 1.0
     rms = ref.reshape(-1, 8).norm(dim=-1).square().mean().sqrt().item()
-    assert tuning.worst_row_error(off, ref) == pytest.approx(math.sqrt(8) / rms, rel=1e-5)
+    assert tune_check.worst_row_error(off, ref) == pytest.approx(math.sqrt(8) / rms, rel=1e-5)
     off[0, 0, 0, 0] = float("inf")
-    assert tuning.worst_row_error(off, ref) == math.inf
-    assert tuning.worst_row_error(ref[..., :4], ref) == math.inf  # another shape
+    assert tune_check.worst_row_error(off, ref) == math.inf
+    assert tune_check.worst_row_error(ref[..., :4], ref) == math.inf  # another shape
     lse = torch.randn(2, 3, 50)
     lse[0, 0, 4] = float("-inf")  # a row that sees no key: the same in both
-    assert tuning.worst_row_error(lse.unsqueeze(-1), lse.unsqueeze(-1)) == 0.0
+    assert tune_check.worst_row_error(lse.unsqueeze(-1), lse.unsqueeze(-1)) == 0.0
     other = lse.clone()
     other[0, 0, 4] = 0.0
-    assert tuning.worst_row_error(other.unsqueeze(-1), lse.unsqueeze(-1)) == math.inf
+    assert tune_check.worst_row_error(other.unsqueeze(-1), lse.unsqueeze(-1)) == math.inf
 
 
 def test_a_failing_candidate_is_skipped(seed, tmp_path, clock, caplog):
@@ -318,7 +318,7 @@ def test_tune_margin_is_checked(value, error, says):
 def test_tune_margin_is_an_option():
     assert "tune_margin" in AUTO_OPTIONS
     assert attnkit.auto(tune=True, tune_margin=0).chooser.tune_margin == 0.0
-    assert attnkit.auto().chooser.tune_margin == tuning.DEFAULT_MARGIN == 0.05
+    assert attnkit.auto().chooser.tune_margin == tune_check.DEFAULT_MARGIN == 0.05
     assert "tune_margin=0.1" in attnkit.auto(tune=True, tune_margin=0.1).chooser.describe()
 
 
@@ -328,16 +328,16 @@ def test_the_cache_keeps_both_figures(seed, tmp_path, clock, monkeypatch):
     proc = tuned(path, clock, vanilla=1 / 1.3, sliced=Fake(clock, "sliced", 0.5, wrong=scaled))
     call(proc, qkv())
     key, entry = entry_of(path)
-    assert entry["backend"] == "vanilla" and entry["priority"] == "sdpa" and entry["checked"] == tuning.CHECKED
-    assert entry["margin"] == tuning.DEFAULT_MARGIN and entry["rounds"] == 7
+    assert entry["backend"] == "vanilla" and entry["priority"] == "sdpa" and entry["checked"] == tune_check.CHECKED
+    assert entry["margin"] == tune_check.DEFAULT_MARGIN and entry["rounds"] == 7
     assert entry["ms"] == pytest.approx({"sdpa": 1.0, "vanilla": 1 / 1.3})
     assert entry["gain"] == pytest.approx({"vanilla": 0.3}, abs=1e-6)
     assert entry["diff"]["sliced"] == "differs" and 0.0 <= entry["diff"]["vanilla"] <= 1.0
     assert tuning.read_cache(path, CANDIDATES)[0] == {key: entry}  # a usable entry
 
     # read back by a new processor: nothing run, nothing timed, the same decision and figures
-    monkeypatch.setattr(tuning, "time_rounds", _no_timing)
-    monkeypatch.setattr(tuning, "output_bound", _no_timing)
+    monkeypatch.setattr(tune_check, "time_rounds", _no_timing)
+    monkeypatch.setattr(tune_check, "output_bound", _no_timing)
     again = tuned(path, clock, vanilla=1 / 1.3, sliced=Fake(clock, "sliced", 0.5, wrong=scaled))
     call(again, qkv())
     record = again.decisions[0]
@@ -389,7 +389,7 @@ def test_an_entry_without_trustworthy_figures_is_tuned_again(seed, tmp_path, clo
     raw = tuning.read_raw(path)
     assert raw["another"] == {"backend": "flash_attn4", "ms": {}}
     entry = next(v for k, v in raw.items() if k != "another")
-    assert entry["backend"] == "sdpa" and entry["checked"] == tuning.CHECKED and entry["diff"] == {"vanilla": "differs"}
+    assert entry["backend"] == "sdpa" and entry["checked"] == tune_check.CHECKED and entry["diff"] == {"vanilla": "differs"}
 
 
 def test_an_entry_is_judged_under_this_choosers_margin(seed, tmp_path, clock, monkeypatch):
@@ -403,7 +403,7 @@ def test_an_entry_is_judged_under_this_choosers_margin(seed, tmp_path, clock, mo
     call(second, qkv())
     assert second.decisions[0].how == "tuned" and second.decisions[0].backend == "vanilla"
     assert entry_of(path)[1]["backend"] == "vanilla"
-    monkeypatch.setattr(tuning, "time_rounds", _no_timing)
+    monkeypatch.setattr(tune_check, "time_rounds", _no_timing)
     third = tuned(path, clock, vanilla=1 / 1.3, tune_margin=0.2)
     call(third, qkv())
     assert third.decisions[0].how == "tune cache" and third.decisions[0].backend == "vanilla"

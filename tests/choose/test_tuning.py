@@ -20,7 +20,7 @@ import pytest
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit.choose import _files, tuning
+from attnkit.choose import _files, tune_check, tuning
 from attnkit.backends import AttentionCall
 from attnkit.choose.policy import CANDIDATES
 from attnkit.testing import assert_close_to_reference, make_bias, make_qkv
@@ -69,7 +69,7 @@ def test_tune_times_candidates_and_round_trips(seed, tmp_path, monkeypatch):
     record = proc.decisions[0]
     assert record.how == "tuned" and set(record.ms) == {"sdpa", "vanilla"} and record.priority == "sdpa"
     # vanilla only by the margin (tests/choose/test_tune_checks.py times fake backends)
-    assert record.backend == ("vanilla" if record.gain["vanilla"] >= tuning.DEFAULT_MARGIN else "sdpa")
+    assert record.backend == ("vanilla" if record.gain["vanilla"] >= tune_check.DEFAULT_MARGIN else "sdpa")
     entries, others = tuning.read_cache(path, CANDIDATES)
     assert others == 0 and len(entries) == 1
     (key, entry), = entries.items()
@@ -87,8 +87,8 @@ def _no_timing(*args, **kwargs):
 
 
 def _never_time(monkeypatch):
-    monkeypatch.setattr(tuning, "time_backend", _no_timing)
-    monkeypatch.setattr(tuning, "time_rounds", _no_timing)
+    monkeypatch.setattr(tune_check, "time_backend", _no_timing)
+    monkeypatch.setattr(tune_check, "time_rounds", _no_timing)
 
 
 def test_one_candidate_times_and_writes_nothing(seed, tmp_path, monkeypatch, caplog):
