@@ -87,14 +87,12 @@ def require() -> None:
 class _EveryName(frozenset):
     """diffusers keeps the keyword arguments a backend function declares and drops the
     others silently; registered as attnkit's "supported" names, this keeps them all, so
-    that attnkit refuses what it does not implement instead of never seeing it.
+    that attnkit refuses what it does not implement instead of never seeing it. (A
+    Python method: torch.compile traces it; a built-in such as ``bool`` would be faster
+    and breaks the graph, "missing sq_contains".)"""
 
-    ``bool`` as ``__contains__``: a built-in is not bound to the instance, so ``name in
-    self`` is ``bool(name)``, True for every keyword (a non-empty str), at C speed. diffusers
-    asks once per argument of every attention call; a Python method cost about 0.1 us each.
-    """
-
-    __contains__ = bool
+    def __contains__(self, name: object) -> bool:
+        return True
 
 
 _LOCK = threading.RLock()

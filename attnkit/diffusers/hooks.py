@@ -1,37 +1,17 @@
 """Every change attnkit makes to diffusers, in one module.
 
 attnkit changes diffusers' own classes and tables in the few places below, and nowhere
-else (``tests/diffusers/test_hooks.py`` reads the package for assignments to diffusers'
-objects). Each is a :class:`Hook`: checked against the installed diffusers before it is
+else (``tests/diffusers/test_hooks.py`` compares diffusers' classes, module globals, enum
+and registry, in a fresh interpreter, before and after attnkit). Each is a :class:`Hook`: checked against the installed diffusers before it is
 installed (a hook whose target is missing or changed is not installed, and one warning
 says which, on which diffusers version, and what works without it), installed by
 ``import attnkit`` (:func:`install`, idempotent) and taken out by :func:`uninstall`.
 
-============================  ===============================================================
-hook                          what it adds
-============================  ===============================================================
-``set_processor``             ``Attention`` / ``AttentionModuleMixin``: an attnkit processor
-                              notes the processor it replaces (what a kept module runs, what
-                              ``undo()`` restores) and the module's route
-``set_attn_processor``        ``AttentionMixin``: the modules attnkit keeps are said in one
-                              warning per model, and ``explain()`` names every module
-``set_default_attn_processor`` every ``ModelMixin`` subclass (and those defined later, through
-                              ``ModelMixin.__init_subclass__``): attnkit's processors stand for
-                              the diffusers processor they compute while diffusers picks the
-                              default
-``set_attention_backend``     ``ModelMixin``: the chooser is made there (never inside a
-                              ``torch.compile`` trace), and a model the dispatcher does not
-                              wholly reach is told so
-``active backend``            ``_AttentionBackendRegistry.set_active_backend``: while an attnkit
-                              name is diffusers' process-wide backend (the ``attention_backend``
-                              context), ``ModelMixin.__call__`` is attnkit's and the first call
-                              of each model says what the dispatcher does not reach in it; it
-                              is taken away when another backend is set
-``backend names``             ``AttentionBackendName`` members and ``_AttentionBackendRegistry``
-                              entries: ``attnkit``, ``attnkit_<backend>``, and one name per
-                              chooser routed to by ``set_attn_processor``, which leaves with
-                              its chooser (:func:`add_backend`, :func:`remove_backend`)
-============================  ===============================================================
+The hooks (:data:`HOOKS`; the table in docs/models.md, "What attnkit changes in
+diffusers"): attnkit's backend names in diffusers' enum and registry; ``set_processor``
+of diffusers' attention modules; ``set_attn_processor``, ``set_default_attn_processor``
+and ``set_attention_backend`` of its models; and its registry's ``set_active_backend``,
+with ``ModelMixin.__call__`` while an attnkit name is the process-wide backend.
 
 What a served model holds (its processors, the methods ``attnkit.apply`` sets on its
 modules, the module global the sdpa route adds for a chooser, removed with the chooser)
@@ -53,6 +33,7 @@ import gc
 import inspect
 import logging
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -142,7 +123,12 @@ class Hook:
             self.problem = self.check()
             if self.problem is not None:
                 return False
-            self._install()
+            try:
+                self._install()
+            except Exception as exc:  # noqa: BLE001  (a diffusers the checks did not foresee: as it was)
+                self._uninstall()
+                self.problem = f"installing it failed ({type(exc).__name__}: {exc})"
+                return False
             self.installed = True
             return True
 
@@ -527,6 +513,17 @@ def _uninstall_names() -> None:
             forget(value)
 
 
+# the sdpa route: a module global per chooser -------------------------------------------------------
+def set_global(namespace: dict, name: str, value: Any, owner: Any = None) -> None:
+    """``namespace[name] = value`` in a diffusers module's globals: the sdpa route's rebound
+    code reads its attention there (attnkit.diffusers.routes). With ``owner`` (the
+    chooser), the name leaves the module when the owner is freed. Not a hook: it belongs
+    to the models that chooser serves, and goes with it."""
+    namespace[name] = value
+    if owner is not None:
+        weakref.finalize(owner, namespace.pop, name, None)
+
+
 # -- the table ---------------------------------------------------------------------------------------
 SET_PROCESSOR = Hook(
     "set_processor", "Attention.set_processor, AttentionModuleMixin.set_processor",
@@ -594,4 +591,4 @@ def status() -> list[dict[str, Any]]:
 
 
 __all__ = ["HOOKS", "Hook", "PREFIX", "add_backend", "attnkit_names", "check_registry", "connect", "in_use", "install",
-           "remove_backend", "status", "uninstall", "watching"]
+           "remove_backend", "set_global", "status", "uninstall", "watching"]

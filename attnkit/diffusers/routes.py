@@ -34,7 +34,6 @@ import itertools
 import textwrap
 import threading
 import types
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -43,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backend as diffusers_backend
+from . import hooks
 from .adapters import FORWARD_ADAPTERS, SDPA, PerChooser, functional_for, nn_for
 from .protocol import check_module_problem
 
@@ -300,8 +300,9 @@ def _rebind(fn: types.FunctionType, chooser) -> types.FunctionType:
         if unique is None:
             unique = names[(who, alias)] = f"_attnkit_{alias}_{next(_UNIQUE)}"
             # the proxy holds the chooser weakly; its name leaves the module with the chooser
-            weakref.finalize(chooser, globals_.pop, unique, None)
-        globals_[unique] = proxy
+            hooks.set_global(globals_, unique, proxy, owner=chooser)
+        else:
+            hooks.set_global(globals_, unique, proxy)
         code = code.replace(co_names=tuple(unique if n == alias else n for n in code.co_names))
     else:  # the name is also an attribute somewhere in the code: a copy of the globals
         globals_ = {**globals_, alias: proxy}
