@@ -1,4 +1,4 @@
-"""bench/overhead.py's part (e), the dispatch route's tiny call, run with very few rounds:
+"""bench/overhead.py's part (e), the dispatch route's small and tiny calls, run with very few rounds:
 it runs and reports finite ratios (speed targets live in the script, never here)."""
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ def overhead():
 
 def test_part_e_reports_finite_ratios(overhead):
     out = overhead.part_e(torch.device("cpu"), torch.float32, rounds=2, calls=3)
-    assert set(out) == {"no mask", "key-padding mask"}
+    assert set(out) == {
+        f"{size}, {mask}" for size in ("small", "tiny") for mask in ("no mask", "key-padding mask")
+    }
     for r in out.values():
         assert r["rounds"] == 2
         for key in ("ratio_median", "ratio_min", "ratio_max", "ratio_of_minimums"):
@@ -35,4 +37,4 @@ def test_part_e_reports_finite_ratios(overhead):
 def test_the_command_line_runs_part_e(overhead, capsys):
     assert overhead.main(["--parts", "e", "--rounds-e", "2", "--calls-e", "2"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("(e)")]
-    assert len(lines) == 2 and all("ratio" in x and "target <= 1.1" in x for x in lines)
+    assert len(lines) == 4 and all("ratio" in x and "target <= 1.1" in x for x in lines)
