@@ -23,9 +23,7 @@ def overhead():
 
 def test_part_e_reports_finite_ratios(overhead):
     out = overhead.part_e(torch.device("cpu"), torch.float32, rounds=2, calls=3)
-    assert set(out) == {
-        f"{size}, {mask}" for size in ("small", "tiny") for mask in ("no mask", "key-padding mask")
-    }
+    assert set(out) == {f"{size}, {mask}" for size in ("small", "tiny") for mask in ("no mask", "key-padding mask")}
     for r in out.values():
         assert r["rounds"] == 2
         for key in ("ratio_median", "ratio_min", "ratio_max", "ratio_of_minimums"):
