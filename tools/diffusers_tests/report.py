@@ -166,9 +166,39 @@ def _fmt_counter(counter: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in counter.items()) or "none"
 
 
+def render_readme(data: dict, report_name: str = "report.md") -> str:
+    """The record's front page: what ran, the headline per kind, and where the rest is."""
+    h = data["header"]
+    lines = ["# diffusers' own tests with attnkit.auto()", "",
+             "diffusers' own model and pipeline tests, run twice on the CPU: stock, then with "
+             "`attnkit.auto()` set on every attention module at construction. Only the tests that "
+             "pass stock run with attnkit.", ""]
+    for kind in ("models", "pipelines"):
+        rows = [e for e in data["families"] if e["kind"] == kind]
+        if not rows:
+            continue
+        stock = sum(e["attnkit_ran"] for e in rows)
+        passed = sum(_sum(e["attnkit"], PASSED) for e in rows)
+        exercised = sum(e["attnkit_exercised"] for e in rows)
+        lines.append(f"- {kind}: {len(rows)} families; {passed} of {stock} tests that pass stock pass with "
+                     f"attnkit ({exercised} of them computed attention through attnkit)")
+    count = sum(g["count"] for g in data["regressions_by_reason"])
+    lines.append(f"- pass stock, fail with attnkit: {count}")
+    lines.append(f"- diffusers {h.get('diffusers_commit') or 'unknown commit'}, attnkit {h.get('attnkit_commit')}, "
+                 f"{h.get('date')}")
+    lines += ["", f"Per family, the versions, the command and every regression with its reason: "
+              f"[{report_name}]({report_name}) (and `{Path(report_name).with_suffix('.json')}`). "
+              "Run again with `make diffusers-tests` (tools/diffusers_tests/).", ""]
+    return "\n".join(lines)
+
+
 def write(data: dict, path: Path) -> tuple[Path, Path]:
+    """The report at `path`, its JSON beside it, and a README.md that sums it up (a record
+    under bench/results/ has its README)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_markdown(data), encoding="utf-8")
+    if path.name != "README.md":
+        (path.parent / "README.md").write_text(render_readme(data, path.name), encoding="utf-8")
     json_path = path.with_suffix(".json")
     json_path.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
     return path, json_path
