@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine:
-#   make test    # virtual environment + install + the linter + the test suite (CPU)
+#   make test    # virtual environment + install + the linter, formatter check + the test suite (CPU)
 #   make bench   # same setup + the main benchmark job
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -22,10 +22,12 @@ setup: $(VENV)/.setup-test
 
 test: $(VENV)/.setup-test
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 lint: $(VENV)/.setup-test
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 bench: $(VENV)/.setup-bench
 	$(PY) -m attnkit bench $(BENCH_ARGS)

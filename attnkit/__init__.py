@@ -1,10 +1,16 @@
 """attnkit: pluggable, correct-first attention processors for diffusers.
 
-    pipe.unet.set_attn_processor(attnkit.auto())
+pipe.unet.set_attn_processor(attnkit.auto())
 """
 
+from . import (
+    _moved,
+    testing,  # noqa: E402  (attnkit.testing.reference_attention)
+)
 from .backends import AttentionCall, BackendUnavailable, DeviceInfo, get_backend
-from .errors import UnsupportedModule
+from .diffusers import hooks as _hooks
+from .diffusers import wrappers as _wrappers  # noqa: F401  (connects what the hooks call)
+from .diffusers.apply import PROCESSOR_NAMES, Applied, apply, plan, processor
 from .diffusers.processor import (
     AttnkitProcessor,
     AutoProcessor,
@@ -16,11 +22,7 @@ from .diffusers.processor import (
     XFormersProcessor,
     auto,
 )
-from .diffusers.apply import PROCESSOR_NAMES, Applied, apply, plan, processor
-from . import _moved
-from . import testing  # noqa: E402  (attnkit.testing.reference_attention)
-from .diffusers import hooks as _hooks
-from .diffusers import wrappers as _wrappers  # noqa: F401  (connects what the hooks call)
+from .errors import UnsupportedModule
 
 # every change attnkit makes to diffusers (its backend names, set_processor, set_attn_processor,
 # set_default_attn_processor, set_attention_backend, the attention_backend context), each

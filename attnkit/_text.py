@@ -16,7 +16,7 @@ def short(text: object, limit: int = 90) -> str:
 
 
 def describe_exception(exc: BaseException, limit: int = 200) -> str:
-    """"Type: first line of the message", cut to ``limit``: how a failure is named in a log
+    """ "Type: first line of the message", cut to ``limit``: how a failure is named in a log
     line or a table cell."""
     lines = str(exc).strip().splitlines()
     return short(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__, limit)
@@ -77,8 +77,11 @@ class Caller:
             if "attn" in code.co_varnames or "self" in code.co_varnames:
                 local = frame.f_locals
                 attn, owner = local.get("attn"), local.get("self")
-                if (_SNAPSHOT and code.co_flags & inspect.CO_OPTIMIZED
-                        and str(frame.f_globals.get("__name__")).startswith(_LIBRARIES)):
+                if (
+                    _SNAPSHOT
+                    and code.co_flags & inspect.CO_OPTIMIZED
+                    and str(frame.f_globals.get("__name__")).startswith(_LIBRARIES)
+                ):
                     # Before Python 3.13, f_locals of a function's frame is a copy kept on
                     # the frame until it returns: it would hold the locals of a library's
                     # long-lived frame (a pipeline's latents of an earlier step) alive.

@@ -26,8 +26,8 @@ from . import __version__
 from ._text import describe_exception
 from .backends import AttentionCall, Capabilities, DeviceInfo, capability_columns
 from .backends.base import dtype_name, package_version
-from .choose.auto import ENV_VAR, AutoChooser
 from .choose import policy, records
+from .choose.auto import ENV_VAR, AutoChooser
 from .choose.policy import CANDIDATES, PRIORITIES, install_hint_of, installed_packages, reasons_of
 from .diffusers import hooks
 from .diffusers.apply import plan
@@ -99,20 +99,32 @@ def record_rules(device: DeviceInfo, chooser: AutoChooser, packages: dict[str, s
     for rule in records.RULES:
         if rule.gpu != folder:
             continue
-        call = AttentionCall(device, getattr(torch, rule.dtype), rule.head_dim, q_len=rule.min_q, kv_len=rule.min_kv,
-                             batch=2, heads=8, mask=rule.mask, requires_grad=rule.grad, causal=rule.causal,
-                             packages=packages)
+        call = AttentionCall(
+            device,
+            getattr(torch, rule.dtype),
+            rule.head_dim,
+            q_len=rule.min_q,
+            kv_len=rule.min_kv,
+            batch=2,
+            heads=8,
+            mask=rule.mask,
+            requires_grad=rule.grad,
+            causal=rule.causal,
+            packages=packages,
+        )
         label, _, _ = chooser.walk(call)
         # the class's order as a plain tuple: walked as given, without the rule
         without, _ = policy.walk(call, tuple(priority.order), chooser.backend, chooser.exclude)
-        out["rules"].append({
-            "call": policy.describe_call(call, with_record=False),
-            "rule": policy.describe_rule(rule),
-            "source": policy.rule_source(rule),
-            "backend": label,
-            "without_rule": without,
-            "changed": label != without,
-        })
+        out["rules"].append(
+            {
+                "call": policy.describe_call(call, with_record=False),
+                "rule": policy.describe_rule(rule),
+                "source": policy.rule_source(rule),
+                "backend": label,
+                "without_rule": without,
+                "changed": label != without,
+            }
+        )
     out["tiles"] = tile_rules(folder)
     return out
 
@@ -125,15 +137,17 @@ def tile_rules(folder: str) -> list[dict[str, Any]]:
     for r in TILE_RULES:
         if r.gpu != folder:
             continue
-        out.append({
-            "list": f"{r.target} {r.kernel} {r.width} head dims <= {r.band}, bias {r.variant}, "
-                    f"{'causal' if r.causal else 'not causal'}, {r.loads} loads",
-            "calls": f"{r.dtype}, q_len >= {r.min_q}, kv_len >= {r.min_kv}",
-            "tile": r.tile,
-            "replaces": r.replaces,
-            "source": f"{policy.RECORDS_DIR}/{r.gpu}/{r.record} (the timed call ran {r.gain:.2f}x as fast with the "
-                      "autotuner's choices as with the defaults, same run)",
-        })
+        out.append(
+            {
+                "list": f"{r.target} {r.kernel} {r.width} head dims <= {r.band}, bias {r.variant}, "
+                f"{'causal' if r.causal else 'not causal'}, {r.loads} loads",
+                "calls": f"{r.dtype}, q_len >= {r.min_q}, kv_len >= {r.min_kv}",
+                "tile": r.tile,
+                "replaces": r.replaces,
+                "source": f"{policy.RECORDS_DIR}/{r.gpu}/{r.record} (the timed call ran {r.gain:.2f}x as fast with the "
+                "autotuner's choices as with the defaults, same run)",
+            }
+        )
     return out
 
 
@@ -188,8 +202,15 @@ def collect() -> dict[str, Any]:
                 row = {"head_dim": head_dim, "tokens": tokens, "dtype": dtype_name(dt), "mask": mask}
                 for kind, kv_len in (("self", tokens), ("cross", SD15_TEXT_TOKENS)):
                     call = AttentionCall(
-                        dev_info, dt, head_dim, q_len=tokens, kv_len=kv_len, batch=2, heads=8,
-                        mask=mask, packages=packages,
+                        dev_info,
+                        dt,
+                        head_dim,
+                        q_len=tokens,
+                        kv_len=kv_len,
+                        batch=2,
+                        heads=8,
+                        mask=mask,
+                        packages=packages,
                     )
                     label, table, _ = chooser.walk(call)
                     before = list(table)[: list(table).index(label)] if label else list(table)
@@ -222,8 +243,11 @@ def report(data: dict[str, Any] | None = None) -> str:
     hooks_ = data.get("diffusers_hooks", [])
     if hooks_:
         installed = [h["name"] for h in hooks_ if h["installed"]]
-        lines += ["", f"changes to diffusers (attnkit/diffusers/hooks.py): {len(installed)} of {len(hooks_)} installed"
-                  + (f": {', '.join(installed)}" if installed else "")]
+        lines += [
+            "",
+            f"changes to diffusers (attnkit/diffusers/hooks.py): {len(installed)} of {len(hooks_)} installed"
+            + (f": {', '.join(installed)}" if installed else ""),
+        ]
         for h in hooks_:
             if not h["installed"]:
                 lines.append(f"  {h['name']}: not installed ({h['problem'] or 'hooks.uninstall()'})")
@@ -261,7 +285,9 @@ def report(data: dict[str, Any] | None = None) -> str:
         for kind in ("self", "cross"):
             cells.append(row[kind]["backend"] or "(none)")
             for name, reasons in row[kind]["skipped"].items():
-                notes.setdefault(f"{name} ({row['dtype']}, D={row['head_dim']}, mask={row['mask']})", "; ".join(reasons))
+                notes.setdefault(
+                    f"{name} ({row['dtype']}, D={row['head_dim']}, mask={row['mask']})", "; ".join(reasons)
+                )
         lines.append(
             f"  {row['head_dim']:>8} {row['tokens']:>6} {row['dtype']:<8} {row['mask']:<11} {cells[0]:<12} {cells[1]}"
         )
@@ -278,8 +304,10 @@ def report(data: dict[str, Any] | None = None) -> str:
     if rec is not None:
         lines.append("")
         if rec["record"] is None:
-            lines.append(f"GPU record rules: none for {rec['device']} (recorded: {', '.join(rec['recorded'])}); "
-                         "auto() walks the hardware class's order")
+            lines.append(
+                f"GPU record rules: none for {rec['device']} (recorded: {', '.join(rec['recorded'])}); "
+                "auto() walks the hardware class's order"
+            )
         else:
             lines.append(f"GPU record rules for {rec['device']} ({rec['record']}, `python -m tools.records`):")
             for r in rec["rules"]:
@@ -290,8 +318,10 @@ def report(data: dict[str, Any] | None = None) -> str:
                 lines.append(f"  {r['call']} -> {what}")
                 lines.append(f"    {r['rule']}")
             if rec.get("tiles"):
-                lines.append("  Triton default tiles (with ATTNKIT_TRITON_AUTOTUNE=0; ATTNKIT_TILE_RECORDS=0 keeps "
-                             "the shipped ones):")
+                lines.append(
+                    "  Triton default tiles (with ATTNKIT_TRITON_AUTOTUNE=0; ATTNKIT_TILE_RECORDS=0 keeps "
+                    "the shipped ones):"
+                )
                 for t in rec["tiles"]:
                     lines.append(f"    {t['list']}; {t['calls']}: {t['tile']} instead of {t['replaces']}")
                     lines.append(f"      {t['source']}")
@@ -320,8 +350,10 @@ def shipped_models() -> list[str]:
 
 def _accepted() -> str:
     """What --model takes, for the end of every error about it."""
-    return ("give a diffusers model's config: a folder holding config.json (a model's unet/, vae/ or "
-            "transformer/ folder), that config.json, or one of attnkit's: " + ", ".join(shipped_models()))
+    return (
+        "give a diffusers model's config: a folder holding config.json (a model's unet/, vae/ or "
+        "transformer/ folder), that config.json, or one of attnkit's: " + ", ".join(shipped_models())
+    )
 
 
 def _diffusers_class(name: object):
@@ -355,15 +387,18 @@ def load_config(where: str) -> dict:
             hint = ""
         raise FileNotFoundError(f"--model {where!r} is a folder without config.json{hint}; {_accepted()}")
     elif not path.is_file():
-        raise FileNotFoundError(f"--model {where!r}: no such file or folder, nor a config shipped with attnkit; "
-                                f"{_accepted()}")
+        raise FileNotFoundError(
+            f"--model {where!r}: no such file or folder, nor a config shipped with attnkit; {_accepted()}"
+        )
     try:
         config = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"--model {where!r} is not a JSON file ({e}); {_accepted()}") from None
     if not isinstance(config, dict):
-        raise ValueError(f"--model {where!r} holds a JSON {type(config).__name__}, not a config (a JSON object "
-                         f"with _class_name); {_accepted()}")
+        raise ValueError(
+            f"--model {where!r} holds a JSON {type(config).__name__}, not a config (a JSON object "
+            f"with _class_name); {_accepted()}"
+        )
     if not isinstance(config.get("_class_name"), str) or not config["_class_name"]:
         raise ValueError(f"--model {where!r} is not a diffusers config (it names no _class_name); {_accepted()}")
     return config
@@ -377,8 +412,15 @@ def _not_a_model(cls: object, config: dict) -> str:
         return "is a scheduler's config, which has no attention modules"
     # a pipeline's model_index.json: {component: [library, class]}; its class may be a
     # stand-in (below) when transformers is not installed, so it is known by these too
-    components = [k for k, v in config.items() if not k.startswith("_") and isinstance(v, list) and len(v) == 2
-                  and (v[0] is None or v[0] in ("diffusers", "transformers")) and isinstance(v[1], (str, type(None)))]
+    components = [
+        k
+        for k, v in config.items()
+        if not k.startswith("_")
+        and isinstance(v, list)
+        and len(v) == 2
+        and (v[0] is None or v[0] in ("diffusers", "transformers"))
+        and isinstance(v[1], (str, type(None)))
+    ]
     if components or _subclass(cls, getattr(diffusers, "DiffusionPipeline", None)):
         where = f": its models are in its subfolders ({', '.join(c + '/' for c in components)})" if components else ""
         return f"is a pipeline's config (model_index.json){where}, not a model's"
@@ -401,29 +443,35 @@ def model_plan(where: str):
     name = config["_class_name"]
     cls = _diffusers_class(name)
     if cls is None:
-        raise ValueError(f"--model {where!r} names class {name!r}, which diffusers {diffusers.__version__} does "
-                         f"not export (a newer diffusers may); {_accepted()}")
+        raise ValueError(
+            f"--model {where!r} names class {name!r}, which diffusers {diffusers.__version__} does "
+            f"not export (a newer diffusers may); {_accepted()}"
+        )
     if not _subclass(cls, torch.nn.Module):
         raise ValueError(f"--model {where!r} ({name}) {_not_a_model(cls, config)}; {_accepted()}")
     try:
         with torch.device("meta"):
             model = cls.from_config({k: v for k, v in config.items() if not k.startswith("_")})
     except Exception as e:  # a config diffusers cannot build: its own words, on one line
-        raise ValueError(f"--model {where!r}: diffusers {diffusers.__version__} cannot build {name} from it "
-                         f"({describe_exception(e)}); check the config against that version's {name}") from e
+        raise ValueError(
+            f"--model {where!r}: diffusers {diffusers.__version__} cannot build {name} from it "
+            f"({describe_exception(e)}); check the config against that version's {name}"
+        ) from e
     return name, plan(model)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="attnkit info",
-        description="Devices, versions, attention backends and what attnkit.auto() chooses here.",
+        prog="attnkit info", description="Devices, versions, attention backends and what attnkit.auto() chooses here."
     )
     parser.add_argument("--json", action="store_true", help="print the data as JSON")
-    parser.add_argument("--model", metavar="CONFIG",
-                        help="also say how attnkit reaches every attention module of this model: a folder with "
-                             "a diffusers config.json (a model's transformer/ or unet/ folder), a config.json, "
-                             "or a config shipped with attnkit (flux_dev_transformer, ...)")
+    parser.add_argument(
+        "--model",
+        metavar="CONFIG",
+        help="also say how attnkit reaches every attention module of this model: a folder with "
+        "a diffusers config.json (a model's transformer/ or unet/ folder), a config.json, "
+        "or a config shipped with attnkit (flux_dev_transformer, ...)",
+    )
     args = parser.parse_args(argv)
     if args.model:
         try:
@@ -432,8 +480,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"attnkit info: {e}", file=sys.stderr)
             return 2
         if args.json:
-            print(json.dumps({"model": name, "routes": {n: {"route": r.kind, "reason": r.reason}
-                                                         for n, r in routes.routes.items()}}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "model": name,
+                        "routes": {n: {"route": r.kind, "reason": r.reason} for n, r in routes.routes.items()},
+                    },
+                    indent=2,
+                )
+            )
         else:
             print(f"{name}: {routes.explain()}")
         return 0

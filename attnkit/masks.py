@@ -79,8 +79,10 @@ def keep_to_bias(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ends = _ENDS.get(key)
     if ends is None:
         with torch.inference_mode(False):  # usable outside inference mode too
-            ends = (torch.zeros((), dtype=dtype, device=keep.device),
-                    torch.full((), float("-inf"), dtype=dtype, device=keep.device))
+            ends = (
+                torch.zeros((), dtype=dtype, device=keep.device),
+                torch.full((), float("-inf"), dtype=dtype, device=keep.device),
+            )
         _ENDS[key] = ends
     return torch.where(keep, *ends)
 
@@ -90,8 +92,9 @@ _ENDS: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _say(template: str, mask: torch.Tensor, full, who) -> str:
-    return template.format(shape=tuple(mask.shape), full=full, dtype=mask.dtype,
-                           who=describe_module(who) if "{who}" in template else "")
+    return template.format(
+        shape=tuple(mask.shape), full=full, dtype=mask.dtype, who=describe_module(who) if "{who}" in template else ""
+    )
 
 
 def expand_kv_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool):

@@ -20,11 +20,7 @@ def _bias_to_additive(attn_bias: torch.Tensor, dtype: torch.dtype) -> torch.Tens
 
 
 def reference_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_bias: torch.Tensor | None = None,
-    scale: float | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None = None, scale: float | None = None
 ) -> torch.Tensor:
     """softmax(q @ k^T * scale + attn_bias) @ v in float64.
 
@@ -84,18 +80,17 @@ def torch_math_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if attn_bias is not None:
         scores = scores + _bias_to_additive(attn_bias, scores.dtype)
-    p = torch.ops.aten._safe_softmax.default(scores, -1) if hasattr(torch.ops.aten, "_safe_softmax") else scores.softmax(-1)
+    p = (
+        torch.ops.aten._safe_softmax.default(scores, -1)
+        if hasattr(torch.ops.aten, "_safe_softmax")
+        else scores.softmax(-1)
+    )
     return torch.matmul(p.to(v.dtype), v)
 
 
 # Floor of the tolerance: a few units of rounding of the output dtype, so that a
 # baseline that happens to be exact (tiny problems) does not demand exactness.
-EPSILON = {
-    torch.float64: 1e-12,
-    torch.float32: 1e-6,
-    torch.float16: 2e-3,
-    torch.bfloat16: 1.6e-2,
-}
+EPSILON = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def tolerance(
@@ -198,6 +193,7 @@ def make_bias(
     2d: (M, N); bool: (B, 1, M, N) boolean, about 70% True, key 0 always kept.
     Random biases are standard normal.
     """
+
     def randn(*shape):
         return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
 

@@ -51,8 +51,15 @@ VARIANTS = ("none", "keypad", "full", "full_grad", "keypad_grad")  # _grad: the 
 
 def kernels_fwd(dt: str) -> tuple:
     return ("fwd",) if dt == "fp32" else ("fwd", "fwd_lo")  # fwd_lo: a 16-bit forward for a backward
-KERNELS_BWD = {"none": ("dkdv", "dq"), "keypad": ("dkdv", "dq"), "full": ("dkdv", "dq"),
-               "full_grad": ("dq_dbias", "dkdv"), "keypad_grad": ("dkdv_dbias", "dq")}
+
+
+KERNELS_BWD = {
+    "none": ("dkdv", "dq"),
+    "keypad": ("dkdv", "dq"),
+    "full": ("dkdv", "dq"),
+    "full_grad": ("dq_dbias", "dkdv"),
+    "keypad_grad": ("dkdv_dbias", "dq"),
+}
 
 
 def _torch_dtype(name):
@@ -70,12 +77,13 @@ def list_lengths(lists: str, dt: str, D: int, variant: str, causal: bool, loads:
     """{kernel: number of candidates} of the lists a call of this kind uses."""
     fa = _fa()
     v = variant.removesuffix("_grad")
-    return {k: len(fa.configs_for(k, D, _torch_dtype(dt), lists, v, causal, loads == "tma"))
-            for k in kernels_fwd(dt) + KERNELS_BWD[variant]}
+    return {
+        k: len(fa.configs_for(k, D, _torch_dtype(dt), lists, v, causal, loads == "tma"))
+        for k in kernels_fwd(dt) + KERNELS_BWD[variant]
+    }
 
 
-def plan(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lists_too=True,
-         min_index=0) -> list[dict]:
+def plan(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lists_too=True, min_index=0) -> list[dict]:
     """Every job, defaults first: (lists, dtype, head dim, variant, causal, loads, index);
     min_index leaves out each list's first candidates (a run that follows one which
     checked the defaults)."""
@@ -85,7 +93,7 @@ def plan(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lis
             for D in head_dims:
                 for variant in variants:
                     for causal in (False, True):
-                        for loads in (("tma", "ptr") if lists == "sm90" and dt != "fp32" else ("ptr",)):
+                        for loads in ("tma", "ptr") if lists == "sm90" and dt != "fp32" else ("ptr",):
                             n = max(list_lengths(lists, dt, D, variant, causal, loads).values())
                             combos.append((lists, dt, D, variant, causal, loads, n))
     jobs = []
@@ -97,8 +105,13 @@ def plan(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lis
     # each (lists, index) once: the native lists' defaults, then sm80's, then index 1 ...
     # and within each, the diffusion models' cases first: 16-bit, head dims up to 160.
     order = {(native, 0): 0, ("sm80", 0): 1}
-    jobs.sort(key=lambda j: (order.get((j["lists"], j["index"]), 2 + 2 * j["index"] + (j["lists"] != native)),
-                             j["dtype"] == "fp32", j["D"] > 160))
+    jobs.sort(
+        key=lambda j: (
+            order.get((j["lists"], j["index"]), 2 + 2 * j["index"] + (j["lists"] != native)),
+            j["dtype"] == "fp32",
+            j["D"] > 160,
+        )
+    )
     return jobs
 
 
@@ -174,6 +187,7 @@ def run_job(job: dict) -> dict:
             view = buf[..., 1:]
             view.copy_(t)
             return view
+
         for grads in (False, True):
             bias_grad = grads and variant.endswith("_grad")
             inputs = [q, k, v] + ([bias] if bias_grad else [])
@@ -187,7 +201,7 @@ def run_job(job: dict) -> dict:
             base = torch_math_attention(*base_in[:3], full_bias(base_in[3] if bias_grad else bias, torch.float32))
             tag = "fwd+bwd" if grads else "fwd"
             rec["checks"].append(_check(out.detach(), ref.detach(), base.detach(), eps, f"{tag} out"))
-            scores = ref_in[0].detach() @ ref_in[1].detach().transpose(-1, -2) * D ** -0.5
+            scores = ref_in[0].detach() @ ref_in[1].detach().transpose(-1, -2) * D**-0.5
             fb = full_bias(None if bias is None else bias.detach(), torch.float64)
             ref_lse = torch.logsumexp(scores if fb is None else scores + fb, -1)
             seen = torch.isfinite(ref_lse)
@@ -195,8 +209,7 @@ def run_job(job: dict) -> dict:
             from attnkit.testing import rel_error
 
             lse_err = rel_error(lse.detach()[seen], ref_lse[seen])
-            rec["checks"].append({"what": f"{tag} lse", "err": lse_err, "tol": 1e-5,
-                                  "ok": lse_ok and lse_err < 1e-5})
+            rec["checks"].append({"what": f"{tag} lse", "err": lse_err, "tol": 1e-5, "ok": lse_ok and lse_err < 1e-5})
             if grads:
                 do = torch.randn_like(out)
                 got = torch.autograd.grad(out, inputs, do)
@@ -268,8 +281,10 @@ def sweep(outdir: str, seconds: float, workers: int, min_index: int = 0, **only)
             f.flush()
             if len(records) % 25 == 0:
                 bad = sum(not r["ok"] for r in records)
-                print(f"[tiles] {len(records)}/{len(jobs)} runs, {bad} failing, "
-                      f"{deadline - time.time():.0f} s left", flush=True)
+                print(
+                    f"[tiles] {len(records)}/{len(jobs)} runs, {bad} failing, {deadline - time.time():.0f} s left",
+                    flush=True,
+                )
     for p in procs:
         if p.is_alive():
             p.kill()
@@ -287,7 +302,7 @@ def shipped_tiles(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARI
             for D in head_dims:
                 for v in sorted({v.removesuffix("_grad") for v in variants}):
                     for causal in (False, True):
-                        for tma in ((True, False) if lists == "sm90" and dt != "fp32" else (False,)):
+                        for tma in (True, False) if lists == "sm90" and dt != "fp32" else (False,):
                             for kern in kernels_fwd(dt) + ("dkdv", "dq", "dkdv_dbias", "dq_dbias"):
                                 for c in fa.configs_for(kern, D, _torch_dtype(dt), lists, v, causal, tma):
                                     out.add((lists, dt, D, v, causal, f"{kern}:{'tma' if tma else 'ptr'}:{c}"))
@@ -324,8 +339,9 @@ def timing_cases(names=None) -> list[tuple]:
         return list(TIMING)
     unknown = sorted(set(names) - set(TIMING_NAMES))
     if unknown:
-        raise ValueError(f"no timing case named {', '.join(map(repr, unknown))}; the cases: "
-                         f"{', '.join(map(repr, TIMING_NAMES))}")
+        raise ValueError(
+            f"no timing case named {', '.join(map(repr, unknown))}; the cases: {', '.join(map(repr, TIMING_NAMES))}"
+        )
     return [c for c in TIMING if c[0] in set(names)]
 
 
@@ -348,7 +364,7 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
                 continue
             _time_case(rows, autotune, name, B, H, M, N, D, causal, kind, bwd)
     except KeyboardInterrupt:  # keep what was measured; the cases not reached are named
-        rows += [{"case": c[0], "skipped": INTERRUPTED} for c in todo[len(rows):]]
+        rows += [{"case": c[0], "skipped": INTERRUPTED} for c in todo[len(rows) :]]
     if autotune:
         # What the autotuner chose, per list and length bucket (the default is each list's
         # first): keys (head dim, lengths rounded up to powers of two, causal, ...), the
@@ -359,7 +375,8 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
         choices: dict = {}
         for key, t in _fa()._TUNERS.items():
             choices.setdefault("/".join(map(str, key[:7])), {}).update(
-                {str(k): str(c) for k, c in getattr(t, "attnkit_chosen", {}).items()})
+                {str(k): str(c) for k, c in getattr(t, "attnkit_chosen", {}).items()}
+            )
         rows.append({"case": "autotuner choices", "choices": choices})
     return rows
 
@@ -394,8 +411,14 @@ def _time_case(rows, autotune, name, B, H, M, N, D, causal, kind, bwd):
             torch.autograd.grad(o, (q, k, v), do)
         return o
 
-    row = {"case": name, "shape": [B, H, M, N, D], "causal": causal, "bias": kind, "backward": bwd,
-           "autotune": autotune}
+    row = {
+        "case": name,
+        "shape": [B, H, M, N, D],
+        "causal": causal,
+        "bias": kind,
+        "backward": bwd,
+        "autotune": autotune,
+    }
     try:
         t0 = time.time()
         a, b = ours(), sdpa()
@@ -430,9 +453,11 @@ def overhead(outdir: str) -> list[dict]:
 
     q, k, v = make_qkv(2, 8, 64, 77, 40, torch.float16, device="cuda")
     rows = []
-    for label, autotune, fn in (("attnkit, autotune off", "0", lambda: flash_attention(q, k, v)),
-                                ("attnkit, autotune on", "1", lambda: flash_attention(q, k, v)),
-                                ("sdpa", "1", lambda: F.scaled_dot_product_attention(q, k, v))):
+    for label, autotune, fn in (
+        ("attnkit, autotune off", "0", lambda: flash_attention(q, k, v)),
+        ("attnkit, autotune on", "1", lambda: flash_attention(q, k, v)),
+        ("sdpa", "1", lambda: F.scaled_dot_product_attention(q, k, v)),
+    ):
         os.environ["ATTNKIT_TRITON_AUTOTUNE"] = autotune
         _fa().clear_plans()  # the switch is read when a call signature is first met
         with torch.no_grad():
@@ -465,43 +490,65 @@ def summarize(outdir, records, jobs, native, timings, only, min_index=0):
     lines = [f"# The Triton kernel on {torch.cuda.get_device_name()} (target lists: {native})", ""]
     import triton
 
-    lines += [f"torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
+    lines += [
+        f"torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "",
+    ]
     bad = [r for r in records if not r["ok"]]
-    ran = {(r["lists"], r["dtype"], r["D"], r["variant"].removesuffix("_grad"), r["causal"], t)
-           for r in records if r["ok"] for t in r["tiles"]}
+    ran = {
+        (r["lists"], r["dtype"], r["D"], r["variant"].removesuffix("_grad"), r["causal"], t)
+        for r in records
+        if r["ok"]
+        for t in r["tiles"]
+    }
     shipped = shipped_tiles(native, **only)
     if not jobs:  # --skip-tiles: say so, not "0 of N shipped passed"
         lines += ["## Every shipped tile against float64", "", "- not run (--skip-tiles)", ""]
     else:
-        lines += ["## Every shipped tile against float64", "",
-                  f"- runs: {len(records)} of {len(jobs)} planned, {len(bad)} failing"
-                  + (f" (each list's first {min_index} candidates left out: --min-index)" if min_index else ""),
-                  f"- (lists, dtype, head dim, variant, causal, kernel, loads, tile) combinations that ran and "
-                  f"passed: {len(ran & shipped)} of {len(shipped)} shipped", ""]
+        lines += [
+            "## Every shipped tile against float64",
+            "",
+            f"- runs: {len(records)} of {len(jobs)} planned, {len(bad)} failing"
+            + (f" (each list's first {min_index} candidates left out: --min-index)" if min_index else ""),
+            f"- (lists, dtype, head dim, variant, causal, kernel, loads, tile) combinations that ran and "
+            f"passed: {len(ran & shipped)} of {len(shipped)} shipped",
+            "",
+        ]
     for lists in sorted({j["lists"] for j in jobs}):
         mine = [r for r in records if r["lists"] == lists]
         sh = {s for s in shipped if s[0] == lists}
-        lines.append(f"- {lists} lists: {len(mine)} runs, {sum(not r['ok'] for r in mine)} failing; "
-                     f"tiles covered {len({s for s in ran if s[0] == lists} & sh)} of {len(sh)}")
+        lines.append(
+            f"- {lists} lists: {len(mine)} runs, {sum(not r['ok'] for r in mine)} failing; "
+            f"tiles covered {len({s for s in ran if s[0] == lists} & sh)} of {len(sh)}"
+        )
     if bad:
         lines += ["", "| lists | dtype | D | variant | causal | loads | index | what failed |", "|" + "---|" * 8]
         for r in bad[:80]:
-            what = r["error"] or "; ".join(f"{c['what']} {c['err']:.2e} > {c['tol']:.2e}" for c in r["checks"]
-                                          if not c["ok"])
-            lines.append(f"| {r['lists']} | {r['dtype']} | {r['D']} | {r['variant']} | {int(r['causal'])} | "
-                         f"{r['loads']} | {r['index']} | {what[:300]} |")
-    lines += ["", "## Speed beside torch's SDPA (fp16)", "",
-              "| case | B, H, M, N, D | autotune | attnkit ms | TFLOP/s | SDPA ms | TFLOP/s | SDPA / attnkit | first call s |",
-              "|" + "---|" * 9]
+            what = r["error"] or "; ".join(
+                f"{c['what']} {c['err']:.2e} > {c['tol']:.2e}" for c in r["checks"] if not c["ok"]
+            )
+            lines.append(
+                f"| {r['lists']} | {r['dtype']} | {r['D']} | {r['variant']} | {int(r['causal'])} | "
+                f"{r['loads']} | {r['index']} | {what[:300]} |"
+            )
+    lines += [
+        "",
+        "## Speed beside torch's SDPA (fp16)",
+        "",
+        "| case | B, H, M, N, D | autotune | attnkit ms | TFLOP/s | SDPA ms | TFLOP/s | SDPA / attnkit | first call s |",
+        "|" + "---|" * 9,
+    ]
     for t in timings:
         if "choices" in t:
             continue
         if "us_per_call" in t:
             lines.append(f"| {t['case']} | | | {t['us_per_call']:.1f} us per call | | | | | |")
         elif "attnkit_ms" in t:
-            lines.append(f"| {t['case']} | {', '.join(map(str, t['shape']))} | {'on' if t['autotune'] else 'off'} | "
-                         f"{t['attnkit_ms']:.3f} | {t['attnkit_tflops']:.0f} | {t['sdpa_ms']:.3f} | "
-                         f"{t['sdpa_tflops']:.0f} | {t['speedup_vs_sdpa']:.2f} | {t['first_call_s']} |")
+            lines.append(
+                f"| {t['case']} | {', '.join(map(str, t['shape']))} | {'on' if t['autotune'] else 'off'} | "
+                f"{t['attnkit_ms']:.3f} | {t['attnkit_tflops']:.0f} | {t['sdpa_ms']:.3f} | "
+                f"{t['sdpa_tflops']:.0f} | {t['speedup_vs_sdpa']:.2f} | {t['first_call_s']} |"
+            )
         else:
             lines.append(f"| {t['case']} | | | {t.get('error') or t.get('skipped')} | | | | | |")
     text = "\n".join(lines) + "\n"
@@ -516,24 +563,39 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("outdir")
     ap.add_argument("--seconds", type=float, default=240, help="time for the tile sweep")
     ap.add_argument("--workers", type=int, default=min(10, max(1, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--timing-seconds", type=float, default=90,
-                    help="time for the timing (with default tiles, then autotuned: see --autotune-share); "
-                         "0 leaves it out")
-    ap.add_argument("--autotune-share", type=float, default=0.3,
-                    help="the share of --timing-seconds the autotuned pass gets (default %(default)s; it compiles "
-                         "every candidate of each list)")
-    ap.add_argument("--timing-case", action="append", choices=TIMING_NAMES, metavar="NAME",
-                    help="repeatable; time these cases only, in the table's order (default all: "
-                    + ", ".join(map(repr, TIMING_NAMES)) + ")")
-    ap.add_argument("--no-host", action="store_true",
-                    help="leave out the host time per call of a tiny call (and its profile)")
+    ap.add_argument(
+        "--timing-seconds",
+        type=float,
+        default=90,
+        help="time for the timing (with default tiles, then autotuned: see --autotune-share); 0 leaves it out",
+    )
+    ap.add_argument(
+        "--autotune-share",
+        type=float,
+        default=0.3,
+        help="the share of --timing-seconds the autotuned pass gets (default %(default)s; it compiles "
+        "every candidate of each list)",
+    )
+    ap.add_argument(
+        "--timing-case",
+        action="append",
+        choices=TIMING_NAMES,
+        metavar="NAME",
+        help="repeatable; time these cases only, in the table's order (default all: "
+        + ", ".join(map(repr, TIMING_NAMES))
+        + ")",
+    )
+    ap.add_argument(
+        "--no-host", action="store_true", help="leave out the host time per call of a tiny call (and its profile)"
+    )
     ap.add_argument("--skip-tiles", action="store_true")
     ap.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default all")
     ap.add_argument("--head-dim", action="append", type=int, help=f"repeatable; default {HEAD_DIMS}")
     ap.add_argument("--variant", action="append", choices=VARIANTS, help="repeatable; default all")
     ap.add_argument("--native-only", action="store_true", help="on sm_90, leave out the sm_80 lists")
-    ap.add_argument("--min-index", type=int, default=0,
-                    help="leave out each list's first N candidates (1: all but the defaults)")
+    ap.add_argument(
+        "--min-index", type=int, default=0, help="leave out each list's first N candidates (1: all but the defaults)"
+    )
     args = ap.parse_args(argv)
     if not 0 < args.autotune_share < 1:
         ap.error(f"--autotune-share {args.autotune_share}: must be between 0 and 1 (both passes run)")
@@ -544,13 +606,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None):
     args = parse_args(argv)
-    only = dict(dtypes=tuple(args.dtype or DTYPES), head_dims=tuple(args.head_dim or HEAD_DIMS),
-                variants=tuple(args.variant or VARIANTS), lists_too=not args.native_only)
+    only = dict(
+        dtypes=tuple(args.dtype or DTYPES),
+        head_dims=tuple(args.head_dim or HEAD_DIMS),
+        variants=tuple(args.variant or VARIANTS),
+        lists_too=not args.native_only,
+    )
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("gpu_tiles: needs a CUDA GPU; on a CPU, tests/kernels/test_kernel_paths.py runs these paths in "
-                 "Triton's interpreter")
+        sys.exit(
+            "gpu_tiles: needs a CUDA GPU; on a CPU, tests/kernels/test_kernel_paths.py runs these paths in "
+            "Triton's interpreter"
+        )
     os.makedirs(args.outdir, exist_ok=True)
     records, jobs, native = ([], [], _fa().arch_of(torch.device("cuda")))
     if not args.skip_tiles:

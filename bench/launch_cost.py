@@ -54,8 +54,9 @@ class Recorder:
         # (Triton's JITFunction knows its constexprs; the interpreter's function only its
         # signature, which the constexprs are annotated in.)
         params = inspect.signature(jit.fn).parameters.values()
-        self.constexpr = [p.annotation in ("tl.constexpr", "constexpr") or "constexpr" in str(p.annotation)
-                          for p in params]
+        self.constexpr = [
+            p.annotation in ("tl.constexpr", "constexpr") or "constexpr" in str(p.annotation) for p in params
+        ]
         self.packed = self.tensors = None
 
     def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit_, *values):
@@ -87,7 +88,7 @@ def _timed(fns: dict, rounds: int, calls: int, sync) -> dict:
     sync()
     times = {n: [] for n in names}
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             sync()
             start = time.perf_counter()
             for _ in range(calls):
@@ -139,10 +140,11 @@ def measure(device: str = "cpu", rounds: int = 15, calls: int = 200) -> dict:
     times = _timed(fns, rounds, calls, sync)
     out = {
         "setting": f"B, H, M, N, D = {SHAPE}, fp16, {dev.type}"
-                   + (" (Triton's interpreter path, launches recorded)" if dev.type == "cpu" else ""),
+        + (" (Triton's interpreter path, launches recorded)" if dev.type == "cpu" else ""),
         "us_per_call": {n: statistics.median(t) for n, t in times.items()},
         "us_min": {n: min(t) for n, t in times.items()},
-        "rounds": rounds, "calls": calls,
+        "rounds": rounds,
+        "calls": calls,
         "targets_us": TARGETS_US[dev.type],
     }
     if recorders is not None:
@@ -150,8 +152,11 @@ def measure(device: str = "cpu", rounds: int = 15, calls: int = 200) -> dict:
         out["recorded_launches"] = sum(r.launches for r in recorders)
         assert out["recorded_launches"] > 0, "no launch took the direct path"
         # What the launcher packs per launch, each kernel signature once (in call order).
-        out["packed_arguments"] = [dict(kernel=r.kernel, declared=r.arguments, packed=r.packed, tensors=r.tensors)
-                                   for r in recorders if r.packed is not None]
+        out["packed_arguments"] = [
+            dict(kernel=r.kernel, declared=r.arguments, packed=r.packed, tensors=r.tensors)
+            for r in recorders
+            if r.packed is not None
+        ]
     out["met"] = {n: out["us_per_call"][n] <= t for n, t in out["targets_us"].items()}
     return out
 
@@ -163,8 +168,23 @@ def run_in_child(device: str = "cpu", rounds: int = 15, calls: int = 200) -> dic
         env["TRITON_INTERPRET"] = "1"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--device", device, "--rounds", str(rounds),
-                          "--calls", str(calls), "--json", "-"], capture_output=True, text=True, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--device",
+            device,
+            "--rounds",
+            str(rounds),
+            "--calls",
+            str(calls),
+            "--json",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if res.returncode != 0:
         raise RuntimeError(f"bench/launch_cost.py failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])

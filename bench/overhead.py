@@ -100,12 +100,14 @@ def part_a(device: torch.device, dtype: torch.dtype, rounds: int, calls: int) ->
         def fn():
             with torch.inference_mode():
                 proc(attn, x)
+
         return fn
 
     with torch.inference_mode():
         torch.testing.assert_close(ours(attn, x), theirs(attn, x), rtol=1e-4, atol=1e-4)
-    times = interleaved({"attnkit.SDPAProcessor": run(ours), "diffusers.AttnProcessor2_0": run(theirs)},
-                        rounds, calls, device)
+    times = interleaved(
+        {"attnkit.SDPAProcessor": run(ours), "diffusers.AttnProcessor2_0": run(theirs)}, rounds, calls, device
+    )
     out = summary(times, "attnkit.SDPAProcessor", "diffusers.AttnProcessor2_0")
     out["setting"] = "Attention(query_dim=320, heads=8, dim_head=40), x (2, 64, 320)"
     return out
@@ -130,6 +132,7 @@ def part_b(device: torch.device, dtype: torch.dtype, rounds: int) -> dict:
             unet.set_attn_processor(proc)  # a dict walk over 32 modules: microseconds
             with torch.inference_mode():
                 unet(x, t, encoder_hidden_states=emb, return_dict=False)
+
         return fn
 
     times = interleaved({n: run(p) for n, p in procs.items()}, rounds, 1, device, warmup=1)
@@ -183,6 +186,7 @@ def part_d(device: torch.device, rounds: int) -> dict:
                     model.transformer.set_attention_backend(backend)  # a walk over the modules
                     with torch.inference_mode():
                         model.forward(model.latents, 0.5)
+
                 return fn
 
             times = interleaved({"attnkit": run("attnkit"), "native": run("native")}, rounds, 1, device, warmup=1)
@@ -225,16 +229,21 @@ def _part_e_size(size, shape, q, k, v, keep, ours, theirs, dtype, rounds, calls,
             def fn():
                 with torch.inference_mode():
                     dispatch_attention_fn(q, k, v, attn_mask=mask, backend=backend)
+
             return fn
 
         with torch.inference_mode():
-            torch.testing.assert_close(dispatch_attention_fn(q, k, v, attn_mask=mask, backend=ours),
-                                       dispatch_attention_fn(q, k, v, attn_mask=mask, backend=theirs),
-                                       rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(
+                dispatch_attention_fn(q, k, v, attn_mask=mask, backend=ours),
+                dispatch_attention_fn(q, k, v, attn_mask=mask, backend=theirs),
+                rtol=1e-4,
+                atol=1e-5,
+            )
         times = interleaved({"attnkit": run(ours), "native": run(theirs)}, rounds, calls, device)
         out[name] = summary(times, "attnkit", "native")
-        out[name]["setting"] = (f"dispatch_attention_fn q/k/v ({b}, {s}, {h}, {d}) {dtype}, "
-                                + ("no mask" if mask is None else "attn_mask (B, S) bool key padding"))
+        out[name]["setting"] = f"dispatch_attention_fn q/k/v ({b}, {s}, {h}, {d}) {dtype}, " + (
+            "no mask" if mask is None else "attn_mask (B, S) bool key padding"
+        )
     return out
 
 
@@ -257,22 +266,35 @@ def part_c(device: torch.device, dtype: torch.dtype, rounds: int) -> dict:
     else:
         for name in procs:
             res = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--memory-child", name, "--dtype", str(dtype).split(".")[1]],
-                capture_output=True, text=True,
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--memory-child",
+                    name,
+                    "--dtype",
+                    str(dtype).split(".")[1],
+                ],
+                capture_output=True,
+                text=True,
             )
-            memory[name] = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else {"error": res.stderr[-300:]}
+            memory[name] = (
+                json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else {"error": res.stderr[-300:]}
+            )
 
     def run(proc):
         def fn():
             with torch.inference_mode():
                 proc(attn, x)
+
         return fn
 
     times = interleaved({n: run(p) for n, p in procs.items()}, rounds, 1, device, warmup=1)
     out = summary(times, "sliced", "vanilla")
     out["memory"] = memory
     if all("over_baseline_bytes" in m for m in memory.values()):
-        out["memory_ratio_over_baseline"] = memory["sliced"]["over_baseline_bytes"] / max(memory["vanilla"]["over_baseline_bytes"], 1)
+        out["memory_ratio_over_baseline"] = memory["sliced"]["over_baseline_bytes"] / max(
+            memory["vanilla"]["over_baseline_bytes"], 1
+        )
     out["setting"] = f"Attention(query_dim=320, heads=8, dim_head=40), x (2, 4096, 320), {dtype}, slice_size=auto"
     return out
 
@@ -281,16 +303,26 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
-def _against_diffusers(part: str, what: str, r: dict, unit: float, time_fmt: str, unit_name: str,
-                       ratio_fmt: str, ours: str = "attnkit.SDPAProcessor",
-                       theirs: str = "diffusers.AttnProcessor2_0") -> str:
+def _against_diffusers(
+    part: str,
+    what: str,
+    r: dict,
+    unit: float,
+    time_fmt: str,
+    unit_name: str,
+    ratio_fmt: str,
+    ours: str = "attnkit.SDPAProcessor",
+    theirs: str = "diffusers.AttnProcessor2_0",
+) -> str:
     """One summary line of part (a), (b) or (d): both timings, the ratio and its target."""
     s, target = r["seconds_per_call"], TARGETS[part]
-    return (f"({part}) {what} {ours} {s[ours] * unit:.{time_fmt}}{unit_name}, "
-            f"{theirs} {s[theirs] * unit:.{time_fmt}}{unit_name}; "
-            f"ratio {r['ratio_median']:.{ratio_fmt}} "
-            f"(rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f}; of minimums {r['ratio_of_minimums']:.{ratio_fmt}}) "
-            f"target <= {target}: {'ok' if r['ratio_median'] <= target else 'MISSED'}")
+    return (
+        f"({part}) {what} {ours} {s[ours] * unit:.{time_fmt}}{unit_name}, "
+        f"{theirs} {s[theirs] * unit:.{time_fmt}}{unit_name}; "
+        f"ratio {r['ratio_median']:.{ratio_fmt}} "
+        f"(rounds {r['ratio_min']:.3f}-{r['ratio_max']:.3f}; of minimums {r['ratio_of_minimums']:.{ratio_fmt}}) "
+        f"target <= {target}: {'ok' if r['ratio_median'] <= target else 'MISSED'}"
+    )
 
 
 def _launch_cost():
@@ -355,21 +387,40 @@ def main(argv: list[str] | None = None) -> int:
     if "c" in args.parts:
         r = results["c"] = part_c(device, dtype, args.rounds_c)
         s, m = r["seconds_per_call"], r["memory"]
-        mem = ", ".join(f"{n} peak {_mib(v['peak_bytes'])} ({_mib(v['over_baseline_bytes'])} over baseline)"
-                        for n, v in m.items() if "peak_bytes" in v)
-        print(f"(c) 4096 tokens: sliced {s['sliced'] * 1e3:.0f} ms vs vanilla {s['vanilla'] * 1e3:.0f} ms "
-              f"(time ratio {r['ratio_median']:.2f}); {mem}"
-              + (f"; memory ratio {r['memory_ratio_over_baseline']:.2f}" if "memory_ratio_over_baseline" in r else ""))
+        mem = ", ".join(
+            f"{n} peak {_mib(v['peak_bytes'])} ({_mib(v['over_baseline_bytes'])} over baseline)"
+            for n, v in m.items()
+            if "peak_bytes" in v
+        )
+        print(
+            f"(c) 4096 tokens: sliced {s['sliced'] * 1e3:.0f} ms vs vanilla {s['vanilla'] * 1e3:.0f} ms "
+            f"(time ratio {r['ratio_median']:.2f}); {mem}"
+            + (f"; memory ratio {r['memory_ratio_over_baseline']:.2f}" if "memory_ratio_over_baseline" in r else "")
+        )
     if "d" in args.parts:
         results["d"] = part_d(device, args.rounds_d)
         for name, r in results["d"].items():
-            print(_against_diffusers("d", f"{name}, per forward:", r, 1.0, "3f", " s", "3f",
-                                     ours="attnkit", theirs="native"))
+            print(
+                _against_diffusers(
+                    "d", f"{name}, per forward:", r, 1.0, "3f", " s", "3f", ours="attnkit", theirs="native"
+                )
+            )
     if "e" in args.parts:
         results["e"] = part_e(device, dtype, args.rounds_e, args.calls_e)
         for name, r in results["e"].items():
-            print(_against_diffusers("e", f"dispatch_attention_fn, {name} call, per call:", r, 1e6, "1f", " us",
-                                     "3f", ours="attnkit", theirs="native"))
+            print(
+                _against_diffusers(
+                    "e",
+                    f"dispatch_attention_fn, {name} call, per call:",
+                    r,
+                    1e6,
+                    "1f",
+                    " us",
+                    "3f",
+                    ours="attnkit",
+                    theirs="native",
+                )
+            )
     if "l" in args.parts:
         results["l"] = part_l(device, args.rounds_l, args.calls_l)
         print("(l) " + _launch_cost().format_result(results["l"]).replace("\n", "\n    "))

@@ -88,8 +88,14 @@ def _backend_or_skip(backend_id: str, shape: Shape, backward: bool):
     except (ImportError, ValueError) as exc:
         pytest.skip(f"{backend_id}: {exc}")
     call = AttentionCall(
-        device=DeviceInfo.of(DEVICE), dtype=DTYPE, head_dim=shape.D, q_len=shape.M, kv_len=shape.N,
-        batch=shape.B, heads=shape.H, requires_grad=backward,
+        device=DeviceInfo.of(DEVICE),
+        dtype=DTYPE,
+        head_dim=shape.D,
+        q_len=shape.M,
+        kv_len=shape.N,
+        batch=shape.B,
+        heads=shape.H,
+        requires_grad=backward,
     )
     reasons = backend.not_supported_reasons(call)
     if reasons:
@@ -119,10 +125,11 @@ def test_attention(benchmark, shape: Shape, backend_id: str, mode: str):
     backward = mode == "fwd+bwd"
     backend = _backend_or_skip(backend_id, shape, backward)
     q, k, v = _inputs(shape, backward)
-    scale = shape.D ** -0.5
+    scale = shape.D**-0.5
     grad = torch.randn(shape.B, shape.H, shape.M, shape.D, generator=torch.Generator().manual_seed(1)).to(DEVICE, DTYPE)
 
     if backward:
+
         def fn():
             q.grad = k.grad = v.grad = None
             out = backend.forward(q, k, v, None, scale)
@@ -130,6 +137,7 @@ def test_attention(benchmark, shape: Shape, backend_id: str, mode: str):
             _sync()
             return out
     else:
+
         def fn():
             with torch.inference_mode():
                 out = backend.forward(q, k, v, None, scale)
@@ -147,12 +155,18 @@ def test_attention(benchmark, shape: Shape, backend_id: str, mode: str):
     if backward:
         flops += attention_flops(shape.B, shape.H, shape.M, shape.N, shape.D, backward=True)
     benchmark.group = f"{shape.name} {mode}"
-    benchmark.extra_info.update({
-        "shape": {"B": shape.B, "H": shape.H, "M": shape.M, "N": shape.N, "D": shape.D},
-        "what": shape.what, "backend": backend_id, "backend_repr": repr(backend), "mode": mode,
-        "dtype": str(DTYPE).replace("torch.", ""), "device": torch.cuda.get_device_name() if HAS_CUDA else "cpu",
-        "flops": flops,
-    })
+    benchmark.extra_info.update(
+        {
+            "shape": {"B": shape.B, "H": shape.H, "M": shape.M, "N": shape.N, "D": shape.D},
+            "what": shape.what,
+            "backend": backend_id,
+            "backend_repr": repr(backend),
+            "mode": mode,
+            "dtype": str(DTYPE).replace("torch.", ""),
+            "device": torch.cuda.get_device_name() if HAS_CUDA else "cpu",
+            "flops": flops,
+        }
+    )
     benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=1 if DEVICE.type == "cpu" else 3, iterations=1)
     stats = getattr(benchmark, "stats", None)
     if stats is not None:

@@ -47,8 +47,9 @@ SESSION_SEED = int(os.environ.get("ATTNKIT_TEST_SEED") or int.from_bytes(os.uran
 
 
 def pytest_report_header(config):
-    return (f"attnkit test seed: {SESSION_SEED} (ATTNKIT_TEST_SEED={SESSION_SEED} reruns these draws)"
-            + (f"; {REPEAT} draws per seeded test" if REPEAT > 1 else ""))
+    return f"attnkit test seed: {SESSION_SEED} (ATTNKIT_TEST_SEED={SESSION_SEED} reruns these draws)" + (
+        f"; {REPEAT} draws per seeded test" if REPEAT > 1 else ""
+    )
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -20,17 +20,17 @@ PACKAGE = Path(attnkit.__file__).parent
 LAZY_ALLOWED = {
     ("attnkit.__main__", "attnkit.info"): "the `attnkit info` command: loaded only when that command runs",
     ("attnkit.__main__", "attnkit.bench"): "the `attnkit bench` command: heavy (matplotlib, tqdm, model "
-                                           "builders), loaded only when that command runs",
+    "builders), loaded only when that command runs",
     ("attnkit.backends.triton", "attnkit.kernels"): "the Triton kernels import triton (an optional extra), "
-                                                   "only when the triton backend runs",
+    "only when the triton backend runs",
     ("attnkit.backends.int8", "attnkit.kernels"): "the INT8 kernel imports triton (an optional extra), only "
-                                                 "when the int8 backend runs",
+    "when the int8 backend runs",
     ("attnkit.choose.auto", "attnkit.backends.int8"): "auto(lossy='int8') only: the int8 backend's module "
-                                                     "imports attnkit.kernels' limits, which importing attnkit "
-                                                     "must not (a later `import attnkit.kernels` without triton "
-                                                     "would then succeed instead of naming the extra)",
+    "imports attnkit.kernels' limits, which importing attnkit "
+    "must not (a later `import attnkit.kernels` without triton "
+    "would then succeed instead of naming the extra)",
     ("attnkit.bench.cli", "attnkit.parallel.bench"): "`attnkit bench --parallel`: the multi-GPU benchmark "
-                                                     "(torch.distributed) loaded only when that command runs",
+    "(torch.distributed) loaded only when that command runs",
 }
 
 
@@ -165,6 +165,11 @@ def test_no_hidden_import_between_attnkit_modules():
 def test_the_core_and_the_choosers_import_nothing_of_diffusers():
     """The choosers, the backends and the masks sit below the diffusers wing."""
     low = ("attnkit.choose", "attnkit.backends", "attnkit.masks", "attnkit.errors", "attnkit._text")
-    bad = [f"{name}:{line} imports {target}" for name, imports in GRAPH.items() if any(_under(name, p) for p in low)
-           for target, line, _ in imports if _under(target, "attnkit.diffusers")]
+    bad = [
+        f"{name}:{line} imports {target}"
+        for name, imports in GRAPH.items()
+        if any(_under(name, p) for p in low)
+        for target, line, _ in imports
+        if _under(target, "attnkit.diffusers")
+    ]
     assert not bad, "\n".join(bad)

@@ -48,5 +48,5 @@ def test_processors_pickled_by_the_old_layout_load_and_run(seed):
     assert loaded["auto_ordered"].chooser.order[:2] == ("vanilla", "sdpa")
     q, k, v = make_qkv(1, 2, 9, 11, 16, torch.float32)
     for name in ("auto", "auto_ordered", "sdpa", "vanilla"):
-        out = loaded[name].chooser.attention(None, q, k, v, None, 16 ** -0.5, False)
+        out = loaded[name].chooser.attention(None, q, k, v, None, 16**-0.5, False)
         assert_close_to_reference(out, q, k, v, None)

@@ -39,9 +39,7 @@ def backend_class(name: str) -> type[Backend]:
     try:
         target = _REGISTRY[name]
     except KeyError:
-        raise ValueError(
-            f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}"
-        ) from None
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}") from None
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)
 

@@ -85,9 +85,7 @@ def _device_info(kind: str, index: int | None) -> DeviceInfo:
     if info is None:
         if kind == "cuda" and torch.cuda.is_available():
             idx = torch.cuda.current_device() if index is None else index
-            info = DeviceInfo(
-                "cuda", tuple(torch.cuda.get_device_capability(idx)), torch.cuda.get_device_name(idx)
-            )
+            info = DeviceInfo("cuda", tuple(torch.cuda.get_device_capability(idx)), torch.cuda.get_device_name(idx))
         else:
             info = DeviceInfo(kind)
         _DEVICE_CACHE[key] = info
@@ -132,10 +130,20 @@ def _key(q, k, v, attn_bias, causal: bool, dropout: bool, lse: bool, compiling: 
     if compiling:  # symbolic under torch.compile: "any"
         b = h = m = n = None
     return (
-        dev.type, dev.index, q.dtype, d, m, n, b, h,
+        dev.type,
+        dev.index,
+        q.dtype,
+        d,
+        m,
+        n,
+        b,
+        h,
         "none" if attn_bias is None else mask_kind(attn_bias),
         torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        causal, dropout, lse, torch.are_deterministic_algorithms_enabled(),
+        causal,
+        dropout,
+        lse,
+        torch.are_deterministic_algorithms_enabled(),
     )
 
 
@@ -196,8 +204,20 @@ class AttentionCall:
     def from_signature(sig: Signature, packages: Mapping[str, str | None] | None = None) -> "AttentionCall":
         device = _device_info(sig.device_type, sig.device_index)
         return AttentionCall(
-            device, sig.dtype, sig.head_dim, sig.q_len, sig.kv_len, sig.batch, sig.heads, sig.mask,
-            sig.grad, sig.causal, sig.dropout, sig.lse, sig.deterministic, packages,
+            device,
+            sig.dtype,
+            sig.head_dim,
+            sig.q_len,
+            sig.kv_len,
+            sig.batch,
+            sig.heads,
+            sig.mask,
+            sig.grad,
+            sig.causal,
+            sig.dropout,
+            sig.lse,
+            sig.deterministic,
+            packages,
         )
 
     @staticmethod
@@ -208,8 +228,19 @@ class AttentionCall:
 
     def signature(self) -> Signature:
         return Signature(
-            self.device.type, None, self.dtype, self.head_dim, self.q_len, self.kv_len, self.batch,
-            self.heads, self.mask, self.requires_grad, self.causal, self.dropout, self.lse,
+            self.device.type,
+            None,
+            self.dtype,
+            self.head_dim,
+            self.q_len,
+            self.kv_len,
+            self.batch,
+            self.heads,
+            self.mask,
+            self.requires_grad,
+            self.causal,
+            self.dropout,
+            self.lse,
             self.deterministic,
         )
 
@@ -280,9 +311,7 @@ class Backend:
         if caps.head_dim_multiple > 1 and d % caps.head_dim_multiple:
             reasons.append(f"head_dim={d} is not a multiple of {caps.head_dim_multiple}")
         if call.mask not in caps.masks:
-            reasons.append(
-                f"mask={call.mask} (supported: {', '.join(k for k in MASK_KINDS if k in caps.masks)})"
-            )
+            reasons.append(f"mask={call.mask} (supported: {', '.join(k for k in MASK_KINDS if k in caps.masks)})")
         if call.requires_grad and not caps.backward:
             reasons.append("backward is not supported (inputs require grad)")
         if call.causal and not caps.causal:
@@ -430,9 +459,7 @@ def round_up(x: int, multiple: int) -> int:
 
 def _sorted_dtypes(dtypes) -> list[torch.dtype]:
     order = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-    return [d for d in order if d in dtypes] + sorted(
-        (d for d in dtypes if d not in order), key=str
-    )
+    return [d for d in order if d in dtypes] + sorted((d for d in dtypes if d not in order), key=str)
 
 
 class BackendUnavailable(ValueError):

@@ -88,9 +88,7 @@ class FlashAttnBackend(Backend):
 
     def __init__(self, version: int = 2, deterministic: bool = False):
         if version not in (2, 3):
-            raise ValueError(
-                f"version={version!r}: 2 (package flash_attn) or 3 (flash_attn_interface, Hopper)"
-            )
+            raise ValueError(f"version={version!r}: 2 (package flash_attn) or 3 (flash_attn_interface, Hopper)")
         self.version = version
         self.deterministic = bool(deterministic)
         caps = _FA3_CAPS if version == 3 else _FA2_CAPS

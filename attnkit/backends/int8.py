@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 import attnkit.kernels.limits as limits
+
 from .base import MASK_KINDS, Capabilities
 from .triton import TritonBackend
 
@@ -46,14 +47,16 @@ class Int8Backend(TritonBackend):
 
     def extra_reasons(self, call):
         d = min(max(call.head_dim, limits.MIN_HEAD_DIM), limits.MAX_HEAD_DIM)
-        return limits.input_problems(d, call.batch or 1, call.heads or 1, call.q_len or 1,
-                                     1 if call.kv_len is None else call.kv_len)
+        return limits.input_problems(
+            d, call.batch or 1, call.heads or 1, call.q_len or 1, 1 if call.kv_len is None else call.kv_len
+        )
 
     def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None, dropout_p=0.0):
         from attnkit.kernels.int8 import int8_attention
 
-        return int8_attention(q, k, v, attn_bias, scale, causal=causal_offset is not None,
-                              causal_offset=causal_offset or 0)
+        return int8_attention(
+            q, k, v, attn_bias, scale, causal=causal_offset is not None, causal_offset=causal_offset or 0
+        )
 
     def forward_with_lse(self, *args, **kwargs):
         raise NotImplementedError("the int8 backend does not return the log-sum-exp")

@@ -32,8 +32,9 @@ _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64
 # best kernel per call and always has the math kernel to fall back on.
 _KERNEL_CAPS = {
     # lse: torch's CPU flash kernel returns it (without a gradient): see extra_reasons
-    None: Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS, causal=True, dropout=True,
-                       lse=True),
+    None: Capabilities(
+        devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS, causal=True, dropout=True, lse=True
+    ),
     "math": Capabilities(devices=frozenset({"cpu", "cuda", "mps", "xpu"}), dtypes=_FLOATS, causal=True, dropout=True),
     # torch's CPU flash kernel takes every float dtype, head dim and mask; the CUDA
     # one's extra limits are in SDPABackend.extra_reasons.
@@ -87,9 +88,7 @@ class SDPABackend(Backend):
 
     def __init__(self, kernel: str | None = None):
         if kernel is not None and kernel not in KERNELS:
-            raise ValueError(
-                f"kernel={kernel!r}: choose one of {', '.join(KERNELS)}, or None to let torch choose"
-            )
+            raise ValueError(f"kernel={kernel!r}: choose one of {', '.join(KERNELS)}, or None to let torch choose")
         if kernel is not None:
             try:
                 from torch.nn.attention import sdpa_kernel  # noqa: F401  (torch >= 2.3)
@@ -116,12 +115,15 @@ class SDPABackend(Backend):
 
     def _pinned_note(self, call: AttentionCall) -> str:
         able = [
-            other for other in (None,) + KERNELS
+            other
+            for other in (None,) + KERNELS
             if other != self.kernel and not Backend.not_supported_reasons(_pinned(other), call)
         ]
         if able:
-            instead = ", ".join("no pin (SDPAProcessor(): torch chooses per call)" if other is None
-                                else f"kernel={other!r}" for other in able)
+            instead = ", ".join(
+                "no pin (SDPAProcessor(): torch chooses per call)" if other is None else f"kernel={other!r}"
+                for other in able
+            )
             instead = f"use {instead}; or attnkit.auto()"
         else:
             instead = "no SDPA kernel serves it here: use attnkit.auto()"
@@ -132,8 +134,10 @@ class SDPABackend(Backend):
         if call.lse:
             # torch's CPU flash kernel returns the log-sum-exp, without a gradient for it
             if call.device.type != "cpu":
-                reasons.append(f"device={call.device.type}: torch's SDPA returns the log-sum-exp on the CPU only "
-                               "(triton, vanilla and sliced return it everywhere)")
+                reasons.append(
+                    f"device={call.device.type}: torch's SDPA returns the log-sum-exp on the CPU only "
+                    "(triton, vanilla and sliced return it everywhere)"
+                )
             if call.requires_grad:
                 reasons.append("torch's SDPA gives its log-sum-exp no gradient (vanilla, sliced and triton do)")
         if self.kernel != "flash" or call.device.type != "cuda":
@@ -164,8 +168,10 @@ class SDPABackend(Backend):
             attn_bias = causal if attn_bias is None else attn_bias + causal
         if attn_bias is not None:
             if kernel == "flash" and torch.is_grad_enabled() and attn_bias.requires_grad:
-                reason = ("torch's flash SDPA kernel gives an attention mask no gradient, and this mask "
-                          "requires one (a learned bias)")
+                reason = (
+                    "torch's flash SDPA kernel gives an attention mask no gradient, and this mask "
+                    "requires one (a learned bias)"
+                )
                 raise BackendUnavailable(
                     f"the pinned SDPA kernel='flash' cannot serve {_describe_tensors(q, k, v, attn_bias)}: "
                     f"{reason}. Use SDPAProcessor() without a pinned kernel, kernel='math', or "
@@ -208,8 +214,9 @@ class SDPABackend(Backend):
         if not torch.compiler.is_compiling():  # warnings cannot be caught inside a graph
             reasons = _torch_reasons(self.kernel, q, k, v, attn_bias, scale, extra)
         if not reasons:
-            call = AttentionCall.from_tensors(q, k, v, attn_bias, causal=bool(extra.get("is_causal")),
-                                              dropout="dropout_p" in extra)
+            call = AttentionCall.from_tensors(
+                q, k, v, attn_bias, causal=bool(extra.get("is_causal")), dropout="dropout_p" in extra
+            )
             reasons = Backend.not_supported_reasons(self, call)
         if not reasons:
             reasons = ["torch's SDPA found no kernel for it under this pin and gave no reason"]
@@ -218,10 +225,10 @@ class SDPABackend(Backend):
             others += ", kernel='math' (it takes every call torch's SDPA takes)"
         return BackendUnavailable(
             f"the pinned SDPA kernel={self.kernel!r} cannot serve {_describe_tensors(q, k, v, attn_bias)}: "
-            + "; ".join(reasons) + f". Use {others}, or attnkit.auto()",
+            + "; ".join(reasons)
+            + f". Use {others}, or attnkit.auto()",
             reasons={self.name: reasons},
         )
-
 
     def forward_with_lse(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None):
         """torch's CPU flash kernel with its log-sum-exp, for calls without gradients
@@ -236,7 +243,8 @@ class SDPABackend(Backend):
             causal = hidden_to_bias(hidden, q.dtype)
             attn_bias = causal if attn_bias is None else attn_bias + causal
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, is_causal, attn_mask=attn_bias, scale=scale)
+            q, k, v, 0.0, is_causal, attn_mask=attn_bias, scale=scale
+        )
         if attn_bias is not None:  # the kernel gives such rows lse 0: it is -inf
             dead = torch.isneginf(attn_bias).all(dim=-1)
             lse = lse.masked_fill(dead.expand(lse.shape), float("-inf"))
@@ -280,8 +288,7 @@ def _torch_reasons(kernel: str, q, k, v, attn_bias, scale, extra) -> list[str]:
                 F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, scale=scale, **extra)
         except RuntimeError:
             pass
-    return [_strip_torch_warning(str(w.message)) for w in caught
-            if "kernel not used because" not in str(w.message)]
+    return [_strip_torch_warning(str(w.message)) for w in caught if "kernel not used because" not in str(w.message)]
 
 
 def _strip_torch_warning(text: str) -> str:
@@ -289,20 +296,28 @@ def _strip_torch_warning(text: str) -> str:
 
 
 def _describe_call(call: AttentionCall) -> str:
-    """"cpu float32 B=1 H=2 M=4 N=4 D=16 mask=none grad": the declared call, briefly."""
+    """ "cpu float32 B=1 H=2 M=4 N=4 D=16 mask=none grad": the declared call, briefly."""
     lengths = "" if call.q_len is None else f" B={call.batch} H={call.heads} M={call.q_len} N={call.kv_len}"
-    flags = [name for name, on in (("grad", call.requires_grad), ("causal", call.causal),
-                                   ("dropout", call.dropout), ("lse", call.lse)) if on]
-    return (f"{call.device.type} {dtype_name(call.dtype)}{lengths} D={call.head_dim} mask={call.mask}"
-            + "".join(" " + f for f in flags))
+    flags = [
+        name
+        for name, on in (
+            ("grad", call.requires_grad),
+            ("causal", call.causal),
+            ("dropout", call.dropout),
+            ("lse", call.lse),
+        )
+        if on
+    ]
+    return f"{call.device.type} {dtype_name(call.dtype)}{lengths} D={call.head_dim} mask={call.mask}" + "".join(
+        " " + f for f in flags
+    )
 
 
 def _describe_tensors(q, k, v, attn_bias) -> str:
-    """"q (1, 2, 5, 8), k (1, 2, 7, 8), v (1, 2, 7, 16) float32 on cpu, mask=bias (1, 2, 5, 7)
+    """ "q (1, 2, 5, 8), k (1, 2, 7, 8), v (1, 2, 7, 16) float32 on cpu, mask=bias (1, 2, 5, 7)
     float32 requiring grad": the call as torch got it, briefly."""
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} {dtype_name(q.dtype)} on {q.device.type}"
     if attn_bias is None:
         return shapes + ", no mask"
     grad = " requiring grad" if attn_bias.requires_grad else ""
-    return (f"{shapes}, mask={mask_kind(attn_bias)} {tuple(attn_bias.shape)} {dtype_name(attn_bias.dtype)}"
-            f"{grad}")
+    return f"{shapes}, mask={mask_kind(attn_bias)} {tuple(attn_bias.shape)} {dtype_name(attn_bias.dtype)}{grad}"

@@ -9,7 +9,14 @@ from __future__ import annotations
 import torch
 
 from .base import Backend, fix_dead_rows
-from .vanilla import MATH_CAPABILITIES, bmm_attention, flatten_bias, flatten_heads, math_attention_with_lse, prepare_bias
+from .vanilla import (
+    MATH_CAPABILITIES,
+    bmm_attention,
+    flatten_bias,
+    flatten_heads,
+    math_attention_with_lse,
+    prepare_bias,
+)
 
 
 def resolve_slice_size(slice_size: int | str, heads: int, rows: int) -> int:
@@ -34,8 +41,7 @@ class SlicedBackend(Backend):
                 )
         elif isinstance(slice_size, bool) or not isinstance(slice_size, int) or slice_size < 1:
             raise ValueError(
-                f"slice_size={slice_size!r}: use a positive int, 'auto' (half the heads) "
-                "or 'max' (one head at a time)"
+                f"slice_size={slice_size!r}: use a positive int, 'auto' (half the heads) or 'max' (one head at a time)"
             )
         self.slice_size = slice_size
 
@@ -73,8 +79,14 @@ class SlicedBackend(Backend):
             bias = attn_bias.expand(b, h, *attn_bias.shape[-2:]).reshape(b * h, 1, *attn_bias.shape[-2:])
         outs, lses = [], []
         for start, end in self._slices(b, h):
-            o, lse = math_attention_with_lse(q3[start:end], k3[start:end], v3[start:end],
-                                             None if bias is None else bias[start:end], scale, causal_offset)
+            o, lse = math_attention_with_lse(
+                q3[start:end],
+                k3[start:end],
+                v3[start:end],
+                None if bias is None else bias[start:end],
+                scale,
+                causal_offset,
+            )
             outs.append(o)
             lses.append(lse)
         out = torch.cat(outs).reshape(b, h, m, v.shape[-1])

@@ -23,11 +23,11 @@ import torch
 # triton import from raising where triton is missing (see kernels/__init__.py)
 import attnkit.kernels.devices as devices
 import attnkit.kernels.limits as limits
+
 from .base import MASK_KINDS, AttentionCall, Backend, Capabilities, DeviceInfo
 
 CPU_REASON = (
-    "device=cpu: the triton backend runs on CUDA; on the CPU it runs only under "
-    "TRITON_INTERPRET=1, for debugging"
+    "device=cpu: the triton backend runs on CUDA; on the CPU it runs only under TRITON_INTERPRET=1, for debugging"
 )
 
 
@@ -90,8 +90,9 @@ class TritonBackend(Backend):
         # The kernels' own limits beyond the declared ones (grid, keys). The head dim is
         # given clamped: its range is declared above, and said once.
         d = min(max(call.head_dim, limits.MIN_HEAD_DIM), limits.MAX_HEAD_DIM)
-        reasons = limits.input_problems(d, call.batch or 1, call.heads or 1, call.q_len or 1,
-                                        1 if call.kv_len is None else call.kv_len)
+        reasons = limits.input_problems(
+            d, call.batch or 1, call.heads or 1, call.q_len or 1, 1 if call.kv_len is None else call.kv_len
+        )
         # A GPU with less shared memory per block than the call's tiles need (the
         # backward's too if it will run): refused here, not at a backward that cannot launch.
         if call.device.type == "cuda" and call.device.capability is not None:
@@ -100,8 +101,9 @@ class TritonBackend(Backend):
                 # One query row: a key-padding mask keeps its query stride, and the kernels
                 # run it as a full bias (flash_attention's _bias_args).
                 variants = ("keypad", "full")
-            why = devices.shared_memory_problem(call.device.capability, call.dtype, d, variants, call.causal,
-                                                call.requires_grad)
+            why = devices.shared_memory_problem(
+                call.device.capability, call.dtype, d, variants, call.causal, call.requires_grad
+            )
             if why:
                 reasons.append(why)
         return reasons
@@ -110,11 +112,27 @@ class TritonBackend(Backend):
         # upcast is already the case: scores, softmax and accumulators are fp32 on chip.
         from attnkit.kernels import flash_attention
 
-        return flash_attention(q, k, v, attn_bias, scale, allow_tf32=self.allow_tf32,
-                               causal=causal_offset is not None, causal_offset=causal_offset or 0)
+        return flash_attention(
+            q,
+            k,
+            v,
+            attn_bias,
+            scale,
+            allow_tf32=self.allow_tf32,
+            causal=causal_offset is not None,
+            causal_offset=causal_offset or 0,
+        )
 
     def forward_with_lse(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None):
         from attnkit.kernels import flash_attention_with_lse
 
-        return flash_attention_with_lse(q, k, v, attn_bias, scale, allow_tf32=self.allow_tf32,
-                                        causal=causal_offset is not None, causal_offset=causal_offset or 0)
+        return flash_attention_with_lse(
+            q,
+            k,
+            v,
+            attn_bias,
+            scale,
+            allow_tf32=self.allow_tf32,
+            causal=causal_offset is not None,
+            causal_offset=causal_offset or 0,
+        )

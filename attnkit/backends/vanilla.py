@@ -46,9 +46,7 @@ def bmm_attention(
     if attn_bias is None:
         # zeros, not torch.empty: with beta=0 the input is ignored on CPU and CUDA, but
         # uninitialised memory has propagated NaN on MPS.
-        base = torch.zeros(1, 1, 1, dtype=q.dtype, device=q.device).expand(
-            q.shape[0], q.shape[1], k.shape[1]
-        )
+        base = torch.zeros(1, 1, 1, dtype=q.dtype, device=q.device).expand(q.shape[0], q.shape[1], k.shape[1])
         scores = torch.baddbmm(base, q, k.transpose(-1, -2), beta=0, alpha=scale)
     else:
         scores = torch.baddbmm(attn_bias, q, k.transpose(-1, -2), beta=1, alpha=scale)
@@ -154,8 +152,14 @@ class VanillaBackend(Backend):
         scale = d**-0.5 if scale is None else scale
         attn_bias, dead = prepare_bias(attn_bias, q.dtype, upcast)
         out = bmm_attention(
-            flatten_heads(q), flatten_heads(k), flatten_heads(v), flatten_bias(attn_bias, b, h),
-            scale, upcast, causal_offset, dropout_p,
+            flatten_heads(q),
+            flatten_heads(k),
+            flatten_heads(v),
+            flatten_bias(attn_bias, b, h),
+            scale,
+            upcast,
+            causal_offset,
+            dropout_p,
         )
         return fix_dead_rows(out.view(b, h, m, v.shape[-1]), v, dead)
 

@@ -112,9 +112,7 @@ def _resolve_op(op: Any):
     return (flash3.FwOp, flash3.BwOp)
 
 
-def aligned_bias(
-    attn_bias: torch.Tensor, b: int, h: int, m: int, n: int, dtype: torch.dtype
-) -> torch.Tensor:
+def aligned_bias(attn_bias: torch.Tensor, b: int, h: int, m: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     """``attn_bias`` as xformers takes it: shape (B, H, M, N), q's dtype (already cast by
     the caller), rows 16-byte aligned.
 
@@ -133,9 +131,7 @@ def aligned_bias(
     )
     if not aligned:
         padded_n = -(-n // 8) * 8
-        buf = torch.empty(
-            (*bias.shape[:-1], padded_n), dtype=dtype, device=bias.device
-        )[..., :n]
+        buf = torch.empty((*bias.shape[:-1], padded_n), dtype=dtype, device=bias.device)[..., :n]
         buf.copy_(bias)
         bias = buf
     return bias.expand(b, h, m, n)
@@ -148,8 +144,7 @@ class XFormersBackend(Backend):
     def __init__(self, op: Any = None):
         if isinstance(op, str) and op not in _OP_CAPS:
             raise ValueError(
-                f"op={op!r}: choose one of {', '.join(OP_NAMES)}, an xformers operator, "
-                "or None to let xformers choose"
+                f"op={op!r}: choose one of {', '.join(OP_NAMES)}, an xformers operator, or None to let xformers choose"
             )
         self.op = op
         if isinstance(op, str):
@@ -173,9 +168,7 @@ class XFormersBackend(Backend):
         if attn_bias is not None:
             narrowed, dead = narrow_bias(attn_bias, q.dtype)
             bias = aligned_bias(narrowed, b, h, m, n, q.dtype)
-        out = xops.memory_efficient_attention(
-            qt, kt, vt, attn_bias=bias, p=0.0, scale=scale, op=self._resolved
-        )
+        out = xops.memory_efficient_attention(qt, kt, vt, attn_bias=bias, p=0.0, scale=scale, op=self._resolved)
         out = out[..., :dv].transpose(1, 2)  # (B, H, M, Dv) view
         if attn_bias is not None:
             # rows whose keys are all masked: zeros (the kernels may write NaN there).

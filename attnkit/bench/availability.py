@@ -29,13 +29,13 @@ def resolve_names(spec: str | None) -> list[str]:
     names = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [n for n in names if n not in attnkit.PROCESSOR_NAMES]
     if unknown:
-        raise ValueError(
-            f"unknown processor(s) {', '.join(unknown)}; choose from {', '.join(attnkit.PROCESSOR_NAMES)}"
-        )
+        raise ValueError(f"unknown processor(s) {', '.join(unknown)}; choose from {', '.join(attnkit.PROCESSOR_NAMES)}")
     return list(dict.fromkeys(names))
 
 
-def attention_calls(unet: nn.Module, device: torch.device, dtype: torch.dtype, batch: int, tokens: int) -> list[AttentionCall]:
+def attention_calls(
+    unet: nn.Module, device: torch.device, dtype: torch.dtype, batch: int, tokens: int
+) -> list[AttentionCall]:
     """The distinct kinds of attention call the UNet makes (head dim, self/cross)."""
     from diffusers.models.attention_processor import Attention
 
@@ -67,7 +67,9 @@ def make_processor(name: str) -> tuple[Any | None, str]:
         return None, describe(exc)
 
 
-def precheck(name: str, proc: Any, unet: nn.Module, device: torch.device, dtype: torch.dtype, batch: int, tokens: int) -> str:
+def precheck(
+    name: str, proc: Any, unet: nn.Module, device: torch.device, dtype: torch.dtype, batch: int, tokens: int
+) -> str:
     """Why this processor cannot serve this UNet here ("" if nothing is known against it).
 
     Asks the backend's own ``not_supported_reasons`` about each kind of call the UNet
@@ -93,7 +95,9 @@ def precheck(name: str, proc: Any, unet: nn.Module, device: torch.device, dtype:
     return "; ".join(reasons)
 
 
-def availability(names: list[str], unet: nn.Module, device: torch.device, dtype: torch.dtype, batch: int, tokens: int) -> dict[str, tuple[Any | None, str, str]]:
+def availability(
+    names: list[str], unet: nn.Module, device: torch.device, dtype: torch.dtype, batch: int, tokens: int
+) -> dict[str, tuple[Any | None, str, str]]:
     """name -> (processor or None, status, reason)."""
     out = {}
     for name in names:

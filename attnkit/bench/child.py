@@ -37,13 +37,17 @@ def run_child(spec: dict, timeout: float | None = None) -> dict:
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "attnkit.bench.child"],
-            input=json.dumps(spec), capture_output=True, text=True, timeout=timeout, env=env,
+            input=json.dumps(spec),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return {"status": "skipped", "reason": f"subprocess ran past {timeout:.0f} s"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_MARKER):
-            return json.loads(line[len(RESULT_MARKER):])
+            return json.loads(line[len(RESULT_MARKER) :])
     tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
     if proc.returncode in (-9, 137):
         return {"status": "oom", "reason": f"subprocess killed (signal 9, likely the OOM killer): {tail}"[:300]}
@@ -54,7 +58,6 @@ def run_child(spec: dict, timeout: float | None = None) -> dict:
 def build_model_from_spec(spec: dict):
     """(preset, model) as the parent described them: its preset, seed and --model path."""
     import torch
-
 
     preset = preset_from_dict(spec["preset"])
     torch.manual_seed(spec.get("seed", 0))
@@ -71,7 +74,6 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     import diffusers  # noqa: F401
     import torch  # imported before the cap: its libraries are not the budget
-
 
     quiet_diffusers()
     threads = spec.get("threads")

@@ -38,12 +38,22 @@ from .tables import ladder_kinds, run_tables
 PROG = "attnkit bench"
 
 # Knobs of the Stable Diffusion tables only: refused with a transformer preset.
-SD_ONLY = ("resolution", "ladder_steps", "sweep_max_batch", "sweep_dtypes", "sweep_steps", "sweep_repeats",
-           "model", "mem_cap", "compile_mode", "processors", "ladder_rows")
+SD_ONLY = (
+    "resolution",
+    "ladder_steps",
+    "sweep_max_batch",
+    "sweep_dtypes",
+    "sweep_steps",
+    "sweep_repeats",
+    "model",
+    "mem_cap",
+    "compile_mode",
+    "processors",
+    "ladder_rows",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     ap = argparse.ArgumentParser(
         prog=PROG,
         description=(
@@ -52,34 +62,59 @@ def build_parser() -> argparse.ArgumentParser:
             "with attnkit against diffusers' attention backends (table 5)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="presets:\n" + "\n".join(f"  {n:11s} {p.label}" for n, p in PRESETS.items())
-        + "\n" + "\n".join(f"  {n:11s} {full} on CUDA, {cpu} elsewhere" for n, (full, cpu) in BY_DEVICE.items())
+        epilog="presets:\n"
+        + "\n".join(f"  {n:11s} {p.label}" for n, p in PRESETS.items())
+        + "\n"
+        + "\n".join(f"  {n:11s} {full} on CUDA, {cpu} elsewhere" for n, (full, cpu) in BY_DEVICE.items())
         + f"\n\ndefault preset: {DEFAULT_CUDA_PRESET} on CUDA, {DEFAULT_CPU_PRESET} on CPU.",
     )
     ap.add_argument("--preset", help="standard setting (default: by device); see the list below")
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
     ap.add_argument("--tables", help="which tables, e.g. 1,4 (default: the preset's: 1,2,3,4 or 5)")
-    ap.add_argument("--processors", default=None,
-                    help="tables 1-4: comma-separated processor names, or all (default: all, the references last)")
-    ap.add_argument("--attention", default=None,
-                    help="table 5: ways of setting attention (stock, native, flash, sage, attnkit, attnkit.apply), "
-                         "or all (default)")
+    ap.add_argument(
+        "--processors",
+        default=None,
+        help="tables 1-4: comma-separated processor names, or all (default: all, the references last)",
+    )
+    ap.add_argument(
+        "--attention",
+        default=None,
+        help="table 5: ways of setting attention (stock, native, flash, sage, attnkit, attnkit.apply), "
+        "or all (default)",
+    )
     ap.add_argument("--steps", type=int, help="denoising steps (table 1) / forward steps per run (table 5)")
     ap.add_argument("--resolution", type=int, help="image side in pixels (latents are /8)")
     ap.add_argument("--batch", type=int, help="prompts per run (tables 1 and 4) / transformer batch (table 5)")
-    ap.add_argument("--dtype", choices=["float32", "fp32", "float16", "fp16", "bfloat16", "bf16"], help="precision of tables 1, 4 and 5")
-    ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
-                    help="torch.compile the model. auto (default): on CUDA the ladder's torch.compile and CUDA-graph "
-                         "rows, the sweep's compiled runs and table 5's compiled rows, table 1 eager as the published "
-                         "table; off on the CPU. on: also table 1, and on the CPU. off: nowhere")
-    ap.add_argument("--compile-mode", default=None,
-                    help="torch.compile mode of table 1, the sweep and the ladder's torch.compile rows (default: "
-                         "torch's default; the ladder's CUDA-graph rows are always reduce-overhead)")
-    ap.add_argument("--compile-backend", default="inductor",
-                    help="torch.compile backend (default inductor; 'eager' traces without compiling, for tests)")
-    ap.add_argument("--ladder-rows", default=None,
-                    help="table 2's kinds of row, in order: base (fp32 -> half -> channels_last -> compile), eager, "
-                         "compile, cudagraphs (one row per processor each), or all (default)")
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "fp32", "float16", "fp16", "bfloat16", "bf16"],
+        help="precision of tables 1, 4 and 5",
+    )
+    ap.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="torch.compile the model. auto (default): on CUDA the ladder's torch.compile and CUDA-graph "
+        "rows, the sweep's compiled runs and table 5's compiled rows, table 1 eager as the published "
+        "table; off on the CPU. on: also table 1, and on the CPU. off: nowhere",
+    )
+    ap.add_argument(
+        "--compile-mode",
+        default=None,
+        help="torch.compile mode of table 1, the sweep and the ladder's torch.compile rows (default: "
+        "torch's default; the ladder's CUDA-graph rows are always reduce-overhead)",
+    )
+    ap.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend (default inductor; 'eager' traces without compiling, for tests)",
+    )
+    ap.add_argument(
+        "--ladder-rows",
+        default=None,
+        help="table 2's kinds of row, in order: base (fp32 -> half -> channels_last -> compile), eager, "
+        "compile, cudagraphs (one row per processor each), or all (default)",
+    )
     ap.add_argument("--repeats", type=int, help="rounds of timed runs at most (samples per cell)")
     ap.add_argument("--warmup-steps", type=int, help="steps of the (untimed) warm-up run")
     ap.add_argument("--skip-steps", type=int, help="first steps left out of the steady-state rate")
@@ -88,20 +123,35 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sweep-dtypes", help="precisions of the sweep, e.g. float32,float16")
     ap.add_argument("--sweep-steps", type=int, help="steps per sweep run")
     ap.add_argument("--sweep-repeats", type=int, help="timed runs per processor and batch in the sweep")
-    ap.add_argument("--model", metavar="PATH_OR_ID",
-                    help="load real weights from a local directory or the local Hugging Face cache (no download)")
+    ap.add_argument(
+        "--model",
+        metavar="PATH_OR_ID",
+        help="load real weights from a local directory or the local Hugging Face cache (no download)",
+    )
     ap.add_argument("--out", metavar="DIR", help="write results.json, table.md and plots here")
-    ap.add_argument("--mem-cap", type=float, metavar="GIB",
-                    help="CPU: address-space cap of the sweep's subprocess beyond its start (default: 75%% of available memory)")
-    ap.add_argument("--budget", type=float, metavar="SECONDS",
-                    help="time budget of the whole run, model build included (default: the preset's; cpu-small "
-                         "200 s); each table gets a share of what is left when it starts, and work past it is "
-                         "skipped and marked")
+    ap.add_argument(
+        "--mem-cap",
+        type=float,
+        metavar="GIB",
+        help="CPU: address-space cap of the sweep's subprocess beyond its start (default: 75%% of available memory)",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="time budget of the whole run, model build included (default: the preset's; cpu-small "
+        "200 s); each table gets a share of what is left when it starts, and work past it is "
+        "skipped and marked",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of weights, latents and embeddings")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
-    ap.add_argument("--parallel", nargs=argparse.REMAINDER, metavar="ARGS",
-                    help="first argument only: hand ARGS to attnkit.parallel.bench (the multi-GPU benchmark)")
+    ap.add_argument(
+        "--parallel",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="first argument only: hand ARGS to attnkit.parallel.bench (the multi-GPU benchmark)",
+    )
     return ap
 
 
@@ -126,11 +176,16 @@ def run_parallel(argv: list[str]) -> int:
     except ImportError as exc:
         missing = getattr(exc, "name", None) or ""
         if missing in ("attnkit.parallel", "attnkit.parallel.bench"):
-            print(f"{PROG} --parallel: this attnkit has no multi-GPU benchmark (attnkit.parallel.bench is "
-                  "not installed); install an attnkit that ships attnkit.parallel", file=sys.stderr)
+            print(
+                f"{PROG} --parallel: this attnkit has no multi-GPU benchmark (attnkit.parallel.bench is "
+                "not installed); install an attnkit that ships attnkit.parallel",
+                file=sys.stderr,
+            )
         else:
-            print(f"{PROG} --parallel: attnkit.parallel.bench could not be imported: {describe_exception(exc)}",
-                  file=sys.stderr)
+            print(
+                f"{PROG} --parallel: attnkit.parallel.bench could not be imported: {describe_exception(exc)}",
+                file=sys.stderr,
+            )
         return 2
     return int(parallel_main(list(argv)) or 0)
 
@@ -147,21 +202,30 @@ def make_plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
     """The preset with the command line's overrides; bad arguments exit 2 with the reason."""
     import torch
 
-
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda, but torch sees no CUDA device")
-        preset = get_preset(args.preset or (DEFAULT_CUDA_PRESET if device.type == "cuda" else DEFAULT_CPU_PRESET),
-                            device.type)
+        preset = get_preset(
+            args.preset or (DEFAULT_CUDA_PRESET if device.type == "cuda" else DEFAULT_CPU_PRESET), device.type
+        )
         tables = parse_tables(args.tables or ",".join(preset.tables), preset.tables)
-        common = dict(steps=args.steps, batch=args.batch, dtype=args.dtype, repeats=args.repeats,
-                      warmup_steps=args.warmup_steps, skip_steps=args.skip_steps, budget=args.budget)
+        common = dict(
+            steps=args.steps,
+            batch=args.batch,
+            dtype=args.dtype,
+            repeats=args.repeats,
+            warmup_steps=args.warmup_steps,
+            skip_steps=args.skip_steps,
+            budget=args.budget,
+        )
         if preset.kind == "transformer":
             given = [f"--{k.replace('_', '-')}" for k in SD_ONLY if getattr(args, k) is not None]
             if given:
-                raise ValueError(f"{', '.join(given)}: Stable Diffusion options; preset {preset.name} runs table 5 "
-                                 "(its options: --attention, --steps, --batch, --dtype, --repeats, --budget, --compile)")
+                raise ValueError(
+                    f"{', '.join(given)}: Stable Diffusion options; preset {preset.name} runs table 5 "
+                    "(its options: --attention, --steps, --batch, --dtype, --repeats, --budget, --compile)"
+                )
             preset = preset.with_overrides(**common)
             compile_ = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
             return Plan(args, device, preset, tables, resolve_settings(args.attention), compile_, False)
@@ -169,8 +233,14 @@ def make_plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
             raise ValueError(f"--attention is table 5's option; preset {preset.name} runs tables 1-4 (--processors)")
         sweep_dtypes = tuple(s.strip() for s in args.sweep_dtypes.split(",")) if args.sweep_dtypes else None
         preset = preset.with_overrides(
-            resolution=args.resolution, ladder_steps=args.ladder_steps, sweep_max_batch=args.sweep_max_batch,
-            sweep_dtypes=sweep_dtypes, sweep_steps=args.sweep_steps, sweep_repeats=args.sweep_repeats, **common)
+            resolution=args.resolution,
+            ladder_steps=args.ladder_steps,
+            sweep_max_batch=args.sweep_max_batch,
+            sweep_dtypes=sweep_dtypes,
+            sweep_steps=args.sweep_steps,
+            sweep_repeats=args.sweep_repeats,
+            **common,
+        )
         names = resolve_names(args.processors)
         ladder_kinds(args.ladder_rows)
     except ValueError as exc:
@@ -186,12 +256,10 @@ def build(plan: Plan):
     """The model under test, and what results.json says about it."""
     start = time.perf_counter()
     if plan.preset.kind == "transformer":
-
         model = build_transformer(plan.preset, plan.device, seed=plan.args.seed)
         net = model.transformer
         info = {"source": model.source, "family": model.family}
     else:
-
         if plan.args.model:
             model = load_model(plan.args.model, plan.device, plan.preset.dtype)
         else:
@@ -199,8 +267,11 @@ def build(plan: Plan):
         net = model.unet
         info = {"source": model.source, "family": model.family}
 
-    info.update(dtype=dtype_label(model.dtype), parameters=sum(p.numel() for p in net.parameters()),
-                build_seconds=time.perf_counter() - start)
+    info.update(
+        dtype=dtype_label(model.dtype),
+        parameters=sum(p.numel() for p in net.parameters()),
+        build_seconds=time.perf_counter() - start,
+    )
     return model, info
 
 
@@ -213,19 +284,37 @@ def run(plan: Plan, model, model_info: dict, env: dict, deadline) -> dict:
         notes.append("TF32 matmuls on (torch.backends.cuda.matmul.allow_tf32), as in the PyTorch 2.0 post")
     device_name = env["device_name"] if plan.device.type == "cuda" else "cpu"
     cap = int(args.mem_cap * (1 << 30)) if args.mem_cap else int((available_memory_bytes() or 8 << 30) * 0.75)
-    ctx = Context(model=model, preset=plan.preset, processors=plan.names, device=plan.device,
-                  device_name=device_name, compile=plan.compile, compile_table1=plan.compile_table1,
-                  progress=not args.no_progress, seed=args.seed, compile_mode=args.compile_mode,
-                  compile_backend=args.compile_backend, ladder_rows=ladder_kinds(args.ladder_rows),
-                  model_path=args.model, mem_cap_bytes=cap, build_seconds=model_info["build_seconds"])
+    ctx = Context(
+        model=model,
+        preset=plan.preset,
+        processors=plan.names,
+        device=plan.device,
+        device_name=device_name,
+        compile=plan.compile,
+        compile_table1=plan.compile_table1,
+        progress=not args.no_progress,
+        seed=args.seed,
+        compile_mode=args.compile_mode,
+        compile_backend=args.compile_backend,
+        ladder_rows=ladder_kinds(args.ladder_rows),
+        model_path=args.model,
+        mem_cap_bytes=cap,
+        build_seconds=model_info["build_seconds"],
+    )
     results: dict = {
-        "schema": report.SCHEMA, "environment": env, "preset": plan.preset.to_dict(), "model": model_info,
+        "schema": report.SCHEMA,
+        "environment": env,
+        "preset": plan.preset.to_dict(),
+        "model": model_info,
         "processors": plan.names,
         "compile": {"tables_2_3": plan.compile, "table_1": plan.compile_table1, "backend": args.compile_backend},
-        "budget_seconds": plan.preset.budget, "notes": notes, "elapsed_seconds": 0.0,
+        "budget_seconds": plan.preset.budget,
+        "notes": notes,
+        "elapsed_seconds": 0.0,
     }
     results["tables"], results["table_seconds"] = run_tables(
-        ctx, plan.tables, deadline, lambda text: print(f"{PROG}: {text}", file=sys.stderr))
+        ctx, plan.tables, deadline, lambda text: print(f"{PROG}: {text}", file=sys.stderr)
+    )
     env["load_average_end"] = load_average()
     return results
 
@@ -241,7 +330,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-
     warnings.filterwarnings("ignore", category=FutureWarning)
     quiet_diffusers()
     plan = make_plan(ap, args)  # parse -> preset
@@ -253,15 +341,17 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_extras()
     if missing:
         what = " and ".join({"matplotlib": "plots", "tqdm": "progress bars"}[m] for m in missing)
-        print(f"{PROG}: no {what}: {' and '.join(missing)} not installed ({EXTRA_HINT} installs them)",
-              file=sys.stderr)
+        print(f"{PROG}: no {what}: {' and '.join(missing)} not installed ({EXTRA_HINT} installs them)", file=sys.stderr)
     start = time.perf_counter()
     deadline = Deadline(plan.preset.budget)
     env = environment(plan.device, argv)
-    print(f"{PROG}: {env['device_name']} | preset {plan.preset.name} | {', '.join(plan.names)} | "
-          f"tables {','.join(plan.tables)} | compile {'on' if plan.compile else 'off'}"
-          f"{' (table 1 too)' if plan.compile_table1 else ''}"
-          + (f" | budget {plan.preset.budget:.0f} s" if plan.preset.budget else ""), file=sys.stderr)
+    print(
+        f"{PROG}: {env['device_name']} | preset {plan.preset.name} | {', '.join(plan.names)} | "
+        f"tables {','.join(plan.tables)} | compile {'on' if plan.compile else 'off'}"
+        f"{' (table 1 too)' if plan.compile_table1 else ''}"
+        + (f" | budget {plan.preset.budget:.0f} s" if plan.preset.budget else ""),
+        file=sys.stderr,
+    )
 
     model, model_info = build(plan)  # -> model
     print(f"{PROG}: model ready in {model_info['build_seconds']:.1f} s ({model.source})", file=sys.stderr)

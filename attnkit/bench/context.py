@@ -61,8 +61,10 @@ class Context:
         """Raise :class:`OverBudget` when `seconds` (a prediction, taken MARGIN times) exceeds
         this table's budget."""
         if seconds is not None and self.budget is not None and MARGIN * seconds > self.budget:
-            raise OverBudget(f"time budget: {what} was predicted to take {seconds:.0f} s, "
-                             f"{max(self.budget, 0):.0f} s were left for this table")
+            raise OverBudget(
+                f"time budget: {what} was predicted to take {seconds:.0f} s, "
+                f"{max(self.budget, 0):.0f} s were left for this table"
+            )
 
 
 class Lazy:
@@ -117,8 +119,12 @@ class Compiled:
 
     def info(self) -> dict:
         tried = self.called or self.fullgraph_error is not None
-        return {"mode": self.mode or "default", "backend": self.backend,
-                "fullgraph": self.fullgraph if tried else None, "fullgraph_error": self.fullgraph_error}
+        return {
+            "mode": self.mode or "default",
+            "backend": self.backend,
+            "fullgraph": self.fullgraph if tried else None,
+            "fullgraph_error": self.fullgraph_error,
+        }
 
 
 def compile_unet(unet: torch.nn.Module, mode: str | None, backend: str = "inductor") -> Compiled:
@@ -170,8 +176,16 @@ def unet_config(
 
     def run(warmup: bool):
         n = (max(warmup_steps, COMPILED_WARMUP_STEPS) if compiled else warmup_steps) if warmup else steps
-        return denoise(ctx.model, cond, n, ctx.preset.resolution, unet=holder["unet"] if "unet" in holder else made(unet),
-                       decode=decode and not warmup, vae=made(vae), seed=ctx.seed)
+        return denoise(
+            ctx.model,
+            cond,
+            n,
+            ctx.preset.resolution,
+            unet=holder["unet"] if "unet" in holder else made(unet),
+            decode=decode and not warmup,
+            vae=made(vae),
+            seed=ctx.seed,
+        )
 
     def probe(profile: bool) -> dict:
         """One step profiled (attention's share); a compiled copy's output against eager.
@@ -191,7 +205,10 @@ def unet_config(
         eager = holder["eager"] if compiled else made(unet)
         out["attention"] = safe_profile_step(
             lambda: denoise(ctx.model, cond, 1, ctx.preset.resolution, unet=target, seed=ctx.seed),
-            attention_modules(eager), ctx.device, ranges=not compiled)
+            attention_modules(eager),
+            ctx.device,
+            ranges=not compiled,
+        )
         if compiled:
             out["check"] = compare_compiled(target, eager, ctx, cond)
         return out

@@ -122,15 +122,20 @@ def _inputs(preset, config, device, dtype, seed) -> tuple[torch.Tensor, dict, di
         return rand(b, hp * wp, config.in_channels), kwargs, {"image": hp * wp, "text": t}
     if preset.family == "sd3":
         p = config.patch_size
-        kwargs = {"encoder_hidden_states": rand(b, t, config.joint_attention_dim),
-                  "pooled_projections": rand(b, config.pooled_projection_dim)}
+        kwargs = {
+            "encoder_hidden_states": rand(b, t, config.joint_attention_dim),
+            "pooled_projections": rand(b, config.pooled_projection_dim),
+        }
         return rand(b, config.in_channels, h, w), kwargs, {"image": (h // p) * (w // p), "text": t}
     if preset.family == "wan":
         frames = (preset.frames - 1) // 4 + 1
         pt, ph, pw = config.patch_size
         kwargs = {"encoder_hidden_states": rand(b, t, config.text_dim)}
-        return (rand(b, config.in_channels, frames, h, w), kwargs,
-                {"image": (frames // pt) * (h // ph) * (w // pw), "text": t})
+        return (
+            rand(b, config.in_channels, frames, h, w),
+            kwargs,
+            {"image": (frames // pt) * (h // ph) * (w // pw), "text": t},
+        )
     raise ValueError(f"unknown transformer family {preset.family!r}; choose flux, sd3 or wan")
 
 
@@ -168,15 +173,16 @@ def _diffusers_backend(name: str) -> Callable[[nn.Module, list[nn.Module]], str]
         reached = sum(1 for m in modules if getattr(m.processor, "_attention_backend", None) == name)
         if not reached:
             kinds = sorted({type(m.processor).__name__ for m in modules})
-            raise NotApplicable(f"set_attention_backend({name!r}) reaches none of the {len(modules)} attention "
-                                f"modules (their {', '.join(kinds)} call attention themselves)")
+            raise NotApplicable(
+                f"set_attention_backend({name!r}) reaches none of the {len(modules)} attention "
+                f"modules (their {', '.join(kinds)} call attention themselves)"
+            )
         return f"{reached} of {len(modules)} attention modules"
 
     return set_backend
 
 
 def _attnkit_apply(model: nn.Module, modules: list[nn.Module]) -> str:
-
     where = attnkit.apply(model, attnkit.auto())  # {module: "attnkit..." or the processor kept}
     if not isinstance(where, dict):
         return clip(f"attnkit.apply returned {where!r}", 120)
@@ -251,6 +257,7 @@ class RegionalCompiled:
     def _guarded(self, i: int) -> Callable:
         """Block i's compiled call under fullgraph=True: where it fails, every block is
         compiled again without fullgraph (the error kept), and the call retried."""
+
         def call(*args, **kwargs):
             if not self.fullgraph:
                 return self.fns[i](*args, **kwargs)
@@ -265,6 +272,7 @@ class RegionalCompiled:
                 out = self.fns[i](*args, **kwargs)
             self.called = True
             return out
+
         return call
 
     def uninstall(self) -> None:
@@ -281,9 +289,13 @@ class RegionalCompiled:
             return {**self.whole.info(), "scope": "whole model"}
         kinds = sorted({type(m).__name__ for m in self.blocks})
         tried = self.called or self.fullgraph_error is not None
-        return {"mode": "default", "backend": self.backend, "fullgraph": self.fullgraph if tried else None,
-                "fullgraph_error": self.fullgraph_error,
-                "scope": f"repeated blocks: {len(self.blocks)} ({', '.join(kinds)})"}
+        return {
+            "mode": "default",
+            "backend": self.backend,
+            "fullgraph": self.fullgraph if tried else None,
+            "fullgraph_error": self.fullgraph_error,
+            "scope": f"repeated blocks: {len(self.blocks)} ({', '.join(kinds)})",
+        }
 
 
 def resolve_settings(spec: str | None) -> list[str]:
@@ -340,9 +352,11 @@ def transformer_table(ctx) -> dict:
                 return out
             with _default_backend(), torch.no_grad():  # as the loop: grad mode is part of a compiled graph's guards
                 apply_setting(name)
-                out["attention"] = safe_profile_step(lambda: model.forward(model.latents, 1.0), modules,
-                                                     ctx.device, ranges=True)
+                out["attention"] = safe_profile_step(
+                    lambda: model.forward(model.latents, 1.0), modules, ctx.device, ranges=True
+                )
                 return out
+
         return probe
 
     def lossy_check(name: str) -> dict:
@@ -387,8 +401,9 @@ def transformer_table(ctx) -> dict:
             with _default_backend(), torch.no_grad():  # as the loop: no recompilation for grad mode
                 setup()
                 fn = compiled_net()
-                out["attention"] = safe_profile_step(lambda: model.forward(model.latents, 1.0, fn), modules,
-                                                     ctx.device, ranges=False)
+                out["attention"] = safe_profile_step(
+                    lambda: model.forward(model.latents, 1.0, fn), modules, ctx.device, ranges=False
+                )
                 try:
                     got = model.forward(model.latents, 1.0, fn).clone()
                     apply_setting(base)  # the same setting, eager
@@ -399,16 +414,25 @@ def transformer_table(ctx) -> dict:
                     out["check"] = {"error": describe(exc, 160)}
             return out
 
-        return Config(name, run_compiled, setup=setup, extra={"how": HOW[name], "where": where},
-                      keep={"probe": probe, "holder": holder}, group="compile")
+        return Config(
+            name,
+            run_compiled,
+            setup=setup,
+            extra={"how": HOW[name], "where": where},
+            keep={"probe": probe, "holder": holder},
+            group="compile",
+        )
 
     configs = []
     with _default_backend():
         for name in ctx.processors:
             base = COMPILED_SETTINGS.get(name)
             if base is not None and not ctx.compile:
-                configs.append(Config(name, None, status=STATUS_SKIPPED, reason="compile off (--compile)",
-                                      extra={"how": HOW[name]}))
+                configs.append(
+                    Config(
+                        name, None, status=STATUS_SKIPPED, reason="compile off (--compile)", extra={"how": HOW[name]}
+                    )
+                )
                 continue
             try:
                 where = apply_setting(base or name)
@@ -419,34 +443,72 @@ def transformer_table(ctx) -> dict:
             if base is not None:
                 configs.append(compiled_config(name, base, where))
                 continue
-            configs.append(Config(name, run, setup=lambda name=name: apply_setting(name),
-                                  extra={"how": HOW[name], "where": where}, keep={"probe": eager_probe(name)}))
+            configs.append(
+                Config(
+                    name,
+                    run,
+                    setup=lambda name=name: apply_setting(name),
+                    extra={"how": HOW[name], "where": where},
+                    keep={"probe": eager_probe(name)},
+                )
+            )
         deadline = ctx.deadline()
         try:
-            cells = measure_interleaved(configs, p.repeats, p.skip_steps, desc=f"table 5: {p.name}",
-                                        progress=ctx.progress, deadline=deadline, device=ctx.device,
-                                        always=2, sample_factor=p.steps / p.warmup_steps)
+            cells = measure_interleaved(
+                configs,
+                p.repeats,
+                p.skip_steps,
+                desc=f"table 5: {p.name}",
+                progress=ctx.progress,
+                deadline=deadline,
+                device=ctx.device,
+                always=2,
+                sample_factor=p.steps / p.warmup_steps,
+            )
             probe_cells(configs, cells, deadline)
         finally:
             apply_setting("stock")
-    ref = {base: cells[base].median("step_seconds") for base in ("native", "stock")
-           if base in cells and cells[base].ok}
+    ref = {base: cells[base].median("step_seconds") for base in ("native", "stock") if base in cells and cells[base].ok}
     return {
         "title": "transformer forward per step",
-        "models": [{
-            "preset": p.name, "label": p.label, "route": route_of(stock), "source": model.source,
-            "setting": {"family": p.family, "height": p.height, "width": p.width, "frames": p.frames,
-                        "batch": p.batch, "tokens": model.tokens, "dtype": dtype_label(model.dtype),
-                        "steps": p.steps, "repeats": p.repeats, "warmup_steps": p.warmup_steps,
-                        "steady_state_skips_first_steps": p.skip_steps, "budget_seconds": ctx.budget,
-                        "attention_modules": len(modules)},
-            "cells": {n: c.to_dict() for n, c in cells.items()},
-            "ratio_vs": {base: {n: c.median("step_seconds") / r for n, c in cells.items() if c.ok}
-                         for base, r in ref.items()},
-        }],
+        "models": [
+            {
+                "preset": p.name,
+                "label": p.label,
+                "route": route_of(stock),
+                "source": model.source,
+                "setting": {
+                    "family": p.family,
+                    "height": p.height,
+                    "width": p.width,
+                    "frames": p.frames,
+                    "batch": p.batch,
+                    "tokens": model.tokens,
+                    "dtype": dtype_label(model.dtype),
+                    "steps": p.steps,
+                    "repeats": p.repeats,
+                    "warmup_steps": p.warmup_steps,
+                    "steady_state_skips_first_steps": p.skip_steps,
+                    "budget_seconds": ctx.budget,
+                    "attention_modules": len(modules),
+                },
+                "cells": {n: c.to_dict() for n, c in cells.items()},
+                "ratio_vs": {
+                    base: {n: c.median("step_seconds") / r for n, c in cells.items() if c.ok} for base, r in ref.items()
+                },
+            }
+        ],
         "interrupted": cells.interrupted,
     }
 
 
-__all__ = ["COMPILED_SETTINGS", "SETTINGS", "attention_modules", "TransformerModel", "build_transformer", "resolve_settings",
-           "transformer_loop", "transformer_table"]
+__all__ = [
+    "COMPILED_SETTINGS",
+    "SETTINGS",
+    "attention_modules",
+    "TransformerModel",
+    "build_transformer",
+    "resolve_settings",
+    "transformer_loop",
+    "transformer_table",
+]

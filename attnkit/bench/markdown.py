@@ -45,7 +45,6 @@ def _best(speed: dict[str, float | None], cells: dict[str, dict], base: str) -> 
 
 # -- the tables ------------------------------------------------------------------------
 def render_table1(t: dict, env: dict) -> str:
-
     cells = t["cells"]
     names = list(cells)
     speed = t.get("speedup_vs_vanilla", {})
@@ -71,11 +70,21 @@ def render_table1(t: dict, env: dict) -> str:
     if pub:
         its = pub["it_per_s"]
         pv = its.get("vanilla")
-        prow = [f"{fmt_num(its[n])}" + (f" ({fmt_x(its[n] / pv)})" if n != "vanilla" and pv else "") if n in its else "–" for n in names]
+        prow = [
+            f"{fmt_num(its[n])}" + (f" ({fmt_x(its[n] / pv)})" if n != "vanilla" and pv else "") if n in its else "–"
+            for n in names
+        ]
         pbest = max(((its[n] / pv, n) for n in its if n != "vanilla"), default=None) if pv else None
-        rows.append([f"published: {pub['device']} (diffusers docs v0.18)", *prow,
-                     f"{fmt_x(pbest[0])} ({pbest[1]})" if pbest else "–"])
-    head = ["device"] + [f"{n} ({PUBLISHED_NAMES[n]})" if n in PUBLISHED_NAMES else n for n in names] + ["best vs vanilla"]
+        rows.append(
+            [
+                f"published: {pub['device']} (diffusers docs v0.18)",
+                *prow,
+                f"{fmt_x(pbest[0])} ({pbest[1]})" if pbest else "–",
+            ]
+        )
+    head = (
+        ["device"] + [f"{n} ({PUBLISHED_NAMES[n]})" if n in PUBLISHED_NAMES else n for n in names] + ["best vs vanilla"]
+    )
     out = [
         "### 1. Denoising-loop it/s per attention processor",
         f"{s['resolution']}x{s['resolution']}, {s['steps']} DDIM steps, batch {s['batch']} "
@@ -92,14 +101,38 @@ def render_table1(t: dict, env: dict) -> str:
     for n in names:
         c = cells[n]
         if is_measured(c):
-            detail.append([n, fmt_num(c["it_per_s_median"]), str(c.get("samples", len(c.get("it_per_s") or []))),
-                           f"{fmt_num(c['it_per_s_min'])}–{fmt_num(c['it_per_s_max'])}",
-                           fmt_num(c.get("loop_it_per_s_median")), fmt_num(c.get("seconds_median")),
-                           vs(n, "vanilla", speed), vs(n, "sdpa", vs_sdpa), fmt_num(c.get("warmup_seconds"), 1)])
+            detail.append(
+                [
+                    n,
+                    fmt_num(c["it_per_s_median"]),
+                    str(c.get("samples", len(c.get("it_per_s") or []))),
+                    f"{fmt_num(c['it_per_s_min'])}–{fmt_num(c['it_per_s_max'])}",
+                    fmt_num(c.get("loop_it_per_s_median")),
+                    fmt_num(c.get("seconds_median")),
+                    vs(n, "vanilla", speed),
+                    vs(n, "sdpa", vs_sdpa),
+                    fmt_num(c.get("warmup_seconds"), 1),
+                ]
+            )
         else:
             detail.append([n, "–", "0", "–", "–", "–", "–", "–", cell_words(c, 200)])
-    out += ["", md_table(["processor", "it/s (median)", "n", "min–max", "whole-loop it/s", "s per loop",
-                           "vs vanilla", "vs sdpa", "warm-up s / status"], detail)]
+    out += [
+        "",
+        md_table(
+            [
+                "processor",
+                "it/s (median)",
+                "n",
+                "min–max",
+                "whole-loop it/s",
+                "s per loop",
+                "vs vanilla",
+                "vs sdpa",
+                "warm-up s / status",
+            ],
+            detail,
+        ),
+    ]
     lines = noise_lines(cells, "it_per_s", fmt_num)
     return "\n".join(out + (["", *lines] if lines else []))
 
@@ -158,12 +191,21 @@ def render_table2(t: dict, env: dict) -> str:
             continue
         j = published_index(i, r)
         shown.add(j)
-        cols = [r["name"], fmt_num(r["seconds_median"], 3), str(r.get("samples", len(r.get("seconds") or []))),
-                f"{fmt_num(r['seconds_min'], 3)}–{fmt_num(r['seconds_max'], 3)}",
-                marked_ratio(r.get("speedup_vs_fp32"), r, base, "seconds", noise), fmt_num(r.get("it_per_s_median"))]
+        cols = [
+            r["name"],
+            fmt_num(r["seconds_median"], 3),
+            str(r.get("samples", len(r.get("seconds") or []))),
+            f"{fmt_num(r['seconds_min'], 3)}–{fmt_num(r['seconds_max'], 3)}",
+            marked_ratio(r.get("speedup_vs_fp32"), r, base, "seconds", noise),
+            fmt_num(r.get("it_per_s_median")),
+        ]
         if probed:
-            cols += [first_call_words(r), share_text(r.get("attention"), "processor_calls"),
-                     share_text(r.get("attention"), "attention_kernels"), check_text(r.get("check"))]
+            cols += [
+                first_call_words(r),
+                share_text(r.get("attention"), "processor_calls"),
+                share_text(r.get("attention"), "attention_kernels"),
+                check_text(r.get("check")),
+            ]
         rows.append(cols + ["" if j is None else step(j)])
     out = [
         "### 2. Latency ladder: seconds per image, cumulative speedup",
@@ -179,7 +221,8 @@ def render_table2(t: dict, env: dict) -> str:
             "attention modules' forward (projections to output projection), 'attention kernels' the operators "
             "(CPU) or kernels (CUDA) named as attention; as a share of the step's wall time on the CPU, of its "
             "kernels' device time on CUDA (docs/benchmarks.md). Compiled vs eager: one UNet call through the "
-            "compiled copy against the same module eager, the largest difference relative to the output's largest value.")
+            "compiled copy against the same module eager, the largest difference relative to the output's largest value."
+        )
     if rows:
         head = ["step", "s / image", "n", "min–max", "speedup vs fp32", "it/s"]
         if probed:
@@ -187,14 +230,23 @@ def render_table2(t: dict, env: dict) -> str:
         out += ["", md_table(head + [f"published ({pub.get('device', '')})"], rows)]
     gone = not_measured(t["rows"], "seconds", 200)
     if gone:
-        out += ["", f"Not measured ({len(t['rows']) - len(rows)} of {len(t['rows'])} steps):",
-                *(f"- {line}" for line in gone)]
+        out += [
+            "",
+            f"Not measured ({len(t['rows']) - len(rows)} of {len(t['rows'])} steps):",
+            *(f"- {line}" for line in gone),
+        ]
     best = fastest_per_processor(t["rows"])
     if best:
-        out += ["", "Fastest row of each processor, it/s of the denoising loop (SD1.5 at 512x512 in fp16 on an H100: "
-                    "the goal is 100 or more through attnkit): " + "; ".join(best) + "."]
-    broken = [f"{r['name']}: {compile_words(r, 200)}" for r in t["rows"]
-              if not is_measured(r, "seconds") and (r.get("compile") or {}).get("fullgraph") is False]
+        out += [
+            "",
+            "Fastest row of each processor, it/s of the denoising loop (SD1.5 at 512x512 in fp16 on an H100: "
+            "the goal is 100 or more through attnkit): " + "; ".join(best) + ".",
+        ]
+    broken = [
+        f"{r['name']}: {compile_words(r, 200)}"
+        for r in t["rows"]
+        if not is_measured(r, "seconds") and (r.get("compile") or {}).get("fullgraph") is False
+    ]
     if broken:
         out += ["", "Of those, fullgraph=True failed first:", *(f"- {line}" for line in broken)]
     left = [step(j) for j in range(len(prow)) if j not in shown]
@@ -219,8 +271,10 @@ def fastest_per_processor(rows: list[dict]) -> list[str]:
     return [f"{r['processor']} {fmt_num(r['it_per_s_median'])} ({KIND_WORDS[r['kind']]})" for r in order]
 
 
-COMPILE_LABEL_TEXT = ("torch.compile: default mode; CUDA graphs: torch.compile(mode='reduce-overhead'); "
-                      "fullgraph=True first, without it where that fails (the first-call column says which).")
+COMPILE_LABEL_TEXT = (
+    "torch.compile: default mode; CUDA graphs: torch.compile(mode='reduce-overhead'); "
+    "fullgraph=True first, without it where that fails (the first-call column says which)."
+)
 
 
 def render_table3(t: dict, env: dict) -> str:
@@ -250,8 +304,14 @@ def render_table3(t: dict, env: dict) -> str:
                 elif is_measured(c):
                     sv = entry["speedup_vs_vanilla"].get(n)
                     sx = entry["speedup_vs_xformers"].get(n)
-                    extra = " / ".join(x for x in (fmt_x(sv) if sv and n != "vanilla" else "",
-                                                   fmt_x(sx) + " xf" if sx and n != "xformers" else "") if x)
+                    extra = " / ".join(
+                        x
+                        for x in (
+                            fmt_x(sv) if sv and n != "vanilla" else "",
+                            fmt_x(sx) + " xf" if sx and n != "xformers" else "",
+                        )
+                        if x
+                    )
                     row.append(f"{fmt_num(c['it_per_s_median'] * b)}" + (f" ({extra})" if extra else ""))
                 else:
                     row.append(cell_words(c, 24))
@@ -266,10 +326,17 @@ def render_table3(t: dict, env: dict) -> str:
             return f"≥ {fit} (no OOM)" if fit == s["max_batch"] else str(fit)
 
         rows.append(["largest batch"] + [largest_text(n) for n in names])
-        out += ["", title + (f" — {run['stopped']}" if run.get("stopped") else ""), "",
-                md_table(["batch"] + names, rows)]
+        out += [
+            "",
+            title + (f" — {run['stopped']}" if run.get("stopped") else ""),
+            "",
+            md_table(["batch"] + names, rows),
+        ]
     if t.get("mem_cap_bytes"):
-        out += ["", f"(CPU: the sweep ran in its own process with its address space capped at {fmt_bytes(t['mem_cap_bytes'])} over its start)"]
+        out += [
+            "",
+            f"(CPU: the sweep ran in its own process with its address space capped at {fmt_bytes(t['mem_cap_bytes'])} over its start)",
+        ]
     return "\n".join(out)
 
 
@@ -278,7 +345,14 @@ def render_table4(t: dict, env: dict) -> str:
     rows = []
     for n, c in t["cells"].items():
         if c.get("status") == "ok":
-            rows.append([n, fmt_bytes(c.get("peak_bytes")), fmt_bytes(c.get("activation_bytes")), fmt_bytes(c.get("baseline_bytes"))])
+            rows.append(
+                [
+                    n,
+                    fmt_bytes(c.get("peak_bytes")),
+                    fmt_bytes(c.get("activation_bytes")),
+                    fmt_bytes(c.get("baseline_bytes")),
+                ]
+            )
         else:
             rows.append([n, cell_words(c, 60), "–", "–"])
     out = [
@@ -290,7 +364,10 @@ def render_table4(t: dict, env: dict) -> str:
     ]
     dec = t.get("vae_decode") or {}
     if dec.get("peak_bytes"):
-        out += ["", f"VAE decode (diffusers' own attention, the same for every row): peak {fmt_bytes(dec['peak_bytes'])}."]
+        out += [
+            "",
+            f"VAE decode (diffusers' own attention, the same for every row): peak {fmt_bytes(dec['peak_bytes'])}.",
+        ]
     return "\n".join(out)
 
 
@@ -314,26 +391,62 @@ def render_table5(t: dict, env: dict) -> str:
         noise = run_noise(cells.values(), "step_seconds")
         probed = any("attention" in c or "compile" in c for c in cells.values())
         for n, c in cells.items():
-            extra = ([first_call_words(c), share_text(c.get("attention"), "processor_calls"),
-                      share_text(c.get("attention"), "attention_kernels"), check_text(c.get("check"))]
-                     if probed else [])
+            extra = (
+                [
+                    first_call_words(c),
+                    share_text(c.get("attention"), "processor_calls"),
+                    share_text(c.get("attention"), "attention_kernels"),
+                    check_text(c.get("check")),
+                ]
+                if probed
+                else []
+            )
             if is_measured(c, "step_seconds"):
-                ratios = [marked_ratio(vs.get(base, {}).get(n), c, cells.get(base), "step_seconds", noise)
-                          for base in ("native", "stock")]
-                rows.append([n, c.get("how", ""), fmt_num(c["step_seconds_median"], 3), str(c.get("samples", 0)),
-                             f"{fmt_num(c['step_seconds_min'], 3)}–{fmt_num(c['step_seconds_max'], 3)}",
-                             *ratios, *extra, c.get("where", "")])
+                ratios = [
+                    marked_ratio(vs.get(base, {}).get(n), c, cells.get(base), "step_seconds", noise)
+                    for base in ("native", "stock")
+                ]
+                rows.append(
+                    [
+                        n,
+                        c.get("how", ""),
+                        fmt_num(c["step_seconds_median"], 3),
+                        str(c.get("samples", 0)),
+                        f"{fmt_num(c['step_seconds_min'], 3)}–{fmt_num(c['step_seconds_max'], 3)}",
+                        *ratios,
+                        *extra,
+                        c.get("where", ""),
+                    ]
+                )
             else:
-                rows.append([n, c.get("how", ""), "–", "0", "–", "–", "–", *(["–"] * len(extra)),
-                             cell_words(c, 200) + (f"; {compile_words(c, 200)}" if compile_words(c) else "")])
+                rows.append(
+                    [
+                        n,
+                        c.get("how", ""),
+                        "–",
+                        "0",
+                        "–",
+                        "–",
+                        "–",
+                        *(["–"] * len(extra)),
+                        cell_words(c, 200) + (f"; {compile_words(c, 200)}" if compile_words(c) else ""),
+                    ]
+                )
         head = ["attention", "set by", "s / step", "n", "min–max", "vs native", "vs stock"]
         if probed:
             head += ["first call s", "attention: processor calls", "attention kernels", "compiled vs eager"]
             compiled = any("compile" in c for c in cells.values())
-            out += [("torch.compile: default mode, of the repeated blocks where the model declares them, else of "
-                     "the model; fullgraph=True first. " if compiled else "")
-                    + "First call, attention and compiled vs eager as in table 2 (one forward profiled after the "
-                    "timed runs).", ""]
+            out += [
+                (
+                    "torch.compile: default mode, of the repeated blocks where the model declares them, else of "
+                    "the model; fullgraph=True first. "
+                    if compiled
+                    else ""
+                )
+                + "First call, attention and compiled vs eager as in table 2 (one forward profiled after the "
+                "timed runs).",
+                "",
+            ]
         out.append(md_table(head + ["where it went / status"], rows))
         lines = noise_lines(cells, "step_seconds", lambda v: fmt_num(v, 3), higher_is_faster=False)
         out += ["", *lines] if lines else []
@@ -352,8 +465,11 @@ def _target_line(cells: dict, vs_native: dict) -> str:
             why = cell_words(c, 80) if not is_measured(c, "step_seconds") else "native not measured"
             parts.append(f"{name} not measured: {why}")
             continue
-        sep = separated(c["step_seconds"], cells["native"]["step_seconds"],
-                        typical_spread(x["step_seconds"] for x in cells.values() if is_measured(x, "step_seconds")))
+        sep = separated(
+            c["step_seconds"],
+            cells["native"]["step_seconds"],
+            typical_spread(x["step_seconds"] for x in cells.values() if is_measured(x, "step_seconds")),
+        )
         verdict = {True: "a difference beyond noise", False: "within noise", None: "one sample: not established"}[sep]
         parts.append(f"{name} {fmt_x(vs_native[name])} of native ({verdict})")
     return "Target: attnkit at most x1.02 of diffusers' native per step. " + "; ".join(parts) + "." if parts else ""
@@ -396,8 +512,11 @@ def short_cells(results: dict) -> tuple[int, list[str]]:
             for m in t.get("models") or []:
                 groups.append((f" ({m.get('preset') or m.get('label', '')})", m["setting"].get("repeats"), m["cells"]))
         for where, want, cells in groups:
-            few = [f"{n} n={c['samples']}" for n, c in cells.items()
-                   if want and c.get("status") == "ok" and 0 < (c.get("samples") or 0) < want]
+            few = [
+                f"{n} n={c['samples']}"
+                for n, c in cells.items()
+                if want and c.get("status") == "ok" and 0 < (c.get("samples") or 0) < want
+            ]
             if few:
                 count += len(few)
                 out.append(f"table {key}{where}: {', '.join(few)} of {want} asked")
@@ -408,28 +527,59 @@ def run_lines(results: dict) -> list[str]:
     """The budget and the machine's load: how far this run's numbers can be trusted."""
     env = results["environment"]
     n_short, short = short_cells(results)
-    few = (f"{n_short} cell(s) with fewer samples than asked (the budget ended their rounds): "
-           + "; ".join(short)) if short else ""
+    few = (
+        (f"{n_short} cell(s) with fewer samples than asked (the budget ended their rounds): " + "; ".join(short))
+        if short
+        else ""
+    )
     if results.get("parts"):  # a merged record: each run's own budget and load
-        return [f"- run `{p['command']}`: " + (f"budget {p['budget_seconds']:.0f} s, " if p.get("budget_seconds") else "")
+        return (
+            [
+                f"- run `{p['command']}`: "
+                + (f"budget {p['budget_seconds']:.0f} s, " if p.get("budget_seconds") else "")
                 + f"took {p.get('elapsed_seconds') or 0:.0f} s"
-                + (f", load average {p['load_average_start'][0]:.1f} at the start"
-                   + (f", {p['load_average_end'][0]:.1f} at the end" if p.get("load_average_end") else "")
-                   if p.get("load_average_start") else "")
-                for p in results["parts"]] + [
-            f"- load average: runnable processes over the last minute, on {env.get('cpu_count') or '?'} CPUs: a load "
-            "above the CPU count means a run waited for cores, and its timings are slower and noisier than on an "
-            "idle machine"] + ([f"- {few}"] if few else [])
-    skipped = sum(1 for t in results["tables"].values() for c in _cells_of(t)
-                  if c.get("status") == "skipped" and c.get("reason") == "time budget")
+                + (
+                    f", load average {p['load_average_start'][0]:.1f} at the start"
+                    + (f", {p['load_average_end'][0]:.1f} at the end" if p.get("load_average_end") else "")
+                    if p.get("load_average_start")
+                    else ""
+                )
+                for p in results["parts"]
+            ]
+            + [
+                f"- load average: runnable processes over the last minute, on {env.get('cpu_count') or '?'} CPUs: a load "
+                "above the CPU count means a run waited for cores, and its timings are slower and noisier than on an "
+                "idle machine"
+            ]
+            + ([f"- {few}"] if few else [])
+        )
+    skipped = sum(
+        1
+        for t in results["tables"].values()
+        for c in _cells_of(t)
+        if c.get("status") == "skipped" and c.get("reason") == "time budget"
+    )
     budget = results.get("budget_seconds")
     took = results.get("elapsed_seconds", 0.0)
-    line = (f"- time budget: {budget:.0f} s for the whole run, model build included; it took {took:.0f} s"
-            if budget else f"- no time budget; the run took {took:.0f} s")
+    line = (
+        f"- time budget: {budget:.0f} s for the whole run, model build included; it took {took:.0f} s"
+        if budget
+        else f"- no time budget; the run took {took:.0f} s"
+    )
     if budget:
         gone = [k for k, t in results["tables"].items() if "skipped" in t]
-        cut = [(f"{skipped} measurement(s)" + (f" and table(s) {', '.join(gone)}" if gone else "")
-                if skipped else f"table(s) {', '.join(gone)}") + " skipped for the budget"] if skipped or gone else []
+        cut = (
+            [
+                (
+                    f"{skipped} measurement(s)" + (f" and table(s) {', '.join(gone)}" if gone else "")
+                    if skipped
+                    else f"table(s) {', '.join(gone)}"
+                )
+                + " skipped for the budget"
+            ]
+            if skipped or gone
+            else []
+        )
         cut += [few] if few else []
         line += ("; " + "; ".join(cut)) if cut else "; nothing was skipped for it, and every cell has the samples asked"
     elif few:
@@ -438,10 +588,12 @@ def run_lines(results: dict) -> list[str]:
     start, end = env.get("load_average_start"), env.get("load_average_end")
     if start:
         cpus = env.get("cpu_count") or "?"
-        lines.append(f"- machine load (1-minute load average, runnable processes): {start[0]:.1f} at the start, "
-                     + (f"{end[0]:.1f} at the end" if end else "end not recorded")
-                     + f", on {cpus} CPUs: a load above the CPU count means this run waited for cores, "
-                     "and its timings are slower and noisier than on an idle machine")
+        lines.append(
+            f"- machine load (1-minute load average, runnable processes): {start[0]:.1f} at the start, "
+            + (f"{end[0]:.1f} at the end" if end else "end not recorded")
+            + f", on {cpus} CPUs: a load above the CPU count means this run waited for cores, "
+            "and its timings are slower and noisier than on an idle machine"
+        )
     return lines
 
 
@@ -456,7 +608,10 @@ def render_markdown(results: dict) -> str:
     if results.get("model"):
         head.append(f"- model: {results['model']['source']}")
     head += [
-        "- versions: " + ", ".join(f"{k} {v.get(k) or 'not installed'}" for k in ("torch", "diffusers", "triton", "xformers", "flash-attn")),
+        "- versions: "
+        + ", ".join(
+            f"{k} {v.get(k) or 'not installed'}" for k in ("torch", "diffusers", "triton", "xformers", "flash-attn")
+        ),
         f"- date: {env.get('date', '?')}; command: `{env.get('command', '')}`",
         *(run_lines(results) if results.get("tables") else []),
     ]

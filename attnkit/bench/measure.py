@@ -75,7 +75,7 @@ def classify_error(exc: BaseException) -> tuple[str, str]:
 
 
 def describe(exc: BaseException, limit: int = 200) -> str:
-    """"Type: first line of the message", cut at a word to ``limit`` characters."""
+    """ "Type: first line of the message", cut at a word to ``limit`` characters."""
     return clip(describe_exception(exc, 1 << 16), limit)
 
 
@@ -247,9 +247,14 @@ class Cell:
             getattr(self, key).clear()
 
     def to_dict(self) -> dict:
-        out = {"name": self.name, "status": self.status, "reason": self.reason,
-               "samples": len(self.it_per_s), "warmup_seconds": self.warmup_seconds,
-               "first_call_seconds": self.first_call_seconds}
+        out = {
+            "name": self.name,
+            "status": self.status,
+            "reason": self.reason,
+            "samples": len(self.it_per_s),
+            "warmup_seconds": self.warmup_seconds,
+            "first_call_seconds": self.first_call_seconds,
+        }
         for key in self.SERIES:
             values = getattr(self, key)
             out[key] = values
@@ -407,8 +412,11 @@ def measure_interleaved(
                 same = group_warmups.get(config.group)
                 warm = statistics.median(same or warmups) if (same or warmups) else (first_warmup or 0.0)
                 sample = statistics.median(predicted) if predicted else warm * sample_factor
-                promised = 0.0 if strict else sum(sample_cost.get(c.name, 0.0) for c in live[:i]
-                                                  if cells[c.name].status == STATUS_OK)
+                promised = (
+                    0.0
+                    if strict
+                    else sum(sample_cost.get(c.name, 0.0) for c in live[:i] if cells[c.name].status == STATUS_OK)
+                )
                 if deadline.expired() or not fits(promised + warm + sample):
                     cells[config.name].status, cells[config.name].reason = STATUS_SKIPPED, "time budget"
                     continue

@@ -26,8 +26,13 @@ from .progress import progress_bar
 
 def _setting(ctx: Context) -> dict:
     p = ctx.preset
-    return {"resolution": p.resolution, "steps": p.memory_steps, "batch": p.batch,
-            "dtype": dtype_label(ctx.model.dtype), "budget_seconds": ctx.budget}
+    return {
+        "resolution": p.resolution,
+        "steps": p.memory_steps,
+        "batch": p.batch,
+        "dtype": dtype_label(ctx.model.dtype),
+        "budget_seconds": ctx.budget,
+    }
 
 
 def memory_cuda(ctx: Context) -> dict:
@@ -49,8 +54,12 @@ def memory_cuda(ctx: Context) -> dict:
                 denoise(model, cond, p.memory_steps, p.resolution, seed=ctx.seed)
                 torch.cuda.synchronize(ctx.device)
                 peak = torch.cuda.max_memory_allocated(ctx.device)
-                entry.update(peak_bytes=peak, baseline_bytes=before, activation_bytes=peak - before,
-                             peak_reserved_bytes=torch.cuda.max_memory_reserved(ctx.device))
+                entry.update(
+                    peak_bytes=peak,
+                    baseline_bytes=before,
+                    activation_bytes=peak - before,
+                    peak_reserved_bytes=torch.cuda.max_memory_reserved(ctx.device),
+                )
             except Exception as exc:  # noqa: BLE001
                 failure = classify_error(exc)
             if failure is not None:
@@ -83,8 +92,9 @@ def memory_in_subprocesses(ctx: Context) -> dict:
     """Peak RSS of the loop per processor, each in its own process, two at a time."""
     if ctx.build_seconds is not None and ctx.step_seconds is not None:
         # each process imports and builds the model again; one thread runs about half as fast
-        ctx.check_fits("the first pair of memory processes", 2 * ctx.build_seconds
-                       + 2 * ctx.preset.memory_steps * ctx.step_seconds)
+        ctx.check_fits(
+            "the first pair of memory processes", 2 * ctx.build_seconds + 2 * ctx.preset.memory_steps * ctx.step_seconds
+        )
     model = ctx.model
     avail = availability(ctx.processors, model.unet, ctx.device, model.dtype, ctx.preset.batch, ctx.tokens)
     deadline = ctx.deadline()
@@ -96,8 +106,13 @@ def memory_in_subprocesses(ctx: Context) -> dict:
             cells[name] = {"name": name, "status": status, "reason": reason}
         else:
             todo.append(name)
-    base = {"task": "memory", "preset": dataclasses.asdict(ctx.preset), "seed": ctx.seed,
-            "model_path": ctx.model_path, "threads": 1}
+    base = {
+        "task": "memory",
+        "preset": dataclasses.asdict(ctx.preset),
+        "seed": ctx.seed,
+        "model_path": ctx.model_path,
+        "threads": 1,
+    }
 
     took: list[float] = []  # seconds of each finished process
 
@@ -146,7 +161,11 @@ def task_memory(spec: dict) -> dict:
         return {"name": name, "status": failure[0], "reason": failure[1]}
     peak = peak_rss_bytes(reset)
     return {
-        "name": name, "status": STATUS_OK, "reason": "",
-        "peak_bytes": peak, "baseline_bytes": rss_before, "activation_bytes": max(peak - rss_before, 0),
+        "name": name,
+        "status": STATUS_OK,
+        "reason": "",
+        "peak_bytes": peak,
+        "baseline_bytes": rss_before,
+        "activation_bytes": max(peak - rss_before, 0),
         "peak_covers": "denoising loop only" if reset else "whole process (VmHWM could not be reset)",
     }

@@ -148,8 +148,14 @@ def build_model(preset, device: torch.device | str, dtype: torch.dtype | str | N
     scheduler = DDIMScheduler.from_config(sched_cfg)
     source = unet_cfg.get("_source") or (preset.unet if isinstance(preset.unet, str) else "inline config")
     return SDModel(
-        unet=unet, vae=vae, scheduler=scheduler, family=preset.family,
-        source=f"random weights, architecture of {source}", device=device, dtype=dtype, vae_dtype=dtype,
+        unet=unet,
+        vae=vae,
+        scheduler=scheduler,
+        family=preset.family,
+        source=f"random weights, architecture of {source}",
+        device=device,
+        dtype=dtype,
+        vae_dtype=dtype,
     )
 
 
@@ -166,8 +172,14 @@ def load_model(path: str, device: torch.device | str, dtype: torch.dtype | str) 
     scheduler = DDIMScheduler.from_config(sched_cfg)
     family = "sdxl" if unet.config.get("addition_embed_type") == "text_time" else "sd"
     return SDModel(
-        unet=unet.requires_grad_(False), vae=vae.requires_grad_(False), scheduler=scheduler, family=family,
-        source=f"weights from {path}", device=device, dtype=dtype, vae_dtype=dtype,
+        unet=unet.requires_grad_(False),
+        vae=vae.requires_grad_(False),
+        scheduler=scheduler,
+        family=family,
+        source=f"weights from {path}",
+        device=device,
+        dtype=dtype,
+        vae_dtype=dtype,
     )
 
 
@@ -253,8 +265,9 @@ class LoopTiming:
         return self.loop_seconds + (self.decode_seconds or 0.0)
 
 
-def unet_step_inputs(model: SDModel, cond: Conditioning, resolution: int, dtype: torch.dtype | None = None,
-                     seed: int = 0) -> tuple[tuple, dict]:
+def unet_step_inputs(
+    model: SDModel, cond: Conditioning, resolution: int, dtype: torch.dtype | None = None, seed: int = 0
+) -> tuple[tuple, dict]:
     """(args, kwargs) of one UNet call as a step of :func:`denoise` makes it (random latents,
     both halves of classifier-free guidance, a mid-schedule timestep)."""
     dtype = dtype or cond.prompt_embeds.dtype
@@ -263,13 +276,19 @@ def unet_step_inputs(model: SDModel, cond: Conditioning, resolution: int, dtype:
     size = resolution // model.vae_scale_factor
     latents = torch.randn((2 * cond.batch, model.unet.config.in_channels, size, size), generator=gen).to(device, dtype)
     t = torch.tensor(501, device=device)  # int64, 0-dim: what scheduler.timesteps holds
-    kwargs: dict = {"encoder_hidden_states": torch.cat([cond.negative_prompt_embeds, cond.prompt_embeds]).to(dtype),
-                    "timestep_cond": None, "cross_attention_kwargs": None, "added_cond_kwargs": None,
-                    "return_dict": False}
+    kwargs: dict = {
+        "encoder_hidden_states": torch.cat([cond.negative_prompt_embeds, cond.prompt_embeds]).to(dtype),
+        "timestep_cond": None,
+        "cross_attention_kwargs": None,
+        "added_cond_kwargs": None,
+        "return_dict": False,
+    }
     if model.family == "sdxl":
         time_ids = torch.tensor([[resolution, resolution, 0, 0, resolution, resolution]], dtype=dtype, device=device)
-        kwargs["added_cond_kwargs"] = {"text_embeds": torch.cat([cond.negative_pooled, cond.pooled]).to(dtype),
-                                       "time_ids": time_ids.repeat(2 * cond.batch, 1)}
+        kwargs["added_cond_kwargs"] = {
+            "text_embeds": torch.cat([cond.negative_pooled, cond.pooled]).to(dtype),
+            "time_ids": time_ids.repeat(2 * cond.batch, 1),
+        }
     return (latents, t), kwargs
 
 
@@ -297,7 +316,9 @@ def denoise(
     batch = cond.batch
     generator = torch.Generator(device=device).manual_seed(seed)
     size = resolution // model.vae_scale_factor
-    latents = torch.randn((batch, model.unet.config.in_channels, size, size), generator=generator, device=device, dtype=dtype)
+    latents = torch.randn(
+        (batch, model.unet.config.in_channels, size, size), generator=generator, device=device, dtype=dtype
+    )
     latents = latents * scheduler.init_noise_sigma
     prompt_embeds = torch.cat([cond.negative_prompt_embeds, cond.prompt_embeds]).to(dtype)
     added_cond_kwargs = None
@@ -333,7 +354,9 @@ def denoise(
         upcast = vae_dtype == torch.float16 and getattr(vae.config, "force_upcast", False)
         if upcast:  # as the SDXL pipeline does: its VAE overflows in fp16
             vae.to(torch.float32)
-        image = vae.decode(latents.to(torch.float32 if upcast else vae_dtype) / vae.config.scaling_factor, return_dict=False)[0]
+        image = vae.decode(
+            latents.to(torch.float32 if upcast else vae_dtype) / vae.config.scaling_factor, return_dict=False
+        )[0]
         image = ((image / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).cpu()
         clock.mark()
         if upcast:

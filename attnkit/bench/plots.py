@@ -36,8 +36,11 @@ def _reason(cell: dict) -> str:
 
 def _not_measured(cells: dict[str, dict], key: str) -> str:
     """'not measured: name: why; ...' for the cells without a `key` median (memory: `key`)."""
-    gone = [f"{n}: {cell_text(c.get('status'), c.get('reason', ''), 70)}" for n, c in cells.items()
-            if not (is_measured(c, key) or c.get(key))]
+    gone = [
+        f"{n}: {cell_text(c.get('status'), c.get('reason', ''), 70)}"
+        for n, c in cells.items()
+        if not (is_measured(c, key) or c.get(key))
+    ]
     return _wrap("not measured: " + "; ".join(gone)) if gone else ""
 
 
@@ -52,8 +55,16 @@ def _size(n: float) -> str:
 def _label(ax, text: str, x: float, y: float, along: str, **kw) -> None:
     """A value label `OFFSET` points past (x, y) along the value axis ("x" or "y")."""
     off = (OFFSET, 0) if along == "x" else (0, OFFSET)
-    ann = ax.annotate(text, (x, y), xytext=off, textcoords="offset points", fontsize=8, gid=f"{LABEL}-{along}",
-                      annotation_clip=False, **kw)
+    ann = ax.annotate(
+        text,
+        (x, y),
+        xytext=off,
+        textcoords="offset points",
+        fontsize=8,
+        gid=f"{LABEL}-{along}",
+        annotation_clip=False,
+        **kw,
+    )
     ann.set_in_layout(False)  # fitted inside the axes by finish(), not by tight_layout
 
 
@@ -102,8 +113,14 @@ def _save(plt, fig, out_dir: str, name: str) -> str:
     return path
 
 
-def _hbars(ax, labels: list[str], values: list[float], texts: list[str], color: str,
-           spread: list[tuple[float, float]] | None = None) -> None:
+def _hbars(
+    ax,
+    labels: list[str],
+    values: list[float],
+    texts: list[str],
+    color: str,
+    spread: list[tuple[float, float]] | None = None,
+) -> None:
     """Horizontal bars, first label on top, each with its text past the bar's end (and
     past its min-max whisker when `spread` gives one)."""
     ys = list(range(len(labels)))[::-1]
@@ -142,21 +159,34 @@ def plot_it_per_s(plt, t1: dict, device: str):
     pub = t1.get("published")
     if pub:
         pv = [pub["it_per_s"].get(n) for n in names]
-        ax.scatter([x for x, v in zip(xs, pv) if v], [v for v in pv if v], marker="D", color="tab:orange",
-                   zorder=3, label=f"published ({pub['device']})")
+        ax.scatter(
+            [x for x, v in zip(xs, pv) if v],
+            [v for v in pv if v],
+            marker="D",
+            color="tab:orange",
+            zorder=3,
+            label=f"published ({pub['device']})",
+        )
     ax.set_xticks(xs, names)
     ax.set_ylabel("it/s (denoising steps per second)")
     samples = {n: cells[n].get("it_per_s") or [] for n in names}
-    order = (f"fastest first: {ranking(samples, '{:.3g}'.format)} ('≈': within noise; '?': one sample, "
-             "not established)") if len(names) > 1 else ""
-    ax.set_xlabel("\n".join(x for x in (_wrap(order), _not_measured(cells, "it_per_s")) if x),
-                  fontsize=7.5, loc="left")
+    order = (
+        (f"fastest first: {ranking(samples, '{:.3g}'.format)} ('≈': within noise; '?': one sample, not established)")
+        if len(names) > 1
+        else ""
+    )
+    ax.set_xlabel("\n".join(x for x in (_wrap(order), _not_measured(cells, "it_per_s")) if x), fontsize=7.5, loc="left")
     s = t1["setting"]
     # the ratio is promised only where it is drawn: not when vanilla was not measured
-    legend = ("xN: speedup over vanilla" if ratios else
-              f"no speedup shown: vanilla {'not measured' if 'vanilla' in cells else 'not in this run'}")
-    ax.set_title(_wrap(f"{device}: it/s per processor, {s['resolution']}px, {s['dtype']}, batch {s['batch']} "
-                       f"({legend})", 90), fontsize=9)
+    legend = (
+        "xN: speedup over vanilla"
+        if ratios
+        else f"no speedup shown: vanilla {'not measured' if 'vanilla' in cells else 'not in this run'}"
+    )
+    ax.set_title(
+        _wrap(f"{device}: it/s per processor, {s['resolution']}px, {s['dtype']}, batch {s['batch']} ({legend})", 90),
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="upper right")
     return fig
 
@@ -174,13 +204,25 @@ def plot_ladder(plt, t2: dict, device: str):
     fig, ax = plt.subplots(figsize=(WIDTH, 0.45 * len(measured) + 1.8 + 0.14 * footer.count("\n")))
     texts = []
     for r in measured:
-        ratio = (_with_verdict(f"x{r['speedup_vs_fp32']:.2f} vs fp32", ratio_verdict(r, base, "seconds", noise)) + ", "
-                 if r.get("speedup_vs_fp32") else "")
+        ratio = (
+            _with_verdict(f"x{r['speedup_vs_fp32']:.2f} vs fp32", ratio_verdict(r, base, "seconds", noise)) + ", "
+            if r.get("speedup_vs_fp32")
+            else ""
+        )
         texts.append(f"{r['seconds_median']:.3g} s ({ratio}n={r.get('samples', len(r.get('seconds') or []))})")
-    _hbars(ax, [r["name"] for r in measured], [r["seconds_median"] for r in measured], texts, "tab:green",
-           [(r["seconds_min"], r["seconds_max"]) for r in measured])
-    ax.set_xlabel("seconds per image (median, whiskers: min–max of n samples)" + ("\n" + footer if footer else ""),
-                  fontsize=8, loc="left")
+    _hbars(
+        ax,
+        [r["name"] for r in measured],
+        [r["seconds_median"] for r in measured],
+        texts,
+        "tab:green",
+        [(r["seconds_min"], r["seconds_max"]) for r in measured],
+    )
+    ax.set_xlabel(
+        "seconds per image (median, whiskers: min–max of n samples)" + ("\n" + footer if footer else ""),
+        fontsize=8,
+        loc="left",
+    )
     ax.set_title(_wrap(f"{device}: latency ladder, {t2['setting'].get('includes', '')}", 90), fontsize=9)
     return fig
 
@@ -197,9 +239,16 @@ def plot_memory(plt, t4: dict, device: str):
     _hbars(ax, names, over, texts, "tab:purple")
     base = [cells[n].get("baseline_bytes") or 0 for n in names]
     gone = _not_measured(cells, "peak_bytes")
-    ax.set_xlabel(_wrap(f"MiB the denoising loop adds over the baseline (weights and inputs: "
-                        f"{_size(min(base))}–{_size(max(base))}, about the same for every "
-                        "processor)") + ("\n" + gone if gone else ""), fontsize=7.5, loc="left")
+    ax.set_xlabel(
+        _wrap(
+            f"MiB the denoising loop adds over the baseline (weights and inputs: "
+            f"{_size(min(base))}–{_size(max(base))}, about the same for every "
+            "processor)"
+        )
+        + ("\n" + gone if gone else ""),
+        fontsize=7.5,
+        loc="left",
+    )
     ax.set_title(_wrap(f"{device}: peak memory per processor — {t4['method']}", 90), fontsize=9)
     return fig
 
@@ -213,8 +262,11 @@ def plot_sweep(plt, t3: dict, device: str):
         names = list(run["batches"][0]["cells"])
         ratios = False
         for n in names:
-            pts = [(e["batch"], e["cells"][n]["it_per_s_median"] * e["batch"]) for e in run["batches"]
-                   if n in e["cells"] and e["cells"][n].get("it_per_s_median")]
+            pts = [
+                (e["batch"], e["cells"][n]["it_per_s_median"] * e["batch"])
+                for e in run["batches"]
+                if n in e["cells"] and e["cells"][n].get("it_per_s_median")
+            ]
             sp = [(e["batch"], e["speedup_vs_vanilla"][n]) for e in run["batches"] if e["speedup_vs_vanilla"].get(n)]
             if pts:
                 row[0].plot(*zip(*pts), marker="o", label=n)
@@ -222,8 +274,15 @@ def plot_sweep(plt, t3: dict, device: str):
                 ratios = True
                 row[1].plot(*zip(*sp), marker="o", label=n)
         if not ratios:  # an empty panel must not read as a speedup of nothing
-            row[1].text(0.5, 0.5, "vanilla not measured in this run:\nno speedup over it", ha="center",
-                        va="center", transform=row[1].transAxes, fontsize=9)
+            row[1].text(
+                0.5,
+                0.5,
+                "vanilla not measured in this run:\nno speedup over it",
+                ha="center",
+                va="center",
+                transform=row[1].transAxes,
+                fontsize=9,
+            )
             row[1].set_yticks([])
         batches = [e["batch"] for e in run["batches"]]
         for ax, ylabel in zip(row, ("images/s", "speedup over vanilla")):
@@ -236,7 +295,9 @@ def plot_sweep(plt, t3: dict, device: str):
             ax.grid(alpha=0.3)
         row[0].legend(fontsize=7)
     repeats = t3.get("setting", {}).get("repeats")
-    noise = "one sample per point: its noise unknown" if repeats == 1 else f"median of up to {repeats} samples per point"
+    noise = (
+        "one sample per point: its noise unknown" if repeats == 1 else f"median of up to {repeats} samples per point"
+    )
     fig.suptitle(_wrap(f"{device}: batch sweep ({noise})", 110), fontsize=9)
     return fig
 
@@ -246,22 +307,29 @@ def plot_transformers(plt, t5: dict, device: str):
     if not models:
         return None
     heights = [0.45 * len(m["cells"]) + 1.6 for m in models]
-    fig, axes = plt.subplots(len(models), 1, figsize=(WIDTH, sum(heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(models), 1, figsize=(WIDTH, sum(heights)), squeeze=False, gridspec_kw={"height_ratios": heights}
+    )
     for (ax,), m in zip(axes, models):
         cells = m["cells"]
         vs = m.get("ratio_vs", {}).get("native", {})
         values = [c["step_seconds_median"] if is_measured(c, "step_seconds") else 0.0 for c in cells.values()]
-        spread = [(c["step_seconds_min"], c["step_seconds_max"]) if is_measured(c, "step_seconds") else (0.0, 0.0)
-                  for c in cells.values()]
+        spread = [
+            (c["step_seconds_min"], c["step_seconds_max"]) if is_measured(c, "step_seconds") else (0.0, 0.0)
+            for c in cells.values()
+        ]
         noise = run_noise(cells.values(), "step_seconds")
         texts = []
         for n, c in cells.items():
             if not is_measured(c, "step_seconds"):
                 texts.append(_reason(c))
                 continue
-            ratio = (_with_verdict(f"x{vs[n]:.3f} of native", ratio_verdict(c, cells.get("native"), "step_seconds",
-                                                                            noise)) + ", " if n in vs else "")
+            ratio = (
+                _with_verdict(f"x{vs[n]:.3f} of native", ratio_verdict(c, cells.get("native"), "step_seconds", noise))
+                + ", "
+                if n in vs
+                else ""
+            )
             texts.append(f"{c['step_seconds_median']:.3g} s ({ratio}n={c.get('samples', 0)})")
         _hbars(ax, list(cells), values, texts, "tab:cyan", spread)
         ax.set_xlabel("seconds per forward step (median, whiskers: min–max of n samples)")
@@ -269,9 +337,13 @@ def plot_transformers(plt, t5: dict, device: str):
     return fig
 
 
-PLOTS = (("1", "it_per_s.png", plot_it_per_s), ("2", "ladder.png", plot_ladder),
-         ("3", "batch_sweep.png", plot_sweep), ("4", "memory.png", plot_memory),
-         ("5", "transformers.png", plot_transformers))
+PLOTS = (
+    ("1", "it_per_s.png", plot_it_per_s),
+    ("2", "ladder.png", plot_ladder),
+    ("3", "batch_sweep.png", plot_sweep),
+    ("4", "memory.png", plot_memory),
+    ("5", "transformers.png", plot_transformers),
+)
 
 
 def write_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
@@ -285,8 +357,10 @@ def write_plots(results: dict, out_dir: str) -> tuple[list[str], list[str]]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return [], [f"no plots: matplotlib is not installed ({EXTRA_HINT} installs it); "
-                    "results.json and table.md hold every number"]
+        return [], [
+            f"no plots: matplotlib is not installed ({EXTRA_HINT} installs it); "
+            "results.json and table.md hold every number"
+        ]
     device = results["environment"]["device_name"]
     written, problems = [], []
     for key, name, draw in PLOTS:

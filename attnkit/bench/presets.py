@@ -147,97 +147,200 @@ def _add(preset: Preset | TransformerPreset) -> None:
 
 def _gpu_sd(name: str, label: str, files: str, resolution: int, **kw) -> Preset:
     """A published-style GPU setting: 50 DDIM steps, one prompt, fp16, compiled rows."""
-    return Preset(name=name, label=label, family=kw.pop("family", "sd"), unet=f"{files}_unet.json",
-                  vae=f"{files}_vae.json", scheduler=f"{files}_scheduler.json", resolution=resolution,
-                  compile=True, **kw)
+    return Preset(
+        name=name,
+        label=label,
+        family=kw.pop("family", "sd"),
+        unet=f"{files}_unet.json",
+        vae=f"{files}_vae.json",
+        scheduler=f"{files}_scheduler.json",
+        resolution=resolution,
+        compile=True,
+        **kw,
+    )
 
 
-_add(_gpu_sd("sd15-512", "SD1.5 UNet, 512x512, 50 DDIM steps, 1 prompt (the published tables' setting)",
-             "sd15", 512))
-_add(_gpu_sd("sd21-768", "SD2.1 UNet (v-prediction, upcast attention), 768x768, 50 DDIM steps, 1 prompt",
-             "sd21", 768, sweep_max_batch=32))
-_add(_gpu_sd("sdxl-1024", "SDXL base UNet, 1024x1024, 50 DDIM steps, 1 prompt", "sdxl", 1024,
-             family="sdxl", sweep_max_batch=16))
-_add(Preset(
-    name="cpu-small",
-    label=(
-        "CPU preset: SD1.5 UNet at full width, 128x128 (16x16 latents), 3 DDIM steps, "
-        "1 prompt, fp32 - not the published setting, sized to finish in minutes on a CPU"
-    ),
-    family="sd",
-    unet="sd15_unet.json",
-    vae="sd15_vae.json",
-    scheduler="sd15_scheduler.json",
-    resolution=128,
-    steps=3,
-    dtype="float32",
-    half_dtype="bfloat16",
-    repeats=5,
-    warmup_steps=1,
-    skip_steps=1,
-    sweep_max_batch=2,
-    sweep_steps=1,
-    sweep_repeats=1,
-    sweep_dtypes=("float32",),
-    ladder_steps=1,
-    ladder_decode=False,
-    memory_steps=1,
-    budget=CPU_BUDGET_SECONDS,
-    notes=(
-        "fp16 convolutions are not fast on CPUs: the ladder's reduced precision is bfloat16",
-        "torch.compile is off by default on the CPU (compiling the UNet takes minutes); --compile turns it on",
-        "the ladder times the denoising loop only: on a CPU at this size the VAE decode (the same in every row) "
-        "would take most of the time",
-    ),
-))
+_add(_gpu_sd("sd15-512", "SD1.5 UNet, 512x512, 50 DDIM steps, 1 prompt (the published tables' setting)", "sd15", 512))
+_add(
+    _gpu_sd(
+        "sd21-768",
+        "SD2.1 UNet (v-prediction, upcast attention), 768x768, 50 DDIM steps, 1 prompt",
+        "sd21",
+        768,
+        sweep_max_batch=32,
+    )
+)
+_add(
+    _gpu_sd(
+        "sdxl-1024",
+        "SDXL base UNet, 1024x1024, 50 DDIM steps, 1 prompt",
+        "sdxl",
+        1024,
+        family="sdxl",
+        sweep_max_batch=16,
+    )
+)
+_add(
+    Preset(
+        name="cpu-small",
+        label=(
+            "CPU preset: SD1.5 UNet at full width, 128x128 (16x16 latents), 3 DDIM steps, "
+            "1 prompt, fp32 - not the published setting, sized to finish in minutes on a CPU"
+        ),
+        family="sd",
+        unet="sd15_unet.json",
+        vae="sd15_vae.json",
+        scheduler="sd15_scheduler.json",
+        resolution=128,
+        steps=3,
+        dtype="float32",
+        half_dtype="bfloat16",
+        repeats=5,
+        warmup_steps=1,
+        skip_steps=1,
+        sweep_max_batch=2,
+        sweep_steps=1,
+        sweep_repeats=1,
+        sweep_dtypes=("float32",),
+        ladder_steps=1,
+        ladder_decode=False,
+        memory_steps=1,
+        budget=CPU_BUDGET_SECONDS,
+        notes=(
+            "fp16 convolutions are not fast on CPUs: the ladder's reduced precision is bfloat16",
+            "torch.compile is off by default on the CPU (compiling the UNet takes minutes); --compile turns it on",
+            "the ladder times the denoising loop only: on a CPU at this size the VAE decode (the same in every row) "
+            "would take most of the time",
+        ),
+    )
+)
 # The CPU preset's shape on a toy UNet: the harness's own tests, in seconds.
-_add(replace(
-    PRESETS["cpu-small"], name="tiny",
-    label="tiny test UNet (2 blocks, 32/64 channels), 32x32, 3 steps - for testing the harness only",
-    unet=TINY_UNET, vae=TINY_VAE, resolution=32, repeats=2, sweep_max_batch=4, ladder_steps=2,
-    ladder_decode=True, budget=None, notes=(),
-))
+_add(
+    replace(
+        PRESETS["cpu-small"],
+        name="tiny",
+        label="tiny test UNet (2 blocks, 32/64 channels), 32x32, 3 steps - for testing the harness only",
+        unet=TINY_UNET,
+        vae=TINY_VAE,
+        resolution=32,
+        repeats=2,
+        sweep_max_batch=4,
+        ladder_steps=2,
+        ladder_decode=True,
+        budget=None,
+        notes=(),
+    )
+)
 
 ROUTE_1 = "route 1: the model's processors call diffusers' dispatch_attention_fn"
 ROUTE_2 = "route 2: legacy Attention modules whose JointAttnProcessor2_0 calls F.scaled_dot_product_attention"
 _CPU = dict(dtype="float32", steps=4, repeats=7, warmup_steps=1, skip_steps=1, budget=120.0)
-_CPU_NOTE = ("reduced for the CPU: the model class and head size of the real one, with fewer layers and heads "
-             "and a smaller image; random weights, fp32",)
+_CPU_NOTE = (
+    "reduced for the CPU: the model class and head size of the real one, with fewer layers and heads "
+    "and a smaller image; random weights, fp32",
+)
 
-_add(TransformerPreset(
-    name="flux-dev", label="FLUX.1-dev transformer (12B), 1024x1024, 512 text tokens, bf16",
-    family="flux", config="flux_dev_transformer.json", height=1024, width=1024, text_tokens=512, route=ROUTE_1,
-))
-_add(TransformerPreset(
-    name="sd3-medium", label="SD3-medium transformer (2B), 1024x1024, 333 text tokens, batch 2 (guidance), bf16",
-    family="sd3", config="sd3_medium_transformer.json", height=1024, width=1024, text_tokens=333, batch=2,
-    route=ROUTE_2,
-))
-_add(TransformerPreset(
-    name="wan-1.3b", label="Wan2.1-T2V-1.3B transformer, 81 frames at 480x832, 512 text tokens, batch 2 (guidance), bf16",
-    family="wan", config="wan21_t2v_1.3b_transformer.json", height=480, width=832, frames=81, text_tokens=512,
-    batch=2, route=ROUTE_1, steps=4, repeats=4,
-))
-_add(TransformerPreset(
-    name="flux-cpu", label="Flux-like transformer for the CPU: 1 double + 2 single blocks, 4 heads of 128, 512x512, 128 text tokens",
-    family="flux", config="flux_dev_transformer.json", height=512, width=512, text_tokens=128, route=ROUTE_1,
-    reduce={"num_layers": 1, "num_single_layers": 2, "num_attention_heads": 4, "joint_attention_dim": 512,
-            "pooled_projection_dim": 256},
-    notes=_CPU_NOTE, **_CPU,
-))
-_add(TransformerPreset(
-    name="sd3-cpu", label="SD3-like transformer for the CPU: 2 joint blocks, 4 heads of 64, 512x512, 154 text tokens",
-    family="sd3", config="sd3_medium_transformer.json", height=512, width=512, text_tokens=154, route=ROUTE_2,
-    reduce={"num_layers": 2, "num_attention_heads": 4, "caption_projection_dim": 256, "joint_attention_dim": 512,
-            "pooled_projection_dim": 256, "pos_embed_max_size": 64, "sample_size": 64},
-    notes=_CPU_NOTE, **_CPU,
-))
-_add(TransformerPreset(
-    name="wan-cpu", label="Wan-like video transformer for the CPU: 2 blocks, 4 heads of 128, 17 frames at 256x256, 128 text tokens",
-    family="wan", config="wan21_t2v_1.3b_transformer.json", height=256, width=256, frames=17, text_tokens=128,
-    route=ROUTE_1, reduce={"num_layers": 2, "num_attention_heads": 4, "ffn_dim": 1536, "text_dim": 512},
-    notes=_CPU_NOTE, **_CPU,
-))
+_add(
+    TransformerPreset(
+        name="flux-dev",
+        label="FLUX.1-dev transformer (12B), 1024x1024, 512 text tokens, bf16",
+        family="flux",
+        config="flux_dev_transformer.json",
+        height=1024,
+        width=1024,
+        text_tokens=512,
+        route=ROUTE_1,
+    )
+)
+_add(
+    TransformerPreset(
+        name="sd3-medium",
+        label="SD3-medium transformer (2B), 1024x1024, 333 text tokens, batch 2 (guidance), bf16",
+        family="sd3",
+        config="sd3_medium_transformer.json",
+        height=1024,
+        width=1024,
+        text_tokens=333,
+        batch=2,
+        route=ROUTE_2,
+    )
+)
+_add(
+    TransformerPreset(
+        name="wan-1.3b",
+        label="Wan2.1-T2V-1.3B transformer, 81 frames at 480x832, 512 text tokens, batch 2 (guidance), bf16",
+        family="wan",
+        config="wan21_t2v_1.3b_transformer.json",
+        height=480,
+        width=832,
+        frames=81,
+        text_tokens=512,
+        batch=2,
+        route=ROUTE_1,
+        steps=4,
+        repeats=4,
+    )
+)
+_add(
+    TransformerPreset(
+        name="flux-cpu",
+        label="Flux-like transformer for the CPU: 1 double + 2 single blocks, 4 heads of 128, 512x512, 128 text tokens",
+        family="flux",
+        config="flux_dev_transformer.json",
+        height=512,
+        width=512,
+        text_tokens=128,
+        route=ROUTE_1,
+        reduce={
+            "num_layers": 1,
+            "num_single_layers": 2,
+            "num_attention_heads": 4,
+            "joint_attention_dim": 512,
+            "pooled_projection_dim": 256,
+        },
+        notes=_CPU_NOTE,
+        **_CPU,
+    )
+)
+_add(
+    TransformerPreset(
+        name="sd3-cpu",
+        label="SD3-like transformer for the CPU: 2 joint blocks, 4 heads of 64, 512x512, 154 text tokens",
+        family="sd3",
+        config="sd3_medium_transformer.json",
+        height=512,
+        width=512,
+        text_tokens=154,
+        route=ROUTE_2,
+        reduce={
+            "num_layers": 2,
+            "num_attention_heads": 4,
+            "caption_projection_dim": 256,
+            "joint_attention_dim": 512,
+            "pooled_projection_dim": 256,
+            "pos_embed_max_size": 64,
+            "sample_size": 64,
+        },
+        notes=_CPU_NOTE,
+        **_CPU,
+    )
+)
+_add(
+    TransformerPreset(
+        name="wan-cpu",
+        label="Wan-like video transformer for the CPU: 2 blocks, 4 heads of 128, 17 frames at 256x256, 128 text tokens",
+        family="wan",
+        config="wan21_t2v_1.3b_transformer.json",
+        height=256,
+        width=256,
+        frames=17,
+        text_tokens=128,
+        route=ROUTE_1,
+        reduce={"num_layers": 2, "num_attention_heads": 4, "ffn_dim": 1536, "text_dim": 512},
+        notes=_CPU_NOTE,
+        **_CPU,
+    )
+)
 # One name per model: the full one on CUDA, the reduced one elsewhere.
 BY_DEVICE = {"flux": ("flux-dev", "flux-cpu"), "sd3": ("sd3-medium", "sd3-cpu"), "wan": ("wan-1.3b", "wan-cpu")}
 

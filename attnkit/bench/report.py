@@ -66,8 +66,12 @@ def merge(parts: list[dict]) -> dict:
         merged = json.loads(json.dumps(runs[0]))
     else:  # sections only: the environment of the first that has one
         env = next((p["environment"] for p in parts if p.get("environment")), {})
-        merged = {"schema": SCHEMA, "environment": json.loads(json.dumps(env)) or {"device_name": "?"},
-                  "processors": [], "elapsed_seconds": 0.0}
+        merged = {
+            "schema": SCHEMA,
+            "environment": json.loads(json.dumps(env)) or {"device_name": "?"},
+            "processors": [],
+            "elapsed_seconds": 0.0,
+        }
     merged["tables"] = {}
     merged["parts"] = []
     merged["notes"] = list(merged.get("notes") or [])
@@ -80,17 +84,25 @@ def merge(parts: list[dict]) -> dict:
             elif key == "2" and "rows" in have and "rows" in table:
                 names = {r["name"] for r in table["rows"]}
                 have["rows"] = [r for r in have["rows"] if r["name"] not in names] + table["rows"]
-                have["setting"]["rows"] = list(dict.fromkeys([*have["setting"].get("rows", []),
-                                                              *table["setting"].get("rows", [])]))
+                have["setting"]["rows"] = list(
+                    dict.fromkeys([*have["setting"].get("rows", []), *table["setting"].get("rows", [])])
+                )
             else:
                 merged["tables"][key] = table
         env = part["environment"]
-        merged["parts"].append({
-            "tables": sorted(part.get("tables", {})), "command": env["command"],
-            "preset": part.get("preset", {}).get("name"), "elapsed_seconds": part.get("elapsed_seconds"),
-            "budget_seconds": part.get("budget_seconds"), "compile": part.get("compile"), "date": env.get("date"),
-            "load_average_start": env.get("load_average_start"), "load_average_end": env.get("load_average_end"),
-        })
+        merged["parts"].append(
+            {
+                "tables": sorted(part.get("tables", {})),
+                "command": env["command"],
+                "preset": part.get("preset", {}).get("name"),
+                "elapsed_seconds": part.get("elapsed_seconds"),
+                "budget_seconds": part.get("budget_seconds"),
+                "compile": part.get("compile"),
+                "date": env.get("date"),
+                "load_average_start": env.get("load_average_start"),
+                "load_average_end": env.get("load_average_end"),
+            }
+        )
         for note in part.get("notes") or []:
             if note not in merged["notes"]:
                 merged["notes"].append(note)

@@ -21,8 +21,9 @@ import sys
 from .wording import fmt_num, md_table
 
 
-def section(key: str, title: str, markdown: str, data: object = None, command: str = "",
-            environment: dict | None = None) -> dict:
+def section(
+    key: str, title: str, markdown: str, data: object = None, command: str = "", environment: dict | None = None
+) -> dict:
     """A section file's content."""
     out: dict = {"section": {"key": key, "title": title, "command": command, "markdown": markdown, "data": data}}
     if environment is not None:
@@ -48,17 +49,36 @@ def kernels_section(bench: dict, command: str = "") -> dict:
         stats = b.get("stats") or {}
         shape = info.get("shape") or {}
         median = stats.get("median")
-        entry = {"name": b.get("name"), "group": b.get("group"), "backend": info.get("backend"),
-                 "mode": info.get("mode"), "shape": shape, "dtype": info.get("dtype"),
-                 "median_s": median, "iqr_s": stats.get("iqr"), "rounds": stats.get("rounds"),
-                 "tflops": info.get("tflops")}
+        entry = {
+            "name": b.get("name"),
+            "group": b.get("group"),
+            "backend": info.get("backend"),
+            "mode": info.get("mode"),
+            "shape": shape,
+            "dtype": info.get("dtype"),
+            "median_s": median,
+            "iqr_s": stats.get("iqr"),
+            "rounds": stats.get("rounds"),
+            "tflops": info.get("tflops"),
+        }
         data.append(entry)
         dims = "x".join(str(shape.get(k, "?")) for k in ("B", "H", "M", "N", "D"))
-        rows.append([b.get("group") or "", info.get("backend") or b.get("name") or "", dims, info.get("dtype") or "",
-                     "–" if median is None else f"{median * 1e6:.0f}", fmt_num(info.get("tflops")),
-                     str(stats.get("rounds") or "")])
-    text = (md_table(["shape, mode", "backend", "B x H x M x N x D", "dtype", "median us", "TFLOP/s", "rounds"], rows)
-            if rows else "no benchmark ran (each skipped one says why in kernels.md)")
+        rows.append(
+            [
+                b.get("group") or "",
+                info.get("backend") or b.get("name") or "",
+                dims,
+                info.get("dtype") or "",
+                "–" if median is None else f"{median * 1e6:.0f}",
+                fmt_num(info.get("tflops")),
+                str(stats.get("rounds") or ""),
+            ]
+        )
+    text = (
+        md_table(["shape, mode", "backend", "B x H x M x N x D", "dtype", "median us", "TFLOP/s", "rounds"], rows)
+        if rows
+        else "no benchmark ran (each skipped one says why in kernels.md)"
+    )
     machine = bench.get("machine_info") or {}
     title = "Attention-kernel microbenchmarks (pytest bench/ --benchmark-only)"
     return section("kernels", title, text, {"benchmarks": data, "machine": machine.get("node")}, command)
@@ -71,8 +91,9 @@ def text_section(key: str, title: str, text: str, data: object = None, command: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnkit.bench.sections",
-                                 description="make a record's section file from a step's output")
+    ap = argparse.ArgumentParser(
+        prog="python -m attnkit.bench.sections", description="make a record's section file from a step's output"
+    )
     ap.add_argument("kind", choices=["kernels", "text"])
     ap.add_argument("input", help="kernels: pytest-benchmark JSON; text: the printed output")
     ap.add_argument("--out", required=True, help="the section file to write")
@@ -92,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             out = kernels_section(json.loads(raw) if raw else {}, args.command)
         except ValueError as exc:
-            out = section("kernels", "Attention-kernel microbenchmarks", f"unreadable benchmark JSON: {exc}",
-                          command=args.command)
+            out = section(
+                "kernels", "Attention-kernel microbenchmarks", f"unreadable benchmark JSON: {exc}", command=args.command
+            )
     else:
         data = None
         if args.json:

@@ -149,17 +149,18 @@ def profile_step(step: Callable[[], Any], modules: list[nn.Module], device: torc
         secs = sum((e.device_time_total if cuda else e.cpu_time_total) for e in spans) / 1e6
         out["processor_calls"] = measure(secs, len(spans), "no attention module ran in the profiled step")
     else:
-        out["processor_calls"] = {"reason": "not attributable: compiled (torch.compile drops record_function "
-                                            "ranges)"}
+        out["processor_calls"] = {"reason": "not attributable: compiled (torch.compile drops record_function ranges)"}
     if cuda:
         named = [e for e in events if _is_kernel(e) and ATTENTION_NAME.search(e.name)]
         secs = sum(e.device_time_total for e in named) / 1e6
     else:
-        named = _outermost([e for e in events if _is_cpu_op(e)],
-                           lambda e: e.name != RANGE and bool(ATTENTION_NAME.search(e.name)))
+        named = _outermost(
+            [e for e in events if _is_cpu_op(e)], lambda e: e.name != RANGE and bool(ATTENTION_NAME.search(e.name))
+        )
         secs = sum(e.cpu_time_total for e in named) / 1e6
     out["attention_kernels"] = measure(
-        secs, len(named), f"not attributable: no {'kernel' if cuda else 'operator'} named as attention")
+        secs, len(named), f"not attributable: no {'kernel' if cuda else 'operator'} named as attention"
+    )
     return out
 
 
@@ -191,8 +192,12 @@ def max_difference(a: torch.Tensor, b: torch.Tensor) -> dict:
     a, b = a.detach().float(), b.detach().float()
     diff = (a - b).abs().max().item()
     scale = b.abs().max().item()
-    return {"max_abs": diff, "ref_max_abs": scale, "relative": diff / scale if scale else diff,
-            "finite": bool(torch.isfinite(a).all().item())}
+    return {
+        "max_abs": diff,
+        "ref_max_abs": scale,
+        "relative": diff / scale if scale else diff,
+        "finite": bool(torch.isfinite(a).all().item()),
+    }
 
 
 # The compiled output's largest difference from eager, relative to the output's largest
@@ -209,6 +214,7 @@ def check_text(check: dict | None) -> str:
         return f"check failed: {check['error']}"
     rel = check.get("relative")
     if check.get("lossy"):
-        return (f"lossy: max rel. diff {rel:.1e} against {check.get('against', 'exact attention')}"
-                + ("" if check.get("finite", True) else ", NOT FINITE"))
+        return f"lossy: max rel. diff {rel:.1e} against {check.get('against', 'exact attention')}" + (
+            "" if check.get("finite", True) else ", NOT FINITE"
+        )
     return f"{'matches' if check.get('matches') else 'DIFFERS'} (max rel. diff {rel:.1e})"

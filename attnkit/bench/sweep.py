@@ -28,8 +28,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def _empty_run(dtype: torch.dtype, compiled: bool, stopped: str) -> dict:
-    return {"dtype": dtype_label(dtype), "compile": compiled, "batches": [], "max_batch": {}, "oom_at": {},
-            "failed": {}, "stopped": stopped}
+    return {
+        "dtype": dtype_label(dtype),
+        "compile": compiled,
+        "batches": [],
+        "max_batch": {},
+        "oom_at": {},
+        "failed": {},
+        "stopped": stopped,
+    }
 
 
 def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None = None) -> dict:
@@ -69,21 +76,39 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
                     na[name] = reason
                     configs.append(Config(name, None, status=status, reason=reason))
                 else:
-                    configs.append(unet_config(ctx, name, unet, proc, cond, p.sweep_steps, p.sweep_warmup_steps,
-                                               compiled=compiled, holder=holders.setdefault(name, {})))
+                    configs.append(
+                        unet_config(
+                            ctx,
+                            name,
+                            unet,
+                            proc,
+                            cond,
+                            p.sweep_steps,
+                            p.sweep_warmup_steps,
+                            compiled=compiled,
+                            holder=holders.setdefault(name, {}),
+                        )
+                    )
             cells = measure_interleaved(
-                configs, p.sweep_repeats, 0,
+                configs,
+                p.sweep_repeats,
+                0,
                 desc=f"table 3: sweep {dtype_label(dtype)}{' compiled' if compiled else ''} batch {batch}",
-                progress=ctx.progress, deadline=deadline, device=ctx.device,
-                always=2 if batch == 1 else 0, sample_factor=p.sweep_steps / p.sweep_warmup_steps,
+                progress=ctx.progress,
+                deadline=deadline,
+                device=ctx.device,
+                always=2 if batch == 1 else 0,
+                sample_factor=p.sweep_steps / p.sweep_warmup_steps,
             )
             configs.clear()
             entry = {"batch": batch, "cells": {n: c.to_dict() for n, c in cells.items()}}
             van, xf = cells.get("vanilla"), cells.get("xformers")
-            entry["speedup_vs_vanilla"] = {n: _ratio(c.median(), van.median()) for n, c in cells.items()
-                                           if c.ok and van is not None and van.ok}
-            entry["speedup_vs_xformers"] = {n: _ratio(c.median(), xf.median()) for n, c in cells.items()
-                                            if c.ok and xf is not None and xf.ok}
+            entry["speedup_vs_vanilla"] = {
+                n: _ratio(c.median(), van.median()) for n, c in cells.items() if c.ok and van is not None and van.ok
+            }
+            entry["speedup_vs_xformers"] = {
+                n: _ratio(c.median(), xf.median()) for n, c in cells.items() if c.ok and xf is not None and xf.ok
+            }
             run["batches"].append(entry)
             budget_cut = False
             for n, c in cells.items():
@@ -93,7 +118,8 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
                     budget_cut = True
                 elif c.status != STATUS_NA:
                     run["oom_at" if c.status == STATUS_OOM else "failed"][n] = (
-                        batch if c.status == STATUS_OOM else cell_text(c.status, c.reason, 60))
+                        batch if c.status == STATUS_OOM else cell_text(c.status, c.reason, 60)
+                    )
                     alive.remove(n)
                     holders.pop(n, None)
             free_memory(ctx.device)
@@ -113,11 +139,21 @@ def sweep(ctx: Context, dtypes: list[str] | None = None, max_batch: int | None =
         runs.append(run)
     return {
         "title": "batch-size sweep: speedup over vanilla and xformers",
-        "setting": {"resolution": p.resolution, "steps_per_run": p.sweep_steps, "repeats": p.sweep_repeats,
-                    "max_batch": max_batch, "dtypes": dtypes, "compile": ctx.compile, "budget_seconds": ctx.budget},
+        "setting": {
+            "resolution": p.resolution,
+            "steps_per_run": p.sweep_steps,
+            "repeats": p.sweep_repeats,
+            "max_batch": max_batch,
+            "dtypes": dtypes,
+            "compile": ctx.compile,
+            "budget_seconds": ctx.budget,
+        },
         "runs": runs,
-        "published": {"source": published.SOURCES[published.PT2_SOURCE], "claims": published.PT2_CLAIMS,
-                      "max_batch": published.PT2_MAX_BATCH},
+        "published": {
+            "source": published.SOURCES[published.PT2_SOURCE],
+            "claims": published.PT2_CLAIMS,
+            "max_batch": published.PT2_MAX_BATCH,
+        },
     }
 
 
@@ -128,14 +164,26 @@ def sweep_in_subprocess(ctx: Context) -> dict:
     if ctx.build_seconds is not None and ctx.step_seconds is not None:
         # the child imports and builds the model again, then runs batch 1's first pair at least
         p = ctx.preset
-        ctx.check_fits("the sweep's subprocess", 2 * ctx.build_seconds
-                       + 2 * (p.sweep_warmup_steps + p.sweep_steps) * ctx.step_seconds)
+        ctx.check_fits(
+            "the sweep's subprocess",
+            2 * ctx.build_seconds + 2 * (p.sweep_warmup_steps + p.sweep_steps) * ctx.step_seconds,
+        )
     deadline = None if ctx.budget is None else time.time() + ctx.budget
-    out = run_child({"task": "sweep", "preset": dataclasses.asdict(ctx.preset), "seed": ctx.seed,
-                     "model_path": ctx.model_path, "threads": torch.get_num_threads(),
-                     "processors": ctx.processors, "compile": ctx.compile, "mem_cap_bytes": ctx.mem_cap_bytes,
-                     "device_name": ctx.device_name, "deadline_epoch": deadline},
-                    timeout=None if ctx.budget is None else ctx.budget + 600)
+    out = run_child(
+        {
+            "task": "sweep",
+            "preset": dataclasses.asdict(ctx.preset),
+            "seed": ctx.seed,
+            "model_path": ctx.model_path,
+            "threads": torch.get_num_threads(),
+            "processors": ctx.processors,
+            "compile": ctx.compile,
+            "mem_cap_bytes": ctx.mem_cap_bytes,
+            "device_name": ctx.device_name,
+            "deadline_epoch": deadline,
+        },
+        timeout=None if ctx.budget is None else ctx.budget + 600,
+    )
     if "runs" not in out:
         raise RuntimeError(f"sweep subprocess: {out.get('status')}: {out.get('reason')}")
     return out
@@ -149,9 +197,15 @@ def task_sweep(spec: dict) -> dict:
     if spec.get("deadline_epoch") is not None:
         budget = max(spec["deadline_epoch"] - time.time(), 0.0)
     ctx = Context(
-        model=model, preset=preset, processors=spec["processors"], device=model.device,
-        device_name=spec.get("device_name", "cpu"), compile=spec.get("compile", False),
-        progress=False, seed=spec.get("seed", 0), budget=budget,
+        model=model,
+        preset=preset,
+        processors=spec["processors"],
+        device=model.device,
+        device_name=spec.get("device_name", "cpu"),
+        compile=spec.get("compile", False),
+        progress=False,
+        seed=spec.get("seed", 0),
+        budget=budget,
     )
     out = sweep(ctx, spec.get("dtypes"), spec.get("max_batch"))
     out["mem_cap_bytes"] = spec.get("mem_cap_bytes")

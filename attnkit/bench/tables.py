@@ -77,11 +77,29 @@ def it_per_s(ctx: Context) -> dict:
         if status != STATUS_OK:
             configs.append(Config(name, None, status=status, reason=reason))
         else:
-            configs.append(unet_config(ctx, name, model.unet, proc, cond, p.steps, p.warmup_steps,
-                                       compiled=ctx.compile_table1, extra={"processor_repr": repr(proc)}))
+            configs.append(
+                unet_config(
+                    ctx,
+                    name,
+                    model.unet,
+                    proc,
+                    cond,
+                    p.steps,
+                    p.warmup_steps,
+                    compiled=ctx.compile_table1,
+                    extra={"processor_repr": repr(proc)},
+                )
+            )
     cells = measure_interleaved(
-        configs, p.repeats, p.skip_steps, desc="table 1: it/s per processor", progress=ctx.progress,
-        deadline=ctx.deadline(), device=ctx.device, always=HEADLINE, sample_factor=p.steps / p.warmup_steps,
+        configs,
+        p.repeats,
+        p.skip_steps,
+        desc="table 1: it/s per processor",
+        progress=ctx.progress,
+        deadline=ctx.deadline(),
+        device=ctx.device,
+        always=HEADLINE,
+        sample_factor=p.steps / p.warmup_steps,
     )
     configs.clear()
     forget_compiled(ctx)
@@ -90,10 +108,17 @@ def it_per_s(ctx: Context) -> dict:
     return {
         "title": "it/s per attention processor",
         "setting": {
-            "resolution": p.resolution, "steps": p.steps, "batch": p.batch, "dtype": dtype_label(model.dtype),
-            "compile": ctx.compile_table1, "repeats": p.repeats, "warmup_steps": p.warmup_steps,
-            "steady_state_skips_first_steps": p.skip_steps, "budget_seconds": ctx.budget,
-            "scheduler": type(model.scheduler).__name__, "guidance": "classifier-free (UNet batch = 2 x prompts)",
+            "resolution": p.resolution,
+            "steps": p.steps,
+            "batch": p.batch,
+            "dtype": dtype_label(model.dtype),
+            "compile": ctx.compile_table1,
+            "repeats": p.repeats,
+            "warmup_steps": p.warmup_steps,
+            "steady_state_skips_first_steps": p.skip_steps,
+            "budget_seconds": ctx.budget,
+            "scheduler": type(model.scheduler).__name__,
+            "guidance": "classifier-free (UNet batch = 2 x prompts)",
         },
         "cells": {name: c.to_dict() for name, c in cells.items()},
         "speedup_vs_vanilla": _speedups(cells, "vanilla"),
@@ -140,8 +165,10 @@ def ladder(ctx: Context) -> dict:
     vanilla, why = make_processor("vanilla")
     cl = f"{half_name} + channels_last"
     no_compile = "compile off (--compile)"
-    no_graphs = (f"CUDA graphs need CUDA (torch.compile mode='{CUDA_GRAPHS_MODE}' captures them); "
-                 f"this run is on {ctx.device.type}")
+    no_graphs = (
+        f"CUDA graphs need CUDA (torch.compile mode='{CUDA_GRAPHS_MODE}' captures them); "
+        f"this run is on {ctx.device.type}"
+    )
 
     def row(label, unet, vae, cond, proc, mode="eager", published_step=None, name="vanilla") -> Config:
         extra = {"kind": mode, "processor": name, "published_step": published_step}
@@ -152,18 +179,31 @@ def ladder(ctx: Context) -> dict:
         if mode != "eager" and not ctx.compile:
             return Config(label, None, status=STATUS_SKIPPED, reason=no_compile, extra=extra)
         compiled = mode != "eager"
-        config = unet_config(ctx, label, unet, proc, cond, steps, p.warmup_steps, compiled=compiled,
-                             mode=CUDA_GRAPHS_MODE if mode == "cudagraphs" else None,
-                             decode=p.ladder_decode, vae=vae, extra=extra)
+        config = unet_config(
+            ctx,
+            label,
+            unet,
+            proc,
+            cond,
+            steps,
+            p.warmup_steps,
+            compiled=compiled,
+            mode=CUDA_GRAPHS_MODE if mode == "cudagraphs" else None,
+            decode=p.ladder_decode,
+            vae=vae,
+            extra=extra,
+        )
         config.group = mode
         return config
 
     rows = []
     if "base" in kinds:
-        rows += [row("fp32", fp32_unet, fp32_vae, cond32, vanilla, published_step=0),
-                 row(half_name, half_unet, half_vae, cond_half, vanilla, published_step=1),
-                 row(cl, cl_unet, half_vae, cond_half, vanilla, published_step=2),
-                 row(f"{cl} + {COMPILE_LABEL}", cl_unet, half_vae, cond_half, vanilla, "compile", published_step=3)]
+        rows += [
+            row("fp32", fp32_unet, fp32_vae, cond32, vanilla, published_step=0),
+            row(half_name, half_unet, half_vae, cond_half, vanilla, published_step=1),
+            row(cl, cl_unet, half_vae, cond_half, vanilla, published_step=2),
+            row(f"{cl} + {COMPILE_LABEL}", cl_unet, half_vae, cond_half, vanilla, "compile", published_step=3),
+        ]
     avail = availability(ctx.processors, model.unet, ctx.device, half, 1, ctx.tokens)  # reads the structure only
     labels = {"eager": cl, "compile": f"{cl} + {COMPILE_LABEL}", "cudagraphs": f"{cl} + {CUDA_GRAPHS_LABEL}"}
     for kind in (k for k in kinds if k != "base"):
@@ -175,15 +215,29 @@ def ladder(ctx: Context) -> dict:
             # the docs' ladder ends with xformers on the traced UNet
             step = 4 if name == "xformers" and kind == "compile" else None
             if status != STATUS_OK:
-                rows.append(Config(label, None, status=status, reason=reason,
-                                   extra={"kind": kind, "processor": name, "published_step": step}))
+                rows.append(
+                    Config(
+                        label,
+                        None,
+                        status=status,
+                        reason=reason,
+                        extra={"kind": kind, "processor": name, "published_step": step},
+                    )
+                )
             else:
                 rows.append(row(label, cl_unet, half_vae, cond_half, proc, kind, step, name))
 
     deadline = ctx.deadline()
     cells = measure_interleaved(
-        rows, p.repeats, 0, desc="table 2: latency ladder", progress=ctx.progress,
-        deadline=deadline, device=ctx.device, strict=True, sample_factor=steps / p.warmup_steps,
+        rows,
+        p.repeats,
+        0,
+        desc="table 2: latency ladder",
+        progress=ctx.progress,
+        deadline=deadline,
+        device=ctx.device,
+        strict=True,
+        sample_factor=steps / p.warmup_steps,
         first_warmup=None if ctx.step_seconds is None else ctx.step_seconds * p.warmup_steps,
     )
     probe_cells(rows, cells, deadline)
@@ -195,18 +249,30 @@ def ladder(ctx: Context) -> dict:
     return {
         "title": "latency ladder (seconds per image)",
         "setting": {
-            "resolution": p.resolution, "steps": steps, "batch": 1, "half_dtype": half_name,
-            "repeats": p.repeats, "budget_seconds": ctx.budget, "rows": list(kinds),
-            "includes": ("denoising loop + VAE decode to uint8 (no text encoder)" if p.ladder_decode
-                         else "denoising loop only (no VAE decode, no text encoder)"),
+            "resolution": p.resolution,
+            "steps": steps,
+            "batch": 1,
+            "half_dtype": half_name,
+            "repeats": p.repeats,
+            "budget_seconds": ctx.budget,
+            "rows": list(kinds),
+            "includes": (
+                "denoising loop + VAE decode to uint8 (no text encoder)"
+                if p.ladder_decode
+                else "denoising loop only (no VAE decode, no text encoder)"
+            ),
             "attention_before_processor_rows": "vanilla",
-            "compile": {"modes": {"compile": "default", "cudagraphs": CUDA_GRAPHS_MODE},
-                        "backend": ctx.compile_backend, "fullgraph": "tried first; without it where it fails"},
+            "compile": {
+                "modes": {"compile": "default", "cudagraphs": CUDA_GRAPHS_MODE},
+                "backend": ctx.compile_backend,
+                "fullgraph": "tried first; without it where it fails",
+            },
         },
         "rows": out_rows,
         "interrupted": cells.interrupted,
         "published": {
-            "device": published.LADDER_DEVICE, "source": published.SOURCES[published.LADDER_SOURCE],
+            "device": published.LADDER_DEVICE,
+            "source": published.SOURCES[published.LADDER_SOURCE],
             "rows": [{"step": s, "seconds": t, "speedup": x} for s, t, x in published.LADDER_TITAN_RTX],
             "same_device": published.published_ladder(ctx.device_name) is not None,
         },
@@ -225,27 +291,22 @@ class Table:
 
 
 def _sweep_here(ctx: Context) -> dict:
-
     return sweep(ctx)
 
 
 def _sweep_in_subprocess(ctx: Context) -> dict:
-
     return sweep_in_subprocess(ctx)
 
 
 def _memory_cuda(ctx: Context) -> dict:
-
     return memory_cuda(ctx)
 
 
 def _memory_in_subprocesses(ctx: Context) -> dict:
-
     return memory_in_subprocesses(ctx)
 
 
 def _transformer(ctx: Context) -> dict:
-
     return transformer_table(ctx)
 
 

@@ -60,8 +60,7 @@ def ratio_verdict(cell: dict, base: dict | None, key: str, noise: float | None) 
     return noise_verdict(cell.get(key) or [], base.get(key) or [], noise)
 
 
-def marked_ratio(x: float | None, cell: dict, base: dict | None, key: str, noise: float | None,
-                 digits: int = 2) -> str:
+def marked_ratio(x: float | None, cell: dict, base: dict | None, key: str, noise: float | None, digits: int = 2) -> str:
     """'x1.14', or 'x1.01 (within noise)' / 'x1.31 (one sample: not established)': what
     tables write beside a ratio, and plots too (:mod:`.plots`)."""
     if x is None:
@@ -77,9 +76,12 @@ def name_list(names: list[str]) -> str:
     for n in names:
         head, _, tail = n.rpartition(" + ")
         groups.setdefault(head, []).append(tail if head else n)
-    return "; ".join(f"{head} + ({', '.join(tails)})" if head and len(tails) > 1
-                     else (f"{head} + {tails[0]}" if head else "; ".join(tails))
-                     for head, tails in groups.items())
+    return "; ".join(
+        f"{head} + ({', '.join(tails)})"
+        if head and len(tails) > 1
+        else (f"{head} + {tails[0]}" if head else "; ".join(tails))
+        for head, tails in groups.items()
+    )
 
 
 def not_measured(rows: list[dict], key: str, limit: int) -> list[str]:
@@ -98,6 +100,9 @@ def noise_lines(cells: dict[str, dict], key: str, fmt, higher_is_faster: bool = 
     if len(samples) < 2:
         return []
     spread = typical_spread(samples.values())
-    noise = (f"typical spread (max-min)/median of a cell: {spread:.1%}" if spread is not None
-             else "one sample per cell: the run's spread is unknown")
+    noise = (
+        f"typical spread (max-min)/median of a cell: {spread:.1%}"
+        if spread is not None
+        else "one sample per cell: the run's spread is unknown"
+    )
     return [f"Fastest first: {ranking(samples, fmt, higher_is_faster)} ({noise}; {NOISE_LEGEND})."]

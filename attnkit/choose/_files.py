@@ -56,9 +56,7 @@ def _refuse_special(path: str | os.PathLike) -> None:
 # O_NONBLOCK: a FIFO that appeared after _refuse_special does not wait for a writer
 # (fstat then refuses it); O_NOCTTY: a terminal never becomes ours. Both absent on
 # Windows, which needs O_BINARY instead to read the bytes as they are.
-_READ_FLAGS = (
-    os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
-)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
 
 
 def _read_bytes(path: str | os.PathLike) -> bytes:

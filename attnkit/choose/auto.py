@@ -62,7 +62,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-
 from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from ..backends.base import compile_key
@@ -192,8 +191,9 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         mark_compile_constant(_compiled_choice)
 
     # -- the per-call path ----------------------------------------------------------
-    def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                   return_lse=False):
+    def _attention(
+        self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0, return_lse=False
+    ):
         flags = call_flags(causal_offset, dropout_p, return_lse)
         args = (q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse)
         if is_compiling():
@@ -249,8 +249,9 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         # name is made once, not on every call of the hot path.
         state = self._guards.get((id(who), sig))
         if state is None:
-            state = self._guards.setdefault((id(who), sig), GuardState(describe_module(who), describe_call(
-                AttentionCall.from_signature(sig))))
+            state = self._guards.setdefault(
+                (id(who), sig), GuardState(describe_module(who), describe_call(AttentionCall.from_signature(sig)))
+            )
         if state.fallen_back:
             return None
         module = state.module
@@ -259,9 +260,14 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             out = run_backend(self._lossy_backend, *args)
         except Exception as exc:  # noqa: BLE001 - the exact path serves it, and says why once
             state.fallen_back = True
-            self._warn_once(("lossy", module, sig), "attnkit: the int8 backend failed on %s (%s): %s; that module "
-                            "runs exactly for this call signature from now on", module, state.call,
-                            describe_exception(exc))
+            self._warn_once(
+                ("lossy", module, sig),
+                "attnkit: the int8 backend failed on %s (%s): %s; that module "
+                "runs exactly for this call signature from now on",
+                module,
+                state.call,
+                describe_exception(exc),
+            )
             return None
         state.calls += 1
         if self.guard is None or not state.due(self.guard["every"]):
@@ -282,8 +288,16 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             "attnkit: int8 attention in %s [%s] measured a relative L2 error of %.3g and a cosine of %.6f on %d "
             "sampled query rows (call %d), beyond the guard's %.3g / %.6f: that module runs %s exactly for this "
             "call signature from now on, this call included (processor.explain() lists every module's figures)",
-            module, state.call, error, cosine, len(rows), state.calls, self.guard["max_error"],
-            self.guard["min_cosine"], exact.name)
+            module,
+            state.call,
+            error,
+            cosine,
+            len(rows),
+            state.calls,
+            self.guard["max_error"],
+            self.guard["min_cosine"],
+            exact.name,
+        )
         return run_backend(exact, *args)
 
     def guard_states(self) -> list[GuardState]:
@@ -400,7 +414,11 @@ class AutoChooser(tuning.Tuned, ChooserBase):
                     ("failed", sig, bad),
                     "attnkit.auto(): %s failed on %s (%s) in %s; falling back to %s for this signature "
                     "(explain() shows it)",
-                    bad, describe_call(record.call), failed[bad], describe_module(who), label,
+                    bad,
+                    describe_call(record.call),
+                    failed[bad],
+                    describe_module(who),
+                    label,
                 )
             with LOCK:
                 self._records[sig] = replace(record, backend=label, table=table, how="fallback", failed=failed)
@@ -479,17 +497,23 @@ class AutoChooser(tuning.Tuned, ChooserBase):
 
     def _describe_lossy(self) -> str:
         g = self.guard
-        head = ("  lossy backend int8 (LOSSY: INT8 query-key products) first where it can serve a call, "
-                + ("without a quality guard" if g is None else
-                   f"under the quality guard: {g['rows']} sampled query rows checked exactly on the first call of "
-                   f"each module and signature and one in {g['every']} after, falling back past a relative L2 "
-                   f"error of {g['max_error']:g} or a cosine below {g['min_cosine']:g}")
-                + "; inside torch.compile graphs the exact backends serve every call")
+        head = (
+            "  lossy backend int8 (LOSSY: INT8 query-key products) first where it can serve a call, "
+            + (
+                "without a quality guard"
+                if g is None
+                else f"under the quality guard: {g['rows']} sampled query rows checked exactly on the first call of "
+                f"each module and signature and one in {g['every']} after, falling back past a relative L2 "
+                f"error of {g['max_error']:g} or a cosine below {g['min_cosine']:g}"
+            )
+            + "; inside torch.compile graphs the exact backends serve every call"
+        )
         lines = [head]
         for sig, reasons in self._lossy_reasons.items():
             if reasons:
-                lines.append(f"    int8 cannot serve {describe_call(AttentionCall.from_signature(sig))}: "
-                             f"{'; '.join(reasons)}")
+                lines.append(
+                    f"    int8 cannot serve {describe_call(AttentionCall.from_signature(sig))}: {'; '.join(reasons)}"
+                )
         lines += [f"    {state.describe()}" for state in self._guards.values()]
         return "\n".join(lines)
 

@@ -34,8 +34,11 @@ def _check_finite(who: nn.Module | None, **tensors: torch.Tensor) -> None:
         if is_compiling():
             # Inside a graph: no host sync (CUDA graphs stay capturable), an assert the
             # device raises instead; the module is named by eager calls only.
-            torch._assert_async(~bad.any(), f"{CHECK_FINITE_VAR}: {name} of a compiled attention call holds a "
-                                f"non-finite value ({t.dtype}); run the model eagerly to have the module named")
+            torch._assert_async(
+                ~bad.any(),
+                f"{CHECK_FINITE_VAR}: {name} of a compiled attention call holds a "
+                f"non-finite value ({t.dtype}); run the model eagerly to have the module named",
+            )
             continue
         count = int(bad.sum())
         if count:
@@ -52,9 +55,20 @@ class Chooser(Protocol):
     backend, or auto()'s walk) and runs it on (B, H, N, D) tensors. ``who`` is the
     module, for logs and errors."""
 
-    def attention(self, who: nn.Module | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  attn_bias: torch.Tensor | None, scale: float | None, upcast: bool, *,
-                  causal_offset: int | None = None, dropout_p: float = 0.0, return_lse: bool = False): ...
+    def attention(
+        self,
+        who: nn.Module | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_bias: torch.Tensor | None,
+        scale: float | None,
+        upcast: bool,
+        *,
+        causal_offset: int | None = None,
+        dropout_p: float = 0.0,
+        return_lse: bool = False,
+    ): ...
 
 
 def run_backend(backend: Backend, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse):
@@ -72,8 +86,9 @@ def finite_checked(who, run, q, k, v, attn_bias, scale, upcast, causal_offset, d
     """``run(...)`` with ATTNKIT_CHECK_FINITE's checks of its inputs and output, naming
     ``who``: every route's calls pass here (a debugging aid: it syncs with the device)."""
     _check_finite(who, q=q, k=k, v=v, **({} if attn_bias is None else {"attn_bias": attn_bias}))
-    out = run(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p,
-              return_lse=return_lse)
+    out = run(
+        who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset, dropout_p=dropout_p, return_lse=return_lse
+    )
     _check_finite(who, output=out[0] if return_lse else out)
     return out
 
@@ -95,16 +110,27 @@ class ChooserBase(CompileOwner):
 
     check_finite = False
 
-    def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                  return_lse=False):
+    def attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0, return_lse=False):
         if self.check_finite:
-            return finite_checked(who, self._attention, q, k, v, attn_bias, scale, upcast, causal_offset,
-                                  dropout_p, return_lse)
-        return self._attention(who, q, k, v, attn_bias, scale, upcast, causal_offset=causal_offset,
-                               dropout_p=dropout_p, return_lse=return_lse)
+            return finite_checked(
+                who, self._attention, q, k, v, attn_bias, scale, upcast, causal_offset, dropout_p, return_lse
+            )
+        return self._attention(
+            who,
+            q,
+            k,
+            v,
+            attn_bias,
+            scale,
+            upcast,
+            causal_offset=causal_offset,
+            dropout_p=dropout_p,
+            return_lse=return_lse,
+        )
 
-    def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                   return_lse=False):
+    def _attention(
+        self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0, return_lse=False
+    ):
         raise NotImplementedError
 
     def resolved(self, sig: Signature) -> Backend | None:
@@ -126,8 +152,9 @@ class FixedChooser(ChooserBase):
         self._take_compile_token()
         mark_compile_constant(_fixed_problem)
 
-    def _attention(self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0,
-                   return_lse=False):
+    def _attention(
+        self, who, q, k, v, attn_bias, scale, upcast, *, causal_offset=None, dropout_p=0.0, return_lse=False
+    ):
         flags = call_flags(causal_offset, dropout_p, return_lse)
         if is_compiling():
             problem = _fixed_problem(self.compile_token, compile_key(q, k, v, attn_bias, *flags))
@@ -169,5 +196,13 @@ def _fixed_problem(token: str, key: tuple) -> str:
     return chooser.refusal(None, reasons) if reasons else ""
 
 
-__all__ = ["CHECK_FINITE_VAR", "Chooser", "ChooserBase", "FixedChooser", "call_flags", "check_finite_on",
-           "finite_checked", "run_backend"]
+__all__ = [
+    "CHECK_FINITE_VAR",
+    "Chooser",
+    "ChooserBase",
+    "FixedChooser",
+    "call_flags",
+    "check_finite_on",
+    "finite_checked",
+    "run_backend",
+]

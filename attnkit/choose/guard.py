@@ -39,8 +39,7 @@ def guard_options(guard: Any) -> dict | None:
         raise ValueError(f"guard={guard!r}: pass a dict of {', '.join(DEFAULTS)}, True (the defaults) or False")
     unknown = sorted(set(guard) - set(DEFAULTS))
     if unknown:
-        raise ValueError(f"guard has no option {', '.join(map(repr, unknown))}; its options are "
-                         f"{', '.join(DEFAULTS)}")
+        raise ValueError(f"guard has no option {', '.join(map(repr, unknown))}; its options are {', '.join(DEFAULTS)}")
     out = {**DEFAULTS, **guard}
     for name in ("every", "rows"):
         if not isinstance(out[name], int) or isinstance(out[name], bool) or out[name] < 1:
@@ -71,9 +70,12 @@ class GuardState:
 
     def describe(self) -> str:
         state = "fell back to exact" if self.fallen_back else "lossy"
-        figures = ("not checked yet" if self.error is None else
-                   f"relative L2 error {self.error:.3g}, cosine {self.cosine:.6f} (worst error {self.worst_error:.3g}"
-                   f" over {self.checks} check(s))")
+        figures = (
+            "not checked yet"
+            if self.error is None
+            else f"relative L2 error {self.error:.3g}, cosine {self.cosine:.6f} (worst error {self.worst_error:.3g}"
+            f" over {self.checks} check(s))"
+        )
         return f"{self.module} [{self.call}]: {state} after {self.calls} call(s); {figures}"
 
 

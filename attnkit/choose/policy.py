@@ -122,8 +122,7 @@ PRIORITIES: dict[str, Priority] = {
     ),
     "cuda": Priority(
         ("sdpa", "flash_attn", "xformers", "triton") + LAST_RESORT,
-        "CUDA device of unknown compute capability: SDPA, which chooses its own kernel "
-        "per call, first.",
+        "CUDA device of unknown compute capability: SDPA, which chooses its own kernel per call, first.",
     ),
     "rocm": Priority(
         ("sdpa",) + LAST_RESORT,
@@ -227,8 +226,10 @@ def covers(rule: Rule, call: AttentionCall) -> bool:
         and call.causal == rule.causal
         and call.requires_grad == rule.grad
         and not (call.dropout or call.lse or call.deterministic)
-        and call.q_len is not None and call.kv_len is not None
-        and call.q_len >= rule.min_q and call.kv_len >= rule.min_kv
+        and call.q_len is not None
+        and call.kv_len is not None
+        and call.q_len >= rule.min_q
+        and call.kv_len >= rule.min_kv
     )
 
 
@@ -279,17 +280,23 @@ def order_for(call: AttentionCall) -> tuple[str, tuple[str, ...]]:
 def rules_table() -> str:
     """The rules of every GPU record as a markdown table (it is in the README, kept equal
     by a test)."""
-    rows = ["| GPU | capability | calls | order | measured (SDPA time / triton time) | record (least) |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| GPU | capability | calls | order | measured (SDPA time / triton time) | record (least) |",
+        "|---|---|---|---|---|---|",
+    ]
     for rule in records.RULES:
         gpu = records.GPUS[rule.gpu]
-        calls = (f"{rule.dtype}, head dim {rule.head_dim}, mask {rule.mask}"
-                 f"{', causal' if rule.causal else ''}, {'forward and backward' if rule.grad else 'forward'}, "
-                 f"M ≥ {rule.min_q}, N ≥ {rule.min_kv}")
+        calls = (
+            f"{rule.dtype}, head dim {rule.head_dim}, mask {rule.mask}"
+            f"{', causal' if rule.causal else ''}, {'forward and backward' if rule.grad else 'forward'}, "
+            f"M ≥ {rule.min_q}, N ≥ {rule.min_kv}"
+        )
         ratios = ", ".join(f"{ratio:.2f}" for _, ratio in rule.rows)
-        rows.append(f"| {gpu.name} | {'.'.join(map(str, gpu.capability))} | {calls} | "
-                    f"{rule.prefer} ahead of {', '.join(rule.over)} | {ratios} | "
-                    f"`{RECORDS_DIR}/{rule.gpu}/{rule.record}` |")
+        rows.append(
+            f"| {gpu.name} | {'.'.join(map(str, gpu.capability))} | {calls} | "
+            f"{rule.prefer} ahead of {', '.join(rule.over)} | {ratios} | "
+            f"`{RECORDS_DIR}/{rule.gpu}/{rule.record}` |"
+        )
     return "\n".join(rows)
 
 
@@ -350,8 +357,7 @@ def validate_labels(labels: Iterable[str], what: str) -> tuple[str, ...]:
     unknown = [x for x in labels if x not in CANDIDATES]
     if unknown:
         raise ValueError(
-            f"{what}: unknown backend(s) {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(CANDIDATES)}"
+            f"{what}: unknown backend(s) {', '.join(map(repr, unknown))}; choose from {', '.join(CANDIDATES)}"
         )
     return labels
 
@@ -414,9 +420,7 @@ def choose(
 
 
 def no_backend_error(what: str, table: Mapping[str, list[str]]) -> BackendUnavailable:
-    return BackendUnavailable(
-        f"{what}: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in table.items()), reasons=table
-    )
+    return BackendUnavailable(f"{what}: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in table.items()), reasons=table)
 
 
 def describe_call(call: AttentionCall, with_record: bool = True) -> str:
@@ -427,8 +431,16 @@ def describe_call(call: AttentionCall, with_record: bool = True) -> str:
     if call.device.capability is not None:
         dev += " sm_" + "".join(map(str, call.device.capability))
     lengths = " any M, N" if call.q_len is None else f" M={call.q_len} N={call.kv_len}"
-    flags = [name for name, on in (("grad", call.requires_grad), ("causal", call.causal),
-                                   ("dropout", call.dropout), ("lse", call.lse)) if on]
+    flags = [
+        name
+        for name, on in (
+            ("grad", call.requires_grad),
+            ("causal", call.causal),
+            ("dropout", call.dropout),
+            ("lse", call.lse),
+        )
+        if on
+    ]
     return (
         f"{dev} {dtype_name(call.dtype)} D={call.head_dim}{lengths} mask={call.mask}"
         + "".join(" " + f for f in flags)

@@ -73,12 +73,16 @@ def time_backend(backend: Backend, args: tuple, warmup: int = 2, iters: int = 7)
 def check_margin(value: Any) -> float:
     """auto(tune_margin=)'s value as a float: a finite number in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"tune_margin={value!r}: use a number in [0, 1), the gain a candidate needs over the "
-                        f"priority choice (0.05: 5% faster)")
+        raise TypeError(
+            f"tune_margin={value!r}: use a number in [0, 1), the gain a candidate needs over the "
+            f"priority choice (0.05: 5% faster)"
+        )
     value = float(value)
     if not math.isfinite(value) or not 0.0 <= value < 1.0:
-        raise ValueError(f"tune_margin={value!r}: use a number in [0, 1), the gain a candidate needs over the "
-                         f"priority choice (0.05: 5% faster); it must be at least 0 and below 1")
+        raise ValueError(
+            f"tune_margin={value!r}: use a number in [0, 1), the gain a candidate needs over the "
+            f"priority choice (0.05: 5% faster); it must be at least 0 and below 1"
+        )
     return value
 
 
@@ -102,14 +106,15 @@ def worst_row_error(out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 22) 
     step = max(1, chunk // max(1, a.shape[1]))
     worst, squares, count = 0.0, 0.0, 0
     for start in range(0, a.shape[0], step):
-        x, y = a[start:start + step], b[start:start + step]
+        x, y = a[start : start + step], b[start : start + step]
         same = x == y
         if not bool((torch.isfinite(x) & torch.isfinite(y) | same).all()):
             return math.inf
         diff = torch.where(same, torch.zeros_like(x), x - y)
         y = torch.where(torch.isfinite(y), y, torch.zeros_like(y))
-        figures = torch.stack([torch.linalg.vector_norm(diff, dim=1).max(),
-                               torch.linalg.vector_norm(y).square()]).tolist()
+        figures = torch.stack(
+            [torch.linalg.vector_norm(diff, dim=1).max(), torch.linalg.vector_norm(y).square()]
+        ).tolist()
         worst, squares, count = max(worst, figures[0]), squares + figures[1], count + x.shape[0]
     rms = math.sqrt(squares / count) if count else 0.0
     if not math.isfinite(worst):
@@ -159,12 +164,17 @@ def output_bound(args: tuple, rows: int = CHECK_ROWS) -> tuple[float, float | No
         def bound(error: float) -> float:
             return 2.0 * (FACTOR * (error if math.isfinite(error) else 0.0) + floor)
 
-        out_bound = bound(worst_row_error(torch_math_attention(q_s, k, v, bias_s, scale, upcast=upcast),
-                                          reference_attention(q_s, k, v, bias_s, scale)))
+        out_bound = bound(
+            worst_row_error(
+                torch_math_attention(q_s, k, v, bias_s, scale, upcast=upcast),
+                reference_attention(q_s, k, v, bias_s, scale),
+            )
+        )
         lse_bound = None
         if return_lse:
-            lse_bound = bound(worst_row_error(*(x.unsqueeze(-1) for x in _torch_math_lse(q_s, k, bias_s, scale,
-                                                                                        upcast))))
+            lse_bound = bound(
+                worst_row_error(*(x.unsqueeze(-1) for x in _torch_math_lse(q_s, k, bias_s, scale, upcast)))
+            )
     return out_bound, lse_bound
 
 
@@ -176,16 +186,23 @@ def output_difference(out, ref, bounds: tuple[float, float | None]) -> float:
         return worst_row_error(out, ref) / out_bound
     if not (isinstance(out, tuple) and isinstance(ref, tuple) and len(out) == len(ref) == 2):
         return math.inf
-    return max(worst_row_error(out[0], ref[0]) / out_bound,
-               worst_row_error(out[1].unsqueeze(-1), ref[1].unsqueeze(-1)) / lse_bound)
+    return max(
+        worst_row_error(out[0], ref[0]) / out_bound,
+        worst_row_error(out[1].unsqueeze(-1), ref[1].unsqueeze(-1)) / lse_bound,
+    )
 
 
 # The timer of the CPU rounds (the tests make it a clock of their own).
 _clock = time.perf_counter
 
 
-def time_rounds(backends: Mapping[str, Backend], args: tuple, rounds: int = 7, warmup: int = 2,
-                failed: dict[str, BaseException] | None = None) -> dict[str, list[float]]:
+def time_rounds(
+    backends: Mapping[str, Backend],
+    args: tuple,
+    rounds: int = 7,
+    warmup: int = 2,
+    failed: dict[str, BaseException] | None = None,
+) -> dict[str, list[float]]:
     """Milliseconds of one forward on ``args`` per backend and round: after ``warmup``
     calls of each, ``rounds`` rounds that each time every backend once, in an order rotated
     by one per round (none is always first or last), so that a change of clock, another
@@ -252,8 +269,9 @@ def _number(x: Any) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def choose_tuned(priority: str, gain: Mapping[str, Any], diff: Mapping[str, Any], margin: float,
-                 labels: Sequence[str]) -> str:
+def choose_tuned(
+    priority: str, gain: Mapping[str, Any], diff: Mapping[str, Any], margin: float, labels: Sequence[str]
+) -> str:
     """The tuned choice among ``labels`` (in priority order): the candidate whose output
     passed the check (``diff`` a number at most 1) with the largest median gain, if that
     gain is at least ``margin``; else the priority choice. The same rule decides a fresh
@@ -285,18 +303,24 @@ def _percent(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
-def describe_tuning(backend: str, priority: str, gain: Mapping[str, Any], diff: Mapping[str, Any],
-                    margin: float) -> str:
+def describe_tuning(
+    backend: str, priority: str, gain: Mapping[str, Any], diff: Mapping[str, Any], margin: float
+) -> str:
     """What tuning decided, in words (explain() and the INFO line)."""
     differs = [label for label, d in diff.items() if d == "differs"]
     failed = [label for label, d in diff.items() if d == "failed"]
     timed = {label: g for label, g in gain.items() if _number(g)}
     if backend != priority:
-        text = (f"{backend} replaces the priority choice {priority}: median gain {_percent(timed[backend])} over "
-                f"interleaved rounds, margin {_percent(margin)}")
+        text = (
+            f"{backend} replaces the priority choice {priority}: median gain {_percent(timed[backend])} over "
+            f"interleaved rounds, margin {_percent(margin)}"
+        )
     elif timed:
-        text = (f"the priority choice {priority} kept: no candidate faster by the {_percent(margin)} margin ("
-                + ", ".join(f"{label} {_percent(g)}" for label, g in timed.items()) + ")")
+        text = (
+            f"the priority choice {priority} kept: no candidate faster by the {_percent(margin)} margin ("
+            + ", ".join(f"{label} {_percent(g)}" for label, g in timed.items())
+            + ")"
+        )
     else:
         text = f"the priority choice {priority} kept: no other candidate was timed"
     if differs:
@@ -306,6 +330,19 @@ def describe_tuning(backend: str, priority: str, gain: Mapping[str, Any], diff: 
     return text
 
 
-__all__ = ["CHECKED", "CHECK_ROWS", "DEFAULT_MARGIN", "FACTOR", "check_margin", "choose_tuned", "describe_tuning",
-           "output_bound", "output_difference", "round_gains", "time_backend", "time_rounds", "trusted",
-           "worst_row_error"]
+__all__ = [
+    "CHECKED",
+    "CHECK_ROWS",
+    "DEFAULT_MARGIN",
+    "FACTOR",
+    "check_margin",
+    "choose_tuned",
+    "describe_tuning",
+    "output_bound",
+    "output_difference",
+    "round_gains",
+    "time_backend",
+    "time_rounds",
+    "trusted",
+    "worst_row_error",
+]

@@ -52,6 +52,7 @@ import torch
 from .._text import describe_exception
 from ..backends import AttentionCall
 from ..backends.base import dtype_name
+from . import tune_check
 from ._files import (  # noqa: F401  (CacheNotWritten and NotRegularFile: raised to this module's callers)
     CacheNotWritten,
     NotRegularFile,
@@ -64,7 +65,6 @@ from ._files import (  # noqa: F401  (CacheNotWritten and NotRegularFile: raised
     _umask,
 )
 from .fixed import run_backend
-from . import tune_check
 from .policy import CANDIDATES, LAST_RESORT, describe_call
 
 logger = logging.getLogger("attnkit")
@@ -134,8 +134,8 @@ def _read_document(path: str | os.PathLike) -> dict[str, Any]:
         raise CacheError("it is not an attnkit tuning cache (no version field)")
     if data["version"] != CACHE_VERSION:
         raise CacheError(
-            f"it is an attnkit tuning cache of version {data['version']!r}, this attnkit "
-            f"reads version {CACHE_VERSION}", foreign=False,
+            f"it is an attnkit tuning cache of version {data['version']!r}, this attnkit reads version {CACHE_VERSION}",
+            foreign=False,
         )
     if not isinstance(data.get("entries"), dict):
         raise CacheError("its 'entries' is not a mapping")
@@ -268,8 +268,15 @@ def cache_key(call: AttentionCall) -> str:
     dev = call.device
     cap = "sm_" + "".join(map(str, dev.capability)) if dev.capability else "-"
     parts = [
-        dev.type, dev.name or "-", cap, f"torch={torch.__version__}", dtype_name(call.dtype),
-        f"D={call.head_dim}", f"M={call.q_len}", f"N={call.kv_len}", f"mask={call.mask}",
+        dev.type,
+        dev.name or "-",
+        cap,
+        f"torch={torch.__version__}",
+        dtype_name(call.dtype),
+        f"D={call.head_dim}",
+        f"M={call.q_len}",
+        f"N={call.kv_len}",
+        f"mask={call.mask}",
         f"grad={int(call.requires_grad)}",
     ]
     for flag in ("causal", "dropout", "lse"):
@@ -303,7 +310,8 @@ class Tuned:
             self._note_once(
                 ("single", candidates[0]),
                 "attnkit.auto(tune=True): only %s can serve calls like %s here; nothing to time",
-                candidates[0], describe_call(call),
+                candidates[0],
+                describe_call(call),
             )
             return candidates[0], "priority", {}, {}
         margin = self.tune_margin
@@ -311,8 +319,12 @@ class Tuned:
         cached = self._load_disk().get(key)
         if cached is not None and tune_check.trusted(cached, candidates, priority, margin):
             gain, diff = cached["gain"], cached["diff"]
-            info = {"priority": priority, "gain": dict(gain), "diff": dict(diff),
-                    "note": tune_check.describe_tuning(cached["backend"], priority, gain, diff, margin)}
+            info = {
+                "priority": priority,
+                "gain": dict(gain),
+                "diff": dict(diff),
+                "note": tune_check.describe_tuning(cached["backend"], priority, gain, diff, margin),
+            }
             return cached["backend"], "tune cache", dict(cached.get("ms", {})), info
         what = describe_call(call)
         diff: dict[str, float | str] = {}
@@ -323,8 +335,13 @@ class Tuned:
                 reference = run_backend(self.backend(priority), *check_args)
                 bounds = tune_check.output_bound(check_args)
         except Exception as exc:
-            logger.warning("attnkit.auto(tune=True): %s, the priority choice, failed on %s while tuning (%s); "
-                           "nothing is tuned for this signature", priority, what, describe_exception(exc))
+            logger.warning(
+                "attnkit.auto(tune=True): %s, the priority choice, failed on %s while tuning (%s); "
+                "nothing is tuned for this signature",
+                priority,
+                what,
+                describe_exception(exc),
+            )
             return priority, "priority", {}, {}
         passed = [priority]
         for label in candidates:
@@ -332,10 +349,16 @@ class Tuned:
                 continue
             try:
                 with torch.no_grad():
-                    fraction = tune_check.output_difference(run_backend(self.backend(label), *check_args), reference, bounds)
+                    fraction = tune_check.output_difference(
+                        run_backend(self.backend(label), *check_args), reference, bounds
+                    )
             except Exception as exc:
-                logger.warning("attnkit.auto(tune=True): %s failed on %s while tuning (%s); skipped",
-                               label, what, describe_exception(exc))
+                logger.warning(
+                    "attnkit.auto(tune=True): %s failed on %s while tuning (%s); skipped",
+                    label,
+                    what,
+                    describe_exception(exc),
+                )
                 diff[label] = "failed"
                 continue
             if fraction <= 1.0:
@@ -347,11 +370,14 @@ class Tuned:
                 ("differs", label, key),
                 "attnkit.auto(tune=True): %s's output differs from that of %s (the priority choice) on %s: %s; "
                 "it is never chosen for this signature",
-                label, priority, what,
-                "it has NaN or inf where the priority choice's has none, or another shape" if math.isinf(fraction)
+                label,
+                priority,
+                what,
+                "it has NaN or inf where the priority choice's has none, or another shape"
+                if math.isinf(fraction)
                 else f"its worst query row is {fraction:.3g} times the bound of {bounds[0]:.3g} allowed in "
-                     f"{dtype_name(call.dtype)} (twice the tolerance rule: {tune_check.FACTOR:g}x plain torch's error "
-                     f"against float64, plus rounding, relative to the output's rms row norm)",
+                f"{dtype_name(call.dtype)} (twice the tolerance rule: {tune_check.FACTOR:g}x plain torch's error "
+                f"against float64, plus rounding, relative to the output's rms row norm)",
             )
         del reference
         ms: dict[str, float] = {}
@@ -359,25 +385,47 @@ class Tuned:
         if len(passed) > 1:
             failed: dict[str, BaseException] = {}
             try:
-                times = tune_check.time_rounds({label: self.backend(label) for label in passed}, args, rounds=self.tune_iters,
-                                    failed=failed)
+                times = tune_check.time_rounds(
+                    {label: self.backend(label) for label in passed}, args, rounds=self.tune_iters, failed=failed
+                )
             except Exception as exc:
-                logger.warning("attnkit.auto(tune=True): %s, the priority choice, failed on %s while tuning (%s); "
-                               "nothing is tuned for this signature", priority, what, describe_exception(exc))
+                logger.warning(
+                    "attnkit.auto(tune=True): %s, the priority choice, failed on %s while tuning (%s); "
+                    "nothing is tuned for this signature",
+                    priority,
+                    what,
+                    describe_exception(exc),
+                )
                 return priority, "priority", {}, {}
             for label, exc in failed.items():
-                logger.warning("attnkit.auto(tune=True): %s failed while timing %s (%s); skipped",
-                               label, what, describe_exception(exc))
+                logger.warning(
+                    "attnkit.auto(tune=True): %s failed while timing %s (%s); skipped",
+                    label,
+                    what,
+                    describe_exception(exc),
+                )
                 diff[label] = "failed"
             ms = {label: round(statistics.median(t), 6) for label, t in times.items()}
             gain = tune_check.round_gains(times, priority)
         best = tune_check.choose_tuned(priority, gain, diff, margin, candidates)
-        entry = {"backend": best, "ms": ms, "priority": priority, "margin": margin, "rounds": self.tune_iters,
-                 "gain": gain, "diff": diff, "checked": tune_check.CHECKED}
+        entry = {
+            "backend": best,
+            "ms": ms,
+            "priority": priority,
+            "margin": margin,
+            "rounds": self.tune_iters,
+            "gain": gain,
+            "diff": diff,
+            "checked": tune_check.CHECKED,
+        }
         self._disk[key] = entry
         self._save(key, entry)
-        info = {"priority": priority, "gain": dict(gain), "diff": dict(diff),
-                "note": tune_check.describe_tuning(best, priority, gain, diff, margin)}
+        info = {
+            "priority": priority,
+            "gain": dict(gain),
+            "diff": dict(diff),
+            "note": tune_check.describe_tuning(best, priority, gain, diff, margin),
+        }
         return best, "tuned", ms, info
 
     def _load_disk(self) -> dict[str, dict]:
@@ -386,18 +434,29 @@ class Tuned:
             try:
                 self._disk, others = read_cache(self.cache_path, CANDIDATES)
                 if others:
-                    logger.info("attnkit.auto(tune=True): %s holds %d entries this attnkit does not use "
-                                "(kept)", self.cache_path, others)
+                    logger.info(
+                        "attnkit.auto(tune=True): %s holds %d entries this attnkit does not use (kept)",
+                        self.cache_path,
+                        others,
+                    )
             except FileNotFoundError:
-                logger.info("attnkit.auto(tune=True): no tuning cache at %s yet; timings will be saved there",
-                            self.cache_path)
+                logger.info(
+                    "attnkit.auto(tune=True): no tuning cache at %s yet; timings will be saved there", self.cache_path
+                )
             except CacheError as exc:
-                self._warn_once(("read", str(self.cache_path)),
-                                "attnkit.auto(tune=True): cannot use the tuning cache %s: %s", self.cache_path, exc)
+                self._warn_once(
+                    ("read", str(self.cache_path)),
+                    "attnkit.auto(tune=True): cannot use the tuning cache %s: %s",
+                    self.cache_path,
+                    exc,
+                )
             except Exception as exc:  # a cache problem never fails a model call
-                self._warn_once(("read", str(self.cache_path)),
-                                "attnkit.auto(tune=True): cannot read the tuning cache %s (%s)",
-                                self.cache_path, describe_exception(exc))
+                self._warn_once(
+                    ("read", str(self.cache_path)),
+                    "attnkit.auto(tune=True): cannot read the tuning cache %s (%s)",
+                    self.cache_path,
+                    describe_exception(exc),
+                )
         return self._disk
 
     def _save(self, key: str, entry: dict) -> None:
@@ -405,12 +464,16 @@ class Tuned:
             for note in update_cache(self.cache_path, {key: entry}, CANDIDATES):
                 logger.warning("attnkit.auto(tune=True): %s", note)
         except CacheNotWritten as exc:
-            self._warn_once(("write", str(self.cache_path)),
-                            "attnkit.auto(tune=True): %s; tuned choices are not saved", exc)
+            self._warn_once(
+                ("write", str(self.cache_path)), "attnkit.auto(tune=True): %s; tuned choices are not saved", exc
+            )
         except Exception as exc:  # a cache problem never fails a model call
-            self._warn_once(("write", str(self.cache_path)),
-                            "attnkit.auto(tune=True): cannot write the tuning cache %s (%s); tuned "
-                            "choices are not saved", self.cache_path, describe_exception(exc))
+            self._warn_once(
+                ("write", str(self.cache_path)),
+                "attnkit.auto(tune=True): cannot write the tuning cache %s (%s); tuned choices are not saved",
+                self.cache_path,
+                describe_exception(exc),
+            )
 
 
 __all__ = [

@@ -86,12 +86,12 @@ def _sdpa_for(chooser, who: str):
     # calls to it (a bound processor's class, a module's method) holds the chooser.
     chooser_ref = weakref.ref(chooser)
 
-    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                     scale=None, enable_gqa=False):
+    def scaled_dot_product_attention(
+        query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+    ):
         """torch.nn.functional.scaled_dot_product_attention's arguments and meaning
         (masks broadcast from the right, True = attend), computed by attnkit."""
-        return sdpa_call(chooser_ref(), query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                         label)
+        return sdpa_call(chooser_ref(), query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, label)
 
     return scaled_dot_product_attention
 
@@ -112,8 +112,9 @@ def sdpa_call(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale
     if attn_mask is not None:
         bias = sdpa_mask(attn_mask, tuple(query.shape[:-1]) + (key.shape[-2],), q.dtype)
         bias = _as_4d(bias) if bias.dim() != 4 else bias
-    out = chooser.attention(who or SDPA_WHO, q, k, v, bias, scale, False,
-                            causal_offset=0 if is_causal else None, dropout_p=float(dropout_p))
+    out = chooser.attention(
+        who or SDPA_WHO, q, k, v, bias, scale, False, causal_offset=0 if is_causal else None, dropout_p=float(dropout_p)
+    )
     return out.reshape(*lead, *out.shape[-2:])
 
 
@@ -173,7 +174,7 @@ def _ltx2_audio_attention(self, x: torch.Tensor, *, chooser) -> torch.Tensor:
     h_ = self.norm(x)
     b, c, hh, ww = x.shape
     q, k, v = (proj(h_).reshape(b, 1, c, hh * ww).transpose(-1, -2) for proj in (self.q, self.k, self.v))
-    out = chooser.attention(self, q, k, v, None, c ** -0.5, False)
+    out = chooser.attention(self, q, k, v, None, c**-0.5, False)
     return x + self.proj_out(out.transpose(-1, -2).reshape(b, c, hh, ww))
 
 
@@ -188,7 +189,7 @@ def _perceiver(self, image_embeds: torch.Tensor, latents: torch.Tensor, *, choos
     kv_input = image_embeds if cross else torch.cat((image_embeds, latents), dim=-2)
     key, value = self.to_kv(kv_input).chunk(2, dim=-1)
     q, k, v = (x.reshape(x.size(0), -1, self.heads, self.dim_head).transpose(1, 2) for x in (query, key, value))
-    out = chooser.attention(self, q, k, v, None, self.dim_head ** -0.5, True)
+    out = chooser.attention(self, q, k, v, None, self.dim_head**-0.5, True)
     return self.to_out(out.permute(0, 2, 1, 3).reshape(b, n, -1))
 
 

@@ -33,8 +33,13 @@ class Applied(dict):
     """What :func:`apply` did: {module name: "attnkit" | the kept processor's class name},
     with ``routes`` ({module name: Route}) saying how and why, and ``explain()``."""
 
-    def __init__(self, routes: dict[str, Route], kept_names: dict[str, str],
-                 modules: dict[str, nn.Module] | None = None, named: dict[str, nn.Module] | None = None):
+    def __init__(
+        self,
+        routes: dict[str, Route],
+        kept_names: dict[str, str],
+        modules: dict[str, nn.Module] | None = None,
+        named: dict[str, nn.Module] | None = None,
+    ):
         super().__init__({name: ("attnkit" if r.served else kept_names[name]) for name, r in routes.items()})
         self.routes = routes
         # weakly: a processor keeps every Applied it served (explain()), never the models
@@ -58,12 +63,17 @@ class Applied(dict):
 
     def summary(self) -> str:
         counts = Counter(r.kind for r in self.routes.values())
-        parts = [f"{counts[k]} {label}" for k, label in (
-            ("dispatch", "through diffusers' dispatch_attention_fn"),
-            ("protocol", "by attnkit's processor"),
-            ("sdpa", "by their own processor with attnkit's attention"),
-            ("forward", "by their own code with attnkit's attention"),
-            ("kept", "kept")) if counts[k]]
+        parts = [
+            f"{counts[k]} {label}"
+            for k, label in (
+                ("dispatch", "through diffusers' dispatch_attention_fn"),
+                ("protocol", "by attnkit's processor"),
+                ("sdpa", "by their own processor with attnkit's attention"),
+                ("forward", "by their own code with attnkit's attention"),
+                ("kept", "kept"),
+            )
+            if counts[k]
+        ]
         return f"{len(self.routes)} attention modules: " + ", ".join(parts)
 
     def explain(self, per_module: bool = False) -> str:
@@ -155,8 +165,10 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
     ``.explain()``; the summary is logged at INFO.
     """
     if not isinstance(proc, AttnkitProcessor):
-        raise TypeError(f"attnkit.apply takes an attnkit processor (attnkit.auto(), attnkit.processor(name)), "
-                        f"not {type(proc).__name__}")
+        raise TypeError(
+            f"attnkit.apply takes an attnkit processor (attnkit.auto(), attnkit.processor(name)), "
+            f"not {type(proc).__name__}"
+        )
     if not isinstance(model, nn.Module):
         return AppliedPipeline({name: apply(c, proc) for name, c in _components(model, "apply").items()})
     routes: dict[str, Route] = {}
@@ -234,8 +246,10 @@ def _components(pipe: Any, what: str) -> dict[str, nn.Module]:
         )
     out = {name: c for name, c in components.items() if isinstance(c, nn.Module) and attention_modules(c)}
     if not out:
-        raise ValueError(f"attnkit.{what}: no component of {type(pipe).__name__} computes attention "
-                         f"(components: {', '.join(components) or 'none'})")
+        raise ValueError(
+            f"attnkit.{what}: no component of {type(pipe).__name__} computes attention "
+            f"(components: {', '.join(components) or 'none'})"
+        )
     return out
 
 
@@ -247,5 +261,13 @@ def _set(module: nn.Module, new: Any) -> None:
         module.processor = new
 
 
-__all__ = ["PROCESSOR_NAMES", "Applied", "AppliedPipeline", "apply", "attention_modules", "plan", "processor",
-           "remember"]
+__all__ = [
+    "PROCESSOR_NAMES",
+    "Applied",
+    "AppliedPipeline",
+    "apply",
+    "attention_modules",
+    "plan",
+    "processor",
+    "remember",
+]

@@ -43,12 +43,12 @@ from typing import Any, Callable
 import torch
 
 from .._text import Caller
+from ..backends import signature
 from ..choose._compile import is_compiling, mark_compile_constant
 from ..choose.auto import AutoChooser
 from ..choose.fixed import FixedChooser
 from ..choose.policy import CANDIDATES, default_backend
 from ..errors import DiffusersBackendUnavailable, UnsupportedModule
-from ..backends import signature
 from ..masks import expand_kv_heads, keep_to_bias, to_additive_bias
 from . import hooks
 from .context_parallel import context_parallel
@@ -58,8 +58,18 @@ logger = logging.getLogger("attnkit")
 PREFIX = hooks.PREFIX
 DISPATCH_WHO = "through dispatch_attention_fn"
 # What attnkit's backend function implements of dispatch_attention_fn's arguments.
-KNOWN_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa",
-              "return_lse", "_parallel_config")
+KNOWN_ARGS = (
+    "query",
+    "key",
+    "value",
+    "attn_mask",
+    "dropout_p",
+    "is_causal",
+    "scale",
+    "enable_gqa",
+    "return_lse",
+    "_parallel_config",
+)
 
 _dispatch = hooks._dispatch
 # why diffusers' registry cannot be used on this diffusers, or None
@@ -72,8 +82,10 @@ def problem() -> str | None:
     if PROBLEM is not None:
         return PROBLEM
     if not hooks.NAMES.installed:
-        return ("attnkit's backend names are not in diffusers' registry (taken out by "
-                "attnkit.diffusers.hooks.uninstall(); hooks.install() puts them back)")
+        return (
+            "attnkit's backend names are not in diffusers' registry (taken out by "
+            "attnkit.diffusers.hooks.uninstall(); hooks.install() puts them back)"
+        )
     return None
 
 
@@ -108,6 +120,7 @@ def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: An
     mark_compile_constant(_make_chooser)  # idempotent
     _sweep()
     with _LOCK:
+
         def entry():
             holder = _HOLDERS[value] = _ChooserHolder(value, chooser_factory, chooser)
             fn = functools.partial(attention, _holder=holder)
@@ -211,7 +224,8 @@ class _ChooserHolder:
             if chooser is None:
                 raise DiffusersBackendUnavailable(
                     f"attention backend {self.name!r} belonged to an attnkit processor that no longer exists; "
-                    f"set attnkit's backend again (set_attention_backend(\"attnkit\"), attnkit.apply)")
+                    f'set attnkit\'s backend again (set_attention_backend("attnkit"), attnkit.apply)'
+                )
             return chooser
         with _LOCK:
             if self._strong is None:
@@ -339,24 +353,43 @@ def attention(
             "leave it to its own processor (attnkit.apply keeps processors it cannot serve)"
         )
     if is_compiling():
-        return _attend(_holder.traced(), query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                       return_lse, _parallel_config)
+        return _attend(
+            _holder.traced(),
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            return_lse,
+            _parallel_config,
+        )
     chooser = _holder._strong or _holder.get()
     if _parallel_config is not None or return_lse or is_causal or dropout_p != 0.0:
-        return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
-                       _parallel_config)
+        return _attend(
+            chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, _parallel_config
+        )
     # The plain call (no causal mask, dropout, LSE or context parallelism): once a call
     # signature has been served, its backend is kept per signature and called directly
     # (see _Plan); the first call of each signature goes the whole way, checks and all.
     mask_key = None
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
-            return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False,
-                           None)
+            return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
         mask_key = (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.requires_grad)
-    plan_key = (query.shape, key.shape, value.shape, query.dtype, query.device, mask_key, enable_gqa,
-                torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
-                torch.are_deterministic_algorithms_enabled())
+    plan_key = (
+        query.shape,
+        key.shape,
+        value.shape,
+        query.dtype,
+        query.device,
+        mask_key,
+        enable_gqa,
+        torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
+        torch.are_deterministic_algorithms_enabled(),
+    )
     plans = _holder.plans
     plan = plans.get(plan_key)
     if plan is not None:
@@ -366,10 +399,21 @@ def attention(
             return plan.backend.forward(q, k, v, bias, scale, False).transpose(1, 2)
         except Exception:  # noqa: BLE001  (the whole way now: auto()'s fall-back, or the error as it is)
             plans.pop(plan_key, None)
-            return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False,
-                           None)
-    out = _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None,
-                  record=(plans, plan_key))
+            return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
+    out = _attend(
+        chooser,
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        False,
+        None,
+        record=(plans, plan_key),
+    )
     return out
 
 
@@ -411,13 +455,26 @@ class _Plan:
 PLANS_MAX = 1024  # call signatures kept per backend name; more (shapes that never repeat) start again
 
 
-def _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
-            parallel_config, record=None):
+def _attend(
+    chooser,
+    query,
+    key,
+    value,
+    attn_mask,
+    dropout_p,
+    is_causal,
+    scale,
+    enable_gqa,
+    return_lse,
+    parallel_config,
+    record=None,
+):
     """The whole way: every check, the mask conversion, the chooser. With ``record``
     ((plans, key)), a plain call's plan is kept there once it has been served."""
     if parallel_config is not None:
-        return context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                enable_gqa, return_lse, parallel_config)
+        return context_parallel(
+            chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, parallel_config
+        )
     # a key batch of 1 broadcast over the queries', or key heads repeated (GQA): never planned
     expanded = key.shape[:1] != query.shape[:1] or key.shape[2:3] != query.shape[2:3]
     key, value = check_qkv(query, key, value)
@@ -425,8 +482,16 @@ def _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, 
     k, v = expand_kv_heads(q, k, v, enable_gqa)
     bias = mask_to_bias(attn_mask, q, k)
     out = chooser.attention(
-        _CALLER, q, k, v, bias, scale, False,
-        causal_offset=0 if is_causal else None, dropout_p=float(dropout_p), return_lse=return_lse,
+        _CALLER,
+        q,
+        k,
+        v,
+        bias,
+        scale,
+        False,
+        causal_offset=0 if is_causal else None,
+        dropout_p=float(dropout_p),
+        return_lse=return_lse,
     )
     if return_lse:
         out, lse = out
@@ -499,5 +564,15 @@ def register_defaults() -> None:
         _register_defaults()
 
 
-__all__ = ["PROBLEM", "DiffusersBackendUnavailable", "Lease", "attention", "expand_kv_heads", "mask_to_bias", "member_for",
-           "problem", "registered_names", "require"]
+__all__ = [
+    "PROBLEM",
+    "DiffusersBackendUnavailable",
+    "Lease",
+    "attention",
+    "expand_kv_heads",
+    "mask_to_bias",
+    "member_for",
+    "problem",
+    "registered_names",
+    "require",
+]

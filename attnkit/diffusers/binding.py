@@ -64,8 +64,11 @@ KEEP_HINT = (
 def is_attnkit(proc: Any) -> bool:
     """Whether ``proc`` is attnkit's: its processor, a stock processor bound to attnkit's
     attention, or a copy pointed at attnkit's dispatch backend."""
-    return (getattr(type(proc), "_attnkit_processor", False) or getattr(type(proc), "_attnkit_chooser", None) is not None
-            or bool(getattr(proc, "__dict__", {}).get("_attnkit_copy")))
+    return (
+        getattr(type(proc), "_attnkit_processor", False)
+        or getattr(type(proc), "_attnkit_chooser", None) is not None
+        or bool(getattr(proc, "__dict__", {}).get("_attnkit_copy"))
+    )
 
 
 def current_processor(module: nn.Module) -> Any:
@@ -120,8 +123,11 @@ def served_by(proc, module: nn.Module):
         if generic and problem is None and route.kind != "protocol":
             if not is_foreign(stock):  # a foreign processor's replacement is said by routing_basis
                 _say_what_differs(basis, module)
-            route = Route("protocol", f"{type(basis).__name__} replaced: attnkit's processor computes the module's "
-                                      "Attention protocol with every option of its configuration")
+            route = Route(
+                "protocol",
+                f"{type(basis).__name__} replaced: attnkit's processor computes the module's "
+                "Attention protocol with every option of its configuration",
+            )
         generic = generic and problem is None
     if route.kind == "protocol" or generic:
         inner = None
@@ -186,16 +192,27 @@ def routing_basis(stock: Any, module: nn.Module, replacing: bool, say: bool = Tr
     name = type(stock).__name__
     standard = standard_of(module)
     if standard is None:
-        return stock, Route("kept", f"{name} is not a processor of diffusers' or attnkit's, and attnkit cannot tell "
-                                    f"which standard attention this module has ({check_module_problem(module, None)}):"
-                                    " kept as it is"), ""
+        return (
+            stock,
+            Route(
+                "kept",
+                f"{name} is not a processor of diffusers' or attnkit's, and attnkit cannot tell "
+                f"which standard attention this module has ({check_module_problem(module, None)}):"
+                " kept as it is",
+            ),
+            "",
+        )
     if say and type(stock) not in _REPLACED:
         _REPLACED.add(type(stock))
         logger.warning(
             "attnkit replaced %s on %s (and on every module it runs on): it is not a processor of diffusers' or "
             "attnkit's, so attnkit cannot read what it computes; the module computes its standard attention "
             "instead, as diffusers' %s does, with attnkit's attention (undo() puts %s back)",
-            name, describe_module(module), type(standard).__name__, name)
+            name,
+            describe_module(module),
+            type(standard).__name__,
+            name,
+        )
     return standard, None, f"{name} (not diffusers' or attnkit's) replaced by the module's {type(standard).__name__}: "
 
 
@@ -227,8 +244,12 @@ def keep_accepted(module: nn.Module, inner: Any, accepted: frozenset[str], kwarg
     if unused:
         cls = type(inner)
         stock = cls.__mro__[1] if getattr(cls, "_attnkit_chooser", None) is not None else cls
-        logger.warning("%s: keyword arguments %s are not expected by %s and will be ignored (as diffusers does)",
-                       describe_module(module), unused, stock.__name__)
+        logger.warning(
+            "%s: keyword arguments %s are not expected by %s and will be ignored (as diffusers does)",
+            describe_module(module),
+            unused,
+            stock.__name__,
+        )
     return {k: v for k, v in kwargs.items() if k in accepted}
 
 
@@ -251,15 +272,21 @@ _SAID: set = set()
 def _say_what_differs(stock: Any, module: nn.Module) -> None:
     """Warn (once per kind of module) where attnkit's protocol computes what the generic
     processor it replaces skips: not silent, and what apply would keep exactly."""
-    what = ("the module's qk-norm (norm_q / norm_k)" if type(stock).__name__ == "AttnProcessor"
-            else f"the module's attn.scale ({float(module.scale):.6g}, not 1/sqrt(head_dim))")
+    what = (
+        "the module's qk-norm (norm_q / norm_k)"
+        if type(stock).__name__ == "AttnProcessor"
+        else f"the module's attn.scale ({float(module.scale):.6g}, not 1/sqrt(head_dim))"
+    )
     key = (type(module), type(stock), what)
     if key not in _SAID:
         _SAID.add(key)
         logger.warning(
             "attnkit's processor on %s applies %s, which the %s it replaces skips: its output differs from stock's "
             "(attnkit follows the module's configuration; attnkit.apply reproduces what %s computes)",
-            describe_module(module), what, type(stock).__name__, type(stock).__name__,
+            describe_module(module),
+            what,
+            type(stock).__name__,
+            type(stock).__name__,
         )
 
 
@@ -268,8 +295,11 @@ def protocol_fits(module: nn.Module) -> bool:
     torch.compile traces it): a legacy Attention module the protocol fits (see
     :func:`_generic`), whose replaced processor is unknown or one of diffusers' generic two."""
     stock = module.__dict__.get(STOCK)
-    return (type(module) is ap.Attention and (stock is None or type(stock) in _GENERIC)
-            and check_module_problem(module, None) is None)
+    return (
+        type(module) is ap.Attention
+        and (stock is None or type(stock) in _GENERIC)
+        and check_module_problem(module, None) is None
+    )
 
 
 def dispatch_copy(stock: Any, proc) -> Any:
@@ -311,9 +341,13 @@ def _note_kept(module: nn.Module, route: Route) -> None:
         batch.append((module, route))
     elif module not in _SAID_KEPT:
         _SAID_KEPT.add(module)
-        logger.warning("attnkit's processor keeps %s on its own processor, which computes what it computed before "
-                       "attnkit: %s (strict=True or %s=1 refuses it instead)", describe_module(module), route.reason,
-                       STRICT_VAR)
+        logger.warning(
+            "attnkit's processor keeps %s on its own processor, which computes what it computed before "
+            "attnkit: %s (strict=True or %s=1 refuses it instead)",
+            describe_module(module),
+            route.reason,
+            STRICT_VAR,
+        )
 
 
 class collect_kept:
@@ -408,4 +442,13 @@ def after_set_processor(module: nn.Module, old: Any, processor: Any) -> None:
             _ORIGIN[module] = old  # what the foreign processor replaced: the module's standard
 
 
-__all__ = ["KEEP_HINT", "after_set_processor", "around_set_processor", "is_attnkit", "record", "served_by", "stock_of", "undo"]
+__all__ = [
+    "KEEP_HINT",
+    "after_set_processor",
+    "around_set_processor",
+    "is_attnkit",
+    "record",
+    "served_by",
+    "stock_of",
+    "undo",
+]

@@ -39,15 +39,15 @@ def local_attention_for(chooser):
     only backends that return the log-sum-exp)."""
 
     def local(q, k, v, attn_bias, scale, causal_offset=None):
-        return chooser.attention(WHO, q, k, v, attn_bias, scale, False, causal_offset=causal_offset,
-                                 return_lse=True)
+        return chooser.attention(WHO, q, k, v, attn_bias, scale, False, causal_offset=causal_offset, return_lse=True)
 
     local.__qualname__ = f"attnkit chooser {type(chooser).__name__}"
     return local
 
 
-def context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                     return_lse, parallel_config: Any):
+def context_parallel(
+    chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, parallel_config: Any
+):
     """dispatch_attention_fn's call under diffusers' context parallelism: (B, S, H, D)
     shards in, (B, S, H, Dv) out [and lse (B, S, H)]."""
     if dropout_p:
@@ -67,8 +67,17 @@ def context_parallel(chooser, query, key, value, attn_mask, dropout_p, is_causal
     # return_lse only when asked: with k and v the same on every rank, 'auto' takes them as
     # whole, and refuses the log-sum-exp (which the other reading, copies, would change)
     got = context_parallel_attention(
-        q, k, v, bias, scale, ring_group=ring, ulysses_group=ulysses, causal=bool(is_causal),
-        local=local_attention_for(chooser), return_lse=bool(return_lse), kv_sharded="auto",
+        q,
+        k,
+        v,
+        bias,
+        scale,
+        ring_group=ring,
+        ulysses_group=ulysses,
+        causal=bool(is_causal),
+        local=local_attention_for(chooser),
+        return_lse=bool(return_lse),
+        kv_sharded="auto",
         bias_sharding="key" if by_key else "query",
     )
     if return_lse:
@@ -131,9 +140,18 @@ def _diffusers_hooks():
         from diffusers.hooks import context_parallel as hooks
         from diffusers.models import _modeling_parallel
     except Exception as exc:
-        raise RuntimeError(f"diffusers' context parallelism could not be imported: {type(exc).__name__}: {exc}") from exc
-    missing = [name for mod, name in ((hooks, "_all_gather_anything"), (hooks, "logger"),
-                                      (_modeling_parallel, "gather_size_by_comm")) if not hasattr(mod, name)]
+        raise RuntimeError(
+            f"diffusers' context parallelism could not be imported: {type(exc).__name__}: {exc}"
+        ) from exc
+    missing = [
+        name
+        for mod, name in (
+            (hooks, "_all_gather_anything"),
+            (hooks, "logger"),
+            (_modeling_parallel, "gather_size_by_comm"),
+        )
+        if not hasattr(mod, name)
+    ]
     if missing:
         raise RuntimeError(
             f"diffusers {diffusers.__version__} has no {', '.join(missing)} (attnkit's enable_parallelism was written "

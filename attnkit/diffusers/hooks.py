@@ -73,8 +73,15 @@ def diffusers_version() -> str:
 #   "first call"(model)                                      a model called while an attnkit name is process-wide
 #   "register names"()                                       attnkit's default names, when NAMES is installed
 #   "forget name"(value)                                     a name uninstall() took out of the registry
-HANDLER_NAMES = ("set_processor", "set_attn_processor", "set_default_attn_processor", "set_attention_backend",
-                 "first call", "register names", "forget name")
+HANDLER_NAMES = (
+    "set_processor",
+    "set_attn_processor",
+    "set_default_attn_processor",
+    "set_attention_backend",
+    "first call",
+    "register names",
+    "forget name",
+)
 _HANDLERS: dict[str, Callable] = {}
 
 
@@ -112,8 +119,10 @@ class Hook:
             return IMPORT_PROBLEM
         missing = [name for name in HANDLER_NAMES if name not in _HANDLERS]
         if missing:  # attnkit's own fault: import attnkit connects them
-            raise RuntimeError(f"attnkit.diffusers.hooks: no handler for {', '.join(missing)} "
-                               "(import attnkit.diffusers.wrappers first)")
+            raise RuntimeError(
+                f"attnkit.diffusers.hooks: no handler for {', '.join(missing)} "
+                "(import attnkit.diffusers.wrappers first)"
+            )
         return self._check()
 
     def install(self) -> bool:
@@ -183,8 +192,11 @@ def _processor_classes() -> list[type]:
 
 
 def _check_set_processor() -> str | None:
-    problems = [p for cls in _processor_classes()
-                if (p := _needs(cls, "set_processor", ("self", "processor"), f"{cls.__name__}.set_processor"))]
+    problems = [
+        p
+        for cls in _processor_classes()
+        if (p := _needs(cls, "set_processor", ("self", "processor"), f"{cls.__name__}.set_processor"))
+    ]
     return "; ".join(problems) or None
 
 
@@ -420,8 +432,10 @@ def add_backend(value: str, make_entry: Callable[[], Callable], supported: froze
     with _LOCK:
         if not NAMES.installed:
             why = NAMES.problem or "taken out by attnkit.diffusers.hooks.uninstall()"
-            raise RuntimeError(f"attnkit's backend names are not installed in diffusers ({why}); "
-                               "attnkit.diffusers.hooks.install() puts them back")
+            raise RuntimeError(
+                f"attnkit's backend names are not installed in diffusers ({why}); "
+                "attnkit.diffusers.hooks.install() puts them back"
+            )
         names = _dispatch.AttentionBackendName
         member = names._value2member_map_.get(value)
         if member is None:
@@ -526,38 +540,60 @@ def set_global(namespace: dict, name: str, value: Any, owner: Any = None) -> Non
 
 # -- the table ---------------------------------------------------------------------------------------
 SET_PROCESSOR = Hook(
-    "set_processor", "Attention.set_processor, AttentionModuleMixin.set_processor",
+    "set_processor",
+    "Attention.set_processor, AttentionModuleMixin.set_processor",
     "a module keeps no record of the processor attnkit replaced: a module attnkit cannot compute raises at its "
     "first call instead of running its own processor, and undo() restores the default processor",
-    _check_set_processor, _install_set_processor, lambda: _restore(SET_PROCESSOR._saved))
+    _check_set_processor,
+    _install_set_processor,
+    lambda: _restore(SET_PROCESSOR._saved),
+)
 SET_ATTN_PROCESSOR = Hook(
-    "set_attn_processor", "AttentionMixin.set_attn_processor",
+    "set_attn_processor",
+    "AttentionMixin.set_attn_processor",
     "set_attn_processor does not say which modules attnkit keeps on their own processor, and explain() names "
     "modules by class",
-    _check_set_attn_processor, _install_set_attn_processor, lambda: _restore(SET_ATTN_PROCESSOR._saved))
+    _check_set_attn_processor,
+    _install_set_attn_processor,
+    lambda: _restore(SET_ATTN_PROCESSOR._saved),
+)
 SET_DEFAULT = Hook(
-    "set_default_attn_processor", "ModelMixin subclasses' set_default_attn_processor, ModelMixin.__init_subclass__",
+    "set_default_attn_processor",
+    "ModelMixin subclasses' set_default_attn_processor, ModelMixin.__init_subclass__",
     "set_default_attn_processor raises on a model whose processors are attnkit's (diffusers accepts only its own)",
-    _check_set_default, _install_set_default, lambda: _restore(SET_DEFAULT._saved))
+    _check_set_default,
+    _install_set_default,
+    lambda: _restore(SET_DEFAULT._saved),
+)
 SET_ATTENTION_BACKEND = Hook(
-    "set_attention_backend", "ModelMixin.set_attention_backend",
+    "set_attention_backend",
+    "ModelMixin.set_attention_backend",
     "set_attention_backend('attnkit') does not say which modules the dispatcher does not reach, and the chooser "
     "is made at the first call",
-    _check_set_attention_backend, _install_set_attention_backend,
-    lambda: _restore(SET_ATTENTION_BACKEND._saved))
+    _check_set_attention_backend,
+    _install_set_attention_backend,
+    lambda: _restore(SET_ATTENTION_BACKEND._saved),
+)
 ACTIVE_BACKEND = Hook(
-    "active backend", "_AttentionBackendRegistry.set_active_backend, ModelMixin.__call__ (while an attnkit name is "
+    "active backend",
+    "_AttentionBackendRegistry.set_active_backend, ModelMixin.__call__ (while an attnkit name is "
     "the process-wide backend)",
     "the attention_backend('attnkit') context does not say which models it does not reach",
-    _check_active_backend, _install_active_backend, _uninstall_active_backend)
+    _check_active_backend,
+    _install_active_backend,
+    _uninstall_active_backend,
+)
 NAMES = Hook(
-    "backend names", "AttentionBackendName members, _AttentionBackendRegistry entries",
+    "backend names",
+    "AttentionBackendName members, _AttentionBackendRegistry entries",
     "set_attention_backend('attnkit') and attention_backend('attnkit') are unknown to diffusers, and modules "
     "that call dispatch_attention_fn are kept on their own processor by attnkit's processors",
-    check_registry, _install_names, _uninstall_names)
+    check_registry,
+    _install_names,
+    _uninstall_names,
+)
 
-HOOKS: tuple[Hook, ...] = (NAMES, SET_PROCESSOR, SET_ATTN_PROCESSOR, SET_DEFAULT, SET_ATTENTION_BACKEND,
-                           ACTIVE_BACKEND)
+HOOKS: tuple[Hook, ...] = (NAMES, SET_PROCESSOR, SET_ATTN_PROCESSOR, SET_DEFAULT, SET_ATTENTION_BACKEND, ACTIVE_BACKEND)
 
 
 def install() -> list[Hook]:
@@ -568,8 +604,11 @@ def install() -> list[Hook]:
         logger.warning(
             "attnkit: diffusers %s: %d of attnkit's %d changes to diffusers could not be installed, and attnkit works "
             "without them: %s. attnkit was tested with diffusers %s",
-            diffusers_version(), len(missing), len(HOOKS),
-            "; ".join(f"{h.name} ({h.problem}): {h.without}" for h in missing), TESTED,
+            diffusers_version(),
+            len(missing),
+            len(HOOKS),
+            "; ".join(f"{h.name} ({h.problem}): {h.without}" for h in missing),
+            TESTED,
         )
     return missing
 
@@ -590,5 +629,19 @@ def status() -> list[dict[str, Any]]:
     return [{"name": h.name, "where": h.where, "installed": h.installed, "problem": h.problem} for h in HOOKS]
 
 
-__all__ = ["HOOKS", "Hook", "PREFIX", "add_backend", "attnkit_names", "check_registry", "connect", "in_use", "install",
-           "remove_backend", "set_global", "status", "uninstall", "watching"]
+__all__ = [
+    "HOOKS",
+    "Hook",
+    "PREFIX",
+    "add_backend",
+    "attnkit_names",
+    "check_registry",
+    "connect",
+    "in_use",
+    "install",
+    "remove_backend",
+    "set_global",
+    "status",
+    "uninstall",
+    "watching",
+]

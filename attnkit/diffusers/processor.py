@@ -27,13 +27,13 @@ from ..choose.fixed import Chooser, FixedChooser
 from ..errors import UnsupportedModule
 from .binding import SERVE, keep_accepted, protocol_fits, served_by, strict_default
 from .protocol import (  # noqa: F401  (check_module_problem, PROCESSOR_ARGUMENTS: read here by code older than attnkit.diffusers)
+    _PROTOCOL_FIELDS,
+    _PROTOCOL_MODULES,
     APPLY_HINT,
     PROCESSOR_ARGUMENTS,
     _fields_of,
     _holds,
     _norm_width,
-    _PROTOCOL_FIELDS,
-    _PROTOCOL_MODULES,
     advertised_signature,
     check_module,
     check_module_problem,
@@ -41,7 +41,6 @@ from .protocol import (  # noqa: F401  (check_module_problem, PROCESSOR_ARGUMENT
 )
 
 logger = logging.getLogger("attnkit")
-
 
 
 class AttnkitProcessor:
@@ -60,8 +59,7 @@ class AttnkitProcessor:
     # call. (A processor pickled before the option existed unpickles as not strict.)
     strict: bool = False
 
-    def __init__(self, backend: Backend | str | Chooser | None = None, *, strict: bool | None = None,
-                 **options: Any):
+    def __init__(self, backend: Backend | str | Chooser | None = None, *, strict: bool | None = None, **options: Any):
         self.strict = strict_default() if strict is None else _flag(strict, "strict")
         if backend is None:
             backend = self.backend_name
@@ -214,7 +212,9 @@ class AttnkitProcessor:
             k = k.repeat_interleave(heads // kv_heads, dim=1)
             v = v.repeat_interleave(heads // kv_heads, dim=1)
 
-        bias = None if attention_mask is None else prepare_bias(attention_mask, batch, heads, q_len, kv_len, q.dtype, attn)
+        bias = (
+            None if attention_mask is None else prepare_bias(attention_mask, batch, heads, q_len, kv_len, q.dtype, attn)
+        )
         upcast = bool(attrs["upcast_attention"] or attrs["upcast_softmax"])
         out = self.chooser.attention(attn, q, k, v, bias, attrs["scale"], upcast)
 
@@ -237,8 +237,9 @@ AttnkitProcessor.__call__.__signature__ = advertised_signature()
 
 def _flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r}: pass True or False (or None: the environment variable "
-                        f"ATTNKIT_{name.upper()} decides)")
+        raise TypeError(
+            f"{name}={value!r}: pass True or False (or None: the environment variable ATTNKIT_{name.upper()} decides)"
+        )
     return value
 
 
@@ -319,8 +320,10 @@ class AutoProcessor(AttnkitProcessor):
     def __init__(self, *, strict: bool | None = None, **options: Any) -> None:
         unknown = sorted(set(options) - set(AUTO_OPTIONS))
         if unknown:
-            raise TypeError(f"attnkit.auto() has no option {', '.join(map(repr, unknown))}; its options are "
-                            f"{', '.join(('strict',) + AUTO_OPTIONS)} (help(attnkit.auto) says what each does)")
+            raise TypeError(
+                f"attnkit.auto() has no option {', '.join(map(repr, unknown))}; its options are "
+                f"{', '.join(('strict',) + AUTO_OPTIONS)} (help(attnkit.auto) says what each does)"
+            )
         super().__init__(AutoChooser(**options), strict=strict)
 
     def __repr__(self) -> str:

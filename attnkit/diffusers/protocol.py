@@ -26,18 +26,28 @@ def check_module_problem(attn: nn.Module, encoder_hidden_states: Any) -> str | N
     mods, attrs = getattr(attn, "_modules", None), getattr(attn, "__dict__", None)
     if mods is not None and attrs is not None and not isinstance(encoder_hidden_states, (tuple, list)):
         # the common case, without nn.Module.__getattr__ (it runs on every call)
-        if (attrs.get("added_kv_proj_dim") is None and mods.get("add_k_proj") is None
-                and mods.get("to_k", True) is not None and mods.get("to_out", True) is not None
-                and not attrs.get("is_causal", False)):
+        if (
+            attrs.get("added_kv_proj_dim") is None
+            and mods.get("add_k_proj") is None
+            and mods.get("to_k", True) is not None
+            and mods.get("to_out", True) is not None
+            and not attrs.get("is_causal", False)
+        ):
             return None
     if isinstance(encoder_hidden_states, (tuple, list)):
-        return ("encoder_hidden_states is a tuple: this is an IP-Adapter layer (text and image "
-                "embeddings), whose extra image attention is IP-Adapter's processor's")
+        return (
+            "encoder_hidden_states is a tuple: this is an IP-Adapter layer (text and image "
+            "embeddings), whose extra image attention is IP-Adapter's processor's"
+        )
     if getattr(attn, "added_kv_proj_dim", None) is not None or getattr(attn, "add_k_proj", None) is not None:
-        return ("it has added key/value projections (joint text+image attention, as SD3's, AuraFlow's or "
-                "an AttnAddedKVProcessor's), which its own processor concatenates in its own order")
+        return (
+            "it has added key/value projections (joint text+image attention, as SD3's, AuraFlow's or "
+            "an AttnAddedKVProcessor's), which its own processor concatenates in its own order"
+        )
     if getattr(attn, "to_k", True) is None or getattr(attn, "to_out", True) is None:
-        return "it has no to_k/to_v or no to_out projection (only_cross_attention or pre_only, as in joint/dual attention)"
+        return (
+            "it has no to_k/to_v or no to_out projection (only_cross_attention or pre_only, as in joint/dual attention)"
+        )
     if getattr(attn, "is_causal", False):
         return "it is causal (is_causal=True), which its own processor decides how to apply"
     return None
@@ -53,8 +63,14 @@ def check_module(attn: nn.Module, encoder_hidden_states: Any) -> None:
 
 # Tuples, tested one name at a time (_holds): torch.compile (dynamo of torch 2.11) fails on a
 # set compared with a dict's keys.
-_PROTOCOL_FIELDS = ("heads", "scale", "upcast_attention", "upcast_softmax", "residual_connection",
-                    "rescale_output_factor")
+_PROTOCOL_FIELDS = (
+    "heads",
+    "scale",
+    "upcast_attention",
+    "upcast_softmax",
+    "residual_connection",
+    "rescale_output_factor",
+)
 _PROTOCOL_MODULES = ("to_q", "to_out")
 _PROTOCOL_OPTIONAL = ("spatial_norm", "group_norm", "norm_cross", "to_k", "to_v", "to_qkv", "to_kv", "norm_q", "norm_k")
 
@@ -100,8 +116,11 @@ def prepare_bias(
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
-        what = (f"a {mask.dim()}-d tensor of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor)
-                else f"a {type(mask).__module__}.{type(mask).__name__}")
+        what = (
+            f"a {mask.dim()}-d tensor of shape {tuple(mask.shape)}"
+            if isinstance(mask, torch.Tensor)
+            else f"a {type(mask).__module__}.{type(mask).__name__}"
+        )
         raise ValueError(
             f"{describe_module(attn)}: attention_mask is {what}; pass a torch.Tensor of shape (batch, {kv_len}), "
             f"(batch, 1 or {q_len}, {kv_len}) or (batch, heads, 1 or {q_len}, {kv_len}), boolean (True = attend) "
@@ -135,23 +154,70 @@ def prepare_bias(
     return to_additive_bias(mask.reshape(b0, h0, m0, kv_len), dtype, dtype_error=_DTYPE_ERROR, who=attn)
 
 
-_DTYPE_ERROR = ("{who}: attention_mask has dtype {dtype}; pass an additive float mask (0 = attend, large "
-                "negative = ignore) or a boolean one (True = attend)")
+_DTYPE_ERROR = (
+    "{who}: attention_mask has dtype {dtype}; pass an additive float mask (0 = attend, large "
+    "negative = ignore) or a boolean one (True = attend)"
+)
 
 
 # Every argument name a diffusers processor takes (a test keeps this equal to the
 # installed diffusers' processors): advertised so that no module filters one out.
 PROCESSOR_ARGUMENTS = (
-    "all_perturbed", "attn_mask", "audio_rotary_emb", "base_sequence_length", "batch_flag", "block_mask",
-    "cache_write_slice", "cached_txt_key", "cached_txt_value", "context", "context_mask",
-    "encoder_hidden_states_image", "encoder_hidden_states_mask", "encoder_position_embeddings", "freqs_cis",
-    "gen_seq", "grid_sizes", "hidden_states_masks", "image_embed_seq_len", "image_rotary_emb", "ip_adapter_masks",
-    "ip_hidden_states", "key_rotary_emb", "key_valid", "kv_cache", "kv_cache_flag", "kv_cache_mode",
-    "latent_attn_mask", "layer_cache", "mask", "num_ref_tokens", "num_txt_tokens", "origin_latent_frames",
-    "origin_latent_hw", "original_context_length", "pairs", "perturbation_mask", "position_embeddings",
-    "post_attention_mask", "prompt_rotary_emb", "query_rotary_emb", "reference_grid_sizes",
-    "reference_rope_stride", "reference_rotary_emb", "rope", "rope_stride", "rotary_emb", "rotary_emb_kv",
-    "scale", "segments", "sink_rotary_emb", "sparse_params", "text_attn_mask", "und_seq", "x",
+    "all_perturbed",
+    "attn_mask",
+    "audio_rotary_emb",
+    "base_sequence_length",
+    "batch_flag",
+    "block_mask",
+    "cache_write_slice",
+    "cached_txt_key",
+    "cached_txt_value",
+    "context",
+    "context_mask",
+    "encoder_hidden_states_image",
+    "encoder_hidden_states_mask",
+    "encoder_position_embeddings",
+    "freqs_cis",
+    "gen_seq",
+    "grid_sizes",
+    "hidden_states_masks",
+    "image_embed_seq_len",
+    "image_rotary_emb",
+    "ip_adapter_masks",
+    "ip_hidden_states",
+    "key_rotary_emb",
+    "key_valid",
+    "kv_cache",
+    "kv_cache_flag",
+    "kv_cache_mode",
+    "latent_attn_mask",
+    "layer_cache",
+    "mask",
+    "num_ref_tokens",
+    "num_txt_tokens",
+    "origin_latent_frames",
+    "origin_latent_hw",
+    "original_context_length",
+    "pairs",
+    "perturbation_mask",
+    "position_embeddings",
+    "post_attention_mask",
+    "prompt_rotary_emb",
+    "query_rotary_emb",
+    "reference_grid_sizes",
+    "reference_rope_stride",
+    "reference_rotary_emb",
+    "rope",
+    "rope_stride",
+    "rotary_emb",
+    "rotary_emb_kv",
+    "scale",
+    "segments",
+    "sink_rotary_emb",
+    "sparse_params",
+    "text_attn_mask",
+    "und_seq",
+    "x",
 )
 
 

@@ -88,9 +88,13 @@ def _dispatch_backends(fn: types.FunctionType) -> tuple[list[str], bool]:
         return (["<no source>"] if DISPATCH in fn.__code__.co_names else []), False
     found, compares = [], False
     # locals that are a plain copy of self._attention_backend (x = self._attention_backend)
-    copies = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
-              and ast.unparse(node.value) == "self._attention_backend"
-              for t in node.targets if isinstance(t, ast.Name)}
+    copies = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and ast.unparse(node.value) == "self._attention_backend"
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == DISPATCH:
             value = next((kw.value for kw in node.keywords if kw.arg == "backend"), None)
@@ -124,8 +128,10 @@ def _sdpa_global(fn: types.FunctionType) -> tuple[tuple[str, tuple[str, ...]] | 
         root = ins[j] if j >= 0 else None
         path = tuple(path)
         if root is None or root.opname != "LOAD_GLOBAL" or _ROOTS.get(path) is not fn.__globals__.get(root.argval):
-            return None, ("calls scaled_dot_product_attention other than through a global alias of "
-                          "torch.nn.functional (F.) or torch.nn (nn.functional.)")
+            return None, (
+                "calls scaled_dot_product_attention other than through a global alias of "
+                "torch.nn.functional (F.) or torch.nn (nn.functional.)"
+            )
         found.add((root.argval, path))
     if len(found) > 1:
         return None, "calls scaled_dot_product_attention through several names"
@@ -137,8 +143,10 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
     if getattr(type(proc), "_attnkit_processor", False):
         return Route("protocol", "an attnkit processor already: the new one takes over")
     if getattr(type(proc), "_attnkit_chooser", None) is not None:  # a stock processor attnkit bound
-        return Route("sdpa", f"{type(proc).__mro__[1].__name__} runs as it is; its scaled_dot_product_attention "
-                             "call is attnkit's")
+        return Route(
+            "sdpa",
+            f"{type(proc).__mro__[1].__name__} runs as it is; its scaled_dot_product_attention call is attnkit's",
+        )
     if proc is None:
         return Route("kept", "no processor")
     name = type(proc).__name__
@@ -157,15 +165,24 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
     if backends:
         other = sorted({b for b in backends if b != "self._attention_backend"})
         if other and other[0] in ("", "None"):
-            return Route("kept", f"{name} calls dispatch_attention_fn without its own backend, so it runs diffusers' "
-                                 "process-wide one, which attnkit.apply does not change: serve it with "
-                                 "model.set_attention_backend(\"attnkit\") or `with attention_backend(\"attnkit\"):`")
+            return Route(
+                "kept",
+                f"{name} calls dispatch_attention_fn without its own backend, so it runs diffusers' "
+                "process-wide one, which attnkit.apply does not change: serve it with "
+                'model.set_attention_backend("attnkit") or `with attention_backend("attnkit"):`',
+            )
         if other:
-            return Route("kept", f"{name} calls dispatch_attention_fn with backend={other[0]}: "
-                                 "its attention is not this module's to route")
+            return Route(
+                "kept",
+                f"{name} calls dispatch_attention_fn with backend={other[0]}: "
+                "its attention is not this module's to route",
+            )
         if compares:
-            return Route("kept", f"{name} checks which backend it is given (it computes differently per backend, "
-                                 "or accepts only some): kept with diffusers' backend")
+            return Route(
+                "kept",
+                f"{name} checks which backend it is given (it computes differently per backend, "
+                "or accepts only some): kept with diffusers' backend",
+            )
         if not hasattr(proc, "_attention_backend"):
             return Route("kept", f"{name} has no _attention_backend to point at attnkit")
         why = diffusers_backend.problem()
@@ -179,8 +196,11 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
         others = [fn for fn in _methods(type(proc)) if fn is not call and SDPA in fn.__code__.co_names]
         if others:
             return Route("kept", f"{name} computes its attention in {others[0].__name__}(), not in __call__")
-        return Route("kept", f"{name} computes its attention without scaled_dot_product_attention or "
-                             "dispatch_attention_fn (linear attention, or its own matmul and softmax)")
+        return Route(
+            "kept",
+            f"{name} computes its attention without scaled_dot_product_attention or "
+            "dispatch_attention_fn (linear attention, or its own matmul and softmax)",
+        )
     return Route("sdpa", f"{name} runs as it is; its scaled_dot_product_attention call is attnkit's")
 
 
@@ -226,8 +246,10 @@ def classify_forward(module: nn.Module) -> Route | None:
     if isinstance(module, nn.MultiheadAttention):
         return Route("kept", f"{name}: torch's own multi-head attention (it may return its weights): kept")
     if _adapter(module) is not None:
-        return Route("forward", f"{name} computes softmax attention by hand in its forward: attnkit runs that "
-                                "forward with its attention")
+        return Route(
+            "forward",
+            f"{name} computes softmax attention by hand in its forward: attnkit runs that forward with its attention",
+        )
     methods = {k: fn for k, fn in _own_methods(type(module)).items() if SDPA in fn.__code__.co_names}
     if not methods:
         if any("multi_head_attention_forward" in fn.__code__.co_names for fn in _own_methods(type(module)).values()):
@@ -237,8 +259,10 @@ def classify_forward(module: nn.Module) -> Route | None:
         found, problem = _sdpa_global(fn)
         if found is None:
             return Route("kept", f"{name} {problem}")
-    return Route("forward", f"{name} calls scaled_dot_product_attention in {', '.join(sorted(methods))}(): "
-                            "attnkit serves that call")
+    return Route(
+        "forward",
+        f"{name} calls scaled_dot_product_attention in {', '.join(sorted(methods))}(): attnkit serves that call",
+    )
 
 
 def bind_module(module: nn.Module, chooser) -> None:
@@ -327,12 +351,16 @@ def bound_processor(proc: Any, chooser) -> Any:
         bound = cache.get(cls)
         if bound is None:
             fn = _rebind(cls.__call__, chooser)
-            bound = type(f"Attnkit{cls.__name__}", (cls,), {
-                "__call__": fn,
-                "__module__": __name__,
-                "__doc__": f"{cls.__name__}, with its scaled_dot_product_attention served by attnkit.",
-                "_attnkit_chooser": chooser,
-            })
+            bound = type(
+                f"Attnkit{cls.__name__}",
+                (cls,),
+                {
+                    "__call__": fn,
+                    "__module__": __name__,
+                    "__doc__": f"{cls.__name__}, with its scaled_dot_product_attention served by attnkit.",
+                    "_attnkit_chooser": chooser,
+                },
+            )
             cache[cls] = bound
     new = object.__new__(bound)
     new.__dict__.update(getattr(proc, "__dict__", {}))

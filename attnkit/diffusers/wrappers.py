@@ -132,7 +132,11 @@ def _after_set(model: nn.Module, ours: list, kept: list) -> None:
         "set_attn_processor(%s) on %s keeps %d attention module(s) on their own processor, which attnkit cannot "
         "compute exactly; they compute what they computed before attnkit, and attnkit serves the other %d. %s. "
         "strict=True (or %s=1) refuses them instead; processor.explain() lists every module",
-        ", ".join(type(p).__name__ for p in ours), type(model).__name__, total, served_count, "; ".join(parts),
+        ", ".join(type(p).__name__ for p in ours),
+        type(model).__name__,
+        total,
+        served_count,
+        "; ".join(parts),
         binding.STRICT_VAR,
     )
 
@@ -160,8 +164,9 @@ def _tell_once(model: nn.Module, how: str, context: bool = False) -> None:
         logger.warning("%s", unreached)
 
 
-def unreached_by_dispatch(model: nn.Module, how: str = "set_attention_backend('attnkit')",
-                          context: bool = False) -> str:
+def unreached_by_dispatch(
+    model: nn.Module, how: str = "set_attention_backend('attnkit')", context: bool = False
+) -> str:
     """What an attnkit backend set through diffusers' dispatcher (``how``) leaves on stock
     attention in ``model``: the attention modules whose processor or code does not call
     diffusers' dispatch_attention_fn; with ``context`` (a process-wide backend: the
@@ -231,5 +236,12 @@ hooks.connect(
     forget_name=diffusers_backend.forget_name,
 )
 
-__all__ = ["after_set_attention_backend", "first_call_under_context", "install_backend_warning",
-           "set_attn_processor", "set_default_attn_processor", "unreached_by_dispatch", "watching"]
+__all__ = [
+    "after_set_attention_backend",
+    "first_call_under_context",
+    "install_backend_warning",
+    "set_attn_processor",
+    "set_default_attn_processor",
+    "unreached_by_dispatch",
+    "watching",
+]

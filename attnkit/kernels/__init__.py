@@ -50,7 +50,9 @@ except ImportError as _exc:
         raise
     _missing = ImportError(
         f"attnkit.kernels needs triton ({_exc}): install it with {INSTALL_HINT}. "
-        f"attnkit.kernels.limits works without it.", name=__name__)
+        f"attnkit.kernels.limits works without it.",
+        name=__name__,
+    )
     if not _only_a_submodule_is_imported():
         raise _missing from _exc
 
@@ -59,6 +61,7 @@ except ImportError as _exc:
         if name in _NEEDS_TRITON:
             raise _missing
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "INTERPRET",

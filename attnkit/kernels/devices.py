@@ -40,10 +40,16 @@ def record_folder(name: str) -> str:
     ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3")."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
+
 # The opt-in maximum of shared memory per block, in bytes, by compute capability.
 SHARED_MEMORY = {
-    (8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912, (8, 9): 101_376,
-    (9, 0): 232_448, (10, 0): 232_448, (12, 0): 101_376,
+    (8, 0): 166_912,
+    (8, 6): 101_376,
+    (8, 7): 166_912,
+    (8, 9): 101_376,
+    (9, 0): 232_448,
+    (10, 0): 232_448,
+    (12, 0): 101_376,
 }
 # The least of them among GPUs that run the sm80 lists: their defaults must fit it.
 SM80_LEAST = 101_376
@@ -54,37 +60,37 @@ SM80_LEAST = 101_376
 # most over the band's head dims, loads and launches. tests/static_report/test_kernel_inspect.py checks
 # that this table is exactly what the committed report says.
 NEEDS: dict[tuple[str, str, str, int, str, bool], int] = {
-    ('sm80', 'dkdv', '16bit', 96, 'full', True): 107_264,
-    ('sm80', 'dkdv', '16bit', 512, 'full', False): 101_760,
-    ('sm80', 'dkdv', '16bit', 512, 'full', True): 101_760,
-    ('sm80', 'dkdv', '16bit', 512, 'keypad', True): 165_760,
-    ('sm80', 'dkdv', '32bit', 512, 'full', False): 133_312,
-    ('sm80', 'dkdv', '32bit', 512, 'full', True): 133_312,
-    ('sm80', 'dkdv', '32bit', 512, 'keypad', False): 132_352,
-    ('sm80', 'dkdv', '32bit', 512, 'keypad', True): 132_352,
-    ('sm80', 'dkdv', '32bit', 512, 'none', False): 132_224,
-    ('sm80', 'dkdv', '32bit', 512, 'none', True): 132_224,
-    ('sm80', 'dkdv_dbias', '16bit', 320, 'keypad', True): 104_320,
-    ('sm80', 'dkdv_dbias', '16bit', 384, 'full', True): 128_768,
-    ('sm80', 'dkdv_dbias', '16bit', 512, 'full', False): 137_600,
-    ('sm80', 'dkdv_dbias', '16bit', 512, 'full', True): 101_760,
-    ('sm80', 'dkdv_dbias', '16bit', 512, 'keypad', True): 165_760,
-    ('sm80', 'dkdv_dbias', '32bit', 512, 'full', False): 133_312,
-    ('sm80', 'dkdv_dbias', '32bit', 512, 'full', True): 133_312,
-    ('sm80', 'dkdv_dbias', '32bit', 512, 'keypad', False): 132_352,
-    ('sm80', 'dkdv_dbias', '32bit', 512, 'keypad', True): 132_352,
-    ('sm80', 'dq', '32bit', 512, 'full', False): 131_072,
-    ('sm80', 'dq', '32bit', 512, 'full', True): 131_072,
-    ('sm80', 'dq', '32bit', 512, 'keypad', False): 132_160,
-    ('sm80', 'dq', '32bit', 512, 'keypad', True): 132_160,
-    ('sm80', 'dq', '32bit', 512, 'none', False): 132_096,
-    ('sm80', 'dq', '32bit', 512, 'none', True): 132_096,
-    ('sm80', 'dq_dbias', '16bit', 512, 'full', False): 102_400,
-    ('sm80', 'dq_dbias', '16bit', 512, 'full', True): 102_400,
-    ('sm80', 'dq_dbias', '32bit', 512, 'full', False): 133_120,
-    ('sm80', 'dq_dbias', '32bit', 512, 'full', True): 133_120,
-    ('sm80', 'dq_dbias', '32bit', 512, 'keypad', False): 132_160,
-    ('sm80', 'dq_dbias', '32bit', 512, 'keypad', True): 132_160,
+    ("sm80", "dkdv", "16bit", 96, "full", True): 107_264,
+    ("sm80", "dkdv", "16bit", 512, "full", False): 101_760,
+    ("sm80", "dkdv", "16bit", 512, "full", True): 101_760,
+    ("sm80", "dkdv", "16bit", 512, "keypad", True): 165_760,
+    ("sm80", "dkdv", "32bit", 512, "full", False): 133_312,
+    ("sm80", "dkdv", "32bit", 512, "full", True): 133_312,
+    ("sm80", "dkdv", "32bit", 512, "keypad", False): 132_352,
+    ("sm80", "dkdv", "32bit", 512, "keypad", True): 132_352,
+    ("sm80", "dkdv", "32bit", 512, "none", False): 132_224,
+    ("sm80", "dkdv", "32bit", 512, "none", True): 132_224,
+    ("sm80", "dkdv_dbias", "16bit", 320, "keypad", True): 104_320,
+    ("sm80", "dkdv_dbias", "16bit", 384, "full", True): 128_768,
+    ("sm80", "dkdv_dbias", "16bit", 512, "full", False): 137_600,
+    ("sm80", "dkdv_dbias", "16bit", 512, "full", True): 101_760,
+    ("sm80", "dkdv_dbias", "16bit", 512, "keypad", True): 165_760,
+    ("sm80", "dkdv_dbias", "32bit", 512, "full", False): 133_312,
+    ("sm80", "dkdv_dbias", "32bit", 512, "full", True): 133_312,
+    ("sm80", "dkdv_dbias", "32bit", 512, "keypad", False): 132_352,
+    ("sm80", "dkdv_dbias", "32bit", 512, "keypad", True): 132_352,
+    ("sm80", "dq", "32bit", 512, "full", False): 131_072,
+    ("sm80", "dq", "32bit", 512, "full", True): 131_072,
+    ("sm80", "dq", "32bit", 512, "keypad", False): 132_160,
+    ("sm80", "dq", "32bit", 512, "keypad", True): 132_160,
+    ("sm80", "dq", "32bit", 512, "none", False): 132_096,
+    ("sm80", "dq", "32bit", 512, "none", True): 132_096,
+    ("sm80", "dq_dbias", "16bit", 512, "full", False): 102_400,
+    ("sm80", "dq_dbias", "16bit", 512, "full", True): 102_400,
+    ("sm80", "dq_dbias", "32bit", 512, "full", False): 133_120,
+    ("sm80", "dq_dbias", "32bit", 512, "full", True): 133_120,
+    ("sm80", "dq_dbias", "32bit", 512, "keypad", False): 132_160,
+    ("sm80", "dq_dbias", "32bit", 512, "keypad", True): 132_160,
 }
 
 _FORWARD = ("fwd", "fwd_lo")
@@ -109,8 +115,9 @@ def band(head_dim: int) -> int:
     raise ValueError(f"padded head dim {padded} exceeds {limits.MAX_HEAD_DIM}")
 
 
-def shared_memory_problem(capability: tuple[int, int] | None, dtype, head_dim: int, variants, causal: bool,
-                          backward: bool) -> str | None:
+def shared_memory_problem(
+    capability: tuple[int, int] | None, dtype, head_dim: int, variants, causal: bool, backward: bool
+) -> str | None:
     """Why a GPU of this capability cannot run a call (the forward, and the backward if
     `backward`): a default tile needs more shared memory than it has. None if it can,
     or if the capability is unknown."""
@@ -123,14 +130,22 @@ def shared_memory_problem(capability: tuple[int, int] | None, dtype, head_dim: i
     kernels = _FORWARD + (_BACKWARD if backward else ())
     # The most shared memory, and on a tie the kernel every such call runs (dkdv rather
     # than dkdv_dbias, which runs only for a bias that needs a gradient).
-    need, _, kernel = max(((NEEDS.get((arch, k, width, b, v, causal), 0), not k.endswith("_dbias"), k)
-                           for k in kernels for v in variants), default=(0, True, ""))
+    need, _, kernel = max(
+        (
+            (NEEDS.get((arch, k, width, b, v, causal), 0), not k.endswith("_dbias"), k)
+            for k in kernels
+            for v in variants
+        ),
+        default=(0, True, ""),
+    )
     if need <= have:
         return None
     what = "backward" if kernel in _BACKWARD else "forward"
     lower = max((bound for bound in limits.BANDS if bound < b), default=0) + 1
-    return (f"the Triton {what} ({kernel}) at head dim {head_dim} in {width.replace('bit', '-bit')} "
-            f"{'with a bias' if variants != ('none',) else 'without a bias'}{', causal' if causal else ''} "
-            f"needs {need:,} B of shared memory per block (its tile for padded head dims {lower}-{b}), and a "
-            f"GPU of compute capability {capability[0]}.{capability[1]} has {have:,} B: use another backend "
-            f"for it (attnkit.auto() does; ATTNKIT_BACKEND=sdpa)")
+    return (
+        f"the Triton {what} ({kernel}) at head dim {head_dim} in {width.replace('bit', '-bit')} "
+        f"{'with a bias' if variants != ('none',) else 'without a bias'}{', causal' if causal else ''} "
+        f"needs {need:,} B of shared memory per block (its tile for padded head dims {lower}-{b}), and a "
+        f"GPU of compute capability {capability[0]}.{capability[1]} has {have:,} B: use another backend "
+        f"for it (attnkit.auto() does; ATTNKIT_BACKEND=sdpa)"
+    )

@@ -80,8 +80,7 @@ def padding_waste(head_dim: int) -> float:
     return (p - head_dim) / p
 
 
-def attention_flops(B: int, H: int, M: int, N: int, D: int, backward: bool = False,
-                    causal: bool = False) -> float:
+def attention_flops(B: int, H: int, M: int, N: int, D: int, backward: bool = False, causal: bool = False) -> float:
     """Matrix FLOPs of attention, the convention FlashAttention's benchmarks use.
 
     Forward: two matmuls per (batch, head), s = q @ k^T (M x N x D multiply-adds) and
@@ -100,12 +99,7 @@ def attention_flops(B: int, H: int, M: int, N: int, D: int, backward: bool = Fal
 
 
 def input_problems(
-    head_dim: int,
-    batch: int = 1,
-    heads: int = 1,
-    q_len: int = 1,
-    kv_len: int = 1,
-    v_head_dim: int | None = None,
+    head_dim: int, batch: int = 1, heads: int = 1, q_len: int = 1, kv_len: int = 1, v_head_dim: int | None = None
 ) -> list[str]:
     """Why the kernels cannot serve a call with these sizes: an empty list means they can.
 
@@ -114,13 +108,15 @@ def input_problems(
     """
     out = []
     if head_dim < MIN_HEAD_DIM:
-        out.append(f"head_dim={head_dim} is below {MIN_HEAD_DIM}: pad the heads to {MIN_HEAD_DIM} "
-                   f"or use another backend")
+        out.append(
+            f"head_dim={head_dim} is below {MIN_HEAD_DIM}: pad the heads to {MIN_HEAD_DIM} or use another backend"
+        )
     elif head_dim > MAX_HEAD_DIM:
         out.append(f"head_dim={head_dim} exceeds {MAX_HEAD_DIM}: split the heads or use another backend")
     if v_head_dim is not None and v_head_dim != head_dim:
-        out.append(f"v head_dim={v_head_dim} differs from q/k head_dim={head_dim}: not supported; "
-                   f"pad v or use another backend")
+        out.append(
+            f"v head_dim={v_head_dim} differs from q/k head_dim={head_dim}: not supported; pad v or use another backend"
+        )
     if kv_len < 1:
         out.append(f"kv_len={kv_len}: attention over no keys is undefined (need at least one key)")
     if batch > MAX_GRID_YZ:

@@ -29,24 +29,60 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bo
 
 # The row of numbers each rank contributes; the names are used in error messages.
 _FIELDS = (
-    "stage", "refused", "global_rank", "B", "H", "D", "Dv", "dtype", "device", "causal", "scale",
-    "kv_sharded", "return_lse", "grad", "bias", "bias_B", "bias_H", "bias_rows", "bias_N", "bias_dtype",
-    "M", "N", "ulysses_index", "ulysses_size", "k_sum", "v_sum", "bias_sum", "n_local", "kv_uniform",
+    "stage",
+    "refused",
+    "global_rank",
+    "B",
+    "H",
+    "D",
+    "Dv",
+    "dtype",
+    "device",
+    "causal",
+    "scale",
+    "kv_sharded",
+    "return_lse",
+    "grad",
+    "bias",
+    "bias_B",
+    "bias_H",
+    "bias_rows",
+    "bias_N",
+    "bias_dtype",
+    "M",
+    "N",
+    "ulysses_index",
+    "ulysses_size",
+    "k_sum",
+    "v_sum",
+    "bias_sum",
+    "n_local",
+    "kv_uniform",
     "key_bias_uniform",
 )
 _IDX = {name: i for i, name in enumerate(_FIELDS)}
 _LABELS = {
     "stage": "which function they called (ring / Ulysses stage of the call)",
-    "B": "batch size", "H": "number of heads", "D": "head dim of q and k", "Dv": "head dim of v",
-    "dtype": "dtype", "device": "device type", "causal": "causal", "scale": "scale",
-    "kv_sharded": "kv_sharded (True / False / 'auto')", "return_lse": "return_lse",
+    "B": "batch size",
+    "H": "number of heads",
+    "D": "head dim of q and k",
+    "Dv": "head dim of v",
+    "dtype": "dtype",
+    "device": "device type",
+    "causal": "causal",
+    "scale": "scale",
+    "kv_sharded": "kv_sharded (True / False / 'auto')",
+    "return_lse": "return_lse",
     "grad": "whether gradients are needed (q, k or v requires grad); a backward on some ranks only would wait for ever",
     "bias": "attn_bias (None / bias_sharding='query' / bias_sharding='key')",
-    "bias_B": "attn_bias's batch dim", "bias_H": "attn_bias's head dim", "bias_N": (
+    "bias_B": "attn_bias's batch dim",
+    "bias_H": "attn_bias's head dim",
+    "bias_N": (
         "attn_bias's key dim: with bias_sharding='query' every rank passes its query rows against every key "
         "of the sequence; a mask of each rank's own keys goes with bias_sharding='key'"
     ),
-    "bias_dtype": "attn_bias's dtype", "ulysses_size": "the size of their ulysses_group",
+    "bias_dtype": "attn_bias's dtype",
+    "ulysses_size": "the size of their ulysses_group",
     "ulysses_index": "their rank in their ulysses_group (ring peers must hold the same heads)",
     "k_sum": "k (kv_sharded=False: every rank must pass the same, whole k)",
     "v_sum": "v (kv_sharded=False: every rank must pass the same, whole v)",
@@ -131,8 +167,9 @@ def _prepare(q, k, v, attn_bias, scale, bias_sharding, kv_sharded, local) -> _Ca
             raise ValueError(f"attn_bias is on {bias.device}, q on {q.device}")
         bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
         # True = attend; -inf and 0 are exact in every float dtype
-        bias = to_additive_bias(bias, q.dtype,
-                                dtype_error="attn_bias must be additive float or bool (True = attend); got {dtype}")
+        bias = to_additive_bias(
+            bias, q.dtype, dtype_error="attn_bias must be additive float or bool (True = attend); got {dtype}"
+        )
         bb, bh, bm, bn = bias.shape
         if bb not in (1, B) or bh not in (1, H):
             raise ValueError(f"attn_bias {tuple(attn_bias.shape)} does not broadcast to batch {B}, heads {H}")
@@ -156,7 +193,20 @@ def _prepare(q, k, v, attn_bias, scale, bias_sharding, kv_sharded, local) -> _Ca
 # -- the exchange of call descriptions --------------------------------------------------------
 
 
-def _row(stage, call: Optional[_Call], refused: bool, causal, kv_sharded, return_lse, bias_sharding, M, N, u_index, u_size, device):
+def _row(
+    stage,
+    call: Optional[_Call],
+    refused: bool,
+    causal,
+    kv_sharded,
+    return_lse,
+    bias_sharding,
+    M,
+    N,
+    u_index,
+    u_size,
+    device,
+):
     r = [0.0] * len(_FIELDS)
     r[_IDX["stage"]] = stage
     r[_IDX["refused"]] = float(refused)
@@ -250,7 +300,9 @@ def _auto_whole(rows: torch.Tensor, causal, return_lse, world: int) -> tuple[boo
         f"kv_sharded='auto': k and v are the same {n} keys on every rank, either the whole key sequence on "
         f"every rank or {world} equal shards of a sequence of {world * n} keys"
     )
-    say_which = "Say which: kv_sharded=False (every rank holds the whole k and v) or kv_sharded=True (each rank its shard)"
+    say_which = (
+        "Say which: kv_sharded=False (every rank holds the whole k and v) or kv_sharded=True (each rank its shard)"
+    )
     if kind == 1 + BIAS_SHARDINGS.index("query"):
         columns = int(rows[0, _IDX["bias_N"]])
         if columns == n:
@@ -328,8 +380,25 @@ def _refusal(rows: torch.Tensor, who: str) -> Optional[str]:
     return None
 
 
-_AGREE = ("stage", "B", "H", "D", "Dv", "dtype", "device", "causal", "scale", "kv_sharded", "return_lse", "grad",
-          "bias", "bias_B", "bias_H", "bias_dtype", "ulysses_size")
+_AGREE = (
+    "stage",
+    "B",
+    "H",
+    "D",
+    "Dv",
+    "dtype",
+    "device",
+    "causal",
+    "scale",
+    "kv_sharded",
+    "return_lse",
+    "grad",
+    "bias",
+    "bias_B",
+    "bias_H",
+    "bias_dtype",
+    "ulysses_size",
+)
 
 
 def _check_rows(rows: torch.Tensor, who: str, kv_sharded, bias_sharding: str) -> Optional[str]:
@@ -397,8 +466,25 @@ def _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding
     own = problem
 
     # Stage 1: the ulysses group
-    row = _row(_STAGE_ULYSSES, call, problem is not None, causal, kv_sharded, return_lse, bias_sharding, M, N, u_rank, U, device)
-    rows_u = all_gather_rows(row, ulysses_group, "exchanging the call's description (ulysses group)") if U > 1 else row.view(1, -1)
+    row = _row(
+        _STAGE_ULYSSES,
+        call,
+        problem is not None,
+        causal,
+        kv_sharded,
+        return_lse,
+        bias_sharding,
+        M,
+        N,
+        u_rank,
+        U,
+        device,
+    )
+    rows_u = (
+        all_gather_rows(row, ulysses_group, "exchanging the call's description (ulysses group)")
+        if U > 1
+        else row.view(1, -1)
+    )
     if problem is None:
         problem = _check_rows(rows_u, "ulysses group", kv_sharded, bias_sharding)
     q_lens_u = [int(x) for x in rows_u[:, _IDX["M"]].tolist()]
@@ -407,25 +493,48 @@ def _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding
 
     # Stage 2: the ring group; its rows describe the ulysses groups' totals
     call2 = call if problem is None else None
-    row = _row(_STAGE_RING, call2, problem is not None, causal, kv_sharded, return_lse, bias_sharding,
-               sum(q_lens_u), sum(k_lens_u), u_rank, U, device)
+    row = _row(
+        _STAGE_RING,
+        call2,
+        problem is not None,
+        causal,
+        kv_sharded,
+        return_lse,
+        bias_sharding,
+        sum(q_lens_u),
+        sum(k_lens_u),
+        u_rank,
+        U,
+        device,
+    )
     if call2 is not None:
         row[_IDX["H"]] = row[_IDX["H"]] // U if kv_sharded is not False else row[_IDX["H"]]
         # with kv_sharded='auto': whether this rank's ulysses group all hold the same k, v,
         # and the same key-sharded mask
         row[_IDX["kv_uniform"]] = float(_same_kv(rows_u))
         row[_IDX["key_bias_uniform"]] = float(_same(rows_u, "bias_sum"))
-    rows_r = all_gather_rows(row, ring_group, "exchanging the call's description (ring group)") if R > 1 else row.view(1, -1)
+    rows_r = (
+        all_gather_rows(row, ring_group, "exchanging the call's description (ring group)") if R > 1 else row.view(1, -1)
+    )
     if problem is None:
-        problem = _check_rows(rows_r, "ring group", kv_sharded, bias_sharding) or _disagreement(rows_r, ("ulysses_index",), "ring group")
+        problem = _check_rows(rows_r, "ring group", kv_sharded, bias_sharding) or _disagreement(
+            rows_r, ("ulysses_index",), "ring group"
+        )
     # k and v whole on every rank: said (kv_sharded=False, checked above), or found
     # ('auto', from the exchanged rows only: the same answer on every rank of the mesh)
     replicated = kv_sharded is False
     if kv_sharded == "auto" and problem is None:
         replicated, problem = _auto_whole(rows_r, causal, return_lse, R * U)
     layout = _Layout(
-        U, u_rank, R, r_rank, q_lens_u, k_lens_u,
-        [int(x) for x in rows_r[:, _IDX["M"]].tolist()], [int(x) for x in rows_r[:, _IDX["N"]].tolist()], rows_mode,
+        U,
+        u_rank,
+        R,
+        r_rank,
+        q_lens_u,
+        k_lens_u,
+        [int(x) for x in rows_r[:, _IDX["M"]].tolist()],
+        [int(x) for x in rows_r[:, _IDX["N"]].tolist()],
+        rows_mode,
         replicated,
     )
     if problem is None and U > 1 and not replicated:
@@ -434,7 +543,8 @@ def _exchange(call, problem, q, k, causal, kv_sharded, return_lse, bias_sharding
             divisors = [d for d in range(2, U + 1) if H % d == 0 and U % d == 0]
             way = (
                 f"a 2-D mesh with ulysses degree {max(divisors)} and ring degree {U // max(divisors)}"
-                if divisors else "ring_attention"
+                if divisors
+                else "ring_attention"
             )
             problem = (
                 f"Ulysses splits the heads across its group: {H} heads do not divide among {U} ranks. "

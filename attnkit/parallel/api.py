@@ -31,6 +31,7 @@ from .ulysses import HeadsToSeq, SeqToHeads, gather_bias
 
 logger = logging.getLogger("attnkit.parallel")
 
+
 def context_parallel_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -120,7 +121,12 @@ def context_parallel_attention(
     q, k, v, bias, scale = call.q, call.k, call.v, call.bias, call.scale
     logger.debug(
         "context parallel call: ring %d x ulysses %d, ring rank %d, ulysses rank %d, queries %s, keys %s%s",
-        layout.r_size, layout.u_size, layout.r_rank, layout.u_rank, layout.q_lens_r, layout.k_lens_r,
+        layout.r_size,
+        layout.u_size,
+        layout.r_rank,
+        layout.u_rank,
+        layout.q_lens_r,
+        layout.k_lens_r,
         ", k and v whole on every rank" if layout.kv_replicated else "",
     )
     if layout.kv_replicated:
@@ -132,16 +138,22 @@ def context_parallel_attention(
         # no transfer, but a rank whose local attention raises must not leave the others
         # going on to their next call alone
         out, lse = _LocalTogether.apply(
-            q, k, v, bias, functools.partial(_run_local, local, scale=scale,
-                                             causal_offset=layout.q_offset if causal else None),
-            (ring_group, ulysses_group), "the local attention on whole k and v",
+            q,
+            k,
+            v,
+            bias,
+            functools.partial(_run_local, local, scale=scale, causal_offset=layout.q_offset if causal else None),
+            (ring_group, ulysses_group),
+            "the local attention on whole k and v",
         )
         return (out, lse) if return_lse else out
 
     U, R = layout.u_size, layout.r_size
     if U > 1:
         H = q.shape[1]
-        q, k, v = SeqToHeads.apply([layout.q_lens_u, layout.k_lens_u, layout.k_lens_u], ulysses_group, layout.u_rank, q, k, v)
+        q, k, v = SeqToHeads.apply(
+            [layout.q_lens_u, layout.k_lens_u, layout.k_lens_u], ulysses_group, layout.u_rank, q, k, v
+        )
         if bias is not None:
             per_head = bias.shape[1] > 1
             if bias_sharding == "key":
@@ -153,8 +165,13 @@ def context_parallel_attention(
                 bias = gather_bias(bias, "broadcast", per_head, layout.q_lens_u, ulysses_group, layout.u_rank, U, H)
     if R > 1:
         sched = RingSchedule(
-            R, layout.r_rank, tuple(layout.q_lens_r), tuple(layout.k_lens_r),
-            _prefix(layout.q_lens_r), _prefix(layout.k_lens_r), bool(causal),
+            R,
+            layout.r_rank,
+            tuple(layout.q_lens_r),
+            tuple(layout.k_lens_r),
+            _prefix(layout.q_lens_r),
+            _prefix(layout.k_lens_r),
+            bool(causal),
         )
         job = RingJob(ring_group, sched, local, scale, finish_groups=(ring_group, ulysses_group) if U > 1 else ())
         if bias is not None and bias_sharding == "key":
@@ -166,8 +183,13 @@ def context_parallel_attention(
         # between Ulysses' two all-to-alls: a rank whose local attention raises must not
         # leave the others waiting in the second one
         out, lse = _LocalTogether.apply(
-            q, k, v, bias, functools.partial(_run_local, local, scale=scale, causal_offset=0 if causal else None),
-            (ulysses_group,), "the local attention between Ulysses' all-to-alls",
+            q,
+            k,
+            v,
+            bias,
+            functools.partial(_run_local, local, scale=scale, causal_offset=0 if causal else None),
+            (ulysses_group,),
+            "the local attention between Ulysses' all-to-alls",
         )
     if U > 1:
         if return_lse:
@@ -246,8 +268,9 @@ class _LocalTogether(torch.autograd.Function):
         grad = any(ctx.needs_input_grad[:4])
         try:
             with torch.enable_grad() if grad else contextlib.nullcontext():
-                leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad and grad)
-                          for t in (q, k, v, bias)]
+                leaves = [
+                    None if t is None else t.detach().requires_grad_(t.requires_grad and grad) for t in (q, k, v, bias)
+                ]
                 out, lse = run(*leaves)
             ctx.graph = (leaves, out, lse)
         except Exception as exc:  # every rank raises it, or ContextParallelError
@@ -276,8 +299,12 @@ class _LocalTogether(torch.autograd.Function):
             wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
             if pairs and wanted:
                 got = torch.autograd.grad(
-                    [t for t, _ in pairs], [inputs[i] for i in wanted], [g.to(t.dtype) for t, g in pairs],
-                    allow_unused=True, retain_graph=True, create_graph=torch.is_grad_enabled(),
+                    [t for t, _ in pairs],
+                    [inputs[i] for i in wanted],
+                    [g.to(t.dtype) for t, g in pairs],
+                    allow_unused=True,
+                    retain_graph=True,
+                    create_graph=torch.is_grad_enabled(),
                 )
                 for i, g in zip(wanted, got):
                     grads[i] = torch.zeros_like(leaves[i]) if g is None else g
@@ -309,8 +336,17 @@ def ring_attention(
     argument as in :func:`context_parallel_attention`.
     """
     return context_parallel_attention(
-        q, k, v, attn_bias, scale, ring_group=group, causal=causal, local=local, return_lse=return_lse,
-        kv_sharded=kv_sharded, bias_sharding=bias_sharding,
+        q,
+        k,
+        v,
+        attn_bias,
+        scale,
+        ring_group=group,
+        causal=causal,
+        local=local,
+        return_lse=return_lse,
+        kv_sharded=kv_sharded,
+        bias_sharding=bias_sharding,
     )
 
 
@@ -337,8 +373,17 @@ def ulysses_attention(
     Every argument as in :func:`context_parallel_attention`.
     """
     return context_parallel_attention(
-        q, k, v, attn_bias, scale, ulysses_group=group, causal=causal, local=local, return_lse=return_lse,
-        kv_sharded=kv_sharded, bias_sharding=bias_sharding,
+        q,
+        k,
+        v,
+        attn_bias,
+        scale,
+        ulysses_group=group,
+        causal=causal,
+        local=local,
+        return_lse=return_lse,
+        kv_sharded=kv_sharded,
+        bias_sharding=bias_sharding,
     )
 
 

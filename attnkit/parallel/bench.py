@@ -61,9 +61,9 @@ QUICK = {
 
 # Modelled on 8 GPUs, bf16: the shapes the measured ones stand for, at full size.
 MODEL_SHAPES = [
-    model.Shape(2, 8, 4096, 4096, 40, 2),        # SD1.5 512x512, batch 2 (guidance)
-    model.Shape(1, 12, 32760, 32760, 128, 2),    # Wan2.1 1.3B 480x832, 81 frames
-    model.Shape(1, 40, 75600, 75600, 128, 2),    # Wan2.1 14B 720x1280, 81 frames (21x45x80)
+    model.Shape(2, 8, 4096, 4096, 40, 2),  # SD1.5 512x512, batch 2 (guidance)
+    model.Shape(1, 12, 32760, 32760, 128, 2),  # Wan2.1 1.3B 480x832, 81 frames
+    model.Shape(1, 40, 75600, 75600, 128, 2),  # Wan2.1 14B 720x1280, 81 frames (21x45x80)
     model.Shape(1, 24, 118800, 118800, 128, 2),  # HunyuanVideo 720x1280, 129 frames (33x45x80)
 ]
 MODEL_NAMES = ["sd15-512 (B=2)", "wan1.3b-480p-81f", "wan14b-720p-81f", "hunyuan-720p-129f"]
@@ -159,8 +159,7 @@ def _rank_main(rank: int, ranks: int, rdzv: str, out_path: str, shapes: list, re
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{rdzv}", rank=rank, world_size=ranks,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        "gloo", init_method=f"file://{rdzv}", rank=rank, world_size=ranks, timeout=datetime.timedelta(seconds=timeout_s)
     )
     rows = []
     for name, ring, ulysses in strategies(ranks):
@@ -188,7 +187,12 @@ def _run_ranks(ranks: int, shapes: list, repeats: int, timeout_s: float) -> list
         torch.set_num_threads(1)
         rows = []
         for shape in shapes:
-            row = {"ranks": 1, "strategy": "one device", "shape": shape.name, **_measure(shape, 1, 1, 1, repeats, (None, None))}
+            row = {
+                "ranks": 1,
+                "strategy": "one device",
+                "shape": shape.name,
+                **_measure(shape, 1, 1, 1, repeats, (None, None)),
+            }
             print(f"  [1 rank ] one device  {shape.name:<13} " + _brief(row), flush=True)
             rows.append(row)
         return rows
@@ -196,7 +200,9 @@ def _run_ranks(ranks: int, shapes: list, repeats: int, timeout_s: float) -> list
     with tempfile.TemporaryDirectory(prefix="attnkit-cp-bench-") as tmp:
         out_path = os.path.join(tmp, "rows.json")
         procs = [
-            ctx.Process(target=_rank_main, args=(r, ranks, os.path.join(tmp, "rdzv"), out_path, shapes, repeats, timeout_s))
+            ctx.Process(
+                target=_rank_main, args=(r, ranks, os.path.join(tmp, "rdzv"), out_path, shapes, repeats, timeout_s)
+            )
             for r in range(ranks)
         ]
         for p in procs:
@@ -264,8 +270,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="attnkit bench --parallel", description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="1,2,4", help="rank counts to measure, comma-separated (default 1,2,4)")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"measured shapes: {', '.join(SHAPES)}")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes: under a minute on two CPU cores "
-                        "(24 s idle, about 40 s busy), nearly all of it starting the rank processes")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shapes: under a minute on two CPU cores "
+        "(24 s idle, about 40 s busy), nearly all of it starting the rank processes",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median reported)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
     parser.add_argument("--out", help="write the measured rows and the model table as JSON here")
@@ -283,8 +293,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if bad:
         parser.error(f"--ranks {bad}: measured on 1, 2 or 4 ranks (4 adds the 2x2 mesh)")
 
-    print(f"attnkit context parallelism, measured on this machine ({os.cpu_count()} CPUs, gloo, "
-          f"torch {torch.__version__}, float32, math local attention)", flush=True)
+    print(
+        f"attnkit context parallelism, measured on this machine ({os.cpu_count()} CPUs, gloo, "
+        f"torch {torch.__version__}, float32, math local attention)",
+        flush=True,
+    )
     for s in shapes:
         print(f"  {s.name}: {s.what}: B={s.batch}, H={s.heads}, {s.tokens} tokens, head dim {s.head_dim}", flush=True)
     rows = []
@@ -301,8 +314,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(mt)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"measured": rows, "model": mt, "date": datetime.date.today().isoformat(),
-                       "torch": torch.__version__, "cpus": os.cpu_count()}, f, indent=2)
+            json.dump(
+                {
+                    "measured": rows,
+                    "model": mt,
+                    "date": datetime.date.today().isoformat(),
+                    "torch": torch.__version__,
+                    "cpus": os.cpu_count(),
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -240,8 +240,12 @@ def all_to_all_bytes(
     out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=device)
     _record(kind, sum(s.numel() for j, s in enumerate(send) if j != me))
     work = dist.all_to_all_single(
-        out, inp, output_split_sizes=list(recv_sizes), input_split_sizes=[s.numel() for s in send],
-        group=group, async_op=True,
+        out,
+        inp,
+        output_split_sizes=list(recv_sizes),
+        input_split_sizes=[s.numel() for s in send],
+        group=group,
+        async_op=True,
     )
 
     def finish() -> list[torch.Tensor]:

@@ -37,11 +37,11 @@ class Machine:
     """What a rank can compute and send per second. Every constant has its source."""
 
     name: str
-    peak_flops: float        # dense 16-bit tensor FLOP/s
-    attn_efficiency: float   # fraction of peak an attention kernel reaches
+    peak_flops: float  # dense 16-bit tensor FLOP/s
+    attn_efficiency: float  # fraction of peak an attention kernel reaches
     link_bytes_per_s: float  # per direction, per rank
-    link_efficiency: float   # fraction of link bandwidth a transfer reaches
-    latency_s: float         # per transfer (per ring step / per all-to-all)
+    link_efficiency: float  # fraction of link bandwidth a transfer reaches
+    latency_s: float  # per transfer (per ring step / per all-to-all)
 
     @property
     def flops(self) -> float:

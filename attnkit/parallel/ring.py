@@ -199,7 +199,9 @@ def ring_forward(q, k, v, job: RingJob) -> tuple[torch.Tensor, torch.Tensor]:
         src = sched.src_at(s)
         ops, nxt = [], None
         if sched.receives(s):
-            nxt = torch.empty(packed_size(_kv_specs(job, sched.src_at(s + 1), q, D, Dv)), dtype=torch.uint8, device=q.device)
+            nxt = torch.empty(
+                packed_size(_kv_specs(job, sched.src_at(s + 1), q, D, Dv)), dtype=torch.uint8, device=q.device
+            )
             ops.append(("recv", nxt, sched.prev, _tag("kv", s, sched.size), "ring-kv"))
         if sched.sends(s):
             ops.append(("send", cur, sched.next, _tag("kv", s, sched.size), "ring-kv"))
@@ -208,9 +210,17 @@ def ring_forward(q, k, v, job: RingJob) -> tuple[torch.Tensor, torch.Tensor]:
             if failure is None and sched.holds(s) and sched.needs(sched.rank, src):
                 block = _own_block(job, k, v) if s == 0 else unpack(cur, _kv_specs(job, src, q, D, Dv))
                 o, l = _checked(
-                    job.local(q, block[0], block[1], _block_bias(job, src, block), job.scale,
-                              sched.causal_offset(sched.rank, src)),
-                    q, Dv, _name(job.local),
+                    job.local(
+                        q,
+                        block[0],
+                        block[1],
+                        _block_bias(job, src, block),
+                        job.scale,
+                        sched.causal_offset(sched.rank, src),
+                    ),
+                    q,
+                    Dv,
+                    _name(job.local),
                 )
                 if first:
                     out, lse, first = o.to(adt), l.to(adt), False
@@ -219,7 +229,9 @@ def ring_forward(q, k, v, job: RingJob) -> tuple[torch.Tensor, torch.Tensor]:
         except Exception as exc:  # every rank raises it, or ContextParallelError, after the ring
             failure, failed_at = exc, f"step {s}"
         finally:
-            wait_all(works, f"ring attention forward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring")
+            wait_all(
+                works, f"ring attention forward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring"
+            )
         cur = nxt
     finish_together(job.groups, failure, failed_at, "ring attention forward", q.device)
     return out.to(adt), lse.to(adt)
@@ -235,7 +247,9 @@ def _block_grads(job, q, block, src, out, lse, dout, dlse):
         vv = block[1].detach().requires_grad_(True)
         o, l = _checked(
             job.local(qq, kk, vv, _block_bias(job, src, block), job.scale, sched.causal_offset(sched.rank, src)),
-            q, vv.shape[-1], _name(job.local),
+            q,
+            vv.shape[-1],
+            _name(job.local),
         )
         l_d = l.detach().to(adt)
         alive = ~torch.isneginf(l_d)
@@ -275,7 +289,9 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
         src = sched.src_at(s)
         ops, nxt, acc_in = [], None, None
         if sched.receives(s):
-            nxt = torch.empty(packed_size(_kv_specs(job, sched.src_at(s + 1), q, D, Dv)), dtype=torch.uint8, device=q.device)
+            nxt = torch.empty(
+                packed_size(_kv_specs(job, sched.src_at(s + 1), q, D, Dv)), dtype=torch.uint8, device=q.device
+            )
             ops.append(("recv", nxt, sched.prev, _tag("kv", s, P), "ring-kv"))
         if sched.sends(s):
             ops.append(("send", cur, sched.next, _tag("kv", s, P), "ring-kv"))
@@ -294,7 +310,9 @@ def ring_backward(q, k, v, out, lse, dout, dlse, job: RingJob):
         except Exception as exc:  # the accumulators still travel on; every rank raises after the ring
             failure, failed_at, grads = exc, f"step {s}", None
         finally:
-            wait_all(works, f"ring attention backward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring")
+            wait_all(
+                works, f"ring attention backward, step {s}: transfer with rank {sched.prev} / {sched.next} of the ring"
+            )
         carry = None
         if s == 0:
             if grads is not None:

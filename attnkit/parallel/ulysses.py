@@ -88,7 +88,7 @@ class HeadsToSeq(torch.autograd.Function):
 
 
 def gather_bias(
-    bias: Optional[torch.Tensor], mode: str, per_head: bool, lens: Sequence[int], group, me: int, U: int, H: int,
+    bias: Optional[torch.Tensor], mode: str, per_head: bool, lens: Sequence[int], group, me: int, U: int, H: int
 ) -> Optional[torch.Tensor]:
     """This rank's bias after the exchange, for its H / U heads (or still broadcast over
     heads when ``per_head`` is False).
@@ -112,5 +112,7 @@ def gather_bias(
     else:
         specs = [[Spec((bias.shape[0], h, 1, lens[j]), bias.dtype)] for j in range(U)]
         dim = 3
-    chunks = all_to_all_bytes(send, [packed_size(s) for s in specs], group, "Ulysses exchange of attn_bias", kind="bias")
+    chunks = all_to_all_bytes(
+        send, [packed_size(s) for s in specs], group, "Ulysses exchange of attn_bias", kind="bias"
+    )
     return torch.cat([unpack(chunks[j], specs[j])[0] for j in range(U)], dim=dim)

@@ -85,14 +85,21 @@ def _params():
                 if dtype != torch.float32 and m * n * d > HALF_WORK_LIMIT:
                     continue
                 call = AttentionCall(
-                    DeviceInfo("cpu"), dtype, d, q_len=m, kv_len=n, batch=2, heads=2,
+                    DeviceInfo("cpu"),
+                    dtype,
+                    d,
+                    q_len=m,
+                    kv_len=n,
+                    batch=2,
+                    heads=2,
                     mask="none" if mask == "none" else ("key_padding" if "keypad" in mask else "bias"),
                 )
                 if backend.not_supported_reasons(call):
                     continue
                 out.append(
-                    pytest.param(name, opts, dtype, d, m, n, mask, layout,
-                                 id=f"{bid}-{dname}-d{d}-m{m}-n{n}-{mask}-{layout}")
+                    pytest.param(
+                        name, opts, dtype, d, m, n, mask, layout, id=f"{bid}-{dname}-d{d}-m{m}-n{n}-{mask}-{layout}"
+                    )
                 )
     return out
 
@@ -225,8 +232,9 @@ def test_reasons_are_readable():
     assert "compute capability 7.5 < 8.0" in reasons
     assert any("head_dim=512 > 256" in r for r in reasons)
     efficient = get_backend("sdpa", kernel="efficient")
-    assert any("device=cpu" in r for r in efficient.not_supported_reasons(
-        AttentionCall(DeviceInfo("cpu"), torch.float32, 40)))
+    assert any(
+        "device=cpu" in r for r in efficient.not_supported_reasons(AttentionCall(DeviceInfo("cpu"), torch.float32, 40))
+    )
     assert get_backend("vanilla").not_supported_reasons(AttentionCall(DeviceInfo("cpu"), torch.float16, 40)) == []
 
 

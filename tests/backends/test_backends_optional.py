@@ -31,8 +31,7 @@ INSTALLED = {"xformers": "0.0.28", "flash_attn": "2.6.3", "flash_attn_3": "3.0.0
 
 
 def described(device, dtype=torch.float16, d=64, mask="none", grad=False, packages=INSTALLED):
-    return AttentionCall(device, dtype, d, q_len=256, kv_len=77, mask=mask, requires_grad=grad,
-                         packages=packages)
+    return AttentionCall(device, dtype, d, q_len=256, kv_len=77, mask=mask, requires_grad=grad, packages=packages)
 
 
 # -- what they declare -------------------------------------------------------------------
@@ -56,8 +55,7 @@ def test_flash_attn_3_declared_reasons():
     assert fa3.not_supported_reasons(described(H100, packages={"flashattn-hopper": "3.0.0b1"})) == []
     assert "compute capability 8.0 < 9.0" in fa3.not_supported_reasons(described(A100))
     assert any("Hopper (9.0) only" in r for r in fa3.not_supported_reasons(described(B200)))
-    assert "flash_attn_3 (FlashAttention-3) is not installed" in fa3.not_supported_reasons(
-        described(H100, packages={}))
+    assert "flash_attn_3 (FlashAttention-3) is not installed" in fa3.not_supported_reasons(described(H100, packages={}))
     assert "hopper/" in fa3.install_hint(described(H100, packages={}))
     with pytest.raises(ValueError, match="version=4"):
         FlashAttnBackend(version=4)
@@ -90,8 +88,9 @@ def test_xformers_pinned_ops_declare_their_own_limits():
 
 
 # -- the errors a user sees on this machine -----------------------------------------------
-@pytest.mark.parametrize("name, cls", [("xformers", attnkit.XFormersProcessor),
-                                       ("flash_attn", attnkit.FlashAttnProcessor)])
+@pytest.mark.parametrize(
+    "name, cls", [("xformers", attnkit.XFormersProcessor), ("flash_attn", attnkit.FlashAttnProcessor)]
+)
 def test_named_processor_refuses_cpu_with_its_reasons(seed, name, cls):
     attn = Attention(query_dim=32, heads=2, dim_head=16)
     attn.set_processor(attnkit.processor(name))

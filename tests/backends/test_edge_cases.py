@@ -29,7 +29,7 @@ def _masked_rows_bias(b, h, m, n, value, dtype):
     keeps only its first half of the keys."""
     bias = torch.randn(b, h, m, n).to(dtype)
     bias[0, :, 1, :] = value
-    bias[1, :, :, n // 2:] = value
+    bias[1, :, :, n // 2 :] = value
     return bias
 
 
@@ -44,8 +44,9 @@ def test_gradients_of_rows_masked_by_large_finite_values(seed, name, opts, dtype
     for n in (5, 70):
         q, k, v = make_qkv(2, 2, 7, n, 16, dtype)
         bias = _masked_rows_bias(2, 2, 7, n, value, dtype)
-        assert_grads_close_to_reference(lambda q, k, v, b, s: backend.forward(q, k, v, b, s), q, k, v, bias,
-                                        floor=floor)
+        assert_grads_close_to_reference(
+            lambda q, k, v, b, s: backend.forward(q, k, v, b, s), q, k, v, bias, floor=floor
+        )
 
 
 def test_auto_gradients_of_a_fully_masked_row(seed):
@@ -56,8 +57,9 @@ def test_auto_gradients_of_a_fully_masked_row(seed):
     out = proc.chooser.attention(None, q, k, v, bias, None, False)
     out.sum().backward()
     assert v.grad.sum().item() == pytest.approx(48.0)  # 3 rows x 16 dims, weights summing to 1
-    assert_grads_close_to_reference(lambda q, k, v, b, s: proc.chooser.attention(None, q, k, v, b, s, False),
-                                    q, k, v, bias)
+    assert_grads_close_to_reference(
+        lambda q, k, v, b, s: proc.chooser.attention(None, q, k, v, b, s, False), q, k, v, bias
+    )
 
 
 def _module(dtype):
@@ -93,8 +95,11 @@ def test_a_float32_mask_gives_the_same_answer_in_every_dtype(seed, name, value):
         assert outs[dtype][0].abs().amax() > 0.1 * scale
 
 
-@pytest.mark.parametrize("name,opts", CPU_BACKENDS + [("sliced", {"slice_size": "max"})],
-                         ids=["sdpa", "vanilla", "sliced", "sdpa-math", "sliced-max"])
+@pytest.mark.parametrize(
+    "name,opts",
+    CPU_BACKENDS + [("sliced", {"slice_size": "max"})],
+    ids=["sdpa", "vanilla", "sliced", "sdpa-math", "sliced-max"],
+)
 def test_an_empty_batch_gives_an_empty_output(name, opts):
     backend = get_backend(name, **opts)
     q, k, v = make_qkv(0, 2, 5, 7, 16)

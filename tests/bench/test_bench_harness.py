@@ -44,8 +44,15 @@ def tiny(one_thread):
 
 def _ctx(tiny, names=CPU_NAMES, **kw):
     preset, model = tiny
-    return Context(model=model, preset=kw.pop("preset", preset), processors=list(names), device=torch.device("cpu"),
-                   device_name="cpu", progress=False, **kw)
+    return Context(
+        model=model,
+        preset=kw.pop("preset", preset),
+        processors=list(names),
+        device=torch.device("cpu"),
+        device_name="cpu",
+        progress=False,
+        **kw,
+    )
 
 
 def test_tiny_model_runs_finite(tiny):
@@ -78,7 +85,6 @@ def test_table1_has_a_row_per_processor(tiny):
 
 def test_failing_processor_is_reported_in_its_cell(tiny, monkeypatch):
     import attnkit.bench.availability as procs
-
     from attnkit.backends.vanilla import VanillaBackend
 
     class Exploding(VanillaBackend):
@@ -147,16 +153,25 @@ def test_out_of_memory_ends_the_sweep_cleanly(tiny, monkeypatch):
     assert "out of memory" in md and "OOM at 2" in md
 
 
-@pytest.mark.parametrize("exc, status", [
-    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
-                  "you tried to allocate 84934656 bytes. Error code 12 (Cannot allocate memory)"), STATUS_OOM),
-    (RuntimeError("std::bad_alloc"), STATUS_OOM),
-    (MemoryError(), STATUS_OOM),
-    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), STATUS_OOM),
-    (RuntimeError("could not create a primitive"), STATUS_FAILED),
-    (RuntimeError("Expected all tensors to be on the same device"), STATUS_FAILED),
-    (ValueError("batch size out of memory range"), STATUS_FAILED),
-], ids=["cpu-allocator", "bad-alloc", "memory-error", "gpu-allocator", "onednn", "device", "not-a-runtime-error"])
+@pytest.mark.parametrize(
+    "exc, status",
+    [
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                "you tried to allocate 84934656 bytes. Error code 12 (Cannot allocate memory)"
+            ),
+            STATUS_OOM,
+        ),
+        (RuntimeError("std::bad_alloc"), STATUS_OOM),
+        (MemoryError(), STATUS_OOM),
+        (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), STATUS_OOM),
+        (RuntimeError("could not create a primitive"), STATUS_FAILED),
+        (RuntimeError("Expected all tensors to be on the same device"), STATUS_FAILED),
+        (ValueError("batch size out of memory range"), STATUS_FAILED),
+    ],
+    ids=["cpu-allocator", "bad-alloc", "memory-error", "gpu-allocator", "onednn", "device", "not-a-runtime-error"],
+)
 def test_out_of_memory_is_told_from_other_failures(exc, status):
     got, reason = classify_error(exc)
     assert got == status, (exc, got)
@@ -173,15 +188,24 @@ def test_cpu_memory_cap_in_a_subprocess_ends_the_sweep(tmp_path):
     # their softmax), ~0.1 GB per image; 600 MB over the child's footprint fits batch 2
     # but not 4, while SDPA's CPU kernel never holds the scores and reaches batch 4.
     preset = get_preset("tiny").with_overrides(resolution=96, sweep_max_batch=4, warmup_steps=1)
-    out = run_child({
-        "task": "sweep", "preset": dataclasses.asdict(preset), "processors": ["vanilla", "sdpa"], "threads": 1,
-        "mem_cap_bytes": 600 << 20, "device": "cpu",
-    }, timeout=120)
+    out = run_child(
+        {
+            "task": "sweep",
+            "preset": dataclasses.asdict(preset),
+            "processors": ["vanilla", "sdpa"],
+            "threads": 1,
+            "mem_cap_bytes": 600 << 20,
+            "device": "cpu",
+        },
+        timeout=120,
+    )
     assert "runs" in out, out
     (run,) = out["runs"]
     cells = {(e["batch"], n): c for e in run["batches"] for n, c in e["cells"].items()}
     summary = {k: run[k] for k in ("max_batch", "oom_at", "failed", "stopped")}
-    summary["not ok"] = {f"{n}@{b}": f"{c['status']}: {c.get('reason')}" for (b, n), c in cells.items() if c["status"] != "ok"}
+    summary["not ok"] = {
+        f"{n}@{b}": f"{c['status']}: {c.get('reason')}" for (b, n), c in cells.items() if c["status"] != "ok"
+    }
     assert run["oom_at"].get("vanilla") in (2, 4), summary
     assert run["max_batch"]["vanilla"] == run["oom_at"]["vanilla"] // 2, summary
     oom_cell = cells[run["oom_at"]["vanilla"], "vanilla"]
@@ -222,13 +246,33 @@ def test_published_rows_are_keyed_by_device_name():
 
 
 def test_published_row_is_shown_beside_ours():
-    cells = {n: {"name": n, "status": STATUS_OK, "it_per_s_median": v, "it_per_s_min": v, "it_per_s_max": v,
-                 "loop_it_per_s_median": v, "seconds_median": 1.0, "warmup_seconds": 1.0}
-             for n, v in (("vanilla", 9.0), ("xformers", 16.0))}
-    t = {"cells": cells, "speedup_vs_vanilla": {"vanilla": 1.0, "xformers": 16 / 9},
-         "published": published.published_row("NVIDIA A10G"),
-         "setting": {"resolution": 512, "steps": 50, "batch": 1, "dtype": "fp16", "compile": False, "repeats": 3,
-                     "steady_state_skips_first_steps": 5}}
+    cells = {
+        n: {
+            "name": n,
+            "status": STATUS_OK,
+            "it_per_s_median": v,
+            "it_per_s_min": v,
+            "it_per_s_max": v,
+            "loop_it_per_s_median": v,
+            "seconds_median": 1.0,
+            "warmup_seconds": 1.0,
+        }
+        for n, v in (("vanilla", 9.0), ("xformers", 16.0))
+    }
+    t = {
+        "cells": cells,
+        "speedup_vs_vanilla": {"vanilla": 1.0, "xformers": 16 / 9},
+        "published": published.published_row("NVIDIA A10G"),
+        "setting": {
+            "resolution": 512,
+            "steps": 50,
+            "batch": 1,
+            "dtype": "fp16",
+            "compile": False,
+            "repeats": 3,
+            "steady_state_skips_first_steps": 5,
+        },
+    }
     md = markdown.render_table1(t, {"device_name": "NVIDIA A10G"})
     assert "published: NVIDIA A10G" in md and "8.88" in md and "15.6 (x1.76)" in md
 
@@ -237,8 +281,25 @@ def test_cli_json_round_trips_and_plots_are_written(tmp_path, one_thread, capsys
     from attnkit.bench.cli import main
 
     out = tmp_path / "out"
-    rc = main(["--preset", "tiny", "--tables", "1,4", "--processors", "vanilla,xformers",
-               "--repeats", "1", "--steps", "2", "--no-progress", "--threads", "1", "--out", str(out)])
+    rc = main(
+        [
+            "--preset",
+            "tiny",
+            "--tables",
+            "1,4",
+            "--processors",
+            "vanilla,xformers",
+            "--repeats",
+            "1",
+            "--steps",
+            "2",
+            "--no-progress",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     stdout = capsys.readouterr().out
     assert "### 1." in stdout and "### 4." in stdout
@@ -266,10 +327,19 @@ def test_ladder_rows_and_plot(tiny, tmp_path):
     t = ladder(_ctx(tiny, ["vanilla", "sdpa", "xformers"]))
     names = [r["name"] for r in t["rows"]]
     cl = "bf16 + channels_last"
-    assert names == ["fp32", "bf16", cl, f"{cl} + torch.compile",
-                     f"{cl} + sdpa", f"{cl} + xformers",
-                     f"{cl} + torch.compile + sdpa", f"{cl} + torch.compile + xformers",
-                     f"{cl} + CUDA graphs + vanilla", f"{cl} + CUDA graphs + sdpa", f"{cl} + CUDA graphs + xformers"]
+    assert names == [
+        "fp32",
+        "bf16",
+        cl,
+        f"{cl} + torch.compile",
+        f"{cl} + sdpa",
+        f"{cl} + xformers",
+        f"{cl} + torch.compile + sdpa",
+        f"{cl} + torch.compile + xformers",
+        f"{cl} + CUDA graphs + vanilla",
+        f"{cl} + CUDA graphs + sdpa",
+        f"{cl} + CUDA graphs + xformers",
+    ]
     rows = {r["name"]: r for r in t["rows"]}
     assert t["rows"][0]["speedup_vs_fp32"] == pytest.approx(1.0)
     assert rows[f"{cl} + torch.compile"]["status"] == "skipped" and rows[f"{cl} + xformers"]["status"] == "n/a"
@@ -297,15 +367,30 @@ def test_ladder_compiled_rows_time_apart_profile_attention_and_match_eager(tiny)
     tracing and decompositions without inductor's minutes of C++ compilation."""
     from attnkit.bench.tables import ladder
 
-    ctx = _ctx(tiny, ["sdpa", "auto"], compile=True, compile_backend="aot_eager",
-               ladder_rows=("eager", "compile", "cudagraphs"))
+    ctx = _ctx(
+        tiny,
+        ["sdpa", "auto"],
+        compile=True,
+        compile_backend="aot_eager",
+        ladder_rows=("eager", "compile", "cudagraphs"),
+    )
     t = ladder(ctx)
     cl = "bf16 + channels_last"
     rows = {r["name"]: r for r in t["rows"]}
-    assert list(rows) == [f"{cl} + sdpa", f"{cl} + auto", f"{cl} + torch.compile + sdpa",
-                          f"{cl} + torch.compile + auto", f"{cl} + CUDA graphs + sdpa", f"{cl} + CUDA graphs + auto"]
+    assert list(rows) == [
+        f"{cl} + sdpa",
+        f"{cl} + auto",
+        f"{cl} + torch.compile + sdpa",
+        f"{cl} + torch.compile + auto",
+        f"{cl} + CUDA graphs + sdpa",
+        f"{cl} + CUDA graphs + auto",
+    ]
     for name in ("sdpa", "auto"):
-        eager, compiled, graphs = rows[f"{cl} + {name}"], rows[f"{cl} + torch.compile + {name}"], rows[f"{cl} + CUDA graphs + {name}"]
+        eager, compiled, graphs = (
+            rows[f"{cl} + {name}"],
+            rows[f"{cl} + torch.compile + {name}"],
+            rows[f"{cl} + CUDA graphs + {name}"],
+        )
         assert eager["status"] == compiled["status"] == STATUS_OK, (eager, compiled)
         assert eager["it_per_s_median"] > 0 and compiled["it_per_s_median"] > 0
         assert 0 < _share(eager, "processor_calls") < 1 and 0 < _share(eager, "attention_kernels") < 1
@@ -331,10 +416,14 @@ def _fake_compile(fail_fullgraph: bool, fail_always: bool = False, offset: float
     def compile_(module, mode=None, fullgraph=False, backend=None):
         def fn(*args, **kwargs):
             if fail_always or (fullgraph and fail_fullgraph):
-                raise RuntimeError("graph break in forward\n(a long explanation)" if fullgraph
-                                   else "inductor exploded at codegen time\ntraceback")
+                raise RuntimeError(
+                    "graph break in forward\n(a long explanation)"
+                    if fullgraph
+                    else "inductor exploded at codegen time\ntraceback"
+                )
             out = module(*args, **kwargs)
             return (out[0] + offset,) + tuple(out[1:]) if offset else out
+
         return fn
 
     return compile_
@@ -391,13 +480,32 @@ def test_an_interrupt_keeps_what_was_measured():
 
 
 def test_sweep_plot_is_written(tmp_path):
-    entry = {"batch": 1, "cells": {"vanilla": {"status": "ok", "it_per_s_median": 2.0},
-                                   "sdpa": {"status": "ok", "it_per_s_median": 3.0}},
-             "speedup_vs_vanilla": {"vanilla": 1.0, "sdpa": 1.5}, "speedup_vs_xformers": {}}
+    entry = {
+        "batch": 1,
+        "cells": {
+            "vanilla": {"status": "ok", "it_per_s_median": 2.0},
+            "sdpa": {"status": "ok", "it_per_s_median": 3.0},
+        },
+        "speedup_vs_vanilla": {"vanilla": 1.0, "sdpa": 1.5},
+        "speedup_vs_xformers": {},
+    }
     entry2 = {**entry, "batch": 2}
-    results = {"environment": {"device_name": "cpu"},
-               "tables": {"3": {"runs": [{"dtype": "fp32", "compile": False, "batches": [entry, entry2],
-                                          "max_batch": {"vanilla": 2, "sdpa": 2}, "oom_at": {}}]}}}
+    results = {
+        "environment": {"device_name": "cpu"},
+        "tables": {
+            "3": {
+                "runs": [
+                    {
+                        "dtype": "fp32",
+                        "compile": False,
+                        "batches": [entry, entry2],
+                        "max_batch": {"vanilla": 2, "sdpa": 2},
+                        "oom_at": {},
+                    }
+                ]
+            }
+        },
+    }
     paths, problems = plots.write_plots(results, str(tmp_path))
     assert [os.path.basename(p) for p in paths] == ["batch_sweep.png"] and problems == []
 
@@ -498,15 +606,27 @@ def test_work_is_admitted_only_where_it_fits_the_budget():
         return Config(name, run)
 
     clock = lambda: now[0]  # noqa: E731
-    cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False,
-                                deadline=Deadline(13.0, clock), sample_factor=3.0, clock=clock)
+    cells = measure_interleaved(
+        [make("a"), make("b"), make("c")],
+        repeats=3,
+        progress=False,
+        deadline=Deadline(13.0, clock),
+        sample_factor=3.0,
+        clock=clock,
+    )
     assert calls == [("a", True), ("b", True), ("a", False), ("b", False)], calls
     assert cells["c"].status == "skipped" and cells["c"].reason == "time budget"
     assert [len(cells[n].it_per_s) for n in "ab"] == [1, 1] and now[0] == 8.0
     # a larger budget: every round that fits runs, in alternating order
     now[0], calls[:] = 0.0, []
-    cells = measure_interleaved([make("a"), make("b")], repeats=3, progress=False,
-                                deadline=Deadline(24.0, clock), sample_factor=3.0, clock=clock)
+    cells = measure_interleaved(
+        [make("a"), make("b")],
+        repeats=3,
+        progress=False,
+        deadline=Deadline(24.0, clock),
+        sample_factor=3.0,
+        clock=clock,
+    )
     assert [n for n, w in calls if not w] == ["a", "b", "b", "a", "a", "b"]
 
 
@@ -532,8 +652,14 @@ def test_a_warm_up_whose_first_step_compiles_does_not_inflate_the_prediction():
         return Config(name, run)
 
     clock = lambda: now[0]  # noqa: E731
-    cells = measure_interleaved([make("a"), make("b"), make("c")], repeats=3, progress=False,
-                                deadline=Deadline(20.0, clock), sample_factor=10.0, clock=clock)
+    cells = measure_interleaved(
+        [make("a"), make("b"), make("c")],
+        repeats=3,
+        progress=False,
+        deadline=Deadline(20.0, clock),
+        sample_factor=10.0,
+        clock=clock,
+    )
     # b: 3.3 promised + 2.5 + 3.3 = 9.1, x 1.5 < 17.5 left; c: 6.6 + 2.5 + 3.3 = 12.4, x 1.5 > 15
     assert cells["b"].status == STATUS_OK and cells["b"].warmup_seconds == 2.5
     assert cells["c"].status == "skipped" and cells["c"].reason == "time budget"
@@ -552,9 +678,16 @@ def test_a_table_predicted_not_to_fit_is_skipped_with_its_reason(tiny):
     tables, _ = run_tables(ctx, ["1", "3"], Deadline(0.0), lambda text: None)
     assert [c["status"] for c in tables["1"]["cells"].values()] == [STATUS_OK, STATUS_OK]  # the headline pair
     assert "skipped" in tables["3"] and "time budget" in tables["3"]["skipped"]
-    md = markdown.render_markdown({"environment": {"device_name": "cpu", "versions": {}, "date": "d", "command": "c"},
-                                   "preset": {"name": "tiny", "label": "tiny"}, "model": {"source": "s"},
-                                   "tables": tables, "budget_seconds": 1.0, "elapsed_seconds": 2.0})
+    md = markdown.render_markdown(
+        {
+            "environment": {"device_name": "cpu", "versions": {}, "date": "d", "command": "c"},
+            "preset": {"name": "tiny", "label": "tiny"},
+            "model": {"source": "s"},
+            "tables": tables,
+            "budget_seconds": 1.0,
+            "elapsed_seconds": 2.0,
+        }
+    )
     assert "### 3. batch-size sweep\n\nskipped (time budget" in md and "table(s) 3 skipped for the budget" in md
 
 
@@ -577,13 +710,23 @@ def test_the_gpu_tile_sweep_plans_every_candidate_once_defaults_first():
     assert {j["lists"] for j in jobs[:first_other]} == {"sm90", "sm80"}
     # every kind of call, enumerated here, has every candidate of the longest list its
     # kernels use planned (TMA loads: the sm_90 lists, 16-bit only)
-    kinds = [(lists, dt, D, variant, causal, loads) for lists in ("sm90", "sm80") for dt in only["dtypes"]
-             for D in only["head_dims"] for variant in only["variants"] for causal in (False, True)
-             for loads in (("tma", "ptr") if lists == "sm90" and dt != "fp32" else ("ptr",))]
+    kinds = [
+        (lists, dt, D, variant, causal, loads)
+        for lists in ("sm90", "sm80")
+        for dt in only["dtypes"]
+        for D in only["head_dims"]
+        for variant in only["variants"]
+        for causal in (False, True)
+        for loads in (("tma", "ptr") if lists == "sm90" and dt != "fp32" else ("ptr",))
+    ]
     for lists, dt, D, variant, causal, loads in kinds:
         n = max(gt.list_lengths(lists, dt, D, variant, causal, loads).values())
-        mine = sorted(j["index"] for j in jobs if (j["lists"], j["dtype"], j["D"], j["variant"], j["causal"],
-                                                     j["loads"]) == (lists, dt, D, variant, causal, loads))
+        mine = sorted(
+            j["index"]
+            for j in jobs
+            if (j["lists"], j["dtype"], j["D"], j["variant"], j["causal"], j["loads"])
+            == (lists, dt, D, variant, causal, loads)
+        )
         assert mine == list(range(n))
     rest = gt.plan("sm90", min_index=1, **only)
     assert sorted(tuple(sorted(j.items())) for j in rest) == sorted(k for k in keys if dict(k)["index"] >= 1)

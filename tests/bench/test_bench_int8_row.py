@@ -15,20 +15,47 @@ from attnkit.bench.presets import ROUTE_1, TransformerPreset
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter paths")
 
-FLUX = ("flux_dev_transformer.json", {"num_layers": 1, "num_single_layers": 1, "num_attention_heads": 2,
-                                      "attention_head_dim": 64, "axes_dims_rope": [16, 24, 24],
-                                      "joint_attention_dim": 32, "pooled_projection_dim": 32})
+FLUX = (
+    "flux_dev_transformer.json",
+    {
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "num_attention_heads": 2,
+        "attention_head_dim": 64,
+        "axes_dims_rope": [16, 24, 24],
+        "joint_attention_dim": 32,
+        "pooled_projection_dim": 32,
+    },
+)
 
 
 def test_the_int8_row_is_timed_and_says_how_far_it_is_from_exact():
     config, reduce = FLUX
-    preset = TransformerPreset(name="flux-tiny-bf16", label="tiny flux bf16", family="flux", config=config,
-                               height=64, width=64, text_tokens=8, route=ROUTE_1, reduce=reduce, dtype="bfloat16",
-                               steps=2, repeats=2, warmup_steps=1)
+    preset = TransformerPreset(
+        name="flux-tiny-bf16",
+        label="tiny flux bf16",
+        family="flux",
+        config=config,
+        height=64,
+        width=64,
+        text_tokens=8,
+        route=ROUTE_1,
+        reduce=reduce,
+        dtype="bfloat16",
+        steps=2,
+        repeats=2,
+        warmup_steps=1,
+    )
     model = build_transformer(preset, "cpu", seed=0)
     stock = {m: m.processor for m in attention_modules(model.transformer)}
-    ctx = Context(model=model, preset=preset, processors=["attnkit", "attnkit int8"], device=torch.device("cpu"),
-                  device_name="cpu", progress=False)
+    ctx = Context(
+        model=model,
+        preset=preset,
+        processors=["attnkit", "attnkit int8"],
+        device=torch.device("cpu"),
+        device_name="cpu",
+        progress=False,
+    )
     table = transformer_table(ctx)
     cells = table["models"][0]["cells"]
     cell = cells["attnkit int8"]

@@ -21,8 +21,14 @@ from attnkit.bench.published import LADDER_TITAN_RTX
 
 def _cell(name: str, samples: list[float], status: str = "ok", reason: str = "") -> dict:
     """A table-1 cell as Cell.to_dict writes it."""
-    out = {"name": name, "status": status, "reason": reason, "samples": len(samples), "it_per_s": samples,
-           "warmup_seconds": 1.0}
+    out = {
+        "name": name,
+        "status": status,
+        "reason": reason,
+        "samples": len(samples),
+        "it_per_s": samples,
+        "warmup_seconds": 1.0,
+    }
     for key, values in (("it_per_s", samples), ("loop_it_per_s", samples), ("seconds", [3 / v for v in samples])):
         out[key] = values
         out[f"{key}_median"] = sorted(values)[len(values) // 2] if values else None
@@ -33,10 +39,20 @@ def _cell(name: str, samples: list[float], status: str = "ok", reason: str = "")
 
 def _table1(cells: dict[str, dict]) -> dict:
     base = cells["vanilla"]["it_per_s_median"]
-    return {"cells": cells, "published": None,
-            "speedup_vs_vanilla": {n: c["it_per_s_median"] / base for n, c in cells.items() if c["status"] == "ok"},
-            "setting": {"resolution": 128, "steps": 3, "batch": 1, "dtype": "fp32", "compile": False, "repeats": 5,
-                        "steady_state_skips_first_steps": 1}}
+    return {
+        "cells": cells,
+        "published": None,
+        "speedup_vs_vanilla": {n: c["it_per_s_median"] / base for n, c in cells.items() if c["status"] == "ok"},
+        "setting": {
+            "resolution": 128,
+            "steps": 3,
+            "batch": 1,
+            "dtype": "fp32",
+            "compile": False,
+            "repeats": 5,
+            "steady_state_skips_first_steps": 1,
+        },
+    }
 
 
 def test_cells_hold_exactly_the_samples_the_table_counts():
@@ -58,8 +74,9 @@ def test_cells_hold_exactly_the_samples_the_table_counts():
 
         return Config(name, run)
 
-    cells = measure_interleaved([make("auto"), make("sdpa"), make("vanilla")], repeats=4, skip_steps=1,
-                                progress=False, deadline=TwoRounds(None))
+    cells = measure_interleaved(
+        [make("auto"), make("sdpa"), make("vanilla")], repeats=4, skip_steps=1, progress=False, deadline=TwoRounds(None)
+    )
     dicts = {n: c.to_dict() for n, c in cells.items()}
     assert all(d["samples"] == len(d["it_per_s"]) == len(d["seconds"]) == 2 for d in dicts.values()), dicts
     md = markdown.render_table1(_table1(dicts), {"device_name": "cpu"})
@@ -68,20 +85,27 @@ def test_cells_hold_exactly_the_samples_the_table_counts():
     assert "median of its n samples" in md and "up to 5 rounds" in md
 
 
-@pytest.mark.parametrize("a, b, noise, expected", [
-    ([1.10], [1.40], None, None),  # one sample each, the run's spread unknown: not established
-    ([1.10], [1.40], 0.30, False),  # one sample each, the run's spread (30%) larger than the difference
-    ([1.10], [1.40], 0.05, True),
-    ([1.0, 1.3], [1.2, 1.5], None, False),  # ranges overlap
-    ([1.0, 1.1], [1.2, 1.5], None, True),
-], ids=["one-sample", "one-sample-noisy-run", "one-sample-quiet-run", "overlap", "apart"])
+@pytest.mark.parametrize(
+    "a, b, noise, expected",
+    [
+        ([1.10], [1.40], None, None),  # one sample each, the run's spread unknown: not established
+        ([1.10], [1.40], 0.30, False),  # one sample each, the run's spread (30%) larger than the difference
+        ([1.10], [1.40], 0.05, True),
+        ([1.0, 1.3], [1.2, 1.5], None, False),  # ranges overlap
+        ([1.0, 1.1], [1.2, 1.5], None, True),
+    ],
+    ids=["one-sample", "one-sample-noisy-run", "one-sample-quiet-run", "overlap", "apart"],
+)
 def test_a_difference_is_separated_only_beyond_the_noise(a, b, noise, expected):
     assert separated(a, b, noise) is expected
 
 
 def test_the_table_flags_a_spread_wider_than_the_difference():
-    cells = {"auto": _cell("auto", [1.0, 1.3, 1.2]), "sdpa": _cell("sdpa", [1.1, 1.5, 1.4]),
-             "vanilla": _cell("vanilla", [0.5, 0.52, 0.51])}
+    cells = {
+        "auto": _cell("auto", [1.0, 1.3, 1.2]),
+        "sdpa": _cell("sdpa", [1.1, 1.5, 1.4]),
+        "vanilla": _cell("vanilla", [0.5, 0.52, 0.51]),
+    }
     md = markdown.render_table1(_table1(cells), {"device_name": "cpu"})
     assert "x2.75 (sdpa; auto x2.35 within noise)" in md, md
     assert "Fastest first: sdpa 1.40 ≈ auto 1.20 > vanilla 0.51" in md, md
@@ -96,26 +120,51 @@ LONG_DEVICE = "CPU: Intel(R) Xeon(R) Platinum 8480+ Processor @ 2.00GHz with a l
 
 
 def _results() -> dict:
-    t1 = _table1({"auto": _cell("auto", [0.62, 0.65]), "sdpa": _cell("sdpa", [0.6, 0.66]),
-                  "xformers": _cell("xformers", [], "n/a", "xformers is not installed; device=cpu (supported: cuda)"),
-                  "vanilla": _cell("vanilla", [0.7, 0.72])})
-    ladder_rows = [{**_cell("fp32", [0.5]), "speedup_vs_fp32": 1.0}, {**_cell("bf16", [0.4]), "speedup_vs_fp32": 1.25},
-                   {**_cell("bf16 + sdpa", [], "n/a", "not here"), "speedup_vs_fp32": None}]
+    t1 = _table1(
+        {
+            "auto": _cell("auto", [0.62, 0.65]),
+            "sdpa": _cell("sdpa", [0.6, 0.66]),
+            "xformers": _cell("xformers", [], "n/a", "xformers is not installed; device=cpu (supported: cuda)"),
+            "vanilla": _cell("vanilla", [0.7, 0.72]),
+        }
+    )
+    ladder_rows = [
+        {**_cell("fp32", [0.5]), "speedup_vs_fp32": 1.0},
+        {**_cell("bf16", [0.4]), "speedup_vs_fp32": 1.25},
+        {**_cell("bf16 + sdpa", [], "n/a", "not here"), "speedup_vs_fp32": None},
+    ]
     for r in ladder_rows:
         r["seconds_median"] = r["seconds_min"] = r["seconds_max"] = r["it_per_s_median"]
     gib = 1 << 30
-    mem = {n: {"name": n, "status": "ok", "peak_bytes": int(4.13 * gib) + extra, "baseline_bytes": int(3.98 * gib),
-               "activation_bytes": int(0.15 * gib) + extra}
-           for n, extra in (("auto", 3 << 20), ("sdpa", 2 << 20), ("vanilla", 0))}
+    mem = {
+        n: {
+            "name": n,
+            "status": "ok",
+            "peak_bytes": int(4.13 * gib) + extra,
+            "baseline_bytes": int(3.98 * gib),
+            "activation_bytes": int(0.15 * gib) + extra,
+        }
+        for n, extra in (("auto", 3 << 20), ("sdpa", 2 << 20), ("vanilla", 0))
+    }
     mem["xformers"] = {"name": "xformers", "status": "n/a", "reason": "not installed"}
-    one_batch = {"batch": 1, "cells": {"sdpa": {"status": "ok", "it_per_s_median": 1.0}},
-                 "speedup_vs_vanilla": {}, "speedup_vs_xformers": {}}
-    return {"environment": {"device_name": LONG_DEVICE},
-            "tables": {"1": t1, "2": {"rows": ladder_rows, "setting": {"includes": "denoising loop only"}},
-                       "3": {"setting": {"repeats": 1}, "runs": [{"dtype": "fp32", "compile": False,
-                                                                  "batches": [one_batch]}]},
-                       "4": {"method": "peak resident memory (VmHWM) of the denoising loop, each processor in its own "
-                                       "process", "cells": mem}}}
+    one_batch = {
+        "batch": 1,
+        "cells": {"sdpa": {"status": "ok", "it_per_s_median": 1.0}},
+        "speedup_vs_vanilla": {},
+        "speedup_vs_xformers": {},
+    }
+    return {
+        "environment": {"device_name": LONG_DEVICE},
+        "tables": {
+            "1": t1,
+            "2": {"rows": ladder_rows, "setting": {"includes": "denoising loop only"}},
+            "3": {"setting": {"repeats": 1}, "runs": [{"dtype": "fp32", "compile": False, "batches": [one_batch]}]},
+            "4": {
+                "method": "peak resident memory (VmHWM) of the denoising loop, each processor in its own process",
+                "cells": mem,
+            },
+        },
+    }
 
 
 def test_plots_show_their_values_and_name_what_was_not_measured(tmp_path):
@@ -163,8 +212,24 @@ def test_without_the_bench_extra_results_and_table_are_still_written(tmp_path, m
         monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
     before = torch.get_num_threads()
     try:
-        rc = main(["--preset", "tiny", "--tables", "1", "--processors", "sdpa,vanilla", "--repeats", "1",
-                   "--steps", "2", "--threads", "1", "--out", str(tmp_path)])
+        rc = main(
+            [
+                "--preset",
+                "tiny",
+                "--tables",
+                "1",
+                "--processors",
+                "sdpa,vanilla",
+                "--repeats",
+                "1",
+                "--steps",
+                "2",
+                "--threads",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     finally:
         torch.set_num_threads(before)
     assert rc == 0
@@ -223,28 +288,59 @@ def _ladder(rows: list[dict]) -> dict:
     fp32 = rows[0]["seconds_median"]
     for r in rows:
         r["speedup_vs_fp32"] = fp32 / r["seconds_median"] if r["seconds_median"] else None
-    return {"rows": rows, "setting": {"resolution": 128, "steps": 3, "repeats": 3, "includes": "denoising loop only"},
-            "published": {"device": "NVIDIA TITAN RTX", "rows": [
-                {"step": step, "seconds": seconds, "speedup": speedup} for step, seconds, speedup in LADDER_TITAN_RTX]}}
+    return {
+        "rows": rows,
+        "setting": {"resolution": 128, "steps": 3, "repeats": 3, "includes": "denoising loop only"},
+        "published": {
+            "device": "NVIDIA TITAN RTX",
+            "rows": [
+                {"step": step, "seconds": seconds, "speedup": speedup} for step, seconds, speedup in LADDER_TITAN_RTX
+            ],
+        },
+    }
 
 
 def _transformer(cells: dict[str, dict], repeats: int = 7) -> dict:
     ok = {n: c for n, c in cells.items() if c["status"] == "ok"}
-    ratio_vs = {b: {n: c["step_seconds_median"] / ok[b]["step_seconds_median"] for n, c in ok.items()}
-                for b in ("native", "stock") if b in ok}
+    ratio_vs = {
+        b: {n: c["step_seconds_median"] / ok[b]["step_seconds_median"] for n, c in ok.items()}
+        for b in ("native", "stock")
+        if b in ok
+    }
     tokens = {"image": 1024, "text": 128}
-    return {"models": [{"preset": "flux-cpu", "label": "Flux-like transformer for the CPU", "route": "route 1",
-                        "source": "random weights", "cells": cells, "ratio_vs": ratio_vs,
-                        "setting": {"width": 512, "height": 512, "tokens": tokens, "batch": 1, "dtype": "fp32",
-                                    "attention_modules": 3, "steps": 4, "steady_state_skips_first_steps": 1,
-                                    "repeats": repeats}}]}
+    return {
+        "models": [
+            {
+                "preset": "flux-cpu",
+                "label": "Flux-like transformer for the CPU",
+                "route": "route 1",
+                "source": "random weights",
+                "cells": cells,
+                "ratio_vs": ratio_vs,
+                "setting": {
+                    "width": 512,
+                    "height": 512,
+                    "tokens": tokens,
+                    "batch": 1,
+                    "dtype": "fp32",
+                    "attention_modules": 3,
+                    "steps": 4,
+                    "steady_state_skips_first_steps": 1,
+                    "repeats": repeats,
+                },
+            }
+        ]
+    }
 
 
 def test_plots_mark_a_ratio_within_noise_as_the_tables_do():
     plt = _plt()
     # auto's range overlaps vanilla's: x1.05 is within noise; sdpa's is apart: x1.91 is not
-    cells = {"vanilla": _cell("vanilla", [1.0, 1.1]), "auto": _cell("auto", [1.05, 1.15]),
-             "sdpa": _cell("sdpa", [2.0, 2.1])}
+    cells = {
+        "vanilla": _cell("vanilla", [1.0, 1.1]),
+        "auto": _cell("auto", [1.05, 1.15]),
+        "sdpa": _cell("sdpa", [2.0, 2.1]),
+    }
     t1 = _table1(cells)
     md = markdown.render_table1(t1, {"device_name": "cpu"})
     assert "| auto | 1.15 | 2 |" in md and "| x1.05 (within noise) |" in md, md
@@ -262,7 +358,10 @@ def test_plots_mark_a_ratio_within_noise_as_the_tables_do():
     assert "| bf16 + channels_last | 1.100 | 2 | 1.000–1.100 | x2.00 |" in md, md
     fig = plots.plot_ladder(plt, t2, "cpu")
     assert [t.get_text() for t in fig.axes[0].texts] == [
-        "2.2 s (x1.00 vs fp32, n=2)", "2.1 s (x1.05 vs fp32, within noise, n=2)", "1.1 s (x2.00 vs fp32, n=2)"]
+        "2.2 s (x1.00 vs fp32, n=2)",
+        "2.1 s (x1.05 vs fp32, within noise, n=2)",
+        "1.1 s (x2.00 vs fp32, n=2)",
+    ]
     plt.close(fig)
 
     # table 5: stock against native
@@ -277,8 +376,10 @@ def test_plots_mark_a_ratio_within_noise_as_the_tables_do():
 def test_reasons_are_cut_at_a_word_or_wrapped_never_inside_one():
     from attnkit.bench.measure import cell_text, clip
 
-    reason = ("ValueError: `backend='attnkit'` must be one of the following: _native_cudnn, _native_xla, "
-              "_native_efficient, flash_varlen, _flash_varlen_3, sage_hub, flash, native")
+    reason = (
+        "ValueError: `backend='attnkit'` must be one of the following: _native_cudnn, _native_xla, "
+        "_native_efficient, flash_varlen, _flash_varlen_3, sage_hub, flash, native"
+    )
     words = reason.split()
     for limit in range(12, len(reason) + 5):
         text = clip(reason, limit)
@@ -286,28 +387,38 @@ def test_reasons_are_cut_at_a_word_or_wrapped_never_inside_one():
         if text != reason:
             shown = text[:-1].split()  # whole words only (a trailing ':' or ',' dropped before the "…")
             k = len(shown)
-            assert text.endswith("…") and shown[:-1] == words[:k - 1], (limit, text)
+            assert text.endswith("…") and shown[:-1] == words[: k - 1], (limit, text)
             assert shown[-1] == words[k - 1].rstrip(",;:"), (limit, text)
     # a record written before this cut holds reasons cut inside a word: shown to the last whole word
     assert clip("must be one of: native, _f…", 200) == "must be one of: native…"
-    assert cell_text("n/a", "device=cpu: Triton kernels run on CUDA (its CPU interpreter is for debugging)", 60) == \
-        "n/a (device=cpu: Triton kernels run on CUDA (its CPU interpreter…)"
+    assert (
+        cell_text("n/a", "device=cpu: Triton kernels run on CUDA (its CPU interpreter is for debugging)", 60)
+        == "n/a (device=cpu: Triton kernels run on CUDA (its CPU interpreter…)"
+    )
 
     plt = _plt()
-    t5 = _transformer({"native": _steps("native", [0.2, 0.21]), "attnkit": _steps("attnkit", [], "n/a", reason),
-                       "stock": _steps("stock", [0.2, 0.22])})
+    t5 = _transformer(
+        {
+            "native": _steps("native", [0.2, 0.21]),
+            "attnkit": _steps("attnkit", [], "n/a", reason),
+            "stock": _steps("stock", [0.2, 0.22]),
+        }
+    )
     fig = plots.plot_transformers(plt, t5, "cpu")
     text = fig.axes[0].texts[1].get_text()
     assert text.startswith("n/a (ValueError") and text.count("\n") <= 1, text
-    shown = text.replace("\n", " ")[len("n/a ("):].rstrip(")").rstrip("…").split()
-    assert shown == words[:len(shown)] and len(shown) > 8, text
+    shown = text.replace("\n", " ")[len("n/a (") :].rstrip(")").rstrip("…").split()
+    assert shown == words[: len(shown)] and len(shown) > 8, text
     plt.close(fig)
 
 
 def test_no_speedup_over_vanilla_is_promised_where_vanilla_was_not_measured():
     plt = _plt()
-    cells = {"auto": _cell("auto", [0.13]), "sdpa": _cell("sdpa", [0.10]),
-             "vanilla": _cell("vanilla", [], "skipped", "time budget")}
+    cells = {
+        "auto": _cell("auto", [0.13]),
+        "sdpa": _cell("sdpa", [0.10]),
+        "vanilla": _cell("vanilla", [], "skipped", "time budget"),
+    }
     t1 = {**_table1({**cells, "vanilla": _cell("vanilla", [1.0])}), "cells": cells, "speedup_vs_vanilla": {}}
     fig = plots.plot_it_per_s(plt, t1, "cpu")
     ax = fig.axes[0]
@@ -324,18 +435,24 @@ def test_no_speedup_over_vanilla_is_promised_where_vanilla_was_not_measured():
 def test_the_ladder_names_its_unmeasured_steps_once_per_reason_in_table_and_plot():
     plt = _plt()
     cl = "bf16 + channels_last"
-    rows = [_steps("fp32", [5.4]), _steps("bf16", [6.8]), _steps(cl, [2.9]),
-            _steps(f"{cl} + torch.compile", [], "skipped", "compile off (--compile)"),
-            *(_steps(f"{cl} + {n}", [], "skipped", "time budget") for n in ("auto", "sdpa")),
-            _steps(f"{cl} + xformers", [], "n/a", "xformers is not installed"),
-            _steps(f"{cl} + sliced", [], "skipped", "time budget")]
+    rows = [
+        _steps("fp32", [5.4]),
+        _steps("bf16", [6.8]),
+        _steps(cl, [2.9]),
+        _steps(f"{cl} + torch.compile", [], "skipped", "compile off (--compile)"),
+        *(_steps(f"{cl} + {n}", [], "skipped", "time budget") for n in ("auto", "sdpa")),
+        _steps(f"{cl} + xformers", [], "n/a", "xformers is not installed"),
+        _steps(f"{cl} + sliced", [], "skipped", "time budget"),
+    ]
     t2 = _ladder(rows)
     md = markdown.render_table2(t2, {})
     table = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| step")]
     assert [line.split(" | ")[0][2:] for line in table] == ["fp32", "bf16", cl], table  # no empty rows
-    expected = ["skipped (compile off (--compile)): bf16 + channels_last + torch.compile",
-                "skipped (time budget): bf16 + channels_last + (auto, sdpa, sliced)",
-                "n/a (xformers is not installed): bf16 + channels_last + xformers"]
+    expected = [
+        "skipped (compile off (--compile)): bf16 + channels_last + torch.compile",
+        "skipped (time budget): bf16 + channels_last + (auto, sdpa, sliced)",
+        "n/a (xformers is not installed): bf16 + channels_last + xformers",
+    ]
     assert "Not measured (5 of 8 steps):\n" + "\n".join(f"- {e}" for e in expected) in md, md
     assert "traced UNet: 3.21 s, x2.96; memory efficient attention: 2.63 s, x3.61" in md  # published, still shown
 
@@ -360,10 +477,19 @@ def _label_ends(fig, ax, along: str) -> list[float]:
 def test_the_value_axis_ends_just_past_the_furthest_bar_whisker_or_label():
     plt = _plt()
     # the flux-cpu record: one slow first round puts native's whisker at 8x its median
-    t5 = _transformer({"native": _steps("native", [0.196, 0.2, 0.202, 0.21, 0.22, 0.3, 1.666]),
-                       "flash": _steps("flash", [], "n/a", "RuntimeError: Flash Attention backend 'flash' is not "
-                                       "usable because of missing package or the version is too old."),
-                       "stock": _steps("stock", [0.195, 0.2, 0.207, 0.21, 0.22, 0.25, 1.15])})
+    t5 = _transformer(
+        {
+            "native": _steps("native", [0.196, 0.2, 0.202, 0.21, 0.22, 0.3, 1.666]),
+            "flash": _steps(
+                "flash",
+                [],
+                "n/a",
+                "RuntimeError: Flash Attention backend 'flash' is not "
+                "usable because of missing package or the version is too old.",
+            ),
+            "stock": _steps("stock", [0.195, 0.2, 0.207, 0.21, 0.22, 0.25, 1.15]),
+        }
+    )
     fig = plots.plot_transformers(plt, t5, "cpu")
     plots.finish(fig)
     ax = fig.axes[0]
@@ -390,9 +516,14 @@ def test_the_value_axis_ends_just_past_the_furthest_bar_whisker_or_label():
 
 
 def _record(tables: dict, budget: float | None = 120.0) -> dict:
-    return {"environment": {"device_name": "cpu", "versions": {}, "date": "d", "command": "c"},
-            "preset": {"name": "flux-cpu", "label": "flux"}, "model": {"source": "s"}, "tables": tables,
-            "budget_seconds": budget, "elapsed_seconds": 34.0}
+    return {
+        "environment": {"device_name": "cpu", "versions": {}, "date": "d", "command": "c"},
+        "preset": {"name": "flux-cpu", "label": "flux"},
+        "model": {"source": "s"},
+        "tables": tables,
+        "budget_seconds": budget,
+        "elapsed_seconds": 34.0,
+    }
 
 
 def test_fewer_samples_than_asked_is_never_reported_as_nothing_skipped():
@@ -403,7 +534,9 @@ def test_fewer_samples_than_asked_is_never_reported_as_nothing_skipped():
     short = _transformer({"native": _steps("native", [0.2] * 6), "stock": _steps("stock", [0.2] * 7)})
     md = markdown.render_markdown(_record({"5": short}))
     assert "nothing was skipped" not in md, md
-    assert ("1 cell(s) with fewer samples than asked (the budget ended their rounds): "
-            "table 5 (flux-cpu): native n=6 of 7 asked") in md, md
+    assert (
+        "1 cell(s) with fewer samples than asked (the budget ended their rounds): "
+        "table 5 (flux-cpu): native n=6 of 7 asked"
+    ) in md, md
     merged = {**_record({"5": short}, None), "parts": [{"command": "c", "elapsed_seconds": 34.0}]}
     assert "native n=6 of 7 asked" in markdown.render_markdown(merged)

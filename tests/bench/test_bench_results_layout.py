@@ -48,9 +48,14 @@ def test_gpu_suite_refuses_before_running_anything(args, tmp_path):
     """An OUTDIR under bench/results/, an unknown option, two OUTDIRs or two kinds of run
     stop the suite (exit 2) before it creates a folder or imports anything."""
     before = sorted(p.name for p in RESULTS.iterdir())
-    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "PYTHON": "false"})
+    run = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": "false"},
+    )
     assert run.returncode == 2, run.stderr
     assert sorted(p.name for p in RESULTS.iterdir()) == before
     assert not (ROOT / "a").exists()

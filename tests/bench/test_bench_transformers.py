@@ -16,28 +16,71 @@ import torch
 from attnkit.bench import markdown
 from attnkit.bench.context import Context
 from attnkit.bench.dit import SETTINGS, attention_modules, build_transformer, transformer_table
-from attnkit.bench.presets import ROUTE_1, ROUTE_2, TransformerPreset, get_preset
 from attnkit.bench.models import load_config
+from attnkit.bench.presets import ROUTE_1, ROUTE_2, TransformerPreset, get_preset
 
 TINY = {
-    "flux": ("flux_dev_transformer.json", {"num_layers": 1, "num_single_layers": 1, "num_attention_heads": 2,
-                                           "attention_head_dim": 16, "axes_dims_rope": [4, 6, 6],
-                                           "joint_attention_dim": 32, "pooled_projection_dim": 32}, {}),
-    "sd3": ("sd3_medium_transformer.json", {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 16,
-                                            "caption_projection_dim": 32, "joint_attention_dim": 32,
-                                            "pooled_projection_dim": 32, "pos_embed_max_size": 16,
-                                            "sample_size": 8}, {}),
-    "wan": ("wan21_t2v_1.3b_transformer.json", {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 16,
-                                                "ffn_dim": 32, "text_dim": 32, "freq_dim": 32,
-                                                "rope_max_seq_len": 32}, {"frames": 5}),
+    "flux": (
+        "flux_dev_transformer.json",
+        {
+            "num_layers": 1,
+            "num_single_layers": 1,
+            "num_attention_heads": 2,
+            "attention_head_dim": 16,
+            "axes_dims_rope": [4, 6, 6],
+            "joint_attention_dim": 32,
+            "pooled_projection_dim": 32,
+        },
+        {},
+    ),
+    "sd3": (
+        "sd3_medium_transformer.json",
+        {
+            "num_layers": 1,
+            "num_attention_heads": 2,
+            "attention_head_dim": 16,
+            "caption_projection_dim": 32,
+            "joint_attention_dim": 32,
+            "pooled_projection_dim": 32,
+            "pos_embed_max_size": 16,
+            "sample_size": 8,
+        },
+        {},
+    ),
+    "wan": (
+        "wan21_t2v_1.3b_transformer.json",
+        {
+            "num_layers": 1,
+            "num_attention_heads": 2,
+            "attention_head_dim": 16,
+            "ffn_dim": 32,
+            "text_dim": 32,
+            "freq_dim": 32,
+            "rope_max_seq_len": 32,
+        },
+        {"frames": 5},
+    ),
 }
 
 
 def _tiny(family: str) -> TransformerPreset:
     config, reduce, extra = TINY[family]
-    return TransformerPreset(name=f"{family}-tiny", label=f"tiny {family}", family=family, config=config,
-                             height=64, width=64, text_tokens=8, route=ROUTE_2 if family == "sd3" else ROUTE_1,
-                             reduce=reduce, dtype="float32", steps=2, repeats=2, warmup_steps=1, **extra)
+    return TransformerPreset(
+        name=f"{family}-tiny",
+        label=f"tiny {family}",
+        family=family,
+        config=config,
+        height=64,
+        width=64,
+        text_tokens=8,
+        route=ROUTE_2 if family == "sd3" else ROUTE_1,
+        reduce=reduce,
+        dtype="float32",
+        steps=2,
+        repeats=2,
+        warmup_steps=1,
+        **extra,
+    )
 
 
 def _active_backend():
@@ -62,8 +105,14 @@ def test_every_column_is_measured_or_says_why(family, one_thread):
     assert out.shape == model.latents.shape and torch.isfinite(out).all() and out.abs().sum() > 0
     stock = {m: m.processor for m in attention_modules(model.transformer)}
     active = _active_backend()
-    ctx = Context(model=model, preset=preset, processors=list(SETTINGS), device=torch.device("cpu"),
-                  device_name="cpu", progress=False)
+    ctx = Context(
+        model=model,
+        preset=preset,
+        processors=list(SETTINGS),
+        device=torch.device("cpu"),
+        device_name="cpu",
+        progress=False,
+    )
     table = transformer_table(ctx)
     (m,) = table["models"]
     cells = m["cells"]
@@ -76,7 +125,10 @@ def test_every_column_is_measured_or_says_why(family, one_thread):
     assert cells["stock"]["status"] == "ok"
     if family == "sd3":  # JointAttnProcessor2_0 calls SDPA itself: set_attention_backend reaches nothing
         assert m["route"] == ROUTE_2
-        assert cells["native"]["status"] == "n/a" and "reaches none of the 1 attention modules" in cells["native"]["reason"]
+        assert (
+            cells["native"]["status"] == "n/a"
+            and "reaches none of the 1 attention modules" in cells["native"]["reason"]
+        )
     else:
         assert m["route"] == ROUTE_1
         assert cells["native"]["status"] == "ok"
@@ -97,16 +149,21 @@ def test_every_column_is_measured_or_says_why(family, one_thread):
 def test_transformer_presets_are_checked_on_the_command_line():
     from attnkit.bench.cli import main
 
-    for argv in (["--preset", "flux-cpu", "--processors", "sdpa"], ["--preset", "wan-cpu", "--tables", "1"],
-                 ["--preset", "cpu-small", "--attention", "native"], ["--preset", "sd3", "--attention", "nope"]):
+    for argv in (
+        ["--preset", "flux-cpu", "--processors", "sdpa"],
+        ["--preset", "wan-cpu", "--tables", "1"],
+        ["--preset", "cpu-small", "--attention", "native"],
+        ["--preset", "sd3", "--attention", "nope"],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2, argv
     assert get_preset("flux", "cuda").name == "flux-dev" and get_preset("flux", "cpu").name == "flux-cpu"
 
 
-@pytest.mark.parametrize("name, billions", [("flux-dev", (11.8, 12.0)), ("sd3-medium", (2.0, 2.1)),
-                                            ("wan-1.3b", (1.3, 1.45))])
+@pytest.mark.parametrize(
+    "name, billions", [("flux-dev", (11.8, 12.0)), ("sd3-medium", (2.0, 2.1)), ("wan-1.3b", (1.3, 1.45))]
+)
 def test_full_size_presets_are_the_published_models(name, billions):
     """The shipped configs build the published sizes (on the meta device: no memory)."""
     import diffusers
@@ -116,7 +173,8 @@ def test_full_size_presets_are_the_published_models(name, billions):
     assert config["_source"].endswith("config.json (public)") and not preset.reduce
     with torch.device("meta"):
         model = getattr(diffusers, config["_class_name"]).from_config(
-            {k: v for k, v in config.items() if not k.startswith("_")})
+            {k: v for k, v in config.items() if not k.startswith("_")}
+        )
     count = sum(p.numel() for p in model.parameters()) / 1e9
     assert billions[0] <= count <= billions[1], count
     json.dumps(preset.to_dict())  # results.json holds it
@@ -130,8 +188,16 @@ def test_the_compiled_row_is_measured_and_matches_eager_or_says_why(compile_, on
     preset = _tiny("flux")
     model = build_transformer(preset, "cpu", seed=0)
     names = ["native", "attnkit", "attnkit + torch.compile"]
-    ctx = Context(model=model, preset=preset, processors=names, device=torch.device("cpu"), device_name="cpu",
-                  progress=False, compile=compile_, compile_backend="aot_eager")
+    ctx = Context(
+        model=model,
+        preset=preset,
+        processors=names,
+        device=torch.device("cpu"),
+        device_name="cpu",
+        progress=False,
+        compile=compile_,
+        compile_backend="aot_eager",
+    )
     table = transformer_table(ctx)
     cells = table["models"][0]["cells"]
     assert list(cells) == names

@@ -14,17 +14,30 @@ SD = "pipelines/stable_diffusion/test_stable_diffusion.py"
 
 
 def _phase(name: str, outcomes: dict[str, str]) -> PhaseResult:
-    results = {f"tests/{nodeid}": {"outcome": outcome, "reason": f"{outcome} in {name}",
-                                    "properties": {"attnkit_backend_calls": 3} if name == "attnkit" else {}}
-               for nodeid, outcome in outcomes.items()}
+    results = {
+        f"tests/{nodeid}": {
+            "outcome": outcome,
+            "reason": f"{outcome} in {name}",
+            "properties": {"attnkit_backend_calls": 3} if name == "attnkit" else {},
+        }
+        for nodeid, outcome in outcomes.items()
+    }
     return PhaseResult(name=name, files=[FLUX, SD], results=results)
 
 
 def _data() -> dict:
-    stock = _phase("stock", {f"{FLUX}::T::test_a": "passed", f"{FLUX}::T::test_b": "passed",
-                             f"{FLUX}::T::test_c": "failed", f"{SD}::P::test_d": "passed"})
-    attnkit = _phase("attnkit", {f"{FLUX}::T::test_a": "passed", f"{FLUX}::T::test_b": "failed",
-                                 f"{SD}::P::test_d": "passed"})
+    stock = _phase(
+        "stock",
+        {
+            f"{FLUX}::T::test_a": "passed",
+            f"{FLUX}::T::test_b": "passed",
+            f"{FLUX}::T::test_c": "failed",
+            f"{SD}::P::test_d": "passed",
+        },
+    )
+    attnkit = _phase(
+        "attnkit", {f"{FLUX}::T::test_a": "passed", f"{FLUX}::T::test_b": "failed", f"{SD}::P::test_d": "passed"}
+    )
     header = {"diffusers_commit": "abc", "attnkit_commit": "def", "date": "today"}
     return report.build([FLUX, SD], stock, attnkit, header)
 

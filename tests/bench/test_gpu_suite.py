@@ -17,13 +17,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "bench" / "gpu_suite.sh"
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
-                                reason="needs bash and coreutils' timeout")
+pytestmark = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and coreutils' timeout"
+)
 
 
 def _plan(*args: str, **env: str) -> tuple[list[tuple[str, int]], int, str]:
-    run = subprocess.run(["bash", str(SUITE), *args, "--dry-run"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, env={"PATH": os.environ["PATH"], "PYTHON": "false", **env})
+    run = subprocess.run(
+        ["bash", str(SUITE), *args, "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"], "PYTHON": "false", **env},
+    )
     assert run.returncode == 0, run.stderr
     steps = [(m[1], int(m[2])) for m in re.finditer(r"^  (\S+)\s+(\d+)\s+hard cap$", run.stdout, re.M)]
     total = re.search(r"^  sum\s+(\d+)", run.stdout, re.M)
@@ -37,8 +44,17 @@ def test_the_quick_plan_measures_what_the_issue_asks_within_8_minutes():
     # compiled table 5, the 16-bit kernel check, the kernel's default tiles beside the
     # autotuner's choice (what per-GPU default tiles are made from), host time per call, the
     # microbenchmarks
-    assert names == ["table1", "table2-sdpa", "table2-attnkit", "table5-flux", "kernels16", "tile-timing",
-                     "overhead", "launch", "kernels"]
+    assert names == [
+        "table1",
+        "table2-sdpa",
+        "table2-attnkit",
+        "table5-flux",
+        "kernels16",
+        "tile-timing",
+        "overhead",
+        "launch",
+        "kernels",
+    ]
     assert all(cap >= 30 for _, cap in steps)
     assert total == sum(cap for _, cap in steps) <= 480, out
     # a subset is planned as asked
@@ -53,7 +69,7 @@ def test_the_quick_tile_timing_step_records_default_and_autotuned_timings_into_t
     steps, _, out = _plan("--quick", ATTNKIT_SUITE_STEPS="tile-timing")
     assert steps == [("tile-timing", 45)], out
     text = SUITE.read_text()
-    call = re.search(r'^\s*run_step tile-timing (.*?[^\\])$', text, re.M | re.S)
+    call = re.search(r"^\s*run_step tile-timing (.*?[^\\])$", text, re.M | re.S)
     assert call, "no tile-timing step"
     cmd = call[1].replace("\\\n", " ")
     assert '"$PY" "$REPO/bench/gpu_tiles.py" "$RECORD/tiles"' in cmd
@@ -80,8 +96,14 @@ def test_the_script_runs_its_steps_in_the_plans_order():
 def test_a_step_writes_into_the_records_results_and_table(tmp_path):
     """The smoke run of one step: its section lands in results.json and table.md of the
     record folder, the logs stay in OUTDIR/logs."""
-    run = subprocess.run(["bash", str(SUITE), str(tmp_path), "--smoke"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=240, env={**os.environ, "PYTHON": sys.executable, "ATTNKIT_SUITE_STEPS": "kernels16"})
+    run = subprocess.run(
+        ["bash", str(SUITE), str(tmp_path), "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHON": sys.executable, "ATTNKIT_SUITE_STEPS": "kernels16"},
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     (record,) = (tmp_path / "results").iterdir()
     assert record.name.endswith("-smoke")

@@ -27,9 +27,23 @@ def test_the_defaults_time_every_case_with_the_host_time(gpu_tiles):
 
 
 def test_timing_cases_are_named_exactly_and_kept_in_the_tables_order(gpu_tiles):
-    args = gpu_tiles.parse_args(["out", "--skip-tiles", "--no-host", "--timing-seconds", "25",
-                                 "--timing-case", "d128 full bias", "--timing-case", "sd15 d40",
-                                 "--timing-case", "d64", "--timing-case", "d128"])
+    args = gpu_tiles.parse_args(
+        [
+            "out",
+            "--skip-tiles",
+            "--no-host",
+            "--timing-seconds",
+            "25",
+            "--timing-case",
+            "d128 full bias",
+            "--timing-case",
+            "sd15 d40",
+            "--timing-case",
+            "d64",
+            "--timing-case",
+            "d128",
+        ]
+    )
     assert args.skip_tiles and args.no_host and args.timing_seconds == 25
     assert args.timing_case == ["d128 full bias", "sd15 d40", "d64", "d128"]
     chosen = gpu_tiles.timing_cases(args.timing_case)
@@ -78,8 +92,10 @@ def test_a_sigint_keeps_the_cases_measured_and_the_autotuners_choices(gpu_tiles,
     rows = gpu_tiles.timing("out", 60, autotune=True, cases=["d128", "sd15 d40", "d64"])
     assert timed == ["sd15 d40"]
     assert rows[0] == {"case": "sd15 d40", "autotune": True, "attnkit_ms": 1.0}
-    assert rows[1:3] == [{"case": "d128", "skipped": gpu_tiles.INTERRUPTED},
-                         {"case": "d64", "skipped": gpu_tiles.INTERRUPTED}]
+    assert rows[1:3] == [
+        {"case": "d128", "skipped": gpu_tiles.INTERRUPTED},
+        {"case": "d64", "skipped": gpu_tiles.INTERRUPTED},
+    ]
     assert rows[3] == {"case": "autotuner choices", "choices": {"sm90/fwd": {"(64, 4096, 4096, False)": "BLOCK_M=128"}}}
     assert len(rows) == 4
 

@@ -10,11 +10,11 @@ import torch
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit.diffusers.processor import AutoProcessor
 from attnkit.backends import AttentionCall, BackendUnavailable, DeviceInfo
 from attnkit.backends.sdpa import SDPABackend
 from attnkit.backends.sliced import SlicedBackend
 from attnkit.backends.vanilla import VanillaBackend
+from attnkit.diffusers.processor import AutoProcessor
 from attnkit.testing import assert_close_to_reference, make_bias, make_qkv
 
 H100 = DeviceInfo("cuda", (9, 0), "NVIDIA H100 80GB HBM3")

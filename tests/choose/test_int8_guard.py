@@ -94,8 +94,9 @@ def _near_ties(q, k):
     return (q.float() * 40).to(q.dtype), k
 
 
-@pytest.mark.parametrize("make", [_outlier_queries, _huge_key, _near_ties], ids=["outlier-channel", "huge-key",
-                                                                                  "near-ties"])
+@pytest.mark.parametrize(
+    "make", [_outlier_queries, _huge_key, _near_ties], ids=["outlier-channel", "huge-key", "near-ties"]
+)
 def test_inputs_that_int8_gets_wrong_trip_the_guard(make, caplog, seed):
     chooser = AutoChooser(lossy="int8")
     q, k, v = make_qkv(1, 2, 64, 96, 64, torch.float16)
@@ -147,8 +148,11 @@ def test_the_sampled_rows_see_what_the_call_sees(kind, causal, seed):
     rows = sample_rows(40, 7, q.device)
     q_s, bias_s = sample_inputs(q, k, v, bias, off, rows)
     got = reference_attention(q_s, k, v, bias_s)
-    full = None if bias is None else (bias if bias.dtype != torch.bool else
-                                      torch.zeros(bias.shape).masked_fill(~bias, float("-inf")))
+    full = (
+        None
+        if bias is None
+        else (bias if bias.dtype != torch.bool else torch.zeros(bias.shape).masked_fill(~bias, float("-inf")))
+    )
     if causal:
         hidden = torch.arange(50)[None, :] > torch.arange(40)[:, None] + off
         c = torch.zeros(40, 50).masked_fill(hidden, float("-inf"))
@@ -162,7 +166,7 @@ def test_compare_fails_nan_and_measures_error_and_cosine():
     a = torch.tensor([1.0, 0.0])
     assert compare(a, a) == (0.0, 1.0)
     err, cos = compare(torch.tensor([0.0, 1.0]), a)
-    assert err == pytest.approx(2 ** 0.5) and cos == 0.0
+    assert err == pytest.approx(2**0.5) and cos == 0.0
     assert compare(torch.tensor([float("nan"), 0.0]), a) == (float("inf"), -1.0)
 
 

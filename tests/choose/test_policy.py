@@ -16,11 +16,11 @@ import torch
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit.choose import auto as chooser_module
-from attnkit.choose import policy
 from attnkit.backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo
 from attnkit.backends import base as backends_base
 from attnkit.backends.sdpa import SDPABackend
+from attnkit.choose import auto as chooser_module
+from attnkit.choose import policy
 from attnkit.choose.policy import CANDIDATES, LAST_RESORT, PRIORITIES, choose, hardware_class, walk
 from attnkit.testing import make_bias
 
@@ -41,8 +41,9 @@ MPS = DeviceInfo("mps")
 
 
 def call(device, dtype=torch.float16, d=64, mask="none", grad=False, packages=ALL, m=1024, n=1024):
-    return AttentionCall(device, dtype, d, q_len=m, kv_len=n, batch=2, heads=8, mask=mask,
-                         requires_grad=grad, packages=packages)
+    return AttentionCall(
+        device, dtype, d, q_len=m, kv_len=n, batch=2, heads=8, mask=mask, requires_grad=grad, packages=packages
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -52,9 +53,20 @@ def _no_forced_backend(monkeypatch):
 
 @pytest.mark.parametrize(
     "device, cls",
-    [(H100, "sm_90"), (A100, "sm_80"), (RTX4090, "sm_86-89"), (A10, "sm_86-89"), (T4, "sm_75-"),
-     (V100, "sm_75-"), (B200, "sm_100+"), (MI300, "rocm"), (CPU, "cpu"), (MPS, "mps"),
-     (DeviceInfo("cuda"), "cuda"), (DeviceInfo("hpu"), "other")],
+    [
+        (H100, "sm_90"),
+        (A100, "sm_80"),
+        (RTX4090, "sm_86-89"),
+        (A10, "sm_86-89"),
+        (T4, "sm_75-"),
+        (V100, "sm_75-"),
+        (B200, "sm_100+"),
+        (MI300, "rocm"),
+        (CPU, "cpu"),
+        (MPS, "mps"),
+        (DeviceInfo("cuda"), "cuda"),
+        (DeviceInfo("hpu"), "other"),
+    ],
 )
 def test_hardware_class(device, cls):
     assert hardware_class(device) == cls
@@ -216,7 +228,7 @@ def test_priority_lists_are_data_with_reasons():
         assert set(priority.order) <= set(CANDIDATES), cls
         assert len(set(priority.order)) == len(priority.order), cls
         # the last resorts come last, in every list, so auto() can always run
-        assert priority.order[-len(LAST_RESORT):] == LAST_RESORT, cls
+        assert priority.order[-len(LAST_RESORT) :] == LAST_RESORT, cls
         assert not set(LAST_RESORT) & set(priority.order[: -len(LAST_RESORT)]), cls
     for host in ("cpu", "mps", "xpu", "other", "rocm"):
         assert "triton" not in PRIORITIES[host].order
@@ -259,13 +271,15 @@ def test_triton_is_not_chosen_where_the_gpus_shared_memory_cannot_hold_the_call(
 
     monkeypatch.setattr(devices, "NEEDS", {("sm80", "dq", "32bit", 512, "full", False): 133_120})
     only_triton = {"triton": "3.1.0"}
-    label, table = choose(call(RTX4090, torch.float32, 512, "bias", grad=True, packages=only_triton),
-                          backends={"sdpa": _Refuses()})
+    label, table = choose(
+        call(RTX4090, torch.float32, 512, "bias", grad=True, packages=only_triton), backends={"sdpa": _Refuses()}
+    )
     assert label == "sliced"
     assert any("133,120 B of shared memory per block" in r and "8.9 has 101,376 B" in r for r in table["triton"])
     for device, grad in ((A100, True), (RTX4090, False)):
-        label, _ = choose(call(device, torch.float32, 512, "bias", grad=grad, packages=only_triton),
-                          backends={"sdpa": _Refuses()})
+        label, _ = choose(
+            call(device, torch.float32, 512, "bias", grad=grad, packages=only_triton), backends={"sdpa": _Refuses()}
+        )
         assert label == "triton"
 
 
@@ -277,8 +291,12 @@ def test_no_backend_at_all_raises_with_every_reason():
 
 
 def test_walk_marks_excluded_and_failed():
-    label, table = walk(call(A100, packages=NONE), ("sdpa", "sliced", "vanilla"),
-                        exclude=["sdpa"], failed={"sliced": "RuntimeError: boom"})
+    label, table = walk(
+        call(A100, packages=NONE),
+        ("sdpa", "sliced", "vanilla"),
+        exclude=["sdpa"],
+        failed={"sliced": "RuntimeError: boom"},
+    )
     assert label == "vanilla"
     assert table == {"sdpa": ["excluded"], "sliced": ["failed at run time (RuntimeError: boom)"], "vanilla": []}
 
@@ -351,12 +369,15 @@ RECORDED = [
 
 def _recorded_id(case):
     device, dtype, d, mask, grad, lengths, expected = case
-    return (f"{policy.device_folder(device.name)}-sm{''.join(map(str, device.capability))}-{str(dtype)[6:]}-d{d}-"
-            f"{mask}-{lengths['m']}x{lengths['n']}{'-grad' if grad else ''}-{expected}")
+    return (
+        f"{policy.device_folder(device.name)}-sm{''.join(map(str, device.capability))}-{str(dtype)[6:]}-d{d}-"
+        f"{mask}-{lengths['m']}x{lengths['n']}{'-grad' if grad else ''}-{expected}"
+    )
 
 
-@pytest.mark.parametrize("device, dtype, d, mask, grad, lengths, expected", RECORDED,
-                         ids=[_recorded_id(c) for c in RECORDED])
+@pytest.mark.parametrize(
+    "device, dtype, d, mask, grad, lengths, expected", RECORDED, ids=[_recorded_id(c) for c in RECORDED]
+)
 def test_record_rules_decide_where_they_measured(device, dtype, d, mask, grad, lengths, expected):
     c = call(device, dtype, d, mask, grad, ALL, **lengths)
     label, table = choose(c)
@@ -364,7 +385,7 @@ def test_record_rules_decide_where_they_measured(device, dtype, d, mask, grad, l
     order = list(table)
     if expected == "triton":
         # the kernel moves just ahead of SDPA; what the record did not measure keeps its place
-        rule, = policy.rules_for(c)
+        (rule,) = policy.rules_for(c)
         assert order == ["flash_attn3", "flash_attn", "triton", "sdpa", "xformers", "sliced", "vanilla"]
         assert policy.rule_source(rule) in policy.describe_call(c)
         assert (ROOT / policy.rule_source(rule).split("#")[0]).is_file()
@@ -388,8 +409,9 @@ def test_a_rule_never_picks_what_cannot_run():
     label, table = choose(call(H100, torch.float16, 128, "key_padding", False, no_triton, **FLUX))
     assert label == "sdpa" and table["triton"] == ["triton is not installed"]
     assert list(table).index("triton") < list(table).index("sdpa")  # the rule applied; the walk went on
-    label, table = choose(call(H100, torch.float16, 128, "key_padding", False, ALL, **FLUX),
-                          backends={"triton": _Refuses()})
+    label, table = choose(
+        call(H100, torch.float16, 128, "key_padding", False, ALL, **FLUX), backends={"triton": _Refuses()}
+    )
     assert label == "sdpa" and table["triton"] == ["refused for the test"]
     # flags the records never measured: no rule
     for flags in (dict(lse=True), dict(deterministic=True), dict(causal=True)):
@@ -407,7 +429,7 @@ def test_an_order_given_by_the_caller_is_walked_as_given():
 def test_order_for_names_the_record_of_each_rule_that_moved_a_backend():
     c = call(H100, torch.float16, 128, "key_padding", False, ALL, **FLUX)
     name, order = policy.order_for(c)
-    rule, = policy.rules_for(c)
+    (rule,) = policy.rules_for(c)
     assert name == "sm_90 + " + policy.describe_rule(rule)
     assert policy.describe_rule(rule) == f"triton ahead of sdpa: {rule.ratio:.2f}x in {policy.rule_source(rule)}"
     assert policy.rule_source(rule) == "bench/results/nvidia-h100-80gb-hbm3/" + rule.record

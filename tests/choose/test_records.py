@@ -22,7 +22,8 @@ def test_the_module_is_what_the_generator_writes():
     text = gen.OUTPUT.read_text()
     assert text == gen.generate(), (
         "attnkit/choose/records.py differs from what the records under bench/results give: run "
-        "`python -m tools.records` (never edit it by hand)")
+        "`python -m tools.records` (never edit it by hand)"
+    )
 
 
 def test_check_fails_on_a_hand_edit(tmp_path, capsys):
@@ -51,8 +52,11 @@ KEY_FIGURES = [
 ]
 
 
-@pytest.mark.parametrize("gpu, mask, d, grad, figures", KEY_FIGURES,
-                         ids=[f"{g[:11]}-{m}-d{d}{'-grad' if gr else ''}" for g, m, d, gr, _ in KEY_FIGURES])
+@pytest.mark.parametrize(
+    "gpu, mask, d, grad, figures",
+    KEY_FIGURES,
+    ids=[f"{g[:11]}-{m}-d{d}{'-grad' if gr else ''}" for g, m, d, gr, _ in KEY_FIGURES],
+)
 def test_rules_carry_the_figures_of_the_records(gpu, mask, d, grad, figures):
     rule = _rule(gpu, mask, d, grad)
     pages = " ".join(p.read_text() for p in (ROOT / "bench" / "results" / gpu).rglob("*.md"))
@@ -93,37 +97,59 @@ def test_record_folders_are_named_as_the_library_names_devices():
 def _record(results: Path, folder: str, name: str, runs: dict[str, tuple[str, list[dict]]]):
     gpu = results / folder
     gpu.mkdir(parents=True)
-    (gpu / "results.json").write_text(json.dumps(
-        {"environment": {"device": "cuda", "device_name": name, "capability": [9, 0]}}))
+    (gpu / "results.json").write_text(
+        json.dumps({"environment": {"device": "cuda", "device_name": name, "capability": [9, 0]}})
+    )
     for sub, (date, rows) in runs.items():
         (gpu / sub).mkdir()
         (gpu / sub / "timing.json").write_text(json.dumps(rows))
         (gpu / sub / "summary.md").write_text(
-            f"# x\n\ntorch 2.11.0, triton 3.6.0, {date} UTC\n\n## Speed beside torch's SDPA (fp16)\n")
+            f"# x\n\ntorch 2.11.0, triton 3.6.0, {date} UTC\n\n## Speed beside torch's SDPA (fp16)\n"
+        )
 
 
 def _case(case, ratio, d=128, bias="none", autotune=False, backward=False, m=4096, n=4096):
-    return {"case": case, "shape": [1, 1, m, n, d], "causal": False, "bias": bias, "backward": backward,
-            "autotune": autotune, "speedup_vs_sdpa": ratio}
+    return {
+        "case": case,
+        "shape": [1, 1, m, n, d],
+        "causal": False,
+        "bias": bias,
+        "backward": backward,
+        "autotune": autotune,
+        "speedup_vs_sdpa": ratio,
+    }
 
 
 def test_threshold_newest_run_and_class(tmp_path, monkeypatch):
     monkeypatch.setattr(gen, "WITHDRAWN", {})
-    _record(tmp_path, "nvidia-x1", "NVIDIA X1", {
-        "old": ("2026-01-01 10:00", [_case("a", 2.0, d=64), _case("b", 3.0, d=96), _case("c", 1.2, d=256)]),
-        "new": ("2026-02-01 10:00", [
-            _case("a", 0.9, d=64),  # the newer run of a: behind, no rule
-            _case("b", 3.0, d=96, autotune=True), _case("b", 1.04, d=96),  # one setting under the threshold
-            _case("d", 1.06, d=80, bias="full"), _case("d", 1.5, d=80, bias="full", autotune=True),
-            {"case": "e", "skipped": "time budget"}, {"case": "f", "error": "OutOfResources", "shape": [1] * 5},
-        ]),
-    })
+    _record(
+        tmp_path,
+        "nvidia-x1",
+        "NVIDIA X1",
+        {
+            "old": ("2026-01-01 10:00", [_case("a", 2.0, d=64), _case("b", 3.0, d=96), _case("c", 1.2, d=256)]),
+            "new": (
+                "2026-02-01 10:00",
+                [
+                    _case("a", 0.9, d=64),  # the newer run of a: behind, no rule
+                    _case("b", 3.0, d=96, autotune=True),
+                    _case("b", 1.04, d=96),  # one setting under the threshold
+                    _case("d", 1.06, d=80, bias="full"),
+                    _case("d", 1.5, d=80, bias="full", autotune=True),
+                    {"case": "e", "skipped": "time budget"},
+                    {"case": "f", "error": "OutOfResources", "shape": [1] * 5},
+                ],
+            ),
+        },
+    )
     text = gen.generate(tmp_path)
     namespace: dict = {}
     exec(text, namespace)
     rules = namespace["RULES"]
     assert [(r.head_dim, r.mask, r.ratio, r.record) for r in rules] == [
-        (80, "bias", 1.06, "new/timing.json#3"), (256, "none", 1.2, "old/timing.json#2")]
+        (80, "bias", 1.06, "new/timing.json#3"),
+        (256, "none", 1.2, "old/timing.json#2"),
+    ]
     assert namespace["GPUS"] == {"nvidia-x1": namespace["GPU"]("NVIDIA X1", (9, 0))}
 
 
@@ -188,8 +214,9 @@ def test_auto_names_the_rule_in_the_order_it_walked(monkeypatch):
     rule = next(r for r in records.RULES if r.gpu == H100 and not r.grad)
     h100 = DeviceInfo("cuda", (9, 0), records.GPUS[H100].name)
     assert rule.dtype == "float16", rule.dtype  # the records timed fp16
-    call = AttentionCall(device=h100, dtype=torch.float16, head_dim=rule.head_dim, q_len=rule.min_q,
-                         kv_len=rule.min_kv, mask=rule.mask)
+    call = AttentionCall(
+        device=h100, dtype=torch.float16, head_dim=rule.head_dim, q_len=rule.min_q, kv_len=rule.min_kv, mask=rule.mask
+    )
     name, order = AutoChooser().order_for(call)
     assert name.startswith("sm_90 + triton ahead of sdpa") and rule.record in name, name
     assert order.index("triton") < order.index("sdpa")

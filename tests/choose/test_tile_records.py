@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit.kernels import limits
-from attnkit.kernels import tile_records
+from attnkit.kernels import limits, tile_records
 from attnkit.kernels.flash.tiles import CONFIGS
 from tools.records import generate as gen
 
@@ -23,7 +22,8 @@ H100 = "nvidia-h100-80gb-hbm3"
 def test_the_module_is_what_the_generator_writes():
     assert gen.TILE_OUTPUT.read_text() == gen.generate_tiles(), (
         "attnkit/kernels/tile_records.py differs from what the records under bench/results give: run "
-        "`python -m tools.records` (never edit it by hand)")
+        "`python -m tools.records` (never edit it by hand)"
+    )
 
 
 def test_check_fails_on_a_hand_edit(tmp_path, capsys):
@@ -42,8 +42,11 @@ def test_every_rule_names_a_shipped_candidate_that_serves_its_list():
     candidate), and `replaces` is the list's default today."""
     assert tile_records.TILE_RULES
     for r in tile_records.TILE_RULES:
-        cands = [c for c in CONFIGS[r.target][r.kernel][r.width][r.band]
-                 if r.variant in c.variants and r.causal in c.causal and r.loads in c.loads]
+        cands = [
+            c
+            for c in CONFIGS[r.target][r.kernel][r.width][r.band]
+            if r.variant in c.variants and r.causal in c.causal and r.loads in c.loads
+        ]
         names = [str(c) for c in cands if c.dims is None or c.dims[0] <= limits.padded_head_dim(r.band) <= c.dims[1]]
         assert r.tile in names and names[0] == r.replaces != r.tile, r
         assert r.gain >= tile_records.THRESHOLD
@@ -59,7 +62,12 @@ def test_the_h100_rules_carry_the_records_figures():
     assert set(by) == {("fwd", 64), ("fwd_lo", 64), ("dkdv", 64), ("dq", 64)}
     fwd = by["fwd", 64]
     assert (fwd.tile, fwd.replaces, fwd.min_q, fwd.min_kv, fwd.dtype) == (
-        "M128-N64-w8-s3", "M128-N128-w8-s2", 4096, 4096, "float16")
+        "M128-N64-w8-s3",
+        "M128-N128-w8-s2",
+        4096,
+        4096,
+        "float16",
+    )
     row = rows[int(fwd.record.split("#")[1])]
     off = next(r for r in rows if r["case"] == row["case"] and r.get("autotune") is False)
     assert row["autotune"] is True and round(off["attnkit_ms"] / row["attnkit_ms"], 3) == fwd.gain == 1.318
@@ -74,21 +82,29 @@ LIST = "sm90/fwd/16bit/64/none/False/True"
 def _choice(d, m, n, tile):
     bm, bn, w, s = tile
     key = str((d, m, n, False, True, "torch.float16"))
-    return key, (f"BLOCK_M: {bm}, BLOCK_N: {bn}, RELOAD: False, num_warps: {w}, num_ctas: 1, num_stages: {s}, "
-                 "maxnreg: None")
+    return key, (
+        f"BLOCK_M: {bm}, BLOCK_N: {bn}, RELOAD: False, num_warps: {w}, num_ctas: 1, num_stages: {s}, maxnreg: None"
+    )
 
 
 def _run(case, ms_off, ms_on, d=64, m=4096, n=4096, backward=False):
-    base = {"case": case, "shape": [2, 8, m, n, d], "causal": False, "bias": "none", "backward": backward,
-            "speedup_vs_sdpa": 1.0}
+    base = {
+        "case": case,
+        "shape": [2, 8, m, n, d],
+        "causal": False,
+        "bias": "none",
+        "backward": backward,
+        "speedup_vs_sdpa": 1.0,
+    }
     return [dict(base, autotune=False, attnkit_ms=ms_off), dict(base, autotune=True, attnkit_ms=ms_on)]
 
 
 def _write(tmp_path, rows):
     gpu = tmp_path / "nvidia-x1"
     (gpu / "t").mkdir(parents=True)
-    (gpu / "results.json").write_text(json.dumps(
-        {"environment": {"device": "cuda", "device_name": "NVIDIA X1", "capability": [9, 0]}}))
+    (gpu / "results.json").write_text(
+        json.dumps({"environment": {"device": "cuda", "device_name": "NVIDIA X1", "capability": [9, 0]}})
+    )
     (gpu / "t" / "timing.json").write_text(json.dumps(rows))
     (gpu / "t" / "summary.md").write_text("# x\n\n2026-01-01 10:00 UTC\n\n## Speed beside torch's SDPA (fp16)\n")
 
@@ -101,22 +117,45 @@ def _rules(tmp_path):
 
 def test_a_choice_ahead_by_the_threshold_becomes_the_default_of_its_region(tmp_path):
     rows = _run("a", 1.0, 0.8) + _run("short", 1.0, 0.8, m=1024, n=77) + _run("b", 1.0, 0.99, d=40, m=2048)
-    rows.append({"case": "autotuner choices", "choices": {LIST: dict(
-        [_choice(64, 4096, 4096, (128, 64, 8, 3)), _choice(64, 1024, 128, (128, 64, 8, 3)),
-         _choice(40, 2048, 4096, (128, 64, 8, 3))])}})
+    rows.append(
+        {
+            "case": "autotuner choices",
+            "choices": {
+                LIST: dict(
+                    [
+                        _choice(64, 4096, 4096, (128, 64, 8, 3)),
+                        _choice(64, 1024, 128, (128, 64, 8, 3)),
+                        _choice(40, 2048, 4096, (128, 64, 8, 3)),
+                    ]
+                )
+            },
+        }
+    )
     _write(tmp_path, rows)
     (rule,) = _rules(tmp_path)
     # "short" won too, but its region (q >= 1024, kv >= 77) holds "b", which did not
     assert (rule.kernel, rule.band, rule.tile, rule.replaces, rule.min_q, rule.min_kv, rule.gain, rule.record) == (
-        "fwd", 64, "M128-N64-w8-s3", "M128-N128-w8-s2", 4096, 4096, 1.25, "t/timing.json#1")
+        "fwd",
+        64,
+        "M128-N64-w8-s3",
+        "M128-N128-w8-s2",
+        4096,
+        4096,
+        1.25,
+        "t/timing.json#1",
+    )
 
 
 def test_each_case_is_its_own_region(tmp_path):
     """Two winners at (8192, 128) and (128, 8192) give two rules, not one from (128, 128):
     a corner no record timed."""
     rows = _run("wide", 1.0, 0.8, m=8192, n=128) + _run("tall", 1.0, 0.8, m=128, n=8192)
-    rows.append({"case": "autotuner choices", "choices": {LIST: dict(
-        [_choice(64, 8192, 128, (128, 64, 8, 3)), _choice(64, 128, 8192, (128, 64, 8, 3))])}})
+    rows.append(
+        {
+            "case": "autotuner choices",
+            "choices": {LIST: dict([_choice(64, 8192, 128, (128, 64, 8, 3)), _choice(64, 128, 8192, (128, 64, 8, 3))])},
+        }
+    )
     _write(tmp_path, rows)
     assert sorted((r.min_q, r.min_kv) for r in _rules(tmp_path)) == [(128, 8192), (8192, 128)]
 
@@ -124,21 +163,34 @@ def test_each_case_is_its_own_region(tmp_path):
 def test_no_rule_where_a_case_in_the_region_lost_disagreed_or_kept_the_default(tmp_path):
     # "slow", inside "a"'s region, ran slower with the same choice: no rule at all
     rows = _run("a", 1.0, 0.8, m=1024, n=1024) + _run("slow", 1.0, 1.6, m=8192, n=8192)
-    rows.append({"case": "autotuner choices", "choices": {LIST: dict(
-        [_choice(64, 1024, 1024, (128, 64, 8, 3)), _choice(64, 8192, 8192, (128, 64, 8, 3))])}})
+    rows.append(
+        {
+            "case": "autotuner choices",
+            "choices": {
+                LIST: dict([_choice(64, 1024, 1024, (128, 64, 8, 3)), _choice(64, 8192, 8192, (128, 64, 8, 3))])
+            },
+        }
+    )
     _write(tmp_path, rows)
     assert _rules(tmp_path) == ()
     # "c" chose another tile (the default) inside "a"'s region: a's region loses its rule
     rows = _run("a", 1.0, 0.8, m=1024, n=1024) + _run("c", 1.0, 0.8, m=4096, n=4096)
-    rows.append({"case": "autotuner choices", "choices": {LIST: dict(
-        [_choice(64, 1024, 1024, (128, 64, 8, 3)), _choice(64, 4096, 4096, (128, 128, 8, 2))])}})
+    rows.append(
+        {
+            "case": "autotuner choices",
+            "choices": {
+                LIST: dict([_choice(64, 1024, 1024, (128, 64, 8, 3)), _choice(64, 4096, 4096, (128, 128, 8, 2))])
+            },
+        }
+    )
     _write(tmp_path / "again", rows)
     assert _rules(tmp_path / "again") == ()
 
 
 def test_a_choice_the_lists_no_longer_hold_is_an_error_naming_it(tmp_path):
-    rows = _run("a", 1.0, 0.5) + [{"case": "autotuner choices", "choices": {LIST: dict(
-        [_choice(64, 4096, 4096, (256, 16, 2, 9))])}}]
+    rows = _run("a", 1.0, 0.5) + [
+        {"case": "autotuner choices", "choices": {LIST: dict([_choice(64, 4096, 4096, (256, 16, 2, 9))])}}
+    ]
     _write(tmp_path, rows)
     with pytest.raises(gen.RecordError, match=r"chose M256-N16-w2-s9 for sm90/fwd/16bit/64/none/False/True"):
         gen.generate_tiles(tmp_path)

@@ -49,7 +49,14 @@ class Fake(SDPABackend):
 
     def __init__(self, clock, tag, ms, wrong=None, wrong_lse=None, raises=False):
         super().__init__()
-        self.clock, self.tag, self.ms, self.wrong, self.wrong_lse, self.raises = clock, tag, ms, wrong, wrong_lse, raises
+        self.clock, self.tag, self.ms, self.wrong, self.wrong_lse, self.raises = (
+            clock,
+            tag,
+            ms,
+            wrong,
+            wrong_lse,
+            raises,
+        )
         self.calls = 0
 
     def _spend(self):
@@ -85,8 +92,9 @@ def tuned(path, clock, rounds=7, **costs):
     margin = costs.pop("tune_margin", tune_check.DEFAULT_MARGIN)
     for label, spec in costs.items():
         backends[label] = spec if isinstance(spec, Fake) else Fake(clock, label, spec)
-    return attnkit.auto(tune=True, cache_path=path, order=list(backends), backends=backends, tune_iters=rounds,
-                        tune_margin=margin)
+    return attnkit.auto(
+        tune=True, cache_path=path, order=list(backends), backends=backends, tune_iters=rounds, tune_margin=margin
+    )
 
 
 def qkv(dtype=torch.float32, m=24, n=20, mask="key_padding", heads=2):
@@ -104,7 +112,7 @@ def call(proc, inputs, **flags):
 
 
 def entry_of(path):
-    (key, entry), = tuning.read_raw(path).items()
+    ((key, entry),) = tuning.read_raw(path).items()
     return key, entry
 
 
@@ -191,8 +199,9 @@ def test_a_wrong_log_sum_exp_differs(seed, tmp_path, clock, caplog):
     """A call that asks for the LSE (context parallelism merges with it): the LSE is
     checked too, against a bound of its own."""
     inputs = qkv(mask="none")
-    proc = tuned(tmp_path / "tune.json", clock, vanilla=Fake(clock, "vanilla", 0.5, wrong_lse=lambda x: x + 0.05),
-                 sliced=0.7)
+    proc = tuned(
+        tmp_path / "tune.json", clock, vanilla=Fake(clock, "vanilla", 0.5, wrong_lse=lambda x: x + 0.05), sliced=0.7
+    )
     with caplog.at_level(logging.WARNING, logger="attnkit"):
         out, lse = call(proc, inputs, return_lse=True)
     assert_close_to_reference(out, *inputs)
@@ -306,8 +315,15 @@ def test_rounds_interleave_with_a_rotating_order(seed, tmp_path, clock):
 
 @pytest.mark.parametrize(
     "value, error, says",
-    [("5%", TypeError, "'5%'"), (True, TypeError, "True"), (None, TypeError, "None"), (1.0, ValueError, "1.0"),
-     (-0.01, ValueError, "-0.01"), (float("nan"), ValueError, "nan"), (float("inf"), ValueError, "inf")],
+    [
+        ("5%", TypeError, "'5%'"),
+        (True, TypeError, "True"),
+        (None, TypeError, "None"),
+        (1.0, ValueError, "1.0"),
+        (-0.01, ValueError, "-0.01"),
+        (float("nan"), ValueError, "nan"),
+        (float("inf"), ValueError, "inf"),
+    ],
 )
 def test_tune_margin_is_checked(value, error, says):
     with pytest.raises(error, match=r"tune_margin=") as info:
@@ -351,7 +367,7 @@ def _no_timing(*args, **kwargs):
 
 def _rewrite(path, change):
     data = json.loads(path.read_text())
-    (key, entry), = data["entries"].items()
+    ((key, entry),) = data["entries"].items()
     change(entry)
     path.write_text(json.dumps(data))
 
@@ -389,7 +405,11 @@ def test_an_entry_without_trustworthy_figures_is_tuned_again(seed, tmp_path, clo
     raw = tuning.read_raw(path)
     assert raw["another"] == {"backend": "flash_attn4", "ms": {}}
     entry = next(v for k, v in raw.items() if k != "another")
-    assert entry["backend"] == "sdpa" and entry["checked"] == tune_check.CHECKED and entry["diff"] == {"vanilla": "differs"}
+    assert (
+        entry["backend"] == "sdpa"
+        and entry["checked"] == tune_check.CHECKED
+        and entry["diff"] == {"vanilla": "differs"}
+    )
 
 
 def test_an_entry_is_judged_under_this_choosers_margin(seed, tmp_path, clock, monkeypatch):

@@ -20,8 +20,8 @@ import pytest
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit.choose import _files, tune_check, tuning
 from attnkit.backends import AttentionCall
+from attnkit.choose import _files, tune_check, tuning
 from attnkit.choose.policy import CANDIDATES
 from attnkit.testing import assert_close_to_reference, make_bias, make_qkv
 
@@ -72,7 +72,7 @@ def test_tune_times_candidates_and_round_trips(seed, tmp_path, monkeypatch):
     assert record.backend == ("vanilla" if record.gain["vanilla"] >= tune_check.DEFAULT_MARGIN else "sdpa")
     entries, others = tuning.read_cache(path, CANDIDATES)
     assert others == 0 and len(entries) == 1
-    (key, entry), = entries.items()
+    ((key, entry),) = entries.items()
     assert "mask=key_padding" in key and entry["backend"] == record.backend
 
     # a new process (processor) reads it back and does not time again
@@ -108,8 +108,14 @@ def test_one_candidate_times_and_writes_nothing(seed, tmp_path, monkeypatch, cap
 
 @pytest.mark.parametrize(
     "content",
-    ["{not json", "[1, 2, 3]", '{"entries": {}}', '{"version": 1, "entries": []}', "\udcff",
-     "[" * 100_000 + "]" * 100_000],
+    [
+        "{not json",
+        "[1, 2, 3]",
+        '{"entries": {}}',
+        '{"version": 1, "entries": []}',
+        "\udcff",
+        "[" * 100_000 + "]" * 100_000,
+    ],
     ids=["not-json", "list", "no-version", "entries-list", "not-utf8", "deeply-nested"],
 )
 def test_a_file_that_is_not_a_cache_is_moved_aside(seed, tmp_path, caplog, content):
@@ -209,7 +215,6 @@ def _read_only_case(tmp_path, caplog):
     assert path.read_text() == text and stat.S_IMODE(path.stat().st_mode) == 0o444
     warnings = warnings_of(caplog)
     assert len(warnings) == 1 and "read-only" in warnings[0], warnings
-
 
 
 def test_unknown_top_level_fields_are_kept(seed, tmp_path):
@@ -316,8 +321,11 @@ def test_a_fifo_that_appears_after_the_check_is_not_waited_on(tmp_path, monkeypa
     monkeypatch.setattr(_files, "_refuse_special", lambda p: None)
     opened = []
     real_open = os.open
-    monkeypatch.setattr(_files.os, "open", lambda p, flags, *a: (opened.append(p) if os.fspath(p) == os.fspath(path)
-                                                                  else None) or real_open(p, flags, *a))
+    monkeypatch.setattr(
+        _files.os,
+        "open",
+        lambda p, flags, *a: (opened.append(p) if os.fspath(p) == os.fspath(path) else None) or real_open(p, flags, *a),
+    )
     with pytest.raises(tuning.NotRegularFile, match="FIFO"):
         _within(10, lambda: tuning.read_raw(path), fifo=path)
     assert opened, "the FIFO was refused before the open: the open's own safeguards went untested"
@@ -363,6 +371,7 @@ def test_os_devnull_is_left_untouched(seed, caplog, monkeypatch):
                 if os.path.realpath(p).startswith(devnull):
                     raise AssertionError(f"attnkit tried to move {src} to {dst}")
             return real(src, dst, *args, **kwargs)
+
         return move
 
     real_lock = tuning._lock

@@ -107,7 +107,11 @@ def tiny_vae(seed: int = 0) -> AutoencoderKL:
 
 
 def unet_inputs(
-    unet: UNet2DConditionModel, batch: int = 2, dtype: torch.dtype = torch.float32, text_len: int = 77, seed: int | None = None
+    unet: UNet2DConditionModel,
+    batch: int = 2,
+    dtype: torch.dtype = torch.float32,
+    text_len: int = 77,
+    seed: int | None = None,
 ) -> dict:
     """Random (never zero) inputs for a UNet forward."""
     g = torch.Generator().manual_seed(seed) if seed is not None else None

@@ -9,7 +9,6 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 
 import attnkit
 from attnkit.testing import EPSILON, rel_error
-
 from tests.diffusers._models import cast_inputs, float64_copy, tiny_sd15_unet, tiny_sd21_unet, unet_inputs
 
 

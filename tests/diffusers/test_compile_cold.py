@@ -157,8 +157,13 @@ def _cases(backend):
         pairs += [(m, "attention_backend") for m in ("flux", "wan", "qwen")]
         pairs += [("flux", "set_attn_processor"), ("unet", "set_attn_processor"), ("unet", "apply")]
     else:  # one route per model, every route once
-        pairs = [("flux", "set_attention_backend"), ("wan", "apply"), ("sd3", "set_attention_backend"),
-                 ("qwen", "attention_backend"), ("unet2", "set_attn_processor")]
+        pairs = [
+            ("flux", "set_attention_backend"),
+            ("wan", "apply"),
+            ("sd3", "set_attention_backend"),
+            ("qwen", "attention_backend"),
+            ("unet2", "set_attn_processor"),
+        ]
     return [pytest.param(m, r, backend, id=f"{m}-{r}-{backend}") for m, r in pairs]
 
 
@@ -246,8 +251,16 @@ def test_reduce_overhead_captures_every_backend(seed, name, label):
     spec = MODELS[name]
     model, inputs = spec.build(seed)
     model = model.to(device, dtype)
-    inputs = {k: (v.to(device, dtype) if torch.is_tensor(v) and v.is_floating_point() else
-                  v.to(device) if torch.is_tensor(v) else v) for k, v in inputs.items()}
+    inputs = {
+        k: (
+            v.to(device, dtype)
+            if torch.is_tensor(v) and v.is_floating_point()
+            else v.to(device)
+            if torch.is_tensor(v)
+            else v
+        )
+        for k, v in inputs.items()
+    }
     if name == "flux":
         model.set_attention_backend(f"attnkit_{label}")
     else:

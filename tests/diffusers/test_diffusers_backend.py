@@ -22,12 +22,12 @@ from diffusers.models.attention_dispatch import (
 )
 
 import attnkit
-from tests.zoo._zoo import BY_ID
 from attnkit.diffusers import backend as diffusers_backend
 from attnkit.diffusers.protocol import PROCESSOR_ARGUMENTS
 from attnkit.errors import UnsupportedModule
 from attnkit.testing import assert_close_to_reference, reference_attention, rel_error
 from tests._masks import additive, causal_bias
+from tests.zoo._zoo import BY_ID
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +78,8 @@ def test_backend_matches_native_and_float64(seed, mask_kind):
         "pairwise-bool": torch.rand(b, 1, m, n) > 0.3,  # (B, 1, M, N): Ideogram, HunyuanVideo15
         "additive-per-head": torch.randn(b, h, 1, n),  # (B, H, 1, N): LTX
         "additive-3d": torch.randn(h, m, n),  # broadcast from the right as SDPA does
-        "fully-padded": torch.zeros(b, n, dtype=torch.bool).index_fill_(1, torch.arange(n // 2), True)
+        "fully-padded": torch.zeros(b, n, dtype=torch.bool)
+        .index_fill_(1, torch.arange(n // 2), True)
         .index_fill_(0, torch.tensor([1]), False),  # batch item 1 sees no key at all
     }[mask_kind]
     if mask_kind == "pairwise-bool":
@@ -101,9 +102,17 @@ def test_backend_matches_native_and_float64(seed, mask_kind):
 def _plan_of(name, q, k, v, mask=None):
     """The plan a plain call of these tensors runs, or None."""
     mask_key = None if mask is None else (mask.shape, mask.dtype, mask.device, mask.requires_grad)
-    key = (q.shape, k.shape, v.shape, q.dtype, q.device, mask_key, False,
-           torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-           torch.are_deterministic_algorithms_enabled())
+    key = (
+        q.shape,
+        k.shape,
+        v.shape,
+        q.dtype,
+        q.device,
+        mask_key,
+        False,
+        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        torch.are_deterministic_algorithms_enabled(),
+    )
     return _holder(name).plans.get(key)
 
 
@@ -212,8 +221,9 @@ def test_scale_causal_and_gqa(seed):
     out = ours(q, k, v, scale=0.3, enable_gqa=True, is_causal=True)
     kk, vv = (x.repeat_interleave(2, dim=2) for x in (k, v))
     causal = causal_bias(6, 9)
-    assert_close_to_reference(out.transpose(1, 2), q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
-                              causal, 0.3)
+    assert_close_to_reference(
+        out.transpose(1, 2), q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), causal, 0.3
+    )
     with pytest.raises(ValueError, match="enable_gqa=True"):
         ours(q, k, v)
 
@@ -346,6 +356,7 @@ def test_set_attn_processor_serves_hunyuandit_and_refuses_a_rotary_embedding_it_
     plain protocol given image_rotary_emb: refused, naming the argument, never ignored
     (HunyuanDiT's silent wrong output before it was served)."""
     from diffusers.models.attention_processor import Attention
+
     from attnkit.testing import rel_error
 
     case = BY_ID["HunyuanDiT2DModel"]
@@ -370,8 +381,10 @@ def _grads(case, model, inputs):
     return torch.autograd.grad(loss, params)
 
 
-@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel-masked", "WanTransformer3DModel",
-                                     "SD3Transformer2DModel", "CogVideoXTransformer3DModel"])
+@pytest.mark.parametrize(
+    "case_id",
+    ["FluxTransformer2DModel-masked", "WanTransformer3DModel", "SD3Transformer2DModel", "CogVideoXTransformer3DModel"],
+)
 @pytest.mark.parametrize("proc_name", ["auto", "vanilla"])
 @pytest.mark.parametrize("route", ["apply", "set_attn_processor"])
 def test_gradients_through_the_model_match_stock(seed, case_id, proc_name, route):
@@ -416,8 +429,9 @@ def test_compile_fullgraph_through_the_backend(seed):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case_id", ["SD3Transformer2DModel", "WanTransformer3DModel", "UNet1DModel",
-                                     "UNet2DConditionModel"])
+@pytest.mark.parametrize(
+    "case_id", ["SD3Transformer2DModel", "WanTransformer3DModel", "UNet1DModel", "UNet2DConditionModel"]
+)
 def test_apply_again_replaces_the_first_processor(seed, case_id):
     """Every route takes the newest processor: attnkit's own, a bound stock processor,
     a dispatch backend name, a module's own code."""
@@ -448,8 +462,9 @@ def test_plan_explain_and_info_say_how_each_module_is_reached(seed, capsys):
     model = case.build(0)
     planned = attnkit.plan(model)
     assert {r.kind for r in planned.routes.values()} == {"kept", "sdpa"}
-    assert all(type(m.processor).__module__.startswith("diffusers") for m in model.modules()
-               if hasattr(m, "processor"))  # plan changed nothing
+    assert all(
+        type(m.processor).__module__.startswith("diffusers") for m in model.modules() if hasattr(m, "processor")
+    )  # plan changed nothing
     proc = attnkit.auto()
     applied = attnkit.apply(model, proc)
     assert applied.routes == planned.routes
@@ -459,8 +474,10 @@ def test_plan_explain_and_info_say_how_each_module_is_reached(seed, capsys):
     assert text.startswith("SanaTransformer2DModel: 4 attention modules: 2 by their own processor")
     assert "SanaLinearAttnProcessor2_0 computes its attention without" in text
     # the layer, by its name in the model, not just the kind of call
-    assert ("first seen: transformer_blocks.0.attn2 [Attention(heads=2, head_dim=16)] "
-            "(SanaAttnProcessor2_0's scaled_dot_product_attention call)") in text
+    assert (
+        "first seen: transformer_blocks.0.attn2 [Attention(heads=2, head_dim=16)] "
+        "(SanaAttnProcessor2_0's scaled_dot_product_attention call)"
+    ) in text
     # attnkit info --model: the same for a model's config, built on the meta device
     assert info.main(["--model", "sd3_medium_transformer"]) == 0
     out = capsys.readouterr().out
@@ -472,7 +489,9 @@ def test_plan_explain_and_info_say_how_each_module_is_reached(seed, capsys):
 def _break_site(exc: Exception) -> tuple[str, str]:
     """(first line of a torch.compile Unsupported error, the innermost user-code frame)."""
     text = str(exc)
-    frames = [line.strip() for line in text.split("from user code:")[-1].splitlines() if line.strip().startswith("File ")]
+    frames = [
+        line.strip() for line in text.split("from user code:")[-1].splitlines() if line.strip().startswith("File ")
+    ]
     return text.splitlines()[0], frames[-1] if frames else ""
 
 
@@ -503,8 +522,10 @@ def test_compile_fullgraph_through_stock_processors_and_modules(seed, case_id):
                 except torch._dynamo.exc.Unsupported as stock:
                     ours, theirs = _break_site(exc), _break_site(stock)
                     if ours == theirs and "attnkit" not in str(exc).split("from user code:")[-1]:
-                        pytest.skip(f"diffusers' own {case_id} does not trace whole under torch "
-                                    f"{torch.__version__} either: {ours[0]} at {ours[1]}")
+                        pytest.skip(
+                            f"diffusers' own {case_id} does not trace whole under torch "
+                            f"{torch.__version__} either: {ours[0]} at {ours[1]}"
+                        )
                 raise exc
     finally:
         torch._dynamo.reset()

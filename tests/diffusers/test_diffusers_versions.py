@@ -49,12 +49,15 @@ def test_the_oldest_supported_diffusers(tmp_path):
     target = tmp_path / "diffusers-old"
     pip = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), f"diffusers=={OLDEST}"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if pip.returncode != 0:
         pytest.skip(f"could not install diffusers=={OLDEST} from PyPI here: {pip.stderr.strip()[-300:]}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(Path(__file__).resolve().parents[2])]))
-    run = subprocess.run([sys.executable, "-c", f"VERSION = {OLDEST!r}\n" + CHILD], capture_output=True, text=True,
-                         timeout=300, env=env)
+    run = subprocess.run(
+        [sys.executable, "-c", f"VERSION = {OLDEST!r}\n" + CHILD], capture_output=True, text=True, timeout=300, env=env
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("ok")

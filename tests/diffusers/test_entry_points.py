@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import attnkit
-from tests.zoo._zoo import BY_ID
 from attnkit.testing import rel_error
+from tests.zoo._zoo import BY_ID
 
 
 @pytest.fixture(autouse=True)
@@ -63,8 +63,15 @@ def test_no_refusal_recommends_set_attention_backend_for_a_module_it_does_not_re
     plan, never the dispatcher (which would not reach that module either)."""
     from diffusers.models.attention_processor import Attention, AttnAddedKVProcessor
 
-    attn = Attention(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=8, norm_num_groups=4,
-                     cross_attention_norm="group_norm", cross_attention_norm_num_groups=4)
+    attn = Attention(
+        query_dim=32,
+        heads=2,
+        dim_head=16,
+        added_kv_proj_dim=8,
+        norm_num_groups=4,
+        cross_attention_norm="group_norm",
+        cross_attention_norm_num_groups=4,
+    )
     attn.set_processor(AttnAddedKVProcessor())
     attn.set_processor(attnkit.auto(strict=True))
     with pytest.raises(attnkit.UnsupportedModule) as info:
@@ -85,8 +92,15 @@ def test_a_malformed_dispatch_call_raises_and_demotes_nothing(seed, restore_acti
         dispatch_attention_fn(q, torch.randn(1, 16, 2, 32), v, backend=member)
     k = torch.randn(1, 16, 2, 64)
     out = dispatch_attention_fn(q, k, v, backend=member)
-    assert rel_error(out, torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)) < 1e-5
+    assert (
+        rel_error(
+            out,
+            torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            ).transpose(1, 2),
+        )
+        < 1e-5
+    )
     (record,) = proc.decisions
     assert record.backend == "sdpa" and record.how == "priority" and not record.failed
 
@@ -174,8 +188,9 @@ _LOAD_WITHOUT_ATTNKIT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel", "SD3Transformer2DModel", "UNet2DConditionModel",
-                                     "UNet1DModel"])
+@pytest.mark.parametrize(
+    "case_id", ["FluxTransformer2DModel", "SD3Transformer2DModel", "UNet2DConditionModel", "UNet1DModel"]
+)
 @pytest.mark.parametrize("how", ["apply", "set_attn_processor"])
 def test_a_saved_model_loads_without_attnkit_as_the_stock_model(case_id, how):
     case = BY_ID[case_id]
@@ -190,8 +205,9 @@ def test_a_saved_model_loads_without_attnkit_as_the_stock_model(case_id, how):
         model.set_attn_processor(attnkit.processor("vanilla"))
     buf = io.BytesIO()
     torch.save(model, buf)
-    done = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_ATTNKIT], input=buf.getvalue(),
-                          capture_output=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_WITHOUT_ATTNKIT], input=buf.getvalue(), capture_output=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     classes, leftovers = done.stdout.decode().splitlines()[-2:]
     assert classes == str(_processor_classes(stock)) and leftovers == "[]"
@@ -205,8 +221,16 @@ def test_a_saved_model_loads_without_attnkit_as_the_stock_model(case_id, how):
     assert _processor_classes(twin) == _processor_classes(model)
 
 
-@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel", "SD3Transformer2DModel", "UNet2DConditionModel",
-                                     "UNet1DModel", "CogVideoXTransformer3DModel"])
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "FluxTransformer2DModel",
+        "SD3Transformer2DModel",
+        "UNet2DConditionModel",
+        "UNet1DModel",
+        "CogVideoXTransformer3DModel",
+    ],
+)
 def test_undo_gives_back_the_stock_model(case_id):
     case = BY_ID[case_id]
     stock = case.build(0)
@@ -313,8 +337,15 @@ def test_a_kept_processor_gets_only_the_arguments_its_module_would_give_it():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel-masked", "SD3Transformer2DModel",
-                                     "CogVideoXTransformer3DModel", "QwenImageTransformer2DModel"])
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "FluxTransformer2DModel-masked",
+        "SD3Transformer2DModel",
+        "CogVideoXTransformer3DModel",
+        "QwenImageTransformer2DModel",
+    ],
+)
 def test_set_attn_processor_in_16_bits_is_as_close_to_float64_as_stock(case_id, dtype, seed):
     """The same input gives the same answer in every dtype, up to rounding: through
     set_attn_processor, a 16-bit model's error against float64 is at most twice stock's."""
@@ -347,8 +378,11 @@ def test_arguments_stock_warns_about_are_dropped_with_its_warning(caplog):
         caplog.clear()
         diffusers_logger.addHandler(caplog.handler)
         try:  # at WARNING whatever an earlier test left diffusers' verbosity at
-            with caplog.at_level(logging.WARNING), caplog.at_level(logging.WARNING, logger="diffusers"), \
-                    torch.no_grad():
+            with (
+                caplog.at_level(logging.WARNING),
+                caplog.at_level(logging.WARNING, logger="diffusers"),
+                torch.no_grad(),
+            ):
                 out = case.run(model, inputs)
         finally:
             diffusers_logger.removeHandler(caplog.handler)
@@ -378,12 +412,17 @@ def test_a_processor_keeps_no_model_alive():
     assert "FluxTransformer2DModel: 2 attention modules" in proc.explain()  # what it did is still said
 
 
-@pytest.mark.parametrize("kw, stock_name, what", [
-    (dict(qk_norm="layer_norm"), "AttnProcessor", "qk-norm"),
-    (dict(scale_qk=False), "AttnProcessor2_0", "attn.scale"),
-], ids=["qk-norm-under-AttnProcessor", "scale-under-AttnProcessor2_0"])
-def test_where_the_protocol_computes_what_a_generic_processor_skips_it_says_so(seed, kw, stock_name, what, caplog,
-                                                                               monkeypatch):
+@pytest.mark.parametrize(
+    "kw, stock_name, what",
+    [
+        (dict(qk_norm="layer_norm"), "AttnProcessor", "qk-norm"),
+        (dict(scale_qk=False), "AttnProcessor2_0", "attn.scale"),
+    ],
+    ids=["qk-norm-under-AttnProcessor", "scale-under-AttnProcessor2_0"],
+)
+def test_where_the_protocol_computes_what_a_generic_processor_skips_it_says_so(
+    seed, kw, stock_name, what, caplog, monkeypatch
+):
     """diffusers' AttnProcessor skips qk-norm and AttnProcessor2_0 ignores attn.scale;
     attnkit's processor set on such a module follows the module's configuration (its
     whole reason), which then differs from stock: never silently."""
@@ -408,12 +447,26 @@ def test_cogvideox_through_set_attn_processor_at_every_batch(seed, batch, text_t
     with as many text as video tokens a silent answer 32% off)."""
     from diffusers import CogVideoXTransformer3DModel
 
-    config = dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
-                  text_embed_dim=16, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-                  temporal_compression_ratio=4, max_text_seq_length=text_tokens)
-    inputs = dict(hidden_states=torch.randn(batch, 2, 4, 8, 8),  # 2 x 4 x 4 = 32 video tokens
-                  encoder_hidden_states=torch.randn(batch, text_tokens, 16),
-                  timestep=torch.randint(0, 1000, (batch,)))
+    config = dict(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        time_embed_dim=8,
+        text_embed_dim=16,
+        num_layers=1,
+        sample_width=8,
+        sample_height=8,
+        sample_frames=5,
+        patch_size=2,
+        temporal_compression_ratio=4,
+        max_text_seq_length=text_tokens,
+    )
+    inputs = dict(
+        hidden_states=torch.randn(batch, 2, 4, 8, 8),  # 2 x 4 x 4 = 32 video tokens
+        encoder_hidden_states=torch.randn(batch, text_tokens, 16),
+        timestep=torch.randint(0, 1000, (batch,)),
+    )
 
     def run(proc):
         torch.manual_seed(seed)

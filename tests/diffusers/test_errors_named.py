@@ -60,9 +60,12 @@ def test_a_kernel_without_a_cpu_implementation_is_named(kernel):
     """Called directly (no processor to check first), torch says "No viable backend":
     the error names the kernel and gives the declared reason instead."""
     q, k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float16) for _ in range(3))
-    with pytest.raises(BackendUnavailable, match=rf"kernel='{kernel}' cannot serve q \(1, 2, 5, 8\).* float16 "
-                                                 r"on cpu, no mask: device=cpu \(supported: cuda\)\. Use "
-                                                 r"SDPAProcessor\(\) .*attnkit\.auto\(\)"):
+    with pytest.raises(
+        BackendUnavailable,
+        match=rf"kernel='{kernel}' cannot serve q \(1, 2, 5, 8\).* float16 "
+        r"on cpu, no mask: device=cpu \(supported: cuda\)\. Use "
+        r"SDPAProcessor\(\) .*attnkit\.auto\(\)",
+    ):
         get_backend("sdpa", kernel=kernel).forward(q, k, v)
 
 
@@ -89,13 +92,22 @@ def test_reasons_of_an_unpinned_or_servable_call_are_unchanged():
     lse_cuda = AttentionCall(DeviceInfo("cuda", (9, 0)), torch.float16, 40, lse=True)
     assert not any("pinned" in r for r in get_backend("sdpa").not_supported_reasons(lse_cuda))
     # a call no SDPA kernel serves: only auto() is offered
-    assert get_backend("sdpa", kernel="math").not_supported_reasons(lse_cuda)[-1].endswith(
-        "no SDPA kernel serves it here: use attnkit.auto()")
+    assert (
+        get_backend("sdpa", kernel="math")
+        .not_supported_reasons(lse_cuda)[-1]
+        .endswith("no SDPA kernel serves it here: use attnkit.auto()")
+    )
 
 
 # -- attnkit info --model -----------------------------------------------------------------
-MODEL_NAMES = ("sd15_unet", "sd15_vae", "sdxl_unet", "flux_dev_transformer", "sd3_medium_transformer",
-               "wan21_t2v_1.3b_transformer")
+MODEL_NAMES = (
+    "sd15_unet",
+    "sd15_vae",
+    "sdxl_unet",
+    "flux_dev_transformer",
+    "sd3_medium_transformer",
+    "wan21_t2v_1.3b_transformer",
+)
 
 
 def _info_model(capsys, value) -> tuple[int, str, str]:
@@ -126,8 +138,12 @@ def test_a_scheduler_is_not_a_model(capsys):
 
 
 def test_the_command_line_says_it_without_a_traceback(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "attnkit", "info", "--model", "sd15_scheduler"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "attnkit", "info", "--model", "sd15_scheduler"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and out.stdout == ""
     _assert_clear(out.stderr, "sd15_scheduler")
 
@@ -156,28 +172,59 @@ def _write(tmp_path, name, text):
     [
         (lambda d: d / "missing" / "config.json", "no such file or folder"),
         (lambda d: d, "is a folder without config.json;"),
-        (lambda d: _write(d, "scheduler/scheduler_config.json", "{}").parent.parent,
-         "is a folder without config.json;"),
-        (lambda d: _write(d, "unet/config.json", "{}").parent.parent,
-         "is a folder without config.json (its subfolders unet/ have one: give one of those)"),
+        (
+            lambda d: _write(d, "scheduler/scheduler_config.json", "{}").parent.parent,
+            "is a folder without config.json;",
+        ),
+        (
+            lambda d: _write(d, "unet/config.json", "{}").parent.parent,
+            "is a folder without config.json (its subfolders unet/ have one: give one of those)",
+        ),
         (lambda d: _write(d, "configs/a.json", "{}").parent, "(it holds 1 .json file: give one's path)"),
         (lambda d: _write(d, "config.json", "not json {"), "is not a JSON file (Expecting value: line 1"),
         (lambda d: _write(d, "config.json", "[1, 2]"), "holds a JSON list, not a config"),
-        (lambda d: _write(d, "config.json", json.dumps({"architectures": ["CLIPTextModel"]})),
-         "is not a diffusers config (it names no _class_name)"),
-        (lambda d: _write(d, "config.json", json.dumps({"_class_name": "NoSuchModel2D"})),
-         "names class 'NoSuchModel2D', which diffusers"),
-        (lambda d: _write(d, "model_index.json", json.dumps({"_class_name": "StableDiffusionPipeline",
-                                                              "unet": ["diffusers", "UNet2DConditionModel"],
-                                                              "vae": ["diffusers", "AutoencoderKL"]})),
-         "(StableDiffusionPipeline) is a pipeline's config (model_index.json): its models are in its subfolders "
-         "(unet/, vae/), not a model's"),
-        (lambda d: _write(d, "config.json", json.dumps({"_class_name": "AutoencoderKL", "block_out_channels": 3})),
-         "cannot build AutoencoderKL from it (TypeError: 'int' object is not subscriptable); check the config "
-         "against that version's AutoencoderKL"),
+        (
+            lambda d: _write(d, "config.json", json.dumps({"architectures": ["CLIPTextModel"]})),
+            "is not a diffusers config (it names no _class_name)",
+        ),
+        (
+            lambda d: _write(d, "config.json", json.dumps({"_class_name": "NoSuchModel2D"})),
+            "names class 'NoSuchModel2D', which diffusers",
+        ),
+        (
+            lambda d: _write(
+                d,
+                "model_index.json",
+                json.dumps(
+                    {
+                        "_class_name": "StableDiffusionPipeline",
+                        "unet": ["diffusers", "UNet2DConditionModel"],
+                        "vae": ["diffusers", "AutoencoderKL"],
+                    }
+                ),
+            ),
+            "(StableDiffusionPipeline) is a pipeline's config (model_index.json): its models are in its subfolders "
+            "(unet/, vae/), not a model's",
+        ),
+        (
+            lambda d: _write(d, "config.json", json.dumps({"_class_name": "AutoencoderKL", "block_out_channels": 3})),
+            "cannot build AutoencoderKL from it (TypeError: 'int' object is not subscriptable); check the config "
+            "against that version's AutoencoderKL",
+        ),
     ],
-    ids=["missing-path", "empty-folder", "folder-of-folders", "pipeline-folder", "folder-of-json", "not-json",
-         "json-list", "transformers-config", "unknown-class", "pipeline-config", "unbuildable"],
+    ids=[
+        "missing-path",
+        "empty-folder",
+        "folder-of-folders",
+        "pipeline-folder",
+        "folder-of-json",
+        "not-json",
+        "json-list",
+        "transformers-config",
+        "unknown-class",
+        "pipeline-config",
+        "unbuildable",
+    ],
 )
 def test_what_is_not_a_model_config_is_said_in_one_line(capsys, tmp_path, make, says):
     value = make(tmp_path)

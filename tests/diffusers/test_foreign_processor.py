@@ -20,9 +20,18 @@ from attnkit.testing import rel_error
 from tests.zoo._zoo import BY_ID, cast_floats
 
 CONFIGS = [
-    "UNet2DConditionModel", "UNet2DConditionModel-masked", "UNet2DConditionModel-sdxl",
-    "UNet2DConditionModel-simple", "UNet2DModel", "UNet3DConditionModel", "UNetSpatioTemporalConditionModel",
-    "AutoencoderKL", "AsymmetricAutoencoderKL", "AutoencoderKLTemporalDecoder", "VQModel", "VQModel-movq",
+    "UNet2DConditionModel",
+    "UNet2DConditionModel-masked",
+    "UNet2DConditionModel-sdxl",
+    "UNet2DConditionModel-simple",
+    "UNet2DModel",
+    "UNet3DConditionModel",
+    "UNetSpatioTemporalConditionModel",
+    "AutoencoderKL",
+    "AsymmetricAutoencoderKL",
+    "AutoencoderKLTemporalDecoder",
+    "VQModel",
+    "VQModel-movq",
 ]
 PROCESSORS = {
     "vanilla": lambda: attnkit.processor("vanilla"),
@@ -74,17 +83,25 @@ def _with_user_processors(model):
 
 
 def _processors(model):
-    return {name: getattr(module, "processor", None) for name, module in model.named_modules()
-            if hasattr(module, "set_processor")}
+    return {
+        name: getattr(module, "processor", None)
+        for name, module in model.named_modules()
+        if hasattr(module, "set_processor")
+    }
 
 
 def _replaced_warnings(caplog, cls) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "attnkit" and f"attnkit replaced {cls.__name__}" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "attnkit" and f"attnkit replaced {cls.__name__}" in r.getMessage()
+    ]
 
 
 # (UNet2DModel, AsymmetricAutoencoderKL and VQModel have no set_attn_processor: apply only)
-WITH_SET_ATTN_PROCESSOR = [c for c in CONFIGS if not c.startswith(("UNet2DModel", "AsymmetricAutoencoderKL", "VQModel"))]
+WITH_SET_ATTN_PROCESSOR = [
+    c for c in CONFIGS if not c.startswith(("UNet2DModel", "AsymmetricAutoencoderKL", "VQModel"))
+]
 SET_CASES = [(c, p) for c in WITH_SET_ATTN_PROCESSOR for p in sorted(PROCESSORS)]
 
 
@@ -136,8 +153,13 @@ def test_legacy_attention_module_with_a_users_processor(caplog):
     from diffusers.models.attention_processor import Attention
 
     torch.manual_seed(0)
-    attn = Attention(query_dim=32, cross_attention_dim=16, heads=2, dim_head=16, norm_num_groups=4,
-                     residual_connection=True).double().eval()
+    attn = (
+        Attention(
+            query_dim=32, cross_attention_dim=16, heads=2, dim_head=16, norm_num_groups=4, residual_connection=True
+        )
+        .double()
+        .eval()
+    )
     x, ctx = torch.randn(2, 32, 3, 3, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
     with torch.no_grad():
         expected = attn(x, ctx)

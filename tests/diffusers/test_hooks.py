@@ -27,7 +27,7 @@ from tests.zoo._zoo import BY_ID
 ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent(
-    r'''
+    r"""
     import gc, json, sys, warnings, logging
     warnings.simplefilter("ignore")
     mode = sys.argv[1]
@@ -141,13 +141,12 @@ _SCRIPT = textwrap.dedent(
     out["reinstalled"] = {"same_keys": diff(s0, s5) == changed, "enum": s5["enum"] == s1["enum"],
                           "later_wrapped": getattr(LaterModel.set_default_attn_processor, "_attnkit_wrapped", False)}
     print(json.dumps(out))
-    '''
+    """
 )
 
 
 def _run(mode: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, mode], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, mode], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -164,8 +163,14 @@ def test_import_changes_only_what_the_hooks_say(whole_process):
     assert not unexplained, f"changed at import, not by a hook: {unexplained}"
     # what hooks.py says it changes, and nothing else
     attrs = {k.rsplit(".", 1)[-1] for k in at_import["changed"]}
-    assert attrs == {"set_processor", "set_attn_processor", "set_default_attn_processor", "set_attention_backend",
-                     "set_active_backend", "__init_subclass__"}, attrs
+    assert attrs == {
+        "set_processor",
+        "set_attn_processor",
+        "set_default_attn_processor",
+        "set_attention_backend",
+        "set_active_backend",
+        "__init_subclass__",
+    }, attrs
     assert at_import["names"] and all(n.startswith("attnkit") for n in at_import["names"])
     assert set(at_import["registry"]) == set(at_import["names"])
 
@@ -176,9 +181,10 @@ def test_running_every_route_then_undo_leaves_nothing(whole_process):
     assert not whole_process["watching_after_reset"], "ModelMixin.__call__ stayed attnkit's"
     # while models are served: the sdpa route's per-chooser module globals, a name per chooser,
     # and, while an attnkit name is the process-wide backend, the watched ModelMixin.__call__
-    assert set(running["changed"]) - {"diffusers.models.attention_dispatch:_AttentionBackendRegistry._active_backend",
-                                      "diffusers.models.modeling_utils:ModelMixin.__call__"} == \
-        {k for k in running["changed"] if k.split(":")[1].startswith("_attnkit_")}, running["changed"]
+    assert set(running["changed"]) - {
+        "diffusers.models.attention_dispatch:_AttentionBackendRegistry._active_backend",
+        "diffusers.models.modeling_utils:ModelMixin.__call__",
+    } == {k for k in running["changed"] if k.split(":")[1].startswith("_attnkit_")}, running["changed"]
     assert any(k.split(":")[1].startswith("_attnkit_") for k in running["changed"])
     undone = whole_process["undone"]
     assert undone["changed"] == [] and undone["names"] and undone["registry"], undone
@@ -252,8 +258,7 @@ def test_after_uninstall_dispatch_modules_are_kept_with_the_reason(seed, reinsta
         hooks.uninstall()
         assert diffusers_backend.problem() is not None
         applied = attnkit.apply(model, attnkit.auto())
-        assert applied.routes and all(not r.served and "hooks.uninstall()" in r.reason
-                                      for r in applied.routes.values())
+        assert applied.routes and all(not r.served and "hooks.uninstall()" in r.reason for r in applied.routes.values())
         kept = case.run(model, inputs)
         applied.undo()
         hooks.install()

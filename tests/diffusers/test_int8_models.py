@@ -51,7 +51,9 @@ def test_a_whole_model_with_int8_attention(name, seed, capsys):
     assert states and not any(s.fallen_back for s in states), processor.explain()
     errors = [rel_error(a, b) for a, b in zip(lossy, exact)]
     with capsys.disabled():
-        print(f"\n{name}: int8 attention, whole-model output relative error against exact attention "
-              f"(bf16): {', '.join(f'{e:.4f}' for e in errors)}; {len(states)} module/signature(s), worst sampled "
-              f"attention error {max(s.worst_error for s in states):.4f}")
+        print(
+            f"\n{name}: int8 attention, whole-model output relative error against exact attention "
+            f"(bf16): {', '.join(f'{e:.4f}' for e in errors)}; {len(states)} module/signature(s), worst sampled "
+            f"attention error {max(s.worst_error for s in states):.4f}"
+        )
     assert all(e < MODEL_ERROR for e in errors), errors

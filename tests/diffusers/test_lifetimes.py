@@ -74,8 +74,9 @@ def _cycle(case_id: str, route: str) -> dict[str, list[weakref.ref]]:
 
 
 @pytest.mark.parametrize("route", ["apply", "set_attn_processor"])
-@pytest.mark.parametrize("case_id", ["FluxTransformer2DModel-masked", "SD3Transformer2DModel", "UNet2DConditionModel",
-                                     "AutoencoderKLWan"])
+@pytest.mark.parametrize(
+    "case_id", ["FluxTransformer2DModel-masked", "SD3Transformer2DModel", "UNet2DConditionModel", "AutoencoderKLWan"]
+)
 def test_nothing_outlives_undo_or_the_model(case_id, route):
     if route == "set_attn_processor" and not hasattr(BY_ID[case_id].model_class(), "set_attn_processor"):
         pytest.skip(f"{case_id} has no set_attn_processor")
@@ -89,8 +90,9 @@ def test_nothing_outlives_undo_or_the_model(case_id, route):
     if case_id.startswith("Flux"):  # the dispatch route made plans, and they went
         assert sum(len(cycle["plan"]) for cycle in refs) >= CYCLES
     # the names made for each processor's chooser left diffusers' registry with it
-    assert set(diffusers_backend.registered_names()) <= registered, \
-        sorted(set(diffusers_backend.registered_names()) - registered)
+    assert set(diffusers_backend.registered_names()) <= registered, sorted(
+        set(diffusers_backend.registered_names()) - registered
+    )
 
 
 @pytest.mark.parametrize("route", ["replaced", "default"])

@@ -16,7 +16,6 @@ from diffusers.models.attention_processor import AttnProcessor
 
 import attnkit
 from attnkit.testing import EPSILON, rel_error
-
 from tests.diffusers._models import (
     cast_inputs,
     float64_copy,
@@ -28,6 +27,8 @@ from tests.diffusers._models import (
 )
 
 MODELS = {"sd15": tiny_sd15_unet, "sd21": tiny_sd21_unet, "sdxl": tiny_sdxl_unet}
+
+
 def _triton():
     """The Triton kernel through the processor: compiled on CUDA; on the CPU through
     Triton's interpreter (conftest switches it on), which runs the same kernel code."""
@@ -83,7 +84,9 @@ def test_unet_with_encoder_attention_mask(seed, proc_name):
     keep[1, 50:] = False
     kw["encoder_attention_mask"] = keep
     ref = _forward(ref_model, cast_inputs(kw, torch.float64))
-    unmasked = _forward(ref_model, cast_inputs({k: v for k, v in kw.items() if k != "encoder_attention_mask"}, torch.float64))
+    unmasked = _forward(
+        ref_model, cast_inputs({k: v for k, v in kw.items() if k != "encoder_attention_mask"}, torch.float64)
+    )
     assert rel_error(unmasked, ref) > 1e-3, "the mask must change the output, or this test proves nothing"
     model.set_attn_processor(AttnProcessor())
     baseline = rel_error(_forward(model, kw), ref)
@@ -155,4 +158,5 @@ def test_unet_gradients_match_reference(grad_reference, proc_name):
     model.set_attn_processor(PROCESSORS[proc_name]())
     err = rel_error(_grads(model, kw, grad_out), ref)
     assert err <= 2 * baseline + EPSILON[torch.float32], (
-        f"{err:.3e} vs stock {baseline:.3e} (inputs drawn with seed={drawn_with})")
+        f"{err:.3e} vs stock {baseline:.3e} (inputs drawn with seed={drawn_with})"
+    )

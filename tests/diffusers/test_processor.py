@@ -82,18 +82,45 @@ OPTION_CASES = {
     # diffusers casts float64 to float32 when upcasting, so the reference is written out.
     "upcast": (dict(query_dim=64, heads=4, dim_head=16, upcast_attention=True, upcast_softmax=True), "seq", None),
     "group_norm_residual_4d": (
-        dict(query_dim=64, heads=1, dim_head=64, norm_num_groups=8, residual_connection=True,
-             rescale_output_factor=2.0, bias=True), "image", AttnProcessor),
+        dict(
+            query_dim=64,
+            heads=1,
+            dim_head=64,
+            norm_num_groups=8,
+            residual_connection=True,
+            rescale_output_factor=2.0,
+            bias=True,
+        ),
+        "image",
+        AttnProcessor,
+    ),
     "spatial_norm": (dict(query_dim=32, heads=1, dim_head=32, spatial_norm_dim=4), "image-temb", AttnProcessor),
-    "norm_cross_layer": (dict(query_dim=64, cross_attention_dim=24, heads=2, dim_head=32,
-                              cross_attention_norm="layer_norm"), "cross", AttnProcessor),
-    "norm_cross_group": (dict(query_dim=64, cross_attention_dim=24, heads=2, dim_head=32,
-                              cross_attention_norm="group_norm", cross_attention_norm_num_groups=4), "cross", AttnProcessor),
+    "norm_cross_layer": (
+        dict(query_dim=64, cross_attention_dim=24, heads=2, dim_head=32, cross_attention_norm="layer_norm"),
+        "cross",
+        AttnProcessor,
+    ),
+    "norm_cross_group": (
+        dict(
+            query_dim=64,
+            cross_attention_dim=24,
+            heads=2,
+            dim_head=32,
+            cross_attention_norm="group_norm",
+            cross_attention_norm_num_groups=4,
+        ),
+        "cross",
+        AttnProcessor,
+    ),
     "qk_layer_norm": (dict(query_dim=64, heads=4, dim_head=16, qk_norm="layer_norm"), "seq", AttnProcessor2_0),
     "qk_rms_norm": (dict(query_dim=64, heads=4, dim_head=16, qk_norm="rms_norm"), "seq", AttnProcessor2_0),
     "qk_l2": (dict(query_dim=64, heads=4, dim_head=16, qk_norm="l2"), "seq", AttnProcessor2_0),
     "qk_norm_custom_scale": (dict(query_dim=64, heads=4, dim_head=16, qk_norm="rms_norm", scale_qk=False), "seq", None),
-    "qk_norm_across_heads": (dict(query_dim=64, heads=4, kv_heads=4, dim_head=16, qk_norm="layer_norm_across_heads"), "seq", None),
+    "qk_norm_across_heads": (
+        dict(query_dim=64, heads=4, kv_heads=4, dim_head=16, qk_norm="layer_norm_across_heads"),
+        "seq",
+        None,
+    ),
     "out_dim": (dict(query_dim=48, heads=3, dim_head=16, out_dim=48), "seq", AttnProcessor),
 }
 
@@ -102,13 +129,16 @@ def _inputs(kind, attn):
     if kind == "seq":
         return (torch.randn(2, 37, attn.query_dim, dtype=torch.float64),), {}
     if kind == "cross":
-        return (torch.randn(2, 37, attn.query_dim, dtype=torch.float64),
-                torch.randn(2, 77, attn.cross_attention_dim, dtype=torch.float64)), {}
+        return (
+            torch.randn(2, 37, attn.query_dim, dtype=torch.float64),
+            torch.randn(2, 77, attn.cross_attention_dim, dtype=torch.float64),
+        ), {}
     if kind == "image":
         return (torch.randn(2, attn.query_dim, 6, 5, dtype=torch.float64),), {}
     if kind == "image-temb":
         return (torch.randn(2, attn.query_dim, 6, 6, dtype=torch.float64),), {
-            "temb": torch.randn(2, 4, 3, 3, dtype=torch.float64)}
+            "temb": torch.randn(2, 4, 3, 3, dtype=torch.float64)
+        }
     raise AssertionError(kind)
 
 
@@ -141,6 +171,7 @@ def test_stock_processors_miss_what_we_honour(seed):
 
 
 # -- masks, as diffusers hands them over ---------------------------------------------
+
 
 def _mask_variants(b, h, m, n):
     keep = torch.rand(b, n) > 0.3
@@ -189,6 +220,7 @@ def test_diffusers_mask_matches_stock_processor(seed):
 
 # -- refusals: a clear ValueError, never a wrong answer or a deep shape error ---------
 
+
 # Modules with options attnkit's own computation does not cover: served exactly as their
 # stock processor computes them where that processor calls scaled_dot_product_attention
 # (attnkit takes that call), kept on the stock processor otherwise (one warning naming the
@@ -202,14 +234,26 @@ def _seq_args(ctx_dim=None):
     return lambda: (x,) if ctx_dim is None else (x, torch.randn(1, 3, ctx_dim, dtype=torch.float64))
 
 
-_ADDED_KV = dict(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=8, norm_num_groups=4,
-                 cross_attention_norm="group_norm", cross_attention_norm_num_groups=4, residual_connection=True)
+_ADDED_KV = dict(
+    query_dim=32,
+    heads=2,
+    dim_head=16,
+    added_kv_proj_dim=8,
+    norm_num_groups=4,
+    cross_attention_norm="group_norm",
+    cross_attention_norm_num_groups=4,
+    residual_connection=True,
+)
 UNUSUAL_MODULES = {
     # name: (Attention kwargs, stock processor, inputs, kept (True) or served through its SDPA call)
     "added-kv-matmul": (_ADDED_KV, AttnAddedKVProcessor, _added_kv_args, True),
     "added-kv-sdpa": (_ADDED_KV, AttnAddedKVProcessor2_0, _added_kv_args, False),
-    "joint": (dict(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=32, context_pre_only=False),
-              AttnProcessor2_0, _seq_args(32), False),
+    "joint": (
+        dict(query_dim=32, heads=2, dim_head=16, added_kv_proj_dim=32, context_pre_only=False),
+        AttnProcessor2_0,
+        _seq_args(32),
+        False,
+    ),
     "causal": (dict(query_dim=32, heads=2, dim_head=16, is_causal=True), AttnProcessor2_0, _seq_args(), False),
 }
 

@@ -16,7 +16,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def _limits_rows() -> dict[str, dict[str, str]]:
     """{backend: {column: value}} from every table of the README's "Backend limits" section."""
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("### Backend limits"):]
+    section = text[text.index("### Backend limits") :]
     section = section[: section.index("\n## ")]
     rows, header = {}, None
     for line in section.splitlines():
@@ -42,8 +42,9 @@ def test_the_flash_attn3_row_says_what_its_declaration_says():
     # the package is checked in extra_reasons (two distribution names), and so is the
     # upper bound of the capability: the declaration alone leaves those two columns short
     extended = ("min CUDA capability", "needs")
-    assert {k: v for k, v in row.items() if k not in extended} == \
-        {k: v for k, v in declared.items() if k not in extended}
+    assert {k: v for k, v in row.items() if k not in extended} == {
+        k: v for k, v in declared.items() if k not in extended
+    }
     assert row["min CUDA capability"].startswith(declared["min CUDA capability"])
     assert "Hopper only" in row["min CUDA capability"]
     assert all(name in row["needs"] for name in FA3_DISTRIBUTIONS) and "flash_attn_interface" in row["needs"]

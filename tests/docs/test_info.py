@@ -6,14 +6,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from attnkit import info
-import pytest
-
 from attnkit.choose import policy
-from attnkit.diffusers import hooks
 from attnkit.choose.policy import CANDIDATES
+from attnkit.diffusers import hooks
 from attnkit.testing import assert_close_to_reference, make_qkv
 
 
@@ -41,8 +40,7 @@ def test_collect_has_every_section():
     assert data["hardware_class"] in ("cpu", "sm_90", "sm_80", "sm_86-89", "sm_75-", "sm_100+", "rocm", "mps")
     # SD1.5's head dims, fp16 and fp32, with and without a mask, self and cross
     rows = {(r["head_dim"], r["dtype"], r["mask"]) for r in data["sd15"]}
-    assert rows == {(d, t, m) for d in (40, 80, 160) for t in ("float16", "float32")
-                    for m in ("none", "key_padding")}
+    assert rows == {(d, t, m) for d in (40, 80, 160) for t in ("float16", "float32") for m in ("none", "key_padding")}
     for r in data["sd15"]:
         assert r["self"]["backend"] and r["cross"]["backend"]
 
@@ -64,10 +62,17 @@ def test_report_names_the_changes_to_diffusers():
     data = info.collect()
     assert [h["name"] for h in data["diffusers_hooks"]] == [h.name for h in hooks.HOOKS]
     assert "changes to diffusers (attnkit/diffusers/hooks.py): 6 of 6 installed" in info.report(data)
-    missing = dict(data, diffusers_hooks=[dict(h, installed=h["name"] != "set_attn_processor",
-                                               problem="AttentionMixin.set_attn_processor is missing"
-                                               if h["name"] == "set_attn_processor" else None)
-                                          for h in data["diffusers_hooks"]])
+    missing = dict(
+        data,
+        diffusers_hooks=[
+            dict(
+                h,
+                installed=h["name"] != "set_attn_processor",
+                problem="AttentionMixin.set_attn_processor is missing" if h["name"] == "set_attn_processor" else None,
+            )
+            for h in data["diffusers_hooks"]
+        ],
+    )
     text = info.report(missing)
     assert "5 of 6 installed" in text
     assert "  set_attn_processor: not installed (AttentionMixin.set_attn_processor is missing)" in text

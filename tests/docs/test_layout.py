@@ -16,7 +16,7 @@ README = ROOT / "README.md"
 def _layout_lines() -> dict[str, str]:
     """path -> description, for each line of the fenced block in the README's "## Layout" section."""
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("\n## Layout\n"):]
+    section = text[text.index("\n## Layout\n") :]
     section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
     block = re.search(r"```\n(.*?)\n```", section, re.S)
     assert block, "the README's Layout section has no fenced block of `path  description` lines"
@@ -40,9 +40,13 @@ def _tracked() -> set[str]:
         return {p for p in out.decode().split("\0") if p and (ROOT / p).is_file()}
     except (OSError, subprocess.CalledProcessError):
         skip = {"__pycache__", ".git", ".venv", ".pytest_cache", "build"}
-        return {str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
-                if p.is_file() and not skip.intersection(p.relative_to(ROOT).parts)
-                and not any(part.endswith(".egg-info") for part in p.parts)}
+        return {
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file()
+            and not skip.intersection(p.relative_to(ROOT).parts)
+            and not any(part.endswith(".egg-info") for part in p.parts)
+        }
 
 
 def _names(path: str, tracked: set[str]) -> bool:
@@ -90,4 +94,3 @@ def test_every_attnkit_package_has_a_line_naming_each_of_its_modules():
         words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", lines[folder]))
         unnamed += [f"{folder}{stem}.py" for stem in sorted(stems) if stem != "__init__" and stem not in words]
     assert not unnamed, f"the README's Layout line of each package does not name: {unnamed}"
-

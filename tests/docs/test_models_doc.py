@@ -13,7 +13,7 @@ MODELS_DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 
 def _rows() -> set[str]:
     text = MODELS_DOC.read_text(encoding="utf-8")
-    section = text[text.index("\n## Per class\n"):]
+    section = text[text.index("\n## Per class\n") :]
     return set(re.findall(r"^\| `(\w+)` \|", section, re.M))
 
 

@@ -22,9 +22,11 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 @pytest.mark.parametrize(
     "page, marker, generate, source",
-    [(README, "limits-table", limits_table, "attnkit.backends.limits_table()"),
-     (AUTO_DOC, "priority-table", priority_table, "attnkit.choose.policy.priority_table()"),
-     (README, "records-table", rules_table, "attnkit.choose.policy.rules_table()")],
+    [
+        (README, "limits-table", limits_table, "attnkit.backends.limits_table()"),
+        (AUTO_DOC, "priority-table", priority_table, "attnkit.choose.policy.priority_table()"),
+        (README, "records-table", rules_table, "attnkit.choose.policy.rules_table()"),
+    ],
     ids=["limits", "priorities", "records"],
 )
 def test_tables_are_generated_from_the_code(page, marker, generate, source):
@@ -40,9 +42,11 @@ def test_tables_are_generated_from_the_code(page, marker, generate, source):
 def test_readme_opens_with_two_commands_and_three_examples():
     text = README.read_text(encoding="utf-8")
     assert "make test" in text and "make bench" in text
-    for example in ("set_attn_processor(attnkit.auto())",
-                    "attnkit.apply(pipe.transformer, attnkit.auto())",
-                    'set_attention_backend("attnkit")'):
+    for example in (
+        "set_attn_processor(attnkit.auto())",
+        "attnkit.apply(pipe.transformer, attnkit.auto())",
+        'set_attention_backend("attnkit")',
+    ):
         assert example in text, example
 
 

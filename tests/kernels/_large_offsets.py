@@ -78,8 +78,11 @@ def main() -> int:
         assert fl._addressable(t), "the views must reach the kernels as they are"
 
     # Outputs (O, dQ, dK, dV) in the same kind of layout, poisoned with NaN.
-    fl._new_like = lambda t, **kw: sparse(tuple(t.shape), t.dtype, fill=float("nan")) if t.dim() == 4 \
+    fl._new_like = (
+        lambda t, **kw: sparse(tuple(t.shape), t.dtype, fill=float("nan"))
+        if t.dim() == 4
         else torch.full_like(t, float("nan"), **kw)
+    )
 
     q.requires_grad_()
     k.requires_grad_()

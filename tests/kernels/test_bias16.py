@@ -88,7 +88,7 @@ def test_the_lse_of_a_16_bit_bias_read_as_it_is(seen, seed):
         out32, lse32 = flash_attention_with_lse(q, k, v, bias.float())
     assert seen[0][1] == torch.float16 and seen[1][1] == torch.float32
     assert torch.equal(out, out32) and torch.equal(lse, lse32)
-    ref = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) * 64 ** -0.5 + bias.double(), -1)
+    ref = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) * 64**-0.5 + bias.double(), -1)
     assert (lse.double() - ref).abs().max() < 1e-4
 
 
@@ -102,8 +102,10 @@ CONVERTED = {
     "odd_row_stride": lambda dt: (dict(N=47), torch.randn(2, 2, 33, 47, dtype=dt, device=DEVICE)),
     "misaligned_address": lambda dt: (dict(), _offset_by_one(dt)),
     "keys_not_contiguous": lambda dt: (dict(), torch.randn(2, 2, 48, 33, dtype=dt, device=DEVICE).transpose(-1, -2)),
-    "other_16_bit_dtype": lambda dt: (dict(), torch.randn(2, 2, 33, 48, device=DEVICE).to(
-        torch.bfloat16 if dt == torch.float16 else torch.float16)),
+    "other_16_bit_dtype": lambda dt: (
+        dict(),
+        torch.randn(2, 2, 33, 48, device=DEVICE).to(torch.bfloat16 if dt == torch.float16 else torch.float16),
+    ),
     "key_bias": lambda dt: (dict(), torch.randn(2, 1, 1, 48, dtype=dt, device=DEVICE)),
 }
 

@@ -99,7 +99,7 @@ def _assert_matches_its_quantised_inputs(out, q, k, v, mask):
     """out against float64 attention on the dequantised Q and K, within twice plain
     torch's error in the same dtype on those inputs (plus rounding)."""
     D = q.shape[3]
-    scale = D ** -0.5
+    scale = D**-0.5
     q8, qs, k8, ks, _ = quantize_qk(q, k, scale)
     q_hat, k_hat = dequantize(q8, qs, k8, ks, D, scale)
     ref = _reference(q_hat, k_hat, v.double(), mask)
@@ -112,7 +112,7 @@ def _assert_matches_its_quantised_inputs(out, q, k, v, mask):
 def test_each_rows_error_is_within_the_quantisation_bound(case, seed):
     q, k, v, bias, causal, off = _build(case)
     M, N, D = q.shape[2], k.shape[2], q.shape[3]
-    scale = D ** -0.5
+    scale = D**-0.5
     with torch.no_grad():
         out = int8_attention(q, k, v, bias, causal=causal, causal_offset=off)
     mask = _full_mask(bias, M, N, causal, off)
@@ -123,8 +123,10 @@ def test_each_rows_error_is_within_the_quantisation_bound(case, seed):
     sq = (qs.double() / scale).abs()  # (B, H, M)
     sk = ks.double()  # (B, H, N)
     k_s = smooth(k).double()
-    delta = abs(scale) * (q_hat.abs().sum(-1)[..., :, None] * sk[..., None, :] / 2
-                          + sq[..., :, None] * k_s.abs().sum(-1)[..., None, :] / 2)  # (B, H, M, N)
+    delta = abs(scale) * (
+        q_hat.abs().sum(-1)[..., :, None] * sk[..., None, :] / 2
+        + sq[..., :, None] * k_s.abs().sum(-1)[..., None, :] / 2
+    )  # (B, H, M, N)
     if mask is not None:
         delta = delta.masked_fill(torch.isneginf(mask.expand_as(delta)), 0.0)
     bound = (torch.exp(2 * delta.amax(-1)) - 1) * v.double().abs().amax(dim=(-2, -1))[..., None]  # (B, H, M)
@@ -178,8 +180,19 @@ def test_gradients_and_fp32_are_refused_with_their_reasons():
         assert int8_attention(q, k, v).shape == q.shape
 
 
-@pytest.mark.parametrize("d,pieces", [(8, (32, 0)), (40, (64, 0)), (80, (64, 32)), (128, (128, 0)),
-                                      (160, (128, 32)), (200, (256, 0)), (320, (256, 64)), (512, (256, 256))])
+@pytest.mark.parametrize(
+    "d,pieces",
+    [
+        (8, (32, 0)),
+        (40, (64, 0)),
+        (80, (64, 32)),
+        (128, (128, 0)),
+        (160, (128, 32)),
+        (200, (256, 0)),
+        (320, (256, 64)),
+        (512, (256, 256)),
+    ],
+)
 def test_the_quantised_head_dim_pieces(d, pieces):
     assert qk_pieces(d) == pieces
     assert sum(pieces) >= d and all(p == 0 or (p >= 32 and p & (p - 1) == 0 and p <= 256) for p in pieces)
@@ -200,7 +213,8 @@ def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(monkeyp
         fn[grid](**kwargs)
         compiled = types.SimpleNamespace(src=types.SimpleNamespace(fn=fn), function=None, packed_metadata=None)
         compiled.run = lambda g0, g1, g2, stream, f, m, lm, e, x, *values: ran.append(fn.fn.__name__) or fn[
-            (g0, g1, g2)](**dict(zip(fn.arg_names, values)))
+            (g0, g1, g2)
+        ](**dict(zip(fn.arg_names, values)))
         return compiled
 
     q, k, v = testing.make_qkv(2, 2, 37, 45, 80, torch.float16, layout="bnhd", device=DEVICE)
@@ -214,9 +228,16 @@ def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(monkeyp
     assert all(torch.equal(g, want) for g in got)
 
 
-@pytest.mark.parametrize("arch,d,kind,causal", [("sm90", 64, "none", False), ("sm90", 128, "full", True),
-                                                ("sm80", 160, "key_padding", False), ("sm90", 256, "none", True),
-                                                ("sm80", 320, "full", False)])
+@pytest.mark.parametrize(
+    "arch,d,kind,causal",
+    [
+        ("sm90", 64, "none", False),
+        ("sm90", 128, "full", True),
+        ("sm80", 160, "key_padding", False),
+        ("sm90", 256, "none", True),
+        ("sm80", 320, "full", False),
+    ],
+)
 def test_each_targets_int8_tile_runs(arch, d, kind, causal, monkeypatch, seed):
     """The tile each target ships for a head dim and bias (int8/ops.py's TILES, what the
     static report's int8 rows compile), run in the interpreter instead of its small tile,

@@ -111,8 +111,7 @@ def test_fullgraph_backward_with_a_learned_bias_and_16_bit_residual(seed):
 
     counter = CompileCounterWithBackend(BACKEND)
     fn = torch.compile(attend, backend=counter, fullgraph=True)
-    q, k, v = (torch.randn(2, 2, n, 40, device=DEVICE, dtype=torch.float16, requires_grad=True)
-               for n in (19, 33, 33))
+    q, k, v = (torch.randn(2, 2, n, 40, device=DEVICE, dtype=torch.float16, requires_grad=True) for n in (19, 33, 33))
     bias = torch.randn(1, 2, 19, 33, device=DEVICE, requires_grad=True)  # per head, learned
     do = torch.randn(2, 2, 19, 40, device=DEVICE, dtype=torch.float16)
     out = fn(q, k, v, bias)

@@ -105,8 +105,10 @@ FWD_CASES = [
 
 def case_id(case):
     dt, d, m, n, bias, bdt, layout = case
-    return f"{dt}-d{d}-m{m}-n{n}-{bias}" + (f"-{bdt}bias" if bias not in ("none", "bool") and bdt != "fp32" else "") + (
-        "-bnhd" if layout == "bnhd" else ""
+    return (
+        f"{dt}-d{d}-m{m}-n{n}-{bias}"
+        + (f"-{bdt}bias" if bias not in ("none", "bool") and bdt != "fp32" else "")
+        + ("-bnhd" if layout == "bnhd" else "")
     )
 
 
@@ -250,8 +252,9 @@ def test_bias_gradient_with_few_keys_per_row_beats_plain_torch(dtype, seed):
     dt = DTYPES[dtype]
     q, k, v = make_qkv(B, H, M, N, D, dt, requires_grad=True)
     keep = torch.randint(2, 4, (B, H, M, 1), device=DEVICE)
-    bias = torch.randn(B, H, M, N, dtype=dt, device=DEVICE).masked_fill(torch.arange(N, device=DEVICE) >= keep,
-                                                                         float("-inf"))
+    bias = torch.randn(B, H, M, N, dtype=dt, device=DEVICE).masked_fill(
+        torch.arange(N, device=DEVICE) >= keep, float("-inf")
+    )
     bias.requires_grad_()
     out = flash_attention(q, k, v, bias)
     do = torch.randn_like(out)
@@ -278,8 +281,11 @@ def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
         return real(launch, tensors)
 
     monkeypatch.setattr(fl, "_run", spy)
-    for dtype, grad, expected in (("fp16", True, ("fwd_lo", True)), ("fp16", False, ("fwd", False)),
-                                  ("fp32", True, ("fwd", False))):
+    for dtype, grad, expected in (
+        ("fp16", True, ("fwd_lo", True)),
+        ("fp16", False, ("fwd", False)),
+        ("fp32", True, ("fwd", False)),
+    ):
         seen.clear()
         q, k, v = make_qkv(1, 2, 20, 30, 40, DTYPES[dtype], requires_grad=grad)
         flash_attention(q, k, v)
@@ -423,7 +429,7 @@ def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, monkeypatch
     expanded = mask[:, None, None, :].expand(B, H, M, N)
     assert expanded.stride()[1:3] == (0, 0)
     out = flash_attention(q, k, v, expanded)
-    (kernel, variant, bias_dtype, nbytes), = seen
+    ((kernel, variant, bias_dtype, nbytes),) = seen
     assert (kernel, variant, bias_dtype) == ("fwd", "keypad", torch.float32)
     assert nbytes <= B * N * 4, f"the converted mask holds {nbytes} bytes: it was written out in full"
     ref_bias = key_padding_bias(keep)
@@ -526,7 +532,8 @@ def test_eager_training_skips_both_ops_and_gives_the_ops_bits(monkeypatch, seed,
         with PassThrough() if through_ops else contextlib.nullcontext():
             out, lse = flash_attention_with_lse(qq, kk, vv, b, causal=causal)
         loss = ((out.float() * do.float()).sum() if "out" in reads else 0) + (
-            (torch.where(torch.isfinite(lse), lse, 0) * dl).sum() if "lse" in reads else 0)
+            (torch.where(torch.isfinite(lse), lse, 0) * dl).sum() if "lse" in reads else 0
+        )
         return [out.detach(), lse.detach(), *torch.autograd.grad(loss, leaves)]
 
     ops = []
@@ -630,8 +637,9 @@ def _bf16_probe():
     value, infinities, NaN, subnormals and signed zeros."""
     ties = torch.tensor([0x3F808000, 0x3F818000, 0xBF808000, 0xBF818000], dtype=torch.int64)
     special = torch.tensor([3.4e38, -3.4e38, float("inf"), float("-inf"), float("nan"), 1e-40, -1e-40, 0.0, -0.0])
-    return torch.cat([torch.randn(4096) * 10.0 ** torch.randint(-6, 7, (4096,)),
-                      ties.to(torch.int32).view(torch.float32), special])
+    return torch.cat(
+        [torch.randn(4096) * 10.0 ** torch.randint(-6, 7, (4096,)), ties.to(torch.int32).view(torch.float32), special]
+    )
 
 
 @triton.jit
@@ -648,8 +656,9 @@ def _to_bf16_in_a_kernel(x):
 
 def _same_bf16(a, b):
     nan = torch.isnan(a.float())
-    return torch.equal(nan, torch.isnan(b.float())) and torch.equal(a[~nan].view(torch.int16),
-                                                                     b[~nan].view(torch.int16))
+    return torch.equal(nan, torch.isnan(b.float())) and torch.equal(
+        a[~nan].view(torch.int16), b[~nan].view(torch.int16)
+    )
 
 
 @pytest.mark.skipif(not fl.INTERPRET, reason="about Triton's interpreter")
@@ -714,22 +723,29 @@ def _t(*shape, dtype=torch.float16):
 
 
 BAD_INPUTS = [
-    (f"head_dim={MAX_HEAD_DIM + 8} exceeds {MAX_HEAD_DIM}",
-     lambda: tuple(_t(1, 1, 4, MAX_HEAD_DIM + 8) for _ in range(3)), {}),
+    (
+        f"head_dim={MAX_HEAD_DIM + 8} exceeds {MAX_HEAD_DIM}",
+        lambda: tuple(_t(1, 1, 4, MAX_HEAD_DIM + 8) for _ in range(3)),
+        {},
+    ),
     ("head_dim=4 is below 8", lambda: (_t(1, 1, 4, 4), _t(1, 1, 4, 4), _t(1, 1, 4, 4)), {}),
-    ("float64 is not supported",
-     lambda: tuple(_t(1, 1, 4, 16, dtype=torch.float64) for _ in range(3)), {}),
+    ("float64 is not supported", lambda: tuple(_t(1, 1, 4, 16, dtype=torch.float64) for _ in range(3)), {}),
     ("must have 4 dims", lambda: (_t(1, 4, 16), _t(1, 4, 16), _t(1, 4, 16)), {}),
     ("does not match q shape", lambda: (_t(1, 2, 4, 16), _t(1, 1, 4, 16), _t(1, 1, 4, 16)), {}),
     ("must equal k shape", lambda: (_t(1, 1, 4, 16), _t(1, 1, 4, 16), _t(1, 1, 5, 16)), {}),
     ("share a dtype", lambda: (_t(1, 1, 4, 16), _t(1, 1, 4, 16, dtype=torch.float32), _t(1, 1, 4, 16)), {}),
     ("kv_len=0", lambda: (_t(1, 1, 4, 16), _t(1, 1, 0, 16), _t(1, 1, 0, 16)), {}),
-    ("not broadcastable", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
-     {"attn_bias": torch.zeros(1, 1, 4, 4, device=DEVICE)}),
-    ("expected an additive float bias", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
-     {"attn_bias": torch.zeros(1, 1, 1, 5, dtype=torch.int32, device=DEVICE)}),
-    ("scale=inf must be finite", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
-     {"scale": math.inf}),
+    (
+        "not broadcastable",
+        lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
+        {"attn_bias": torch.zeros(1, 1, 4, 4, device=DEVICE)},
+    ),
+    (
+        "expected an additive float bias",
+        lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)),
+        {"attn_bias": torch.zeros(1, 1, 1, 5, dtype=torch.int32, device=DEVICE)},
+    ),
+    ("scale=inf must be finite", lambda: (_t(1, 1, 4, 16), _t(1, 1, 5, 16), _t(1, 1, 5, 16)), {"scale": math.inf}),
 ]
 
 
@@ -763,16 +779,21 @@ def test_installed_as_attnkit_kernels_and_nothing_named_kernels(tmp_path):
     try:
         importlib.metadata.distribution("attnkit")
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip("attnkit is not installed here (staged on PYTHONPATH, as bench/gpu_suite.sh does): "
-                    "there is no install to check")
+        pytest.skip(
+            "attnkit is not installed here (staged on PYTHONPATH, as bench/gpu_suite.sh does): "
+            "there is no install to check"
+        )
     repo = Path(__file__).resolve().parents[2]
-    code = ("import importlib.util, attnkit.kernels as ak\n"
-            "print(ak.flash_attention.__module__, ak.__file__)\n"
-            "spec = importlib.util.find_spec('kernels')\n"
-            "print(spec.origin if spec else None)\n")
+    code = (
+        "import importlib.util, attnkit.kernels as ak\n"
+        "print(ak.flash_attention.__module__, ak.__file__)\n"
+        "spec = importlib.util.find_spec('kernels')\n"
+        "print(spec.origin if spec else None)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    lines = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, check=True).stdout.splitlines()
+    lines = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     module, path = lines[0].split()
     assert module.startswith("attnkit.kernels") and Path(path).resolve().parent == repo / "attnkit" / "kernels"
     other = lines[1]
@@ -847,7 +868,9 @@ def test_views_a_tile_cannot_address_are_compacted(seed):
     q, k, v = make_qkv(1, 2, 5, 6, 16, torch.float32)
     assert fl._addressable(q)
     row_stride = 2**31 // (rows - 1) + 1
-    huge = torch.empty(4 * row_stride + 32, device=DEVICE).as_strided(q.shape, (16, 16, row_stride, 1))  # lazily allocated
+    huge = torch.empty(4 * row_stride + 32, device=DEVICE).as_strided(
+        q.shape, (16, 16, row_stride, 1)
+    )  # lazily allocated
     huge.copy_(q)
     assert not fl._addressable(huge)
     assert fl._kernel_layout(huge).is_contiguous()

@@ -18,8 +18,9 @@ def _without_triton(code: str) -> subprocess.CompletedProcess:
     """Run code in a fresh interpreter where `import triton` fails as if not installed."""
     prelude = "import sys\nsys.modules['triton'] = None  # import triton -> ModuleNotFoundError\n"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_limits_import_without_triton():
@@ -127,14 +128,29 @@ def test_which_tile_lists_a_gpu_runs():
     for cap in ((9, 0), (10, 0)):
         assert devices.target(cap) == "sm90", cap
     assert [devices.band(d) for d in (8, 40, 64, 80, 96, 100, 160, 256, 320, 384, 400, 512)] == [
-        64, 64, 64, 96, 96, 128, 192, 256, 320, 384, 512, 512]
+        64,
+        64,
+        64,
+        96,
+        96,
+        128,
+        192,
+        256,
+        320,
+        384,
+        512,
+        512,
+    ]
 
 
 def test_a_call_the_gpus_shared_memory_cannot_hold_is_named(monkeypatch):
     import torch
 
-    monkeypatch.setattr(devices, "NEEDS", {("sm80", "dkdv", "32bit", 512, "full", False): 133_312,
-                                           ("sm80", "fwd", "16bit", 96, "keypad", True): 110_000})
+    monkeypatch.setattr(
+        devices,
+        "NEEDS",
+        {("sm80", "dkdv", "32bit", 512, "full", False): 133_312, ("sm80", "fwd", "16bit", 96, "keypad", True): 110_000},
+    )
     why = devices.shared_memory_problem((8, 9), torch.float32, 480, ("keypad", "full"), False, backward=True)
     assert why is not None
     for part in ("backward (dkdv)", "head dim 480", "133,312 B", "8.9 has 101,376 B", "ATTNKIT_BACKEND=sdpa"):
@@ -144,11 +160,16 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_is_named(monkeypatch):
     # What fits, or is not in the table: the forward alone, an A100, the other causality,
     # band, width or variant, a GPU that runs the sm90 lists, an unknown capability.
     for cap, dtype, d, variants, causal, backward in (
-            ((8, 9), torch.float32, 512, ("full",), False, False), ((8, 0), torch.float32, 512, ("full",), False, True),
-            ((8, 9), torch.float32, 512, ("full",), True, True), ((8, 9), torch.float32, 384, ("full",), False, True),
-            ((8, 9), torch.float16, 512, ("full",), False, True), ((8, 9), torch.float32, 512, ("none",), False, True),
-            ((9, 0), torch.float32, 512, ("full",), False, True), ((11, 5), torch.float32, 512, ("full",), False, True),
-            (None, torch.float32, 512, ("full",), False, True)):
+        ((8, 9), torch.float32, 512, ("full",), False, False),
+        ((8, 0), torch.float32, 512, ("full",), False, True),
+        ((8, 9), torch.float32, 512, ("full",), True, True),
+        ((8, 9), torch.float32, 384, ("full",), False, True),
+        ((8, 9), torch.float16, 512, ("full",), False, True),
+        ((8, 9), torch.float32, 512, ("none",), False, True),
+        ((9, 0), torch.float32, 512, ("full",), False, True),
+        ((11, 5), torch.float32, 512, ("full",), False, True),
+        (None, torch.float32, 512, ("full",), False, True),
+    ):
         assert devices.shared_memory_problem(cap, dtype, d, variants, causal, backward) is None, (cap, d, causal)
 
 
@@ -166,8 +187,14 @@ def test_the_a100_only_backward_tiles_are_refused_on_99_kib_gpus_only(monkeypatc
     for cap, causal, backward in (((8, 9), True, False), ((8, 0), True, True), ((8, 9), False, True)):
         assert devices.shared_memory_problem(cap, torch.float16, 500, ("keypad",), causal, backward) is None
     # On a tie the kernel every call runs is named, not the bias-gradient one.
-    monkeypatch.setattr(devices, "NEEDS", {("sm80", "dkdv_dbias", "16bit", 320, "keypad", True): 110_000,
-                                           ("sm80", "dkdv", "16bit", 320, "keypad", True): 110_000})
+    monkeypatch.setattr(
+        devices,
+        "NEEDS",
+        {
+            ("sm80", "dkdv_dbias", "16bit", 320, "keypad", True): 110_000,
+            ("sm80", "dkdv", "16bit", 320, "keypad", True): 110_000,
+        },
+    )
     why = devices.shared_memory_problem((8, 6), torch.bfloat16, 300, ("keypad",), True, backward=True)
     assert "backward (dkdv)" in why and "padded head dims 257-320" in why, why
 
@@ -182,8 +209,16 @@ def test_one_query_row_with_a_key_padding_mask_is_checked_as_the_full_bias_it_ru
     from attnkit.backends.triton import TritonBackend
 
     def reasons(q_len):
-        call = AttentionCall(DeviceInfo("cuda", (8, 9)), torch.float16, 96, q_len=q_len, kv_len=77,
-                             mask="key_padding", requires_grad=True, causal=True)
+        call = AttentionCall(
+            DeviceInfo("cuda", (8, 9)),
+            torch.float16,
+            96,
+            q_len=q_len,
+            kv_len=77,
+            mask="key_padding",
+            requires_grad=True,
+            causal=True,
+        )
         return [r for r in TritonBackend().extra_reasons(call) if "shared memory" in r]
 
     assert reasons(2) == []

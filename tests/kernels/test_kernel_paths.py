@@ -39,7 +39,9 @@ limits = importlib.import_module("attnkit.kernels.limits")
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(DEVICE == "cuda", reason="interpreter paths; tests/kernels/test_kernel_flash.py covers a GPU")
+pytestmark = pytest.mark.skipif(
+    DEVICE == "cuda", reason="interpreter paths; tests/kernels/test_kernel_flash.py covers a GPU"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -73,8 +75,9 @@ def check(q, k, v, bias=None, scale=None, causal=False, offset=0, grads=True, bi
     err, tol = rel_error(out, ref), 2.0 * rel_error(base, ref) + eps
     assert err <= tol, f"out: relative error {err:.3e} > tolerance {tol:.3e}"
     # The LSE of rows that see a key, and -inf exactly for those that see none.
-    scores = q.detach().double() @ k.detach().double().transpose(-1, -2) * (
-        q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = (
+        q.detach().double() @ k.detach().double().transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    )
     full = with_mask(None if bias is None else bias.detach(), torch.float64)
     ref_lse = torch.logsumexp(scores if full is None else scores + full, -1)
     seen = torch.isfinite(ref_lse)
@@ -194,8 +197,9 @@ def test_an_offset_that_hides_nothing_is_no_mask(monkeypatch, seed):
 # -- head dims up to 512 -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dt,d,causal", [("fp16", 320, False), ("bf16", 384, True), ("fp16", 512, False),
-                                          ("fp32", 512, True)])
+@pytest.mark.parametrize(
+    "dt,d,causal", [("fp16", 320, False), ("bf16", 384, True), ("fp16", 512, False), ("fp32", 512, True)]
+)
 def test_large_head_dims(dt, d, causal, seed):
     """Two pieces of at most 256 (320 = 256 + 64, 384 = 256 + 128, 512 = 256 + 256): the
     SD VAE's single 512-wide head, and the head dims of newer models."""
@@ -322,8 +326,9 @@ def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(monkeypatch
     bytes) and the TMA path runs; the results are those of the aligned call."""
     seen = _spy_tma(monkeypatch)
     real = fl.configs_for
-    monkeypatch.setattr(fl, "configs_for", lambda *a, **kw: () if not (a[6] if len(a) > 6 else kw.get("tma"))
-                        else real(*a, **kw))
+    monkeypatch.setattr(
+        fl, "configs_for", lambda *a, **kw: () if not (a[6] if len(a) > 6 else kw.get("tma")) else real(*a, **kw)
+    )
     storage = torch.randn(1 + 2 * 70 * 100, dtype=torch.float16)
     k_odd = storage[1:].view(1, 2, 70, 100)  # 200-byte rows, 2 bytes off: no descriptor can read it
     q, _, v = make_qkv(1, 2, 40, 70, 100, torch.float16)
@@ -353,8 +358,15 @@ def _shipped_tiles(monkeypatch, arch: str) -> dict:
     return seen
 
 
-@pytest.mark.parametrize("arch,kind,d,bias_grad", [("sm80", "key_padding", 320, False), ("sm80", "full", 512, True),
-                                                   ("sm90", "none", 384, False), ("sm90", "full", 320, True)])
+@pytest.mark.parametrize(
+    "arch,kind,d,bias_grad",
+    [
+        ("sm80", "key_padding", 320, False),
+        ("sm80", "full", 512, True),
+        ("sm90", "none", 384, False),
+        ("sm90", "full", 320, True),
+    ],
+)
 def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad, monkeypatch, seed):
     """The exact-fp32 backward lists above head dim 256 ship 16-row tiles on 8 warps, with
     and without reloading the held tiles, per variant and causality: run each call with
@@ -390,15 +402,26 @@ def test_sm80_causal_backward_with_key_padding_runs_its_three_stage_tiles(d, bia
     assert seen[kernel] == tile
 
 
-@pytest.mark.parametrize("arch,kind", [("sm90", "none"), ("sm90", "key_padding"), ("sm90", "perhead"),
-                                       ("sm90", "full"), ("sm80", "none"), ("sm80", "full")])
+@pytest.mark.parametrize(
+    "arch,kind",
+    [
+        ("sm90", "none"),
+        ("sm90", "key_padding"),
+        ("sm90", "perhead"),
+        ("sm90", "full"),
+        ("sm80", "none"),
+        ("sm80", "full"),
+    ],
+)
 def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
     """Each bias variant has its own candidate lists (a tile that spills with a full
     bias still serves the others): run the kernels with the default tile the target
     ships for the call's variant (up to 128 x 128), causal too, in the interpreter."""
     variant = {"none": "none", "key_padding": "keypad", "perhead": "keypad", "full": "full"}[kind]
-    tiles = {kernel: fl.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0]
-             for kernel in ("fwd_lo", "dkdv", "dq")}
+    tiles = {
+        kernel: fl.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0]
+        for kernel in ("fwd_lo", "dkdv", "dq")
+    }
     seen = _shipped_tiles(monkeypatch, arch)
     M, N = 150, 140  # crosses a 128-row tile and ends inside one
     q, k, v = make_qkv(1, 2, M, N, 64, torch.float16, layout="bnhd")
@@ -424,11 +447,11 @@ def test_every_call_has_a_tile():
                         for variant in variants:
                             for causal in (False, True):
                                 loads = (True, False) if arch == "sm90" and dtype != torch.float32 else (False,)
-                                if not any(fl.configs_for(kernel, d, dtype, arch, variant, causal, tma)
-                                           for tma in loads):
+                                if not any(
+                                    fl.configs_for(kernel, d, dtype, arch, variant, causal, tma) for tma in loads
+                                ):
                                     missing.append((arch, kernel, str(dtype), d, variant, causal))
     assert not missing, missing
-
 
 
 def test_a_tiles_register_cap_reaches_the_compiler(monkeypatch):
@@ -442,8 +465,9 @@ def test_a_tiles_register_cap_reaches_the_compiler(monkeypatch):
     tensors = {"Q": torch.randn(1), **{n: None for n in ("KD0", "KD1", "VD0", "VD1")}}
     for interpret in (False, True):
         monkeypatch.setattr(fl, "INTERPRET", interpret)
-        launch = fl._Launch("fwd", fl.KERNELS["fwd"], fl.KERNELS["fwd"], cap, {"CAUSAL": False, "TMA": False}, 40,
-                            "BLOCK_M", 1, 1)
+        launch = fl._Launch(
+            "fwd", fl.KERNELS["fwd"], fl.KERNELS["fwd"], cap, {"CAUSAL": False, "TMA": False}, 40, "BLOCK_M", 1, 1
+        )
         fl._run(launch, tensors)
     assert calls[0]["maxnreg"] == 255 and calls[0]["num_warps"] == 8
     assert "maxnreg" not in calls[1]
@@ -480,10 +504,14 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeyp
     # Every broadcast shape is judged as the launcher runs it (found on an H200: a scalar
     # bias raised "numel: integer multiplication overflow" here): a bias that does not
     # vary over the queries is a key bias, whatever its rank.
-    for bias, variant in ((torch.tensor(0.5), "keypad"), (torch.zeros(32), "keypad"),
-                          (torch.zeros(2, 1, 32), "keypad"), (torch.zeros(1, 16, 1).expand(1, 16, 32), "full"),
-                          (torch.zeros(1, 16, 32)[:, :1].expand(1, 16, 32), "keypad"),
-                          (torch.zeros(16, 32), "full")):
+    for bias, variant in (
+        (torch.tensor(0.5), "keypad"),
+        (torch.zeros(32), "keypad"),
+        (torch.zeros(2, 1, 32), "keypad"),
+        (torch.zeros(1, 16, 1).expand(1, 16, 32), "full"),
+        (torch.zeros(1, 16, 32)[:, :1].expand(1, 16, 32), "keypad"),
+        (torch.zeros(16, 32), "full"),
+    ):
         assert fl._bias_args(bias, torch.zeros(1, 2, 16, 512), (1, 2, 16, 32))[-1] == variant
         if variant == "keypad":
             with pytest.raises(ValueError, match="needs 132,160 B"):
@@ -511,12 +539,14 @@ def test_every_list_builds_its_autotuner(monkeypatch):
                                 cands = fl.configs_for(kernel, band, dtype, arch, variant, causal, tma)
                                 if len(cands) < 2:
                                     continue
-                                tuner, fixed = fl._kernel_for(kernel, band, dtype, torch.device("cpu"), variant,
-                                                              causal, tma)
+                                tuner, fixed = fl._kernel_for(
+                                    kernel, band, dtype, torch.device("cpu"), variant, causal, tma
+                                )
                                 assert fixed is None and len(tuner.configs) == len(cands)
                                 assert {"HEAD_DIM", "CAUSAL", "PRECISION"} <= set(tuner.keys)
                                 built += 1
     assert built > 100
+
 
 def test_each_head_dim_is_tuned_over_its_own_candidates(monkeypatch):
     """Within a band, a tile may hold only for part of its head dims (its dims). The
@@ -534,8 +564,9 @@ def test_each_head_dim_is_tuned_over_its_own_candidates(monkeypatch):
     for d, want in ((40, low), (64, high), (48, low), (56, high)):
         tuner, fixed = fl._kernel_for("fwd", d, torch.float16, torch.device("cpu"), "none", False, False)
         assert fixed is None
-        assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuner.configs] == \
-            [(c.block_m, c.block_n, c.num_warps, c.num_stages) for c in want], d
+        assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuner.configs] == [
+            (c.block_m, c.block_n, c.num_warps, c.num_stages) for c in want
+        ], d
     assert len(fl._TUNERS) == 2  # one tuner per list, shared by the head dims it serves
 
 
@@ -548,9 +579,18 @@ F32_MIN = torch.finfo(torch.float32).min
 # The interpreter computes with numpy, which warns where a huge bias times log2(e)
 # overflows to -inf in a score whose weight is 0 anyway; a GPU does the same silently.
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
-@pytest.mark.parametrize("dt,value,shape", [
-    ("fp16", F32_MIN, "full"), ("bf16", F32_MIN, "key"), ("fp32", F32_MIN, "full"), ("fp32", F32_MIN, "key"),
-    ("fp16", -1e30, "key"), ("fp32", -1e9, "full"), ("bf16", -1e9, "key")])
+@pytest.mark.parametrize(
+    "dt,value,shape",
+    [
+        ("fp16", F32_MIN, "full"),
+        ("bf16", F32_MIN, "key"),
+        ("fp32", F32_MIN, "full"),
+        ("fp32", F32_MIN, "key"),
+        ("fp16", -1e30, "key"),
+        ("fp32", -1e9, "full"),
+        ("bf16", -1e9, "key"),
+    ],
+)
 def test_rows_masked_by_a_huge_finite_value_average_v(dt, value, shape, seed):
     """A row whose keys all carry the same huge finite bias (float32's min is a common
     "minus infinity") is an ordinary row to float64: its weights are those of the
@@ -575,8 +615,10 @@ def test_rows_masked_by_a_huge_finite_value_average_v(dt, value, shape, seed):
         # float64 averages V there: the bias swamps the scores even in float64.
         mean_v = v.double().mean(2, keepdim=True).expand(B, H, M, D)
         assert rel_error(ref[rows], mean_v[rows]) < 1e-12
-        err, tol = rel_error(out[rows], ref[rows]), 2.0 * rel_error(v.mean(2, keepdim=True).expand(B, H, M, D)[rows],
-                                                                       mean_v[rows]) + EPSILON[q.dtype]
+        err, tol = (
+            rel_error(out[rows], ref[rows]),
+            2.0 * rel_error(v.mean(2, keepdim=True).expand(B, H, M, D)[rows], mean_v[rows]) + EPSILON[q.dtype],
+        )
         assert err <= tol, f"masked rows: relative error {err:.3e} > {tol:.3e}"
     else:
         # -1e9 leaves float64 the scores (softmax of q.k), float32 arithmetic a uniform
@@ -665,7 +707,9 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monke
     run on the CPU, is a stand-in that returns a recording compiled kernel."""
     launches, hooked = [], []
     cands = (fl.TileConfig(64, 64, 4, 3), fl.TileConfig(32, 16, 8, 2))
-    tuner = fl._make_tuner("fwd", cands, prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]})
+    tuner = fl._make_tuner(
+        "fwd", cands, prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]}
+    )
 
     class Kernel:
         arg_names = fl.KERNELS["fwd"].arg_names
@@ -695,12 +739,18 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monke
     assert direct["sm_scale"] == 0.125 and direct["Q"].shape == (2, 3, 100, 64)
     # What a call without a bias or a residual does not read is passed as None (the
     # descriptors are there: 16-bit inputs on the interpreter's sm_90 stream through TMA).
-    assert all(direct[n] is None for n in ("Bias", "Lens", "Plain", "LseShift", "OutLo", "stride_bb", "stride_bm",
-                                           "stride_lb"))
+    assert all(
+        direct[n] is None for n in ("Bias", "Lens", "Plain", "LseShift", "OutLo", "stride_bb", "stride_bm", "stride_lb")
+    )
     assert direct["TMA"] and direct["KD0"] is not None
     assert hooked == [32]  # the tuner runs the tile's hook; a direct launch needs none
-    for other in (dict(m=300), dict(causal=True), dict(head_dim=48), dict(dtype=torch.bfloat16),
-                  dict(bias_dtype=torch.float32)):
+    for other in (
+        dict(m=300),
+        dict(causal=True),
+        dict(head_dim=48),
+        dict(dtype=torch.bfloat16),
+        dict(bias_dtype=torch.float32),
+    ):
         call(**other)
         call(**other)
         assert [x[0] for x in launches[-2:]] == ["tuner", "compiled"], other
@@ -727,8 +777,13 @@ def test_a_bucket_met_by_two_threads_at_once_is_tuned_once(monkeypatch):
     monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm90")
     cands = (fl.TileConfig(64, 64, 4, 3), fl.TileConfig(32, 16, 8, 2))
     # "Timing" that picks another tile for each exact length.
-    tuner = fl._make_tuner("fwd", cands, prune_configs_by={
-        "early_config_prune": lambda configs, nargs, **kw: configs[:1] if kw["M"] == 100 else configs[1:]})
+    tuner = fl._make_tuner(
+        "fwd",
+        cands,
+        prune_configs_by={
+            "early_config_prune": lambda configs, nargs, **kw: configs[:1] if kw["M"] == 100 else configs[1:]
+        },
+    )
     ran, tuned, started = {}, [], threading.Event()
 
     class Kernel:
@@ -748,8 +803,9 @@ def test_a_bucket_met_by_two_threads_at_once_is_tuned_once(monkeypatch):
 
     tuner.fn = Kernel()
     monkeypatch.setattr(fl, "_kernel_for", lambda *a: (tuner, None))
-    monkeypatch.setattr(fl, "_launch_triton", lambda fn, grid, kwargs: fn[grid](**kwargs) if fn is tuner
-                        else plain(fn, grid, kwargs))
+    monkeypatch.setattr(
+        fl, "_launch_triton", lambda fn, grid, kwargs: fn[grid](**kwargs) if fn is tuner else plain(fn, grid, kwargs)
+    )
 
     def call(m):
         q = torch.randn(1, 1, m, 64, dtype=torch.float16)
@@ -771,12 +827,14 @@ def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):
     bound to the name at its place), gives the bits that Triton's own launch gives:
     forward and backward, with a key-padding mask, TMA descriptors (16-bit, sm_90) and
     causality, over two calls of each signature (the second one direct)."""
+
     def interpreted(fn, grid, kwargs):
         fn[grid](**kwargs)
         jit = fn  # the interpreter launches the kernels themselves (no autotuner)
         compiled = _Compiled(jit, [])
         compiled.run = lambda g0, g1, g2, stream, f, m, lm, e, x, *values: ran.append(jit.fn.__name__) or jit[
-            (g0, g1, g2)](**dict(zip(jit.arg_names, values)))
+            (g0, g1, g2)
+        ](**dict(zip(jit.arg_names, values)))
         return compiled
 
     results, ran, tma = [], [], []
@@ -793,8 +851,14 @@ def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):
         tma.append([p.streams.tma for p in fl._PLANS.values() if isinstance(p, fl._ForwardPlan)])
         fl.clear_plans()
     # The second calls: the forward, the backward's three passes, and a key-lengths pass for each.
-    assert sorted(ran) == ["_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_fwd", "_key_lengths_kernel",
-                           "_key_lengths_kernel"]
+    assert sorted(ran) == [
+        "_attn_bwd_delta",
+        "_attn_bwd_dkdv",
+        "_attn_bwd_dq",
+        "_attn_fwd",
+        "_key_lengths_kernel",
+        "_key_lengths_kernel",
+    ]
     assert tma == [[True], [True]]
     for later in results[1:]:  # Triton's second call, then the direct path's first and second
         for x, y in zip(results[0], later):
@@ -802,9 +866,12 @@ def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):
     assert all(torch.isfinite(x).all() for r in results for x in r)
 
 
-_READ_ALWAYS = {"_attn_fwd": {"Q", "K", "V", "Out", "Lse"}, "_attn_bwd_delta": {"Out", "DO", "Delta"},
-                "_attn_bwd_dkdv": {"Q", "K", "V", "DO", "Lse", "Delta", "DK", "DV"},
-                "_attn_bwd_dq": {"Q", "K", "V", "DO", "Lse", "Delta", "DQ"}}
+_READ_ALWAYS = {
+    "_attn_fwd": {"Q", "K", "V", "Out", "Lse"},
+    "_attn_bwd_delta": {"Out", "DO", "Delta"},
+    "_attn_bwd_dkdv": {"Q", "K", "V", "DO", "Lse", "Delta", "DK", "DV"},
+    "_attn_bwd_dq": {"Q", "K", "V", "DO", "Lse", "Delta", "DQ"},
+}
 
 
 @pytest.mark.parametrize("case", ["none", "keypad", "full", "full-grad", "fp16-tma"])
@@ -818,8 +885,12 @@ def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
 
     def recorded(fn, grid, kwargs):
         fn[grid](**kwargs)
-        passed.append((fn.fn.__name__, {n for n, x in kwargs.items() if x is not None and not isinstance(
-            x, (int, float, str, bool))}))
+        passed.append(
+            (
+                fn.fn.__name__,
+                {n for n, x in kwargs.items() if x is not None and not isinstance(x, (int, float, str, bool))},
+            )
+        )
 
     monkeypatch.setattr(fl, "_launch_triton", recorded)
     dtype = torch.float16 if case == "fp16-tma" else torch.float32
@@ -835,8 +906,13 @@ def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
     assert rel_error(out, ref) < 2 * max(rel_error(torch_math_attention(q, k, v, bias), ref), EPSILON[dtype])
     if grad:
         torch.autograd.grad(out, (q, k, v) + ((bias,) if bias is not None else ()), torch.randn_like(out))
-    extra = {"none": set(), "keypad": {"Bias", "Lens", "Plain", "LseShift"}, "full": {"Bias", "LseShift"},
-             "full-grad": {"Bias", "LseShift"}, "fp16-tma": {"KD0", "KD1", "VD0", "VD1"}}[case]
+    extra = {
+        "none": set(),
+        "keypad": {"Bias", "Lens", "Plain", "LseShift"},
+        "full": {"Bias", "LseShift"},
+        "full-grad": {"Bias", "LseShift"},
+        "fp16-tma": {"KD0", "KD1", "VD0", "VD1"},
+    }[case]
     for name, tensors in passed:
         if name not in _READ_ALWAYS:
             continue  # the key lengths' own kernel
@@ -852,8 +928,9 @@ def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
         if case == "full-grad" and name == "_attn_bwd_dq":
             want.add("DBias")  # dS whole, from the dQ pass; the dK/dV pass writes none
         assert tensors == want, (name, tensors ^ want)
-    assert {n for n, _ in passed} >= ({"_attn_fwd", "_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq"} if grad
-                                      else {"_attn_fwd"})
+    assert {n for n, _ in passed} >= (
+        {"_attn_fwd", "_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq"} if grad else {"_attn_fwd"}
+    )
 
 
 def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
@@ -863,9 +940,17 @@ def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
     B, H, N = 2, 3, 7
     for M in (1, 5):
         q = torch.empty(B, H, M, 8)
-        biases = [torch.randn(B, 1, 1, N), torch.randn(1, H, 1, N), torch.randn(N), torch.randn(M, N),
-                  torch.randn(B, H, M, N), torch.randn(B, 1, M, N), torch.randn(B, H, 1, N).expand(B, H, M, N),
-                  torch.randn(B, H, 1, 1), torch.randn(B, H, N, M).transpose(-1, -2)]
+        biases = [
+            torch.randn(B, 1, 1, N),
+            torch.randn(1, H, 1, N),
+            torch.randn(N),
+            torch.randn(M, N),
+            torch.randn(B, H, M, N),
+            torch.randn(B, 1, M, N),
+            torch.randn(B, H, 1, N).expand(B, H, M, N),
+            torch.randn(B, H, 1, 1),
+            torch.randn(B, H, N, M).transpose(-1, -2),
+        ]
         for bias in biases:
             launched = fl._bias_args(bias, q, (B, H, M, N))[-1]
             assert fo._bias_variant(bias, q.shape) == launched, (M, tuple(bias.shape), bias.stride())
@@ -886,7 +971,9 @@ def test_plans_built_by_racing_threads_launch_what_one_thread_does(monkeypatch, 
 
         def run(g0, g1, g2, stream, f, m, lm, e, x, *values):
             args = dict(zip(fn.arg_names, values))
-            fixed = tuple(sorted((n, v) for n, v in args.items() if not isinstance(v, (torch.Tensor, fl.TensorDescriptor))))
+            fixed = tuple(
+                sorted((n, v) for n, v in args.items() if not isinstance(v, (torch.Tensor, fl.TensorDescriptor)))
+            )
             with lock:
                 launches.append((fn.fn.__name__, (g0, g1, g2), fixed))
 

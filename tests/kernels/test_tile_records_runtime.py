@@ -58,8 +58,23 @@ def test_a_recorded_gpu_runs_its_recorded_default_where_the_rule_covers_the_call
 def test_a_recorded_default_runs_and_matches_float64(h100, monkeypatch, seed):
     """A rule made up to cover a call small enough for the interpreter: the launch plan
     runs the recorded tile, and the answer is right."""
-    rule = tr.TileRule(H100, "sm90", "fwd", "16bit", 64, "none", False, "tma", "float16", "M128-N64-w8-s3",
-                       "M128-N128-w8-s2", 1, 1, 1.3, "made-up")
+    rule = tr.TileRule(
+        H100,
+        "sm90",
+        "fwd",
+        "16bit",
+        64,
+        "none",
+        False,
+        "tma",
+        "float16",
+        "M128-N64-w8-s3",
+        "M128-N128-w8-s2",
+        1,
+        1,
+        1.3,
+        "made-up",
+    )
     monkeypatch.setattr(fl, "TILE_RULES", (rule,))
     ran = []
     real = fl._kernel_for

@@ -102,8 +102,17 @@ def run_case(case: dict, rank: int, world: int, meshes: dict) -> dict:
     for _ in range(case.get("repeat", 1)):
         with count_bytes() as sent, _tracing_transfers(events if case.get("trace") else None):
             got = context_parallel_attention(
-                qi, ki, vi, bias, case.get("scale"), ring_group=ring_group, ulysses_group=ulysses_group,
-                causal=case.get("causal", False), local=local, return_lse=return_lse, kv_sharded=kv_sharded,
+                qi,
+                ki,
+                vi,
+                bias,
+                case.get("scale"),
+                ring_group=ring_group,
+                ulysses_group=ulysses_group,
+                causal=case.get("causal", False),
+                local=local,
+                return_lse=return_lse,
+                kv_sharded=kv_sharded,
                 bias_sharding=passed_sharding,
             )
             out, lse = got if return_lse else (got, None)

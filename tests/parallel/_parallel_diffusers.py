@@ -28,8 +28,16 @@ def wan(seed: int, odd: bool):
 
     torch.manual_seed(seed)
     model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
-        text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=32,
+        num_layers=2,
+        rope_max_seq_len=32,
     ).double()
     g = torch.Generator().manual_seed(seed + 1)
     # 3 (or 2) frames of 6x10 latents, patches of 2x2: 45 tokens (23 + 22), or 30; the 7
@@ -47,8 +55,15 @@ def flux(seed: int, odd: bool):
 
     torch.manual_seed(seed)
     model = FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
-        num_attention_heads=2, joint_attention_dim=16, pooled_projection_dim=8, axes_dims_rope=(2, 2, 4),
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        pooled_projection_dim=8,
+        axes_dims_rope=(2, 2, 4),
     ).double()
     g = torch.Generator().manual_seed(seed + 1)
     img, txt = (15, 7) if odd else (16, 8)  # odd: 8 + 7 image and 4 + 3 text tokens per rank
@@ -78,6 +93,7 @@ def diffusers_cp(rank: int, world: int, payload: dict) -> dict:
     from diffusers import ContextParallelConfig
 
     import attnkit  # noqa: F401  (registers the "attnkit" backend)
+
     # diffusers' enable_parallelism, with what a CPU-only machine on gloo lacks filled in
     # (an accelerator to count, a gather of unequal shards, Logger.warning_once): the
     # recipe the README gives, said where it is done
@@ -94,7 +110,8 @@ def diffusers_cp(rank: int, world: int, payload: dict) -> dict:
             # shards (45 tokens; 15 + 7), lengths the default split refuses on 2 ranks;
             # diffusers' own "anything" attention has no backward, attnkit's has.
             config = (
-                ContextParallelConfig(ring_degree=world, ring_anything=odd) if mode == "ring"
+                ContextParallelConfig(ring_degree=world, ring_anything=odd)
+                if mode == "ring"
                 else ContextParallelConfig(ulysses_degree=world, ulysses_anything=odd)
             )
             enable_parallelism(model, config)

@@ -36,7 +36,10 @@ def _worker(rank: int, world: int, rdzv: str, out_dir: str, target: str, payload
     result: dict
     try:
         dist.init_process_group(
-            "gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world,
+            "gloo",
+            init_method=f"file://{rdzv}",
+            rank=rank,
+            world_size=world,
             timeout=datetime.timedelta(seconds=group_timeout),
         )
         module, name = target.split(":")
@@ -93,10 +96,16 @@ def run_ranks(target: str, world: int, payload, timeout: float = 60.0, group_tim
         results = []
         for r, p in enumerate(procs):
             path = os.path.join(tmp, f"rank{r}.pt")
-            res = torch.load(path, weights_only=False) if os.path.exists(path) else {
-                "ok": False, "type": "NoResult", "message": f"rank {r} exited with {p.exitcode} and wrote nothing",
-                "traceback": "",
-            }
+            res = (
+                torch.load(path, weights_only=False)
+                if os.path.exists(path)
+                else {
+                    "ok": False,
+                    "type": "NoResult",
+                    "message": f"rank {r} exited with {p.exitcode} and wrote nothing",
+                    "traceback": "",
+                }
+            )
             res["exitcode"] = p.exitcode
             res["seconds"] = ended[r]
             results.append(res)

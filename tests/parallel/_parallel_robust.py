@@ -54,8 +54,16 @@ def _call(case: dict, rank: int, world: int, groups, local=math_attention) -> di
     try:
         with count_bytes() as sent:
             got = context_parallel_attention(
-                q, k, v, bias, ring_group=ring, ulysses_group=uly, causal=case.get("causal", False), local=local,
-                return_lse=case.get("return_lse", False), kv_sharded=case.get("kv_sharded", True),
+                q,
+                k,
+                v,
+                bias,
+                ring_group=ring,
+                ulysses_group=uly,
+                causal=case.get("causal", False),
+                local=local,
+                return_lse=case.get("return_lse", False),
+                kv_sharded=case.get("kv_sharded", True),
                 bias_sharding=case.get("bias_sharding", "query"),
             )
             out = got[0] if case.get("return_lse") else got
@@ -127,8 +135,8 @@ def diffusers_recipe(rank: int, world: int, payload: dict) -> dict:
     from diffusers import ContextParallelConfig
 
     import attnkit  # noqa: F401  (registers the "attnkit" backends)
-    from tests.parallel._parallel_diffusers import _forward_backward, wan
     from attnkit.diffusers.context_parallel import enable_parallelism
+    from tests.parallel._parallel_diffusers import _forward_backward, wan
 
     seed = payload["seed"]
     model, inputs = wan(seed, odd=True)

@@ -9,8 +9,8 @@ import torch
 
 import attnkit
 from attnkit.backends import BackendUnavailable
-from attnkit.parallel import math_attention
 from attnkit.diffusers.context_parallel import local_attention_for
+from attnkit.parallel import math_attention
 from attnkit.testing import make_bias, make_qkv, rel_error
 
 CHOOSERS = {
@@ -88,6 +88,7 @@ def test_triton_as_the_local_attention(seed, offset):
     assert rel_error(lse[alive], ref_lse[alive]) <= 2 * rel_error(base_lse[alive], ref_lse[alive]) + 1e-6
     go = torch.randn(out.shape, dtype=torch.float64)
     gl = torch.randn(lse.shape, dtype=torch.float64).masked_fill(~alive, 0.0)
+
     def grads(out, lse, leaves, dtype):
         loss = (out * go.to(dtype)).sum() + (lse.masked_fill(~alive, 0.0) * gl.to(dtype)).sum()
         return torch.autograd.grad(loss, leaves)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.parallel._parallel_harness import run_ranks, values
 from attnkit.testing import EPSILON
+from tests.parallel._parallel_harness import run_ranks, values
 
 diffusers = pytest.importorskip("diffusers")
 
 CASES = [f"{m}-{mode}-{n}" for m in ("wan", "flux") for mode in ("ring", "ulysses") for n in ("even", "odd")]
+
 
 # Gradients diffusers' Wan itself sums over tokens in float32, even in a float64 model:
 # FP32LayerNorm casts to float32, and its affine cross-attention norm (norm2) and the
@@ -32,7 +33,9 @@ def summed_in_float32(name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def diffusers_runs(module_seed):
-    return values(run_ranks("tests.parallel._parallel_diffusers:diffusers_cp", 2, {"seed": module_seed % 10_000}, timeout=170))
+    return values(
+        run_ranks("tests.parallel._parallel_diffusers:diffusers_cp", 2, {"seed": module_seed % 10_000}, timeout=170)
+    )
 
 
 @pytest.mark.parametrize("case", CASES)

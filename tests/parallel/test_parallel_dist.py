@@ -16,10 +16,18 @@ from typing import Optional
 import pytest
 import torch
 
-from tests.parallel._parallel_harness import run_ranks, values
 from attnkit.parallel import model
-from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, rel_error, tolerance, torch_math_attention
+from attnkit.testing import (
+    EPSILON,
+    make_bias,
+    make_qkv,
+    reference_attention,
+    rel_error,
+    tolerance,
+    torch_math_attention,
+)
 from tests._masks import additive, causal_bias
+from tests.parallel._parallel_harness import run_ranks, values
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 SHORT = {F64: "f64", F32: "f32", BF16: "bf16"}
@@ -53,7 +61,7 @@ class Spec:
 
 def dead_rows_bias(B, H, M, N, dtype, gen):
     bias = torch.randn(B, H, M, N, generator=gen).to(dtype)
-    bias[0, :, 1] = float("-inf")   # a row of rank 0's shard, every head
+    bias[0, :, 1] = float("-inf")  # a row of rank 0's shard, every head
     bias[1, 1, M - 2] = float("-inf")  # a row near the end, one head
     return bias
 
@@ -117,10 +125,23 @@ def make_case(spec: Spec, seed: int) -> dict:
     q, k, v = make_qkv(spec.B, spec.H, spec.M, spec.N, spec.D, spec.dtype, layout="bnhd", generator=gen)
     Dv = spec.D
     case = dict(
-        mesh=spec.mesh, q=q, k=k, v=v, bias=build_bias(spec, gen), bias_sharding=spec.bias_sharding,
-        q_split=spec.q_split, k_split=spec.k_split if spec.k_split is not None else spec.q_split,
-        causal=spec.causal, kv_sharded=spec.kv_sharded, kv_whole=whole(spec), return_lse=spec.return_lse, repeat=spec.repeat,
-        grad=spec.grad, local=spec.local, override=spec.override, trace=spec.trace,
+        mesh=spec.mesh,
+        q=q,
+        k=k,
+        v=v,
+        bias=build_bias(spec, gen),
+        bias_sharding=spec.bias_sharding,
+        q_split=spec.q_split,
+        k_split=spec.k_split if spec.k_split is not None else spec.q_split,
+        causal=spec.causal,
+        kv_sharded=spec.kv_sharded,
+        kv_whole=whole(spec),
+        return_lse=spec.return_lse,
+        repeat=spec.repeat,
+        grad=spec.grad,
+        local=spec.local,
+        override=spec.override,
+        trace=spec.trace,
         dout=torch.randn(spec.B, spec.H, spec.M, Dv, generator=gen).to(spec.dtype),
         dlse=torch.randn(spec.B, spec.H, spec.M, generator=gen) if spec.return_lse else None,
     )
@@ -142,7 +163,17 @@ TWO = [
     # key padding, a different length per batch item: by query rows (the whole (B,1,1,N)
     # mask on every rank) and with its keys
     Spec("ring-f32-keypad", "ring", F32, M=21, N=21, D=40, q_split=[10, 11], bias="keypad"),
-    Spec("ulysses-f32-keypad-bykey", "ulysses", F32, M=21, N=21, D=40, q_split=[10, 11], bias="keypad", bias_sharding="key"),
+    Spec(
+        "ulysses-f32-keypad-bykey",
+        "ulysses",
+        F32,
+        M=21,
+        N=21,
+        D=40,
+        q_split=[10, 11],
+        bias="keypad",
+        bias_sharding="key",
+    ),
     Spec("ring-f32-keypad-bykey", "ring", F32, M=21, N=21, q_split=[14, 7], bias="keypad", bias_sharding="key"),
     # full biases, sliced by query rows
     Spec("ring-bf16-full", "ring", BF16, M=19, N=19, D=40, q_split=[7, 12], bias="full"),
@@ -159,8 +190,18 @@ TWO = [
     Spec("ring-f32-cross77-whole", "ring", F32, M=50, N=77, q_split=[20, 30], kv_sharded=False, bias="keypad"),
     Spec("ulysses-bf16-cross77-whole", "ulysses", BF16, M=50, N=77, q_split=[20, 30], kv_sharded=False),
     # kv_sharded="auto" (what a diffusers backend passes): whole text keys found whole, shards found sharded
-    Spec("ring-f32-cross77-auto-whole", "ring", F32, M=50, N=77, q_split=[20, 30], kv_sharded="auto", kv_whole=True,
-         bias="keypad", bias_sharding="key"),
+    Spec(
+        "ring-f32-cross77-auto-whole",
+        "ring",
+        F32,
+        M=50,
+        N=77,
+        q_split=[20, 30],
+        kv_sharded="auto",
+        kv_whole=True,
+        bias="keypad",
+        bias_sharding="key",
+    ),
     Spec("ulysses-f64-auto-sharded", "ulysses", F64, H=4, q_split=[6, 7], kv_sharded="auto", causal=True),
     # causal, top-left on global positions
     Spec("ring-f64-causal", "ring", F64, M=17, N=17, q_split=[11, 6], causal=True),
@@ -171,17 +212,46 @@ TWO = [
     Spec("ring-bf16-keypad-bool", "ring", BF16, M=23, N=23, q_split=[12, 11], bias="keypad-bool", repeat=2),
     # refusals: every rank raises, the detail on the rank at fault
     Spec("err-ulysses-heads", "ulysses", H=3, expect={0: "3 heads do not divide among 2 ranks", 1: "ring_attention"}),
-    Spec("err-dtype-mismatch", "ring", override={1: {"dtype": F64}}, expect={0: "disagree on dtype", 1: "disagree on dtype"}),
-    Spec("err-bias-requires-grad", "ring", bias="full", override={0: {"bias_requires_grad": True}},
-         expect={0: "attn_bias requires grad", 1: "refused"}),
+    Spec(
+        "err-dtype-mismatch",
+        "ring",
+        override={1: {"dtype": F64}},
+        expect={0: "disagree on dtype", 1: "disagree on dtype"},
+    ),
+    Spec(
+        "err-bias-requires-grad",
+        "ring",
+        bias="full",
+        override={0: {"bias_requires_grad": True}},
+        expect={0: "attn_bias requires grad", 1: "refused"},
+    ),
     Spec("err-local-without-lse", "ring", local="no_lse", expect={0: "not (out, lse)", 1: "not (out, lse)"}),
     Spec("err-head-dim-mismatch", "ring", override={1: {"head_dim": 8}}, expect={0: "head dim", 1: "head dim"}),
-    Spec("err-heads-mismatch", "ulysses", H=4, override={1: {"heads": 2}}, expect={0: "number of heads", 1: "number of heads"}),
+    Spec(
+        "err-heads-mismatch",
+        "ulysses",
+        H=4,
+        override={1: {"heads": 2}},
+        expect={0: "number of heads", 1: "number of heads"},
+    ),
     Spec("err-not-a-mesh", "same-groups", expect={0: "do not form a 2-D mesh", 1: "do not form a 2-D mesh"}),
-    Spec("err-whole-kv-differs", "ring", M=8, N=8, kv_sharded=False, override={1: {"dtype_kv_noise": True}},
-         expect={0: "every rank must pass the same, whole k", 1: "every rank must pass the same, whole k"}),
-    Spec("err-bias-key-columns", "ring", bias="keypad", override={0: {"pass_sharding": "query"}, 1: {"pass_sharding": "query"}},
-         bias_sharding="key", expect={0: "bias_sharding='key'", 1: "bias_sharding='key'"}),
+    Spec(
+        "err-whole-kv-differs",
+        "ring",
+        M=8,
+        N=8,
+        kv_sharded=False,
+        override={1: {"dtype_kv_noise": True}},
+        expect={0: "every rank must pass the same, whole k", 1: "every rank must pass the same, whole k"},
+    ),
+    Spec(
+        "err-bias-key-columns",
+        "ring",
+        bias="keypad",
+        override={0: {"pass_sharding": "query"}, 1: {"pass_sharding": "query"}},
+        bias_sharding="key",
+        expect={0: "bias_sharding='key'", 1: "bias_sharding='key'"},
+    ),
 ]
 
 FOUR = [
@@ -189,11 +259,31 @@ FOUR = [
     Spec("ulysses4-f64-uneven", "ulysses", F64, H=4, q_split=[3, 1, 0, 9]),
     Spec("mesh2x2-f64-uneven-lse", "2x2", F64, H=4, q_split=[5, 2, 0, 6], return_lse=True, repeat=2),
     Spec("mesh2x2-bf16-full", "2x2", BF16, H=4, M=22, N=22, D=40, q_split=[6, 5, 6, 5], bias="full"),
-    Spec("mesh2x2-f32-keypad-bykey", "2x2", F32, H=4, M=17, N=17, q_split=[3, 7, 2, 5], bias="keypad", bias_sharding="key"),
+    Spec(
+        "mesh2x2-f32-keypad-bykey",
+        "2x2",
+        F32,
+        H=4,
+        M=17,
+        N=17,
+        q_split=[3, 7, 2, 5],
+        bias="keypad",
+        bias_sharding="key",
+    ),
     Spec("mesh2x2-f32-deadrows", "2x2", F32, H=4, q_split=[3, 4, 3, 3], bias="dead"),
     Spec("mesh2x2-f32-causal", "2x2", F32, H=4, M=17, N=17, q_split=[3, 7, 2, 5], causal=True),
     Spec("ring4-f64-causal", "ring", F64, M=16, N=16, q_split=[4, 4, 4, 4], causal=True),
-    Spec("mesh2x2-f32-cross77", "2x2", F32, H=4, M=40, N=77, q_split=[10, 10, 10, 10], k_split=[20, 19, 19, 19], bias="keypad"),
+    Spec(
+        "mesh2x2-f32-cross77",
+        "2x2",
+        F32,
+        H=4,
+        M=40,
+        N=77,
+        q_split=[10, 10, 10, 10],
+        k_split=[20, 19, 19, 19],
+        bias="keypad",
+    ),
     # 4097 tokens on 4 ranks: 1025 + 1024 * 3, nothing padded (forward: gradients of
     # uneven shards are above, and a float64 reference backward at 4097^2 costs seconds)
     Spec("ring4-f32-4097", "ring", F32, B=1, H=1, M=4097, N=4097, D=16, grad=False),
@@ -214,7 +304,9 @@ def case_id(spec: Spec) -> str:
 
 def run_batch(specs: list[Spec], world: int, seed: int, timeout: float) -> dict:
     cases = [make_case(s, seed + i) for i, s in enumerate(specs)]
-    results = values(run_ranks("tests.parallel._parallel_cases:attention_batch", world, {"cases": cases}, timeout=timeout))
+    results = values(
+        run_ranks("tests.parallel._parallel_cases:attention_batch", world, {"cases": cases}, timeout=timeout)
+    )
     return {s.name: ([r[i] for r in results], cases[i]) for i, s in enumerate(specs)}
 
 
@@ -360,7 +452,9 @@ def test_transfers_start_before_the_block_they_overlap(four_ranks):
             for i in phase[:-1]:
                 before = events[:i]
                 last_compute = max([j for j in computes if j < i], default=-1)
-                assert "post" in before[last_compute + 1 :], f"rank {r}: no transfer started before compute {i}: {events}"
+                assert "post" in before[last_compute + 1 :], (
+                    f"rank {r}: no transfer started before compute {i}: {events}"
+                )
 
 
 # -- failures end every rank, within a bound ------------------------------------------------
@@ -370,7 +464,9 @@ def test_a_rank_that_raises_ends_every_rank(seed):
     """Rank 1's local attention raises inside the ring: rank 1 ends with its error, rank 0
     with ContextParallelError naming the transfer it waited on; neither hangs."""
     q, k, v = make_qkv(1, 2, 16, 16, 8, F32, layout="bnhd")
-    res = run_ranks("tests.parallel._parallel_cases:raise_in_local", 2, {"qkv": (q, k, v)}, timeout=60, group_timeout=30)
+    res = run_ranks(
+        "tests.parallel._parallel_cases:raise_in_local", 2, {"qkv": (q, k, v)}, timeout=60, group_timeout=30
+    )
     assert res[1]["type"] == "RuntimeError" and "injected failure" in res[1]["message"]
     assert res[0]["type"] == "ContextParallelError", res[0]
     assert "ring attention" in res[0]["message"] and "another rank" in res[0]["message"].lower()
@@ -383,7 +479,9 @@ def test_a_group_that_times_out_ends_every_rank(seed):
     """Rank 1 calls only after the group's timeout: rank 0 times out exchanging the call's
     description and raises; rank 1 then finds rank 0 gone and raises too."""
     q, k, v = make_qkv(1, 2, 8, 8, 8, F32)
-    res = run_ranks("tests.parallel._parallel_cases:stall", 2, {"qkv": (q, k, v), "sleep": 6.0}, timeout=60, group_timeout=3)
+    res = run_ranks(
+        "tests.parallel._parallel_cases:stall", 2, {"qkv": (q, k, v), "sleep": 6.0}, timeout=60, group_timeout=3
+    )
     assert res[0]["type"] == "ContextParallelError", res[0]
     assert "exchanging the call's description" in res[0]["message"]
     assert not res[1]["ok"], res[1]

@@ -4,7 +4,6 @@ schedule, and the refusals that need no peer."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -101,9 +100,9 @@ def test_merge_of_disjoint_key_sets_is_attention_over_their_union(dtype, seed):
     dt = DTYPES[dtype]
     q, k, v = make_qkv(2, 3, 10, 21, 16, dt)
     bias = torch.randn(2, 3, 10, 21, dtype=dt)
-    bias[:, :, 1, :8] = float("-inf")   # dead in the first part only
-    bias[:, :, 4, 8:] = float("-inf")   # dead in the second part only
-    bias[0, :, 7, :] = float("-inf")    # dead everywhere
+    bias[:, :, 1, :8] = float("-inf")  # dead in the first part only
+    bias[:, :, 4, 8:] = float("-inf")  # dead in the second part only
+    bias[0, :, 7, :] = float("-inf")  # dead everywhere
     o1, l1 = math_attention(q, k[:, :, :8], v[:, :, :8], bias[..., :8])
     o2, l2 = math_attention(q, k[:, :, 8:], v[:, :, 8:], bias[..., 8:])
     out, lse = merge_partials(o1, l1, o2, l2)
@@ -113,7 +112,9 @@ def test_merge_of_disjoint_key_sets_is_attention_over_their_union(dtype, seed):
     whole_lse = math_attention(q, k, v, bias)[1]
     assert torch.equal(torch.isneginf(lse), torch.isneginf(whole_lse))
     alive = ~torch.isneginf(whole_lse)
-    assert torch.allclose(lse[alive], whole_lse[alive].to(lse.dtype), rtol=0, atol=1e-12 if dt == torch.float64 else 1e-5)
+    assert torch.allclose(
+        lse[alive], whole_lse[alive].to(lse.dtype), rtol=0, atol=1e-12 if dt == torch.float64 else 1e-5
+    )
 
 
 def test_large_finite_negative_mask_follows_float64_math(seed):

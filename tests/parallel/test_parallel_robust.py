@@ -20,9 +20,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.parallel._parallel_harness import run_ranks, values
 from attnkit.testing import EPSILON, rel_error
 from tests._masks import causal_bias
+from tests.parallel._parallel_harness import run_ranks, values
 
 F64 = torch.float64
 TOL = 1e-12  # float64 end to end: the rule's 2x float64 rounding + 1e-12, at these sizes
@@ -63,9 +63,13 @@ def _draw(seed: int, n_keys: int = N_SHARD) -> dict:
     g = torch.Generator().manual_seed(seed)
     M = sum(Q_SPLIT)
     return dict(
-        q=torch.randn(B, H, M, D, generator=g, dtype=F64), k=torch.randn(B, H, n_keys, D, generator=g, dtype=F64),
-        v=torch.randn(B, H, n_keys, D, generator=g, dtype=F64), dout=torch.randn(B, H, M, D, generator=g, dtype=F64),
-        q_split=Q_SPLIT, kv_sharded="auto", _g=g,
+        q=torch.randn(B, H, M, D, generator=g, dtype=F64),
+        k=torch.randn(B, H, n_keys, D, generator=g, dtype=F64),
+        v=torch.randn(B, H, n_keys, D, generator=g, dtype=F64),
+        dout=torch.randn(B, H, M, D, generator=g, dtype=F64),
+        q_split=Q_SPLIT,
+        kv_sharded="auto",
+        _g=g,
     )
 
 
@@ -122,7 +126,9 @@ def auto_cases(seed: int) -> dict:
 @pytest.fixture(scope="module")
 def auto_runs(module_seed):
     cases = auto_cases(module_seed % 100_000)
-    return cases, values(run_ranks("tests.parallel._parallel_robust:auto_batch", 2, {"cases": cases}, timeout=90, group_timeout=10))
+    return cases, values(
+        run_ranks("tests.parallel._parallel_robust:auto_batch", 2, {"cases": cases}, timeout=90, group_timeout=10)
+    )
 
 
 def _check_equal(case, per_rank, sharded_reading: bool):
@@ -170,8 +176,16 @@ def test_auto_query_mask_over_every_key_is_sharded(mesh, auto_runs):
     _check_equal(cases[name], [r[name] for r in runs], sharded_reading=True)
 
 
-@pytest.mark.parametrize("name", ["ring-text-whole", "ulysses-text-whole", "ring-text-whole-key-mask",
-                                  "ulysses-text-whole-key-mask", "ring-query-mask-whole"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ring-text-whole",
+        "ulysses-text-whole",
+        "ring-text-whole-key-mask",
+        "ulysses-text-whole-key-mask",
+        "ring-query-mask-whole",
+    ],
+)
 def test_auto_whole_keys_stay_whole(name, auto_runs):
     """The replicated text-encoder case: the right answer, and no key moves."""
     cases, runs = auto_runs
@@ -221,8 +235,19 @@ def failure_cases(seed: int, world: int) -> dict:
         n = sum(split)
         q, k, v, dout = (torch.randn(1, heads, n, D, generator=g, dtype=F64) for _ in range(4))
         whole = mesh == "whole"
-        cases[name] = dict(mesh="ring" if whole else mesh, ranks=ranks, phase=phase, causal=causal, q=q, k=k, v=v,
-                           dout=dout, q_split=split, k_split=None if whole else split, kv_sharded=not whole)
+        cases[name] = dict(
+            mesh="ring" if whole else mesh,
+            ranks=ranks,
+            phase=phase,
+            causal=causal,
+            q=q,
+            k=k,
+            v=v,
+            dout=dout,
+            q_split=split,
+            k_split=None if whole else split,
+            kv_sharded=not whole,
+        )
     return cases
 
 
@@ -231,8 +256,11 @@ def failure_runs(module_seed):
     out = {}
     for world in (2, 4):
         cases = failure_cases(module_seed % 100_000, world)
-        runs = values(run_ranks("tests.parallel._parallel_robust:failure_batch", world, {"cases": cases}, timeout=120,
-                                group_timeout=10))
+        runs = values(
+            run_ranks(
+                "tests.parallel._parallel_robust:failure_batch", world, {"cases": cases}, timeout=120, group_timeout=10
+            )
+        )
         out.update({name: (case, [r[name] for r in runs]) for name, case in cases.items()})
     return out
 
@@ -265,6 +293,7 @@ def test_a_raising_local_attention_ends_every_rank_and_leaves_the_group_usable(n
 
 # -- diffusers on a CPU-only machine -----------------------------------------------------------
 
+
 def test_diffusers_cpu_recipe_after_a_refused_forward(module_seed):
     """The README's recipe (enable_parallelism from attnkit.diffusers.context_parallel) on a tiny
     Wan transformer, 2 gloo ranks, uneven shards (diffusers' "anything" split, whose
@@ -272,8 +301,15 @@ def test_diffusers_cpu_recipe_after_a_refused_forward(module_seed):
     inside the ring on every rank (torch's SDPA gives its lse no gradient); then the same
     model with set_attention_backend("attnkit") equals one rank, forward and gradients."""
     pytest.importorskip("diffusers")
-    per_rank = values(run_ranks("tests.parallel._parallel_robust:diffusers_recipe", 2, {"seed": module_seed % 10_000},
-                                timeout=150, group_timeout=15))
+    per_rank = values(
+        run_ranks(
+            "tests.parallel._parallel_robust:diffusers_recipe",
+            2,
+            {"seed": module_seed % 10_000},
+            timeout=150,
+            group_timeout=15,
+        )
+    )
     for r, res in enumerate(per_rank):
         assert res["device_count"] == torch.accelerator.device_count(), "device_count left changed"
         assert res["refused"] is not None and "log-sum-exp" in res["refused"]["message"], res["refused"]
@@ -327,8 +363,9 @@ def test_whole_kv_gradients_are_autograds_double_and_retained_backward_included(
     script = tmp_path / "autograd.py"
     script.write_text(_AUTOGRAD_SCRIPT)
     port = str(20000 + os.getpid() % 20000)
-    done = subprocess.run([sys.executable, str(script), str(module_seed), port], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), str(module_seed), port], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     worst = float(done.stdout.split("worst")[-1])
     assert worst < 1e-10, worst

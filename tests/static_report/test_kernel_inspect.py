@@ -33,8 +33,14 @@ def _run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     # A process of its own, without TRITON_INTERPRET: the kernels must be defined for the
     # compiler, not the interpreter.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "tools.static_report", *args],
-                          capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.static_report", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def _rows(stdout: str) -> list[list[str]]:
@@ -55,7 +61,9 @@ def test_quick_subset_compiles_without_spills_or_duplicated_work():
     want |= {("fwd", d, "fp32", a) for d in ("40", "128") for a in ("sm_80", "sm_90")}
     assert seen == want
     for row in rows:
-        kernel, d, dtype, bias, causal, loads, cfg, arch, regs, stack, smem, matrix, isc, budget, limit, exp, dup = row[:17]
+        kernel, d, dtype, bias, causal, loads, cfg, arch, regs, stack, smem, matrix, isc, budget, limit, exp, dup = row[
+            :17
+        ]
         assert row[-1] == "ok", row
         assert int(stack) == 0 and int(regs) <= 255
         # Tensor cores: Ampere's mma.sync on sm_80, Hopper's warp-group MMA on sm_90 (or
@@ -70,8 +78,23 @@ def test_a_failing_configuration_makes_it_exit_nonzero():
     """A tile that does not fit in registers (forward, head dim 40, 128 x 64 tiles on 4
     warps with a full bias: it spills on sm_90) must be reported and fail the run: the
     check is not a formality."""
-    res = _run("--kernel", "fwd", "--head-dim", "40", "--dtype", "fp16", "--arch", "90", "--bias", "full",
-               "--causal", "0", "--loads", "ptr", "--config=128,64,4,2")
+    res = _run(
+        "--kernel",
+        "fwd",
+        "--head-dim",
+        "40",
+        "--dtype",
+        "fp16",
+        "--arch",
+        "90",
+        "--bias",
+        "full",
+        "--causal",
+        "0",
+        "--loads",
+        "ptr",
+        "--config=128,64,4,2",
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "FAIL: spills" in res.stdout
 
@@ -80,12 +103,44 @@ def test_duplicated_work_and_a_budget_fail_the_run():
     """8 warps on a 64-row score tile on sm_90: both warp groups compute the whole QK^T
     tile and every exponential (two 64-row warp-group MMAs on 64 rows); and a budget
     below what a tile compiles to."""
-    res = _run("--kernel", "dq", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--bias", "none",
-               "--causal", "0", "--loads", "tma", "--config=64,32,8,2")
+    res = _run(
+        "--kernel",
+        "dq",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "fp16",
+        "--arch",
+        "90",
+        "--bias",
+        "none",
+        "--causal",
+        "0",
+        "--loads",
+        "tma",
+        "--config=64,32,8,2",
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "duplicated matrix work" in res.stdout and "duplicated exponentials" in res.stdout
-    res = _run("--kernel", "dq", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--bias", "none",
-               "--causal", "0", "--loads", "tma", "--config=128,64,8,2", "--budget", "0.1")
+    res = _run(
+        "--kernel",
+        "dq",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "fp16",
+        "--arch",
+        "90",
+        "--bias",
+        "none",
+        "--causal",
+        "0",
+        "--loads",
+        "tma",
+        "--config=128,64,8,2",
+        "--budget",
+        "0.1",
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "> budget 0.1" in res.stdout
 
@@ -96,8 +151,23 @@ def test_a_register_cap_is_compiled_and_recorded(tmp_path):
     so it spills and fails), and the JSON record keeps it."""
     from tools.static_report import store
 
-    res = _run("--kernel", "fwd", "--head-dim", "64", "--dtype", "fp16", "--arch", "80", "--bias", "none",
-               "--causal", "0", "--config=64,64,4,2,0,64", "--out", str(tmp_path))
+    res = _run(
+        "--kernel",
+        "fwd",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "fp16",
+        "--arch",
+        "80",
+        "--bias",
+        "none",
+        "--causal",
+        "0",
+        "--config=64,64,4,2,0,64",
+        "--out",
+        str(tmp_path),
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     (row,) = _rows(res.stdout)
     assert row[6] == "M64-N64-w4-s2-reg64" and 0 < int(row[8]) <= 64 and int(row[9]) > 0, row
@@ -113,8 +183,25 @@ def test_report_files(tmp_path):
     the run covers."""
     from tools.static_report import cli, store
 
-    res = _run("--kernel", "fwd", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--bias", "none",
-               "--causal", "0", "--loads", "tma", "--quick", "--out", str(tmp_path))
+    res = _run(
+        "--kernel",
+        "fwd",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "fp16",
+        "--arch",
+        "90",
+        "--bias",
+        "none",
+        "--causal",
+        "0",
+        "--loads",
+        "tma",
+        "--quick",
+        "--out",
+        str(tmp_path),
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     record = store.read_record(str(tmp_path))
     import triton
@@ -150,11 +237,33 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
     the run did not finish; --resume compiles only the rest."""
     from tools.static_report import cli, store
 
-    args = ("--kernel", "fwd", "--head-dim", "64", "--dtype", "fp16", "--arch", "90", "--bias", "none",
-            "--causal", "0", "--jobs", "1", "--out", str(tmp_path))
+    args = (
+        "--kernel",
+        "fwd",
+        "--head-dim",
+        "64",
+        "--dtype",
+        "fp16",
+        "--arch",
+        "90",
+        "--bias",
+        "none",
+        "--causal",
+        "0",
+        "--jobs",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.Popen([sys.executable, "-m", "tools.static_report", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.static_report", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     lines = []
     for line in proc.stdout:  # wait for the first compiled row, then stop the run
         lines.append(line)
@@ -194,12 +303,21 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
 
 def _copy_tree(root) -> str:
     """The files source_key() reads (and ops.py), copied under root."""
-    for rel in ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/flash/launch.py", "attnkit/kernels/flash/ops.py",
-                "attnkit/kernels/int8/kernels.py", "attnkit/kernels/int8/quant.py", "attnkit/kernels/limits.py"):
+    for rel in (
+        "attnkit/kernels/flash/kernels.py",
+        "attnkit/kernels/flash/launch.py",
+        "attnkit/kernels/flash/ops.py",
+        "attnkit/kernels/int8/kernels.py",
+        "attnkit/kernels/int8/quant.py",
+        "attnkit/kernels/limits.py",
+    ):
         os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
         shutil.copy(os.path.join(ROOT, rel), os.path.join(root, rel))
-    shutil.copytree(os.path.join(ROOT, "tools", "static_report"), os.path.join(root, "tools", "static_report"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        os.path.join(ROOT, "tools", "static_report"),
+        os.path.join(root, "tools", "static_report"),
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     return str(root)
 
 
@@ -229,12 +347,20 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     assert base == sk.source_key()
     kernels, launch = "attnkit/kernels/flash/kernels.py", "attnkit/kernels/flash/launch.py"
     assert key_after(kernels, '"""FlashAttention-2 in Triton', '"""FlashAttention 2 in Triton') == base  # docstring
-    assert key_after(kernels, "NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 2",
-                     "# a comment\nNO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 2  # and another") == base
+    assert (
+        key_after(
+            kernels,
+            "NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 2",
+            "# a comment\nNO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 2  # and another",
+        )
+        == base
+    )
     assert key_after("attnkit/kernels/flash/ops.py", "import torch", "import torch\n\nX = 1") == base
     assert key_after(launch, 'INTERPRET_ARCH = "sm90"', 'INTERPRET_ARCH = "sm80"') == base  # other host code
     assert key_after(launch, '"""The largest power of two', '"""The greatest power of two') == base  # _align's doc
-    assert key_after(kernels, "NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 2", "NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 3") != base
+    assert (
+        key_after(kernels, "NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 2", "NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 3") != base
+    )
     assert key_after(launch, "    a = 16\n", "    a = 8\n") != base  # _align
     assert key_after(launch, '{"enable_fp_fusion": True}', '{"enable_fp_fusion": False}') != base
     assert key_after("attnkit/kernels/limits.py", "BANDS = (64,", "BANDS = (32, 64,") != base
@@ -246,8 +372,12 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     assert key_after(quant, "    padded = -(-head_dim // 32) * 32", "    padded = -(-head_dim // 64) * 64") != base
     assert key_after(quant, "QMAX = 127", "QMAX = 126") == base
     assert key_after("tools/static_report/sass.py", "import re\n", "import os\nimport re\n") != base
-    assert key_after("tools/static_report/compile.py", "res.seconds = time.time() - t0",
-                     "res.seconds = time.time() - t0 + 1") != base  # compile_job
+    assert (
+        key_after(
+            "tools/static_report/compile.py", "res.seconds = time.time() - t0", "res.seconds = time.time() - t0 + 1"
+        )
+        != base
+    )  # compile_job
     # _tool moved from compile.py to store.py: found by name, the same key.
     root = _copy_tree(tmp_path / "moved")
     with open(os.path.join(root, "tools/static_report/compile.py")) as f:
@@ -308,11 +438,9 @@ def test_a_row_is_kept_across_a_budget_change_and_dropped_with_its_tile(tmp_path
     from tools.static_report.compile import Job, Result
 
     job = Job("fwd", 64, "fp16", (128, 64, 8, 2, 0), 90, "none", tma=True, default=True, budget=0.5)
-    rec = dict(store._record(Result(job, regs=128, stack=0, smem=1000, loop_length=100, instr_per_score=0.4)),
-               key="k1")
+    rec = dict(store._record(Result(job, regs=128, stack=0, smem=1000, loop_length=100, instr_per_score=0.4)), key="k1")
     other = dict(rec, key="k0", head_dim=80)
-    (tmp_path / store.CHECKPOINT).write_text(json.dumps(rec) + "\n" + json.dumps(other) + "\n"
-                                             + json.dumps(rec)[:40])
+    (tmp_path / store.CHECKPOINT).write_text(json.dumps(rec) + "\n" + json.dumps(other) + "\n" + json.dumps(rec)[:40])
     rebudgeted = Job("fwd", 64, "fp16", (128, 64, 8, 2, 0), 90, "none", tma=True, default=False, budget=0.3)
     retiled = Job("fwd", 64, "fp16", (128, 32, 8, 2, 0), 90, "none", tma=True, default=True, budget=0.5)
     pointer = Job("fwd", 64, "fp16", (128, 64, 8, 2, 0), 90, "none", tma=False, default=True, budget=0.5)
@@ -347,8 +475,10 @@ def test_the_committed_report_was_compiled_from_this_code():
 
     record = store.read_record(os.path.join(ROOT, store.REPORT_DIR), rows=False)
     if not record.get("source_key"):
-        pytest.skip("the committed report predates source keys (its rows carry none): regenerate it with "
-                    "`make inspect` to turn this check on")
+        pytest.skip(
+            "the committed report predates source keys (its rows carry none): regenerate it with "
+            "`make inspect` to turn this check on"
+        )
     assert record["source_key"] == key.source_key(), "the committed report is stale: run `make inspect`"
 
 
@@ -366,7 +496,7 @@ def test_the_committed_report_is_split_under_1_mb_and_whole():
             if not any(os.path.relpath(path, folder).startswith(p) for p in ignored):
                 assert os.path.getsize(path) < store.ROW_FILE_LIMIT, f"{path}: over 1 MB"
     record = store.read_record(folder)
-    assert set(record["row_files"]) == {n[:-len(".jsonl")] for n in os.listdir(os.path.join(folder, "rows"))}
+    assert set(record["row_files"]) == {n[: -len(".jsonl")] for n in os.listdir(os.path.join(folder, "rows"))}
     assert len(record["rows"]) == sum(record["row_files"].values()) > 0
 
 
@@ -403,8 +533,9 @@ def test_the_targets_rows_compile_first():
     from tools.static_report import jobs as jb
     from tools.static_report import targets
 
-    jobs = jb.jobs_for(["fwd", "dq"], [64, 320], ["fp32", "fp16"], [80, 90], ["full", "none"], [True, False],
-                       quick=False)
+    jobs = jb.jobs_for(
+        ["fwd", "dq"], [64, 320], ["fp32", "fp16"], [80, 90], ["full", "none"], [True, False], quick=False
+    )
     pri = [jb._priority(j) for j in jobs]
     assert pri == sorted(pri) and pri[0] == 0 and pri[-1] == 4
     first = jobs[0]
@@ -453,8 +584,14 @@ def test_the_committed_report_has_the_int8_forward_on_integer_tensor_cores():
     record = store.read_record(os.path.join(ROOT, store.REPORT_DIR))
     rows = [r for r in record["rows"] if r["kernel"] == "int8"]
     seen = {(r["arch"], r["dtype"], r["head_dim"], r["bias"], r["causal"]) for r in rows}
-    assert seen == {(a, dt, d, b, c) for a in (80, 90) for dt in ("fp16", "bf16") for d in jobs.HEAD_DIMS
-                    for b in ("none", "keypad", "full") for c in (False, True)}
+    assert seen == {
+        (a, dt, d, b, c)
+        for a in (80, 90)
+        for dt in ("fp16", "bf16")
+        for d in jobs.HEAD_DIMS
+        for b in ("none", "keypad", "full")
+        for c in (False, True)
+    }
     for r in rows:
         # warp-group MMA takes 64 query rows per warp group: sm_90's smaller tiles (head
         # dims above 192) run mma.sync's IMMA, integer tensor cores too
@@ -480,17 +617,21 @@ def test_integer_matrix_instructions_are_read_as_matrix_work():
     HMMA and HGMMA do: the int8 forward's main loop is found by them."""
     from tools.static_report import sass
 
-    listing = "\n".join([
-        "        /*0100*/                   IMMA.16832.S8.S8.SAT R4, R8, R12, R4 ;",
-        "        /*0110*/                   HMMA.16816.F32 R20, R24, R28, R20 ;",
-        "        /*0120*/                   IGMMA.64x64x32.S8.S8 gdesc[UR4], RZ, !UPT ;",
-        "        /*0130*/                   HGMMA.64x128x16.F32 R40, gdesc[UR8], R40 ;",
-        "        /*0140*/              @P0 BRA 0x100 ;",
-    ])
+    listing = "\n".join(
+        [
+            "        /*0100*/                   IMMA.16832.S8.S8.SAT R4, R8, R12, R4 ;",
+            "        /*0110*/                   HMMA.16816.F32 R20, R24, R28, R20 ;",
+            "        /*0120*/                   IGMMA.64x64x32.S8.S8 gdesc[UR4], RZ, !UPT ;",
+            "        /*0130*/                   HGMMA.64x128x16.F32 R40, gdesc[UR8], R40 ;",
+            "        /*0140*/              @P0 BRA 0x100 ;",
+        ]
+    )
     (loop,) = sass.loops(sass.parse(listing))
     assert loop.matrix_instrs == 4
     assert loop.mma_shapes() == {"IMMA.16832": 1, "HMMA.16816": 1, "IGMMA.64x64x32": 1, "HGMMA.64x128x16": 1}
     warps = 4
-    assert loop.mma_flops(warps) == (2 * 16 * 8 * 32 + 2 * 16 * 8 * 16) * warps + (
-        2 * 64 * 64 * 32 + 2 * 64 * 128 * 16) * warps / 4
+    assert (
+        loop.mma_flops(warps)
+        == (2 * 16 * 8 * 32 + 2 * 16 * 8 * 16) * warps + (2 * 64 * 64 * 32 + 2 * 64 * 128 * 16) * warps / 4
+    )
     assert sass.main_loop(sass.parse(listing)) is not None

@@ -18,8 +18,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _tiles(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "tools.static_report", "tiles", *args], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.static_report", "tiles", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture
@@ -40,7 +46,8 @@ def test_the_tile_table_is_generated_not_edited_by_hand():
     assert text == tiles.render(tiles.entries_of(table.CONFIGS)), (
         f"{tiles.TILES_PATH} is not what tools/static_report/tiles.py writes: do not edit it by hand; "
         "make the change with `python -m tools.static_report tiles --add SPEC / --remove SPEC / --budgets`, "
-        "or run `python -m tools.static_report tiles` to write it in its canonical form")
+        "or run `python -m tools.static_report tiles` to write it in its canonical form"
+    )
     # Read from its text (no import), the entries are the module's.
     assert tiles.read_entries() == list(table.ENTRIES) == tiles.entries_of(table.CONFIGS)
 
@@ -62,8 +69,9 @@ def test_add_and_remove(copy):
     before = tiles.read_entries(str(copy))
     key = ("sm90", "fwd", "16bit", 128)
     names = [str(e[4]) for e in before if e[:4] == key]
-    res = _tiles("--file", str(copy), "--add", "sm90 fwd 16bit 128 T(64, 64, 4, 2, variants=NK, budget=0.7)",
-                 "--position", "1")
+    res = _tiles(
+        "--file", str(copy), "--add", "sm90 fwd 16bit 128 T(64, 64, 4, 2, variants=NK, budget=0.7)", "--position", "1"
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     after = tiles.read_entries(str(copy))
     assert [str(e[4]) for e in after if e[:4] == key] == names[:1] + ["M64-N64-w4-s2"] + names[1:]
@@ -72,8 +80,10 @@ def test_add_and_remove(copy):
     # Appended to its list without --position; a new list goes after the smaller bands.
     added = tiles.add(after, "sm90 fwd 16bit 128 T(64, 32, 4, 2)")
     assert [str(e[4]) for e in added if e[:4] == key][-1] == "M64-N32-w4-s2"
-    two = [("sm80", "fwd", "16bit", 64, parse_tile("T(64, 64, 4, 2)")),
-           ("sm80", "fwd", "16bit", 128, parse_tile("T(64, 32, 4, 2)"))]
+    two = [
+        ("sm80", "fwd", "16bit", 64, parse_tile("T(64, 64, 4, 2)")),
+        ("sm80", "fwd", "16bit", 128, parse_tile("T(64, 32, 4, 2)")),
+    ]
     assert [e[3] for e in tiles.add(two, "sm80 fwd 16bit 96 T(16, 16, 4, 1)")] == [64, 96, 128]
     # Removed by the name the report shows.
     res = _tiles("--file", str(copy), "--remove", "sm90 fwd 16bit 128 M64-N64-w4-s2")

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import attnkit
-from tests.zoo._zoo import cast_floats, copy_function, missing_requirement
 from attnkit.testing import rel_error
+from tests.zoo._zoo import cast_floats, copy_function, missing_requirement
 
 # Processors and modules attnkit keeps as they are: (kind, why that is right).
 # "flex-only": the processor builds a flex BlockMask and refuses any other backend itself.
@@ -196,7 +196,8 @@ def _reached_by_set_attention_backend(model) -> bool:
     from diffusers.models.attention_processor import Attention
 
     return any(
-        isinstance(m, (Attention, AttentionModuleMixin)) and hasattr(getattr(m, "processor", None), "_attention_backend")
+        isinstance(m, (Attention, AttentionModuleMixin))
+        and hasattr(getattr(m, "processor", None), "_attention_backend")
         for m in model.modules()
     )
 
@@ -208,8 +209,11 @@ def test_set_attention_backend_attnkit_matches_stock(case):
     model = case.build(SEED)
     if not _reached_by_set_attention_backend(model):
         pytest.skip("diffusers' set_attention_backend reaches no processor of this model (legacy processors)")
-    needs_flex = [n for n, r in attnkit.apply(case.build(SEED), attnkit.auto()).routes.items()
-                  if not r.served and KEPT.get(_kept_class(case.build(SEED), n), ("",))[0] == "flex-only"]
+    needs_flex = [
+        n
+        for n, r in attnkit.apply(case.build(SEED), attnkit.auto()).routes.items()
+        if not r.served and KEPT.get(_kept_class(case.build(SEED), n), ("",))[0] == "flex-only"
+    ]
     active = _AttentionBackendRegistry._active_backend
     try:
         model.set_attention_backend("attnkit")
@@ -243,8 +247,9 @@ def test_set_attn_processor_serves_exactly_or_keeps(case, caplog):
     if not hasattr(model, "set_attn_processor"):
         pytest.skip(f"{type(model).__name__} has no set_attn_processor")
     modules = dict(model.named_modules())
-    planned = {name: route for name, route in attnkit.plan(model).routes.items()
-               if hasattr(modules[name], "set_processor")}
+    planned = {
+        name: route for name, route in attnkit.plan(model).routes.items() if hasattr(modules[name], "set_processor")
+    }
     kept = {name for name, route in planned.items() if not route.served}
     stock_modules = {name: copy.deepcopy(modules[name]) for name in kept}
     proc = attnkit.processor("vanilla", strict=False)
@@ -263,8 +268,11 @@ def test_set_attn_processor_serves_exactly_or_keeps(case, caplog):
     outs = _run(case, model, inputs_for(case, model))
     refs.check(outs, f"{case.id} with model.set_attn_processor(vanilla)")
     assert ran, "no attention module of the model ran"
-    silent = [name for name, module in modules.items() if id(module) in ran and not served_by_module.get(id(module))
-              and name not in kept]
+    silent = [
+        name
+        for name, module in modules.items()
+        if id(module) in ran and not served_by_module.get(id(module)) and name not in kept
+    ]
     assert not silent, f"modules that ran without attnkit computing their attention: {silent}"
     for name in kept:
         assert not served_by_module.get(id(modules[name])), f"{name} is kept, yet attnkit computed its attention"
@@ -338,13 +346,12 @@ def test_attention_backend_context_says_what_it_does_not_reach(case, caplog):
             chooser.__dict__.pop(name, None)
         holder.plans.clear()
     assert not wrappers.watching(), "attnkit's model-call watcher outlived the context"
-    again = [m for m in after[len(first):] if f"modules of {type(model).__name__} (" in m]
+    again = [m for m in after[len(first) :] if f"modules of {type(model).__name__} (" in m]
     assert not again, f"a second call of the model warned again: {again}"
     reached = {name for name, m in modules.items() if counts.get(id(m))}
     # modules attnkit serves on no route (linear attention, flex masks: see KEPT) are not
     # the context's to reach
-    unreached = [name for name, m in modules.items()
-                 if id(m) in ran and not counts.get(id(m)) and routes[name].served]
+    unreached = [name for name, m in modules.items() if id(m) in ran and not counts.get(id(m)) and routes[name].served]
     if unreached:
         assert len(first) == 1, f"{case.id}: {unreached} ran on stock attention, warnings: {first}"
         # (the model run: MotionAdapter's case runs the UNetMotionModel made from it)
@@ -399,6 +406,7 @@ def _count_calls_per_module(proc, modules=()) -> dict[int, int]:
         module.register_forward_hook(leave)
     real_resolved = getattr(proc.chooser, "resolved", None)
     if real_resolved is not None:
+
         def resolved(sig):
             backend = real_resolved(sig)
             return None if backend is None else _CountedBackend(backend, counts, running)
@@ -441,7 +449,9 @@ def tests_for(cases) -> dict:
         "_quiet_single_thread": _quiet_single_thread,
         "_no_forced_backend": _no_forced_backend,
         "test_apply_serves_and_matches_stock": case(
-            pytest.mark.parametrize("proc_name", ["auto", "vanilla"])(copy_function(test_apply_serves_and_matches_stock))
+            pytest.mark.parametrize("proc_name", ["auto", "vanilla"])(
+                copy_function(test_apply_serves_and_matches_stock)
+            )
         ),
         "test_set_attention_backend_attnkit_matches_stock": case(
             copy_function(test_set_attention_backend_attnkit_matches_stock)

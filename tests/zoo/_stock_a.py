@@ -43,7 +43,13 @@ FIRST = "A"
 CASES = [c for c in _zoo.CASES if not _zoo.in_second_half(c.name)]
 NO_ATTENTION = {name: why for name, why in _zoo.NO_ATTENTION.items() if not _zoo.in_second_half(name)}
 
-ATTENTION_BASES = (Attention, MochiAttention, AttentionModuleMixin, SanaMultiscaleLinearAttention, nn.MultiheadAttention)
+ATTENTION_BASES = (
+    Attention,
+    MochiAttention,
+    AttentionModuleMixin,
+    SanaMultiscaleLinearAttention,
+    nn.MultiheadAttention,
+)
 # A module class whose own methods reference one of these names computes attention
 # (transformers' modules call the function chosen by `config._attn_implementation`).
 PRIMITIVES = frozenset(

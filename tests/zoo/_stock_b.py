@@ -387,6 +387,10 @@ def tests_for(cases) -> dict:
     params = pytest.mark.parametrize("case", [_param(c) for c in cases])
     tests = {
         test.__name__: params(copy_function(test))
-        for test in (test_stock_forward_is_deterministic, test_every_attention_module_runs, test_attention_changes_the_output)
+        for test in (
+            test_stock_forward_is_deterministic,
+            test_every_attention_module_runs,
+            test_attention_changes_the_output,
+        )
     }
     return {**tests, "_quiet_single_thread": _quiet_single_thread, "dispatch_spy": dispatch_spy}

@@ -34,8 +34,26 @@ from tests.zoo.cases import (
 
 FAMILIES = {
     m.__name__.rsplit(".", 1)[1]: m
-    for m in (audio, autoencoders, cogvideo, cosmos, dit, flux, hunyuan, image, kandinsky, ltx, lumina, qwen, rfd4,
-              sana, sd3, unets, video, wan)
+    for m in (
+        audio,
+        autoencoders,
+        cogvideo,
+        cosmos,
+        dit,
+        flux,
+        hunyuan,
+        image,
+        kandinsky,
+        ltx,
+        lumina,
+        qwen,
+        rfd4,
+        sana,
+        sd3,
+        unets,
+        video,
+        wan,
+    )
 }
 CASES = [case for family in FAMILIES.values() for case in family.CASES]
 NO_ATTENTION = {name: why for family in FAMILIES.values() for name, why in family.NO_ATTENTION.items()}
@@ -72,7 +90,12 @@ def copy_function(f):
     import types
 
     g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-    g.__kwdefaults__, g.__doc__, g.__qualname__, g.__module__ = f.__kwdefaults__, f.__doc__, f.__qualname__, f.__module__
+    g.__kwdefaults__, g.__doc__, g.__qualname__, g.__module__ = (
+        f.__kwdefaults__,
+        f.__doc__,
+        f.__qualname__,
+        f.__module__,
+    )
     return g
 
 

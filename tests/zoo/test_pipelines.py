@@ -50,8 +50,16 @@ FALLBACK_TOL = _served.FALLBACK_TOL
 ROUTES = ("set_attn_processor", "apply", "set_attention_backend", "attention_backend", "apply_vanilla")
 # The pipelines the zoo must cover: a case or a reason in NO_PIPELINE each.
 REQUIRED = (
-    "StableDiffusionPipeline", "StableDiffusionXLPipeline", "FluxPipeline", "StableDiffusion3Pipeline",
-    "QwenImagePipeline", "WanPipeline", "SanaPipeline", "CogVideoXPipeline", "HunyuanVideoPipeline", "LTXPipeline",
+    "StableDiffusionPipeline",
+    "StableDiffusionXLPipeline",
+    "FluxPipeline",
+    "StableDiffusion3Pipeline",
+    "QwenImagePipeline",
+    "WanPipeline",
+    "SanaPipeline",
+    "CogVideoXPipeline",
+    "HunyuanVideoPipeline",
+    "LTXPipeline",
 )
 
 _quiet_single_thread = _served._quiet_single_thread
@@ -120,9 +128,12 @@ def _modules(pipe) -> dict[str, tuple[torch.nn.Module, dict]]:
 
 def _served_modules(routes_by_component, modules) -> dict[str, torch.nn.Module]:
     """{"component.module": module} of the attention modules a route serves."""
-    return {f"{component}.{name}": modules[component][1][name]
-            for component, routes in routes_by_component.items()
-            for name, route in routes.items() if route.served}
+    return {
+        f"{component}.{name}": modules[component][1][name]
+        for component, routes in routes_by_component.items()
+        for name, route in routes.items()
+        if route.served
+    }
 
 
 def _assert_attnkit_computed(served: dict[str, torch.nn.Module], ran: set[int], counts: dict[int, int], what: str):
@@ -138,12 +149,17 @@ def _assert_attnkit_computed(served: dict[str, torch.nn.Module], ran: set[int], 
 def _run_set_attn_processor(case, pipe, what):
     proc = attnkit.auto()
     modules = _modules(pipe)
-    targets = {name: c for name, (c, _) in modules.items()
-               if hasattr(c, "set_attn_processor") and getattr(c, "attn_processors", None)}
+    targets = {
+        name: c
+        for name, (c, _) in modules.items()
+        if hasattr(c, "set_attn_processor") and getattr(c, "attn_processors", None)
+    }
     assert targets, f"{what}: no component has set_attn_processor and attention"
     # as set_attn_processor reaches them: modules with a processor of their own
-    routes = {name: {n: r for n, r in attnkit.plan(c).routes.items() if hasattr(modules[name][1][n], "set_processor")}
-              for name, c in targets.items()}
+    routes = {
+        name: {n: r for n, r in attnkit.plan(c).routes.items() if hasattr(modules[name][1][n], "set_processor")}
+        for name, c in targets.items()
+    }
     served = _served_modules(routes, modules)
     counts = _served._count_calls_per_module(proc, served.values())
     ran = _served._modules_that_run(pipe, served.values())
@@ -200,8 +216,10 @@ def _run_set_attention_backend(case, pipe, what, monkeypatch):
     finally:  # set_attention_backend also sets diffusers' process-wide backend
         _AttentionBackendRegistry.set_active_backend(active)
     if reached:
-        assert calls[0] >= 1, f"{what}: diffusers' dispatcher reaches processors of the {type(denoiser).__name__} " \
-                              "but attnkit's backend was never called"
+        assert calls[0] >= 1, (
+            f"{what}: diffusers' dispatcher reaches processors of the {type(denoiser).__name__} "
+            "but attnkit's backend was never called"
+        )
     return out
 
 
@@ -215,8 +233,9 @@ def _run_attention_backend(case, pipe, what, monkeypatch):
         out = case.run(pipe, case.call_kwargs(SEED))
     assert _AttentionBackendRegistry._active_backend == active, f"{what}: the active backend was not restored"
     if _served._reached_by_set_attention_backend(denoiser):
-        assert calls[0] >= 1, f"{what}: the {type(denoiser).__name__}'s processors dispatch but attnkit's " \
-                              "backend was never called"
+        assert calls[0] >= 1, (
+            f"{what}: the {type(denoiser).__name__}'s processors dispatch but attnkit's backend was never called"
+        )
     return out
 
 

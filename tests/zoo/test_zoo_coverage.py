@@ -45,8 +45,10 @@ def test_every_model_class_with_attention_has_a_case():
     from diffusers import ModelMixin
 
     exported = sorted(
-        n for n in dir(diffusers)
-        if inspect.isclass(getattr(diffusers, n, None)) and issubclass(getattr(diffusers, n), ModelMixin)
+        n
+        for n in dir(diffusers)
+        if inspect.isclass(getattr(diffusers, n, None))
+        and issubclass(getattr(diffusers, n), ModelMixin)
         and getattr(diffusers, n) is not ModelMixin
     )
     covered = {c.name for c in CASES}

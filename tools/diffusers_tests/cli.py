@@ -30,24 +30,41 @@ OUT = ROOT / "bench" / "out" / "diffusers-tests"
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=COMMAND, description=_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("tests", type=Path, help="diffusers' tests/ folder (of a checkout of its repository)")
-    p.add_argument("--files", nargs="+", default=list(DEFAULT_GLOBS), metavar="GLOB",
-                   help="test files under tests/ to run, as globs (default: the model and pipeline tests)")
-    p.add_argument("--installed", action="store_true",
-                   help="run against the installed diffusers, not TESTS/../src")
-    p.add_argument("--report", type=Path, default=REPORT, help="the markdown report; the JSON goes beside it "
-                   "(default: %(default)s)")
-    p.add_argument("--out", type=Path, default=OUT, help="results as JSON lines and pytest's output, per run "
-                   "(default: %(default)s)")
+    p.add_argument(
+        "--files",
+        nargs="+",
+        default=list(DEFAULT_GLOBS),
+        metavar="GLOB",
+        help="test files under tests/ to run, as globs (default: the model and pipeline tests)",
+    )
+    p.add_argument("--installed", action="store_true", help="run against the installed diffusers, not TESTS/../src")
+    p.add_argument(
+        "--report",
+        type=Path,
+        default=REPORT,
+        help="the markdown report; the JSON goes beside it (default: %(default)s)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=OUT,
+        help="results as JSON lines and pytest's output, per run (default: %(default)s)",
+    )
     p.add_argument("--timeout", type=int, default=300, help="seconds one test may take (default: %(default)s)")
     p.add_argument("--chunk-files", type=int, default=20, help="test files per pytest process (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=1, help="pytest processes at once (default: %(default)s)")
     p.add_argument("--stock-only", action="store_true", help="the stock run only")
-    p.add_argument("--reuse-stock", action="store_true",
-                   help="take the stock run from --out (the last run's), run only the attnkit one")
-    p.add_argument("--render", action="store_true",
-                   help="run nothing: write the report again from the runs in --out")
-    p.add_argument("--diffusers-commit", default="",
-                   help="the checkout's commit, for the report (read with git when TESTS is in a work tree)")
+    p.add_argument(
+        "--reuse-stock",
+        action="store_true",
+        help="take the stock run from --out (the last run's), run only the attnkit one",
+    )
+    p.add_argument("--render", action="store_true", help="run nothing: write the report again from the runs in --out")
+    p.add_argument(
+        "--diffusers-commit",
+        default="",
+        help="the checkout's commit, for the report (read with git when TESTS is in a work tree)",
+    )
     p.add_argument("--python", default=sys.executable, help="the interpreter that runs pytest (default: this one)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -68,10 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print(f"no test file under {tests} matches {args.files}", file=sys.stderr)
         return 2
-    settings = Settings(checkout=checkout, python=args.python, out_dir=args.out.resolve(), src=src,
-                        timeout_s=args.timeout, chunk_files=args.chunk_files, jobs=args.jobs)
-    print(f"{len(files)} test files from {tests}; diffusers from {src or 'the installed package'}; "
-          f"output in {settings.out_dir}")
+    settings = Settings(
+        checkout=checkout,
+        python=args.python,
+        out_dir=args.out.resolve(),
+        src=src,
+        timeout_s=args.timeout,
+        chunk_files=args.chunk_files,
+        jobs=args.jobs,
+    )
+    print(
+        f"{len(files)} test files from {tests}; diffusers from {src or 'the installed package'}; "
+        f"output in {settings.out_dir}"
+    )
 
     if args.render:
         stock, attnkit = (_load(settings.out_dir / name / "phase.json") for name in ("stock", "attnkit"))
@@ -102,33 +128,41 @@ def main(argv: list[str] | None = None) -> int:
     return _report(args, argv, tests, checkout, files, stock, attnkit)
 
 
-def _report(args, argv, tests: Path, checkout: Path, files: list[str], stock: PhaseResult,
-            attnkit: PhaseResult | None) -> int:
+def _report(
+    args, argv, tests: Path, checkout: Path, files: list[str], stock: PhaseResult, attnkit: PhaseResult | None
+) -> int:
     header = _header(args, argv, tests, checkout, stock, attnkit)
     data = build(files, stock, attnkit, header)
     md, js = write(data, args.report)
     regressions = sum(g["count"] for g in data["regressions_by_reason"])
     print(f"report: {md} and {js}")
     if attnkit is not None:
-        print(f"{regressions} test(s) pass stock and fail with attnkit, in {len(data['regressions_by_reason'])} "
-              f"reason(s)")
+        print(
+            f"{regressions} test(s) pass stock and fail with attnkit, in {len(data['regressions_by_reason'])} reason(s)"
+        )
     return 0
 
 
 def _print_file(done) -> None:
     counts = ", ".join(f"{n} {k}" for k, n in sorted(done.counts.items(), key=lambda kv: -kv[1])) or "no test"
     minutes, seconds = divmod(int(done.elapsed_s), 60)
-    print(f"{done.phase:7s} [{done.done:3d}/{done.total}] {minutes:3d}:{seconds:02d} {done.file}: {counts} "
-          f"({done.seconds:.0f} s)", flush=True)
+    print(
+        f"{done.phase:7s} [{done.done:3d}/{done.total}] {minutes:3d}:{seconds:02d} {done.file}: {counts} "
+        f"({done.seconds:.0f} s)",
+        flush=True,
+    )
 
 
 def _print_phase(phase: PhaseResult) -> None:
     from collections import Counter
 
     counts = Counter(r["outcome"] for r in phase.results.values())
-    print(f"{phase.name} run: {len(phase.results)} tests in {phase.wall_s / 60:.1f} min: "
-          + ", ".join(f"{n} {k}" for k, n in counts.most_common())
-          + f"; {len(phase.collect_errors)} files not collected", flush=True)
+    print(
+        f"{phase.name} run: {len(phase.results)} tests in {phase.wall_s / 60:.1f} min: "
+        + ", ".join(f"{n} {k}" for k, n in counts.most_common())
+        + f"; {len(phase.collect_errors)} files not collected",
+        flush=True,
+    )
 
 
 def _save(phase: PhaseResult, path: Path, argv) -> None:
@@ -171,18 +205,26 @@ def _git(*args: str, cwd: Path) -> str:
 def _header(args, argv, tests: Path, checkout: Path, stock: PhaseResult, attnkit: PhaseResult | None) -> dict:
     commit = args.diffusers_commit or _git("rev-parse", "HEAD", cwd=checkout)
     if commit and not args.diffusers_commit:
-        commit += " (work tree)" if not _git("status", "--porcelain", "--", "src", "tests", cwd=checkout) \
+        commit += (
+            " (work tree)"
+            if not _git("status", "--porcelain", "--", "src", "tests", cwd=checkout)
             else " (work tree, with uncommitted changes)"
+        )
     init = checkout / "src" / "diffusers" / "__init__.py"
     match = re.search(r'__version__ = "([^"]+)"', init.read_text(encoding="utf-8")) if init.is_file() else None
     last = attnkit if attnkit is not None else stock  # --render: what the runs noted, not what is here now
     phases = {}
     for phase in (stock, attnkit):
         if phase is not None:
-            phases[phase.name] = {"files": len(phase.files), "tests": len(phase.results),
-                                  "wall_s": round(phase.wall_s, 1), "processes": phase.processes,
-                                  "restarts": phase.restarts, "attnkit_sources": phase.attnkit_sources}
-    versions = (attnkit.versions if attnkit is not None and attnkit.versions else stock.versions)
+            phases[phase.name] = {
+                "files": len(phase.files),
+                "tests": len(phase.results),
+                "wall_s": round(phase.wall_s, 1),
+                "processes": phase.processes,
+                "restarts": phase.restarts,
+                "attnkit_sources": phase.attnkit_sources,
+            }
+    versions = attnkit.versions if attnkit is not None and attnkit.versions else stock.versions
     return {
         "diffusers_commit": commit,
         "diffusers_checkout_version": match.group(1) if match else None,
@@ -191,8 +233,12 @@ def _header(args, argv, tests: Path, checkout: Path, stock: PhaseResult, attnkit
         "attnkit_commit": last.attnkit_commit or _attnkit_commit(),
         "date": last.date or _now(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.platform()}",
-        "command": (stock.command if attnkit is None or attnkit.command == stock.command
-                    else f"{stock.command}; then {attnkit.command}") or _command_line(argv),
+        "command": (
+            stock.command
+            if attnkit is None or attnkit.command == stock.command
+            else f"{stock.command}; then {attnkit.command}"
+        )
+        or _command_line(argv),
         "phases": phases,
         "attnkit_totals": attnkit.extra.get("attnkit", {}) if attnkit is not None else {},
     }

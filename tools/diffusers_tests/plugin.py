@@ -77,8 +77,9 @@ def _hook(classes: tuple[type, ...], module: torch.nn.Module, name: str, submodu
         submodule.set_processor(PROC)
     except Exception:
         COUNTS["set_errors"] += 1
-        logger.exception("set_processor(attnkit.auto()) raised on %s.%s (%s)", type(module).__name__, name,
-                         type(submodule).__name__)
+        logger.exception(
+            "set_processor(attnkit.auto()) raised on %s.%s (%s)", type(module).__name__, name, type(submodule).__name__
+        )
         raise
     COUNTS["modules_set"] += 1
     CLASSES[type(submodule).__name__] += 1
@@ -110,8 +111,12 @@ def _keep_at_construction(cls: type) -> None:
     @functools.wraps(original)
     def set_processor(self, processor, *args, **kwargs):
         result = original(self, processor, *args, **kwargs)
-        if (self in _SEEN and processor is not PROC and not getattr(type(processor), "_attnkit_processor", False)
-                and _constructing()):
+        if (
+            self in _SEEN
+            and processor is not PROC
+            and not getattr(type(processor), "_attnkit_processor", False)
+            and _constructing()
+        ):
             original(self, PROC)
             COUNTS["modules_reset"] += 1
         return result
@@ -181,10 +186,11 @@ def pytest_configure(config):
     classes = _attention_classes()
     for cls in classes:
         _keep_at_construction(cls)
-    _HANDLE = torch.nn.modules.module.register_module_module_registration_hook(
-        functools.partial(_hook, classes))
-    logger.info("attnkit.auto() is set on every diffusers attention module at construction (%s)",
-                ", ".join(c.__name__ for c in classes))
+    _HANDLE = torch.nn.modules.module.register_module_module_registration_hook(functools.partial(_hook, classes))
+    logger.info(
+        "attnkit.auto() is set on every diffusers attention module at construction (%s)",
+        ", ".join(c.__name__ for c in classes),
+    )
 
 
 def pytest_unconfigure(config):

@@ -66,8 +66,14 @@ class Recorder:
         props = {}
         for r in reports:
             props.update(dict(r.user_properties))
-        self.write(event="result", nodeid=nodeid, outcome=outcome, reason=reason,
-                   duration=round(sum(r.duration for r in reports), 3), properties=props)
+        self.write(
+            event="result",
+            nodeid=nodeid,
+            outcome=outcome,
+            reason=reason,
+            duration=round(sum(r.duration for r in reports), 3),
+            properties=props,
+        )
 
 
 def _outcome(reports) -> tuple[str, str]:
@@ -169,8 +175,9 @@ def pytest_collectreport(report):
     if report.failed:
         recorder = _recorder_from_report()
         if recorder is not None:
-            recorder.write(event="collect_error", nodeid=report.nodeid, outcome="error",
-                           reason=f"[collect] {_reason(report)}")
+            recorder.write(
+                event="collect_error", nodeid=report.nodeid, outcome="error", reason=f"[collect] {_reason(report)}"
+            )
 
 
 @pytest.hookimpl(trylast=True)

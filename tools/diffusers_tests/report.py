@@ -31,10 +31,21 @@ def build(files: list[str], stock: PhaseResult, attnkit: PhaseResult | None, hea
     def fam(f: str) -> dict:
         key = (kind_of(f), family_of(f))
         if key not in families:
-            families[key] = {"kind": key[0], "family": key[1], "files": [], "collected": 0, "collect_errors": [],
-                             "stock": Counter(), "attnkit": Counter(), "attnkit_ran": 0,
-                             "attnkit_exercised": 0, "modules_set": 0, "backend_calls": 0, "chooser_calls": 0,
-                             "regressions": []}
+            families[key] = {
+                "kind": key[0],
+                "family": key[1],
+                "files": [],
+                "collected": 0,
+                "collect_errors": [],
+                "stock": Counter(),
+                "attnkit": Counter(),
+                "attnkit_ran": 0,
+                "attnkit_exercised": 0,
+                "modules_set": 0,
+                "backend_calls": 0,
+                "chooser_calls": 0,
+                "regressions": [],
+            }
         return families[key]
 
     selected = set(files)  # a stock run reused for some of its files: those only
@@ -75,8 +86,10 @@ def build(files: list[str], stock: PhaseResult, attnkit: PhaseResult | None, hea
     for e in rows:
         for reg in e["regressions"]:
             by_reason[_group_reason(reg["reason"])].append({**reg, "family": e["family"], "kind": e["kind"]})
-    grouped = [{"reason": key, "example": tests[0]["reason"], "count": len(tests), "tests": tests}
-               for key, tests in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))]
+    grouped = [
+        {"reason": key, "example": tests[0]["reason"], "count": len(tests), "tests": tests}
+        for key, tests in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))
+    ]
     return {"header": header, "families": rows, "regressions_by_reason": grouped}
 
 
@@ -87,48 +100,76 @@ def _sum(counter: dict, names) -> int:
 def render_markdown(data: dict) -> str:
     h = data["header"]
     lines = ["# diffusers' own tests, stock and with attnkit.auto() at construction", ""]
-    lines.append(f"- diffusers checkout: {h.get('diffusers_commit') or 'unknown commit'} "
-                 f"(version {h.get('diffusers_checkout_version', '?')}), tests and source from `{h.get('tests_dir')}`")
+    lines.append(
+        f"- diffusers checkout: {h.get('diffusers_commit') or 'unknown commit'} "
+        f"(version {h.get('diffusers_checkout_version', '?')}), tests and source from `{h.get('tests_dir')}`"
+    )
     v = h.get("versions", {})
-    lines.append(f"- imported: diffusers {v.get('diffusers')} from `{v.get('diffusers_file')}`, torch {v.get('torch')}, "
-                 f"transformers {v.get('transformers')}, accelerate {v.get('accelerate')}, peft {v.get('peft')}, "
-                 f"Python {v.get('python')}")
+    lines.append(
+        f"- imported: diffusers {v.get('diffusers')} from `{v.get('diffusers_file')}`, torch {v.get('torch')}, "
+        f"transformers {v.get('transformers')}, accelerate {v.get('accelerate')}, peft {v.get('peft')}, "
+        f"Python {v.get('python')}"
+    )
     lines.append(f"- attnkit: {h.get('attnkit_commit')} (`{v.get('attnkit_file', '?')}`)")
     lines.append(f"- date: {h.get('date')}; machine: {h.get('machine')}")
     lines.append(f"- command: `{h.get('command')}`")
     for name, p in h.get("phases", {}).items():
         sources = p.get("attnkit_sources") or []
-        code = (f"; attnkit's source {sources[0]}" if len(sources) == 1 else
-                f"; **attnkit's source changed during the run**: {', '.join(sources)}" if sources else "")
-        lines.append(f"- {name} run: {p['files']} files, {p['tests']} tests, {p['wall_s'] / 60:.1f} min, "
-                     f"{p['processes']} pytest processes ({p['restarts']} resumed after a crash or hang){code}")
+        code = (
+            f"; attnkit's source {sources[0]}"
+            if len(sources) == 1
+            else f"; **attnkit's source changed during the run**: {', '.join(sources)}"
+            if sources
+            else ""
+        )
+        lines.append(
+            f"- {name} run: {p['files']} files, {p['tests']} tests, {p['wall_s'] / 60:.1f} min, "
+            f"{p['processes']} pytest processes ({p['restarts']} resumed after a crash or hang){code}"
+        )
     extra = h.get("attnkit_totals")
     if extra:
-        lines.append(f"- attnkit plugin: {extra.get('modules_set', 0)} attention modules given attnkit.auto() at "
-                     f"construction ({extra.get('modules_reset', 0)} given it back after their model's __init__ "
-                     f"set its own; {extra.get('set_errors', 0)} set_processor errors); "
-                     f"{extra.get('backend_calls', 0)} attention calls computed by attnkit backends "
-                     f"({_fmt_counter(extra.get('backend_calls_by_backend', {}))}), "
-                     f"{extra.get('chooser_calls', 0)} through the chooser")
+        lines.append(
+            f"- attnkit plugin: {extra.get('modules_set', 0)} attention modules given attnkit.auto() at "
+            f"construction ({extra.get('modules_reset', 0)} given it back after their model's __init__ "
+            f"set its own; {extra.get('set_errors', 0)} set_processor errors); "
+            f"{extra.get('backend_calls', 0)} attention calls computed by attnkit backends "
+            f"({_fmt_counter(extra.get('backend_calls_by_backend', {}))}), "
+            f"{extra.get('chooser_calls', 0)} through the chooser"
+        )
     lines.append("")
-    lines.append("Selection and rules: `python -m tools.diffusers_tests --help` (tools/diffusers_tests/__init__.py). "
-                 "stock failed = failed, error, crashed or hung in the stock run (offline, most pipeline tests "
-                 "fail fetching a tiny tokenizer from the hub); only what passed stock runs with attnkit. "
-                 "exercised = passed with attnkit and at least one attention call computed by attnkit.")
+    lines.append(
+        "Selection and rules: `python -m tools.diffusers_tests --help` (tools/diffusers_tests/__init__.py). "
+        "stock failed = failed, error, crashed or hung in the stock run (offline, most pipeline tests "
+        "fail fetching a tiny tokenizer from the hub); only what passed stock runs with attnkit. "
+        "exercised = passed with attnkit and at least one attention call computed by attnkit."
+    )
     lines.append("")
     totals = Counter()
     for kind, title in (("models", "Model tests"), ("pipelines", "Pipeline tests")):
         rows = [e for e in data["families"] if e["kind"] == kind]
         if not rows:
             continue
-        lines += [f"## {title}", "",
-                  "| family | files | collected | stock passed | stock failed | skipped | collect errors | "
-                  "attnkit passed | attnkit failed | exercised | modules set | attnkit attention calls |",
-                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        lines += [
+            f"## {title}",
+            "",
+            "| family | files | collected | stock passed | stock failed | skipped | collect errors | "
+            "attnkit passed | attnkit failed | exercised | modules set | attnkit attention calls |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        ]
         for e in rows:
-            cells = [len(e["files"]), e["collected"], _sum(e["stock"], PASSED), _sum(e["stock"], FAILED),
-                     _sum(e["stock"], SKIPPED), len(e["collect_errors"]), _sum(e["attnkit"], PASSED),
-                     e["attnkit_ran"] - _sum(e["attnkit"], PASSED), e["attnkit_exercised"], e["modules_set"], e["backend_calls"]]
+            cells = [
+                len(e["files"]),
+                e["collected"],
+                _sum(e["stock"], PASSED),
+                _sum(e["stock"], FAILED),
+                _sum(e["stock"], SKIPPED),
+                len(e["collect_errors"]),
+                _sum(e["attnkit"], PASSED),
+                e["attnkit_ran"] - _sum(e["attnkit"], PASSED),
+                e["attnkit_exercised"],
+                e["modules_set"],
+                e["backend_calls"],
+            ]
             for key, value in zip(("files", "collected", "sp", "sf", "sk", "ce", "ap", "af", "ex", "ms", "bc"), cells):
                 totals[(kind, key)] += value
             name = f"**{e['family']}**" if e["regressions"] else e["family"]
@@ -169,10 +210,14 @@ def _fmt_counter(counter: dict) -> str:
 def render_readme(data: dict, report_name: str = "report.md") -> str:
     """The record's front page: what ran, the headline per kind, and where the rest is."""
     h = data["header"]
-    lines = ["# diffusers' own tests with attnkit.auto()", "",
-             "diffusers' own model and pipeline tests, run twice on the CPU: stock, then with "
-             "`attnkit.auto()` set on every attention module at construction. Only the tests that "
-             "pass stock run with attnkit.", ""]
+    lines = [
+        "# diffusers' own tests with attnkit.auto()",
+        "",
+        "diffusers' own model and pipeline tests, run twice on the CPU: stock, then with "
+        "`attnkit.auto()` set on every attention module at construction. Only the tests that "
+        "pass stock run with attnkit.",
+        "",
+    ]
     for kind in ("models", "pipelines"):
         rows = [e for e in data["families"] if e["kind"] == kind]
         if not rows:
@@ -180,15 +225,23 @@ def render_readme(data: dict, report_name: str = "report.md") -> str:
         stock = sum(e["attnkit_ran"] for e in rows)
         passed = sum(_sum(e["attnkit"], PASSED) for e in rows)
         exercised = sum(e["attnkit_exercised"] for e in rows)
-        lines.append(f"- {kind}: {len(rows)} families; {passed} of {stock} tests that pass stock pass with "
-                     f"attnkit ({exercised} of them computed attention through attnkit)")
+        lines.append(
+            f"- {kind}: {len(rows)} families; {passed} of {stock} tests that pass stock pass with "
+            f"attnkit ({exercised} of them computed attention through attnkit)"
+        )
     count = sum(g["count"] for g in data["regressions_by_reason"])
     lines.append(f"- pass stock, fail with attnkit: {count}")
-    lines.append(f"- diffusers {h.get('diffusers_commit') or 'unknown commit'}, attnkit {h.get('attnkit_commit')}, "
-                 f"{h.get('date')}")
-    lines += ["", f"Per family, the versions, the command and every regression with its reason: "
-              f"[{report_name}]({report_name}) (and `{Path(report_name).with_suffix('.json')}`). "
-              "Run again with `make diffusers-tests` (tools/diffusers_tests/).", ""]
+    lines.append(
+        f"- diffusers {h.get('diffusers_commit') or 'unknown commit'}, attnkit {h.get('attnkit_commit')}, "
+        f"{h.get('date')}"
+    )
+    lines += [
+        "",
+        f"Per family, the versions, the command and every regression with its reason: "
+        f"[{report_name}]({report_name}) (and `{Path(report_name).with_suffix('.json')}`). "
+        "Run again with `make diffusers-tests` (tools/diffusers_tests/).",
+        "",
+    ]
     return "\n".join(lines)
 
 

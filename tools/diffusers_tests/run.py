@@ -92,7 +92,7 @@ def environment(settings: Settings) -> dict[str, str]:
 
 
 def chunks(files: list[str], size: int) -> list[list[str]]:
-    return [files[i:i + size] for i in range(0, len(files), size)]
+    return [files[i : i + size] for i in range(0, len(files), size)]
 
 
 class _Progress:
@@ -133,12 +133,28 @@ class _Progress:
     def _finish(self, f: str) -> None:
         self.finished.add(f)
         if self.on_file is not None:
-            self.on_file(FileDone(self.phase, f, self.counts.get(f, Counter()), self.seconds[f],
-                                  len(self.finished), self.total, time.monotonic() - self.start))
+            self.on_file(
+                FileDone(
+                    self.phase,
+                    f,
+                    self.counts.get(f, Counter()),
+                    self.seconds[f],
+                    len(self.finished),
+                    self.total,
+                    time.monotonic() - self.start,
+                )
+            )
 
 
-def run_phase(name: str, files: list[str], settings: Settings, *, attnkit: bool, only: set[str] | None = None,
-              on_file: Callable[[FileDone], None] | None = None) -> PhaseResult:
+def run_phase(
+    name: str,
+    files: list[str],
+    settings: Settings,
+    *,
+    attnkit: bool,
+    only: set[str] | None = None,
+    on_file: Callable[[FileDone], None] | None = None,
+) -> PhaseResult:
     """Run ``files`` (paths under tests/) in chunks; with ``only``, just those node ids
     (files without one are not started). With ``attnkit``, the plugin that sets
     ``attnkit.auto()`` at construction is loaded."""
@@ -172,9 +188,23 @@ def run_phase(name: str, files: list[str], settings: Settings, *, attnkit: bool,
 def _command(settings: Settings, files: list[str], record: Path, only: Path | None, attnkit: bool) -> list[str]:
     # Paths only in --opt=value form: pytest takes a bare argument that exists for a test
     # path, and looks for its rootdir and ini file (attnkit's pyproject.toml) above it.
-    cmd = [settings.python, "-m", "pytest", f"--rootdir={settings.checkout}", "-p", "no:cacheprovider", "-q",
-           "--tb=native", "-p", RECORD_PLUGIN, f"--dt-record={record}", "--continue-on-collection-errors",
-           f"--timeout={settings.timeout_s}", "-W", "ignore::DeprecationWarning"]
+    cmd = [
+        settings.python,
+        "-m",
+        "pytest",
+        f"--rootdir={settings.checkout}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--tb=native",
+        "-p",
+        RECORD_PLUGIN,
+        f"--dt-record={record}",
+        "--continue-on-collection-errors",
+        f"--timeout={settings.timeout_s}",
+        "-W",
+        "ignore::DeprecationWarning",
+    ]
     if attnkit:
         cmd += ["-p", ATTNKIT_PLUGIN]
     if only is not None:
@@ -182,8 +212,17 @@ def _command(settings: Settings, files: list[str], record: Path, only: Path | No
     return cmd + list(settings.pytest_args) + [f"tests/{f}" for f in files]
 
 
-def _run_chunk(phase_name: str, index: int, files: list[str], wanted: list[str] | None, settings: Settings,
-               attnkit: bool, phase: PhaseResult, lock: threading.Lock, progress: _Progress) -> None:
+def _run_chunk(
+    phase_name: str,
+    index: int,
+    files: list[str],
+    wanted: list[str] | None,
+    settings: Settings,
+    attnkit: bool,
+    phase: PhaseResult,
+    lock: threading.Lock,
+    progress: _Progress,
+) -> None:
     out = settings.out_dir / phase_name
     env = environment(settings)
     remaining = wanted  # None: every item of the files
@@ -208,8 +247,12 @@ def _run_chunk(phase_name: str, index: int, files: list[str], wanted: list[str] 
             digest = state.versions.get("attnkit_source")
             if digest and digest not in phase.attnkit_sources:
                 if phase.attnkit_sources:
-                    logger.warning("%s: attnkit's source changed during the run (%s, now %s)", phase_name,
-                                   ", ".join(phase.attnkit_sources), digest)
+                    logger.warning(
+                        "%s: attnkit's source changed during the run (%s, now %s)",
+                        phase_name,
+                        ", ".join(phase.attnkit_sources),
+                        digest,
+                    )
                 phase.attnkit_sources.append(digest)
             _merge_extra(phase.extra, state.extra)
         for f in state.collect_errors:
@@ -231,13 +274,22 @@ def _run_chunk(phase_name: str, index: int, files: list[str], wanted: list[str] 
         # the process ended (or was killed) in the first item without a result
         culprit = missing[0]
         outcome = "hung" if state.killed else "crashed"
-        reason = (f"no result within {settings.timeout_s + WATCHDOG_GRACE_S} s; the process was killed" if state.killed
-                  else f"the pytest process ended (exit code {state.returncode}) during this test")
-        logger.warning("%s: %s %s: %s; resuming the %d test(s) after it", phase_name, culprit, outcome, reason,
-                       len(missing) - 1)
+        reason = (
+            f"no result within {settings.timeout_s + WATCHDOG_GRACE_S} s; the process was killed"
+            if state.killed
+            else f"the pytest process ended (exit code {state.returncode}) during this test"
+        )
+        logger.warning(
+            "%s: %s %s: %s; resuming the %d test(s) after it", phase_name, culprit, outcome, reason, len(missing) - 1
+        )
         with lock:
-            phase.results[culprit] = {"nodeid": culprit, "outcome": outcome, "reason": reason, "duration": 0.0,
-                                      "properties": {}}
+            phase.results[culprit] = {
+                "nodeid": culprit,
+                "outcome": outcome,
+                "reason": reason,
+                "duration": 0.0,
+                "properties": {},
+            }
         progress.result(culprit, outcome, 0.0)
         remaining = missing[1:]
         if not remaining:
@@ -265,8 +317,9 @@ def _watch(cmd: list[str], settings: Settings, env: dict, record: Path, log: Pat
     record.touch()
     limit = settings.timeout_s + WATCHDOG_GRACE_S
     with open(log, "w", encoding="utf-8") as log_file, open(record, encoding="utf-8") as reader:
-        proc = subprocess.Popen(cmd, cwd=settings.checkout, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=settings.checkout, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             _follow(proc, reader, state, progress, limit)
         finally:
@@ -321,8 +374,9 @@ def _take(record: dict, state: _State, progress: _Progress) -> None:
     elif event == "collect_error":
         state.collect_errors[file_of(record["nodeid"])] = record["reason"]
     elif event == "result":
-        state.results[record["nodeid"]] = {k: record[k] for k in ("nodeid", "outcome", "reason", "duration",
-                                                                  "properties")}
+        state.results[record["nodeid"]] = {
+            k: record[k] for k in ("nodeid", "outcome", "reason", "duration", "properties")
+        }
         progress.result(record["nodeid"], record["outcome"], record.get("duration", 0.0))
     elif event == "finish":
         state.extra.update(record.get("extra", {}))

@@ -48,7 +48,7 @@ def family_of(rel: str) -> str:
     name = re.sub(r"\.py$", "", parts[-1])
     for prefix in _MODEL_PREFIXES:
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
             break
     return name
 

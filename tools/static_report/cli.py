@@ -19,8 +19,17 @@ from .compile import SMEM_LIMIT, Job, Result, _flash, compile_job
 from .jobs import ARCHS, BIASES, DTYPES, HEAD_DIMS, KERNELS, jobs_for
 from .key import source_key
 from .reference import compile_reference
-from .store import (CHECKPOINT, REPORT_DIR, _record, render, resumable_reference, resumable_rows,
-                    retire_checkpoint, source_state, write_report)
+from .store import (
+    CHECKPOINT,
+    REPORT_DIR,
+    _record,
+    render,
+    resumable_reference,
+    resumable_rows,
+    retire_checkpoint,
+    source_state,
+    write_report,
+)
 from .warpspec import check_warp_specialization
 
 
@@ -31,15 +40,19 @@ def _row(r: Result) -> str:
     status = "ok" if not probs else "FAIL: " + "; ".join(probs)
     budget = f"{j.budget:.3f}" if j.budget is not None and r.gated else "-"
     kernel = j.kernel + (f"/{j.piece}" if j.piece >= 0 else "") + (f"/{j.grads}" if j.grads != "dkdv" else "")
-    return (f"{kernel:10} {j.head_dim:4} {j.dtype:5} {j.bias:6} {'c' if j.causal else '-':1} "
-            f"{'tma' if j.tma else 'ptr':3} {cfg:24} sm_{j.arch}  {r.regs:4} {max(r.stack, 0):6} {r.smem:7} "
-            f"{r.matrix:5} {r.instr_per_score:6.3f} {budget:>6} {r.tensor_limit:6.3f} {r.exp_per_score:5.2f} "
-            f"{r.mma_duplication:5.2f} {r.seconds:5.1f}  {status}")
+    return (
+        f"{kernel:10} {j.head_dim:4} {j.dtype:5} {j.bias:6} {'c' if j.causal else '-':1} "
+        f"{'tma' if j.tma else 'ptr':3} {cfg:24} sm_{j.arch}  {r.regs:4} {max(r.stack, 0):6} {r.smem:7} "
+        f"{r.matrix:5} {r.instr_per_score:6.3f} {budget:>6} {r.tensor_limit:6.3f} {r.exp_per_score:5.2f} "
+        f"{r.mma_duplication:5.2f} {r.seconds:5.1f}  {status}"
+    )
 
 
-HEADER = (f"{'kern':10} {'D':>4} {'dtype':5} {'bias':6} c {'ld':3} {'config':24} {'arch':5}  "
-          f"{'regs':>4} {'stack':>6} {'smem':>7} {'mma':5} {'i/sc':>6} {'budget':>6} {'limit':>6} "
-          f"{'exp':>5} {'dup':>5} {'secs':>5}  status")
+HEADER = (
+    f"{'kern':10} {'D':>4} {'dtype':5} {'bias':6} c {'ld':3} {'config':24} {'arch':5}  "
+    f"{'regs':>4} {'stack':>6} {'smem':>7} {'mma':5} {'i/sc':>6} {'budget':>6} {'limit':>6} "
+    f"{'exp':>5} {'dup':>5} {'secs':>5}  status"
+)
 
 
 def main(argv=None) -> int:
@@ -48,36 +61,60 @@ def main(argv=None) -> int:
         from . import tiles
 
         return tiles.main(argv[1:])
-    ap = argparse.ArgumentParser(prog="python -m tools.static_report",
-                                 description=" ".join(_DOC.split("\n\n")[0].split()) + " The tile table: "
-                                 "python -m tools.static_report tiles --help.",
-                                 epilog="Resuming, storage and the figures' definitions: tools/static_report/__init__.py.")
-    ap.add_argument("--quick", action="store_true",
-                    help="the default config of each list only, head dims 40 and 128 (a CI-sized check)")
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.static_report",
+        description=" ".join(_DOC.split("\n\n")[0].split()) + " The tile table: "
+        "python -m tools.static_report tiles --help.",
+        epilog="Resuming, storage and the figures' definitions: tools/static_report/__init__.py.",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the default config of each list only, head dims 40 and 128 (a CI-sized check)",
+    )
     ap.add_argument("--kernel", action="append", choices=KERNELS, help="repeatable; default all")
-    ap.add_argument("--head-dim", action="append", type=int,
-                    help="repeatable; default " + " ".join(map(str, HEAD_DIMS)))
+    ap.add_argument(
+        "--head-dim", action="append", type=int, help="repeatable; default " + " ".join(map(str, HEAD_DIMS))
+    )
     ap.add_argument("--dtype", action="append", choices=DTYPES, help="repeatable; default fp16 bf16 fp32")
     ap.add_argument("--arch", action="append", type=int, choices=ARCHS, help="repeatable; default 80 90")
     ap.add_argument("--bias", action="append", choices=BIASES, help="repeatable; default none keypad full full16")
     ap.add_argument("--causal", action="append", type=int, choices=(0, 1), help="repeatable; default 0 1")
-    ap.add_argument("--loads", action="append", choices=("tma", "ptr"),
-                    help="repeatable; default both where a target has TMA")
-    ap.add_argument("--config", action="append", metavar="BM,BN,WARPS,STAGES[,RELOAD[,MAXNREG]]",
-                    help="compile this tile configuration instead of the shipped ones (repeatable)")
+    ap.add_argument(
+        "--loads", action="append", choices=("tma", "ptr"), help="repeatable; default both where a target has TMA"
+    )
+    ap.add_argument(
+        "--config",
+        action="append",
+        metavar="BM,BN,WARPS,STAGES[,RELOAD[,MAXNREG]]",
+        help="compile this tile configuration instead of the shipped ones (repeatable)",
+    )
     ap.add_argument("--budget", type=float, help="with --config: the instr/score budget to gate it on")
-    ap.add_argument("--reference", metavar="FILE",
-                    help="also compile Triton's tutorial fused attention (a copy of "
-                         "python/tutorials/06-fused-attention.py) the same way, at head dims 64 and 128")
-    ap.add_argument("--out", metavar="DIR", help=f"write the report here: report.md, report.json, rows/*.jsonl (the "
-                    f"full run: {REPORT_DIR})")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the rows of the report already in the output folder and of its checkpoint "
-                         f"({CHECKPOINT}, a killed run's) compiled from this source key (the same kernels and "
-                         "analysis) and the same tile, and compile only the rest")
-    ap.add_argument("--render", metavar="DIR", help="only write DIR's report again (report.md, the targets of "
-                    "report.json, the row files) from its rows, with this checkout's targets and notes (no "
-                    "compiling); a report in the single-file layout is rewritten in the split one")
+    ap.add_argument(
+        "--reference",
+        metavar="FILE",
+        help="also compile Triton's tutorial fused attention (a copy of "
+        "python/tutorials/06-fused-attention.py) the same way, at head dims 64 and 128",
+    )
+    ap.add_argument(
+        "--out",
+        metavar="DIR",
+        help=f"write the report here: report.md, report.json, rows/*.jsonl (the full run: {REPORT_DIR})",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows of the report already in the output folder and of its checkpoint "
+        f"({CHECKPOINT}, a killed run's) compiled from this source key (the same kernels and "
+        "analysis) and the same tile, and compile only the rest",
+    )
+    ap.add_argument(
+        "--render",
+        metavar="DIR",
+        help="only write DIR's report again (report.md, the targets of "
+        "report.json, the row files) from its rows, with this checkout's targets and notes (no "
+        "compiling); a report in the single-file layout is rewritten in the split one",
+    )
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compilations")
     args = ap.parse_args(argv)
 
@@ -91,8 +128,9 @@ def main(argv=None) -> int:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         return subprocess.run([sys.executable, "-m", "tools.static_report", *argv], env=env).returncode
 
-    full = not any((args.quick, args.kernel, args.head_dim, args.dtype, args.arch, args.bias, args.causal,
-                    args.loads, args.config))
+    full = not any(
+        (args.quick, args.kernel, args.head_dim, args.dtype, args.arch, args.bias, args.causal, args.loads, args.config)
+    )
     out_dir = args.out or (REPORT_DIR if full else None)
     kernels = args.kernel or list(KERNELS)
     head_dims = args.head_dim or ([40, 128] if args.quick else list(HEAD_DIMS))
@@ -103,8 +141,10 @@ def main(argv=None) -> int:
     tmas = None if not args.loads else [x == "tma" for x in args.loads]
     configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [])]
     if any(len(c) not in (4, 5, 6) for c in configs):
-        ap.error("--config takes BLOCK_M,BLOCK_N,NUM_WARPS,NUM_STAGES[,RELOAD (0 or 1)[,MAXNREG (registers per "
-                 "thread, up to 255)]]")
+        ap.error(
+            "--config takes BLOCK_M,BLOCK_N,NUM_WARPS,NUM_STAGES[,RELOAD (0 or 1)[,MAXNREG (registers per "
+            "thread, up to 255)]]"
+        )
     configs = [c if len(c) >= 5 else (*c, 0) for c in configs]
     jobs = jobs_for(kernels, head_dims, dtypes, archs, biases, causals, args.quick, configs, tmas, args.budget)
     key = source_key()
@@ -122,10 +162,12 @@ def main(argv=None) -> int:
         os.makedirs(out_dir, exist_ok=True)
         checkpoint = open(os.path.join(out_dir, CHECKPOINT), "a")
 
-    print(f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; c = causal; "
-          f"ld = loads (tma / ptr); i/sc = main-loop warp instructions per score; limit = tensor-bound "
-          f"i/sc; exp = exp2 per score; dup = matrix FLOPs issued / needed; stack > 0 means spilled "
-          f"registers; shared-memory limits: " + ", ".join(f"sm_{a} {SMEM_LIMIT[a]} B" for a in archs))
+    print(
+        f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; c = causal; "
+        f"ld = loads (tma / ptr); i/sc = main-loop warp instructions per score; limit = tensor-bound "
+        f"i/sc; exp = exp2 per score; dup = matrix FLOPs issued / needed; stack > 0 means spilled "
+        f"registers; shared-memory limits: " + ", ".join(f"sm_{a} {SMEM_LIMIT[a]} B" for a in archs)
+    )
     print(HEADER)
     t0 = time.time()
     results = []
@@ -147,8 +189,11 @@ def main(argv=None) -> int:
                 print(_progress(i, len(todo), t0), file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         interrupted = True
-        print(f"interrupted: {len(results)} of {len(todo)} compilations done; "
-              + ("writing a partial report" if out_dir else "no report written"), flush=True)
+        print(
+            f"interrupted: {len(results)} of {len(todo)} compilations done; "
+            + ("writing a partial report" if out_dir else "no report written"),
+            flush=True,
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
         if checkpoint:
@@ -179,9 +224,10 @@ def main(argv=None) -> int:
         if kept:
             argv = [a for a in argv if a != "--resume"] + [
                 f"(resumed: {len(kept)} rows from an earlier run"
-                + ("; the tutorial's rows kept from it" if reference and not args.reference else "") + ")"]
-        paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial, source=source,
-                             key=key)
+                + ("; the tutorial's rows kept from it" if reference and not args.reference else "")
+                + ")"
+            ]
+        paths = write_report(results, reference, out_dir, argv, warp_spec, partial=partial, source=source, key=key)
         print("wrote " + " and ".join(paths))
         if not interrupted:
             retire_checkpoint(out_dir, results, key)  # its rows are in the report now

@@ -139,10 +139,16 @@ class Result:
             out.append(f"spills ({self.stack} B stack)")
         if self.smem > SMEM_LIMIT[j.arch]:
             out.append(f"shared memory {self.smem} B > {SMEM_LIMIT[j.arch]} B")
-        elif j.default and j.arch == 80 and self.smem > SMEM_LIMIT_SM86 and self.smem > devices.NEEDS.get(
-                needs_key(j), 0):
-            out.append(f"default config needs {self.smem} B > sm_86's {SMEM_LIMIT_SM86} B, and "
-                       "devices.NEEDS does not refuse the call on such GPUs")
+        elif (
+            j.default
+            and j.arch == 80
+            and self.smem > SMEM_LIMIT_SM86
+            and self.smem > devices.NEEDS.get(needs_key(j), 0)
+        ):
+            out.append(
+                f"default config needs {self.smem} B > sm_86's {SMEM_LIMIT_SM86} B, and "
+                "devices.NEEDS does not refuse the call on such GPUs"
+            )
         if j.dtype != "fp32" and self.matrix == "fma":
             out.append("no tensor-core instructions")
         if self.loop_length == 0:
@@ -222,8 +228,9 @@ def _compile(src, arch: int, warps: int, stages: int, options: dict):
     import triton
     from triton.backends.compiler import GPUTarget
 
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": warps, "num_stages": stages, **options})
+    return triton.compile(
+        src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages, **options}
+    )
 
 
 def _read_cubin(kernel) -> tuple[str, str]:
@@ -232,15 +239,18 @@ def _read_cubin(kernel) -> tuple[str, str]:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
-        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", path],
-                               capture_output=True, text=True, check=True).stdout
-        listing = subprocess.run([_tool("cuobjdump"), "--dump-sass", path],
-                                 capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run(
+            [_tool("cuobjdump"), "--dump-resource-usage", path], capture_output=True, text=True, check=True
+        ).stdout
+        listing = subprocess.run(
+            [_tool("cuobjdump"), "--dump-sass", path], capture_output=True, text=True, check=True
+        ).stdout
     return usage, listing
 
 
-def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: int, exp_least: float,
-            int8_padded: int = 0) -> Result:
+def analyse(
+    res: Result, kernel, warps: int, scores: int, padded: int, matmuls: int, exp_least: float, int8_padded: int = 0
+) -> Result:
     """Fill res from a compiled kernel: resources, and the main loop's figures.
     int8_padded: the padded width of one int8 matmul among the matmuls (the int8
     forward's Q.K), run at INT8_RATE x the 16-bit rate; 0: every matmul in 16 bits."""
@@ -248,8 +258,10 @@ def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: 
     if os.environ.get("ATTNKIT_INSPECT_SASS"):
         # A folder to keep each listing in (for reading the loops by hand).
         j = res.job
-        name = (f"{j.kernel}-d{j.head_dim}-{j.dtype}-{j.bias}{'-causal' if j.causal else ''}-"
-                f"{'tma' if j.tma else 'ptr'}-{j.config_name}-sm{j.arch}.sass")
+        name = (
+            f"{j.kernel}-d{j.head_dim}-{j.dtype}-{j.bias}{'-causal' if j.causal else ''}-"
+            f"{'tma' if j.tma else 'ptr'}-{j.config_name}-sm{j.arch}.sass"
+        )
         os.makedirs(os.environ["ATTNKIT_INSPECT_SASS"], exist_ok=True)
         with open(os.path.join(os.environ["ATTNKIT_INSPECT_SASS"], name), "w") as f:
             f.write(listing)
@@ -260,9 +272,17 @@ def analyse(res: Result, kernel, warps: int, scores: int, padded: int, matmuls: 
     res.smem += int(m.group(3))
     instrs = sass.parse(listing)
     res.sass_digest = hashlib.sha256("\n".join(i.text for i in instrs).encode()).hexdigest()[:16]
-    res.matrix = ("igmma" if sass.kernel_uses(instrs, "IGMMA") else "imma" if sass.kernel_uses(instrs, "IMMA")
-                  else "wgmma" if sass.kernel_uses(instrs, "HGMMA") else "mma" if sass.kernel_uses(instrs, "HMMA")
-                  else "fma")
+    res.matrix = (
+        "igmma"
+        if sass.kernel_uses(instrs, "IGMMA")
+        else "imma"
+        if sass.kernel_uses(instrs, "IMMA")
+        else "wgmma"
+        if sass.kernel_uses(instrs, "HGMMA")
+        else "mma"
+        if sass.kernel_uses(instrs, "HMMA")
+        else "fma"
+    )
     res.tma_loads = sass.kernel_uses(instrs, "UTMALDG")
     res.loops = sum(1 for lp in sass.loops(instrs) if lp.matrix_instrs)
     loop = sass.main_loop(instrs)
@@ -313,16 +333,32 @@ def compile_job(job: Job) -> Result:
         # "full16": a full bias in the inputs' 16-bit dtype, read as it is, at the least
         # alignment the launcher reads one at (BIAS_16BIT_ALIGN); every other bias in float32.
         bias16 = job.bias == "full16"
-        pointer_types = {"Bias": _PTR[job.dtype] if bias16 else "*fp32", "Lse": "*fp32", "LseShift": "*fp32",
-                         "Delta": "*fp32", "DBias": "*fp32", "Lens": "*i32", "Plain": "*i32"}
+        pointer_types = {
+            "Bias": _PTR[job.dtype] if bias16 else "*fp32",
+            "Lse": "*fp32",
+            "LseShift": "*fp32",
+            "Delta": "*fp32",
+            "DBias": "*fp32",
+            "Lens": "*i32",
+            "Plain": "*i32",
+        }
         sig = _signature(fn, job.dtype, pointer_types, descriptors)
         constexprs = dict(
-            HEAD_DIM=job.head_dim, D0=d0, D1=d1, BLOCK_M=bm, BLOCK_N=bn, RELOAD=bool(reload),
+            HEAD_DIM=job.head_dim,
+            D0=d0,
+            D1=d1,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            RELOAD=bool(reload),
             BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS, "full16": fk.FULL_BIAS}[job.bias],
-            CAUSAL=job.causal, TMA=job.tma,
+            CAUSAL=job.causal,
+            TMA=job.tma,
             # A (B, N, H, D) layout: head stride D, row stride H * D.
-            ALIGN=fl._align(job.head_dim), BIAS_ALIGN=fl.BIAS_16BIT_ALIGN if bias16 else 1, BIAS_CONTIG=True,
-            PRECISION="tf32" if job.dtype != "fp32" else "ieee", EMULATE_BF16=False,
+            ALIGN=fl._align(job.head_dim),
+            BIAS_ALIGN=fl.BIAS_16BIT_ALIGN if bias16 else 1,
+            BIAS_CONTIG=True,
+            PRECISION="tf32" if job.dtype != "fp32" else "ieee",
+            EMULATE_BF16=False,
         )
         if base == "fwd":
             constexprs["STORE_LO"] = job.kernel == "fwd_lo"
@@ -339,8 +375,7 @@ def compile_job(job: Job) -> Result:
             constexprs[name] = None
         # Pointers are 16-byte aligned (torch allocations are); Triton's runtime
         # specialises them the same way.
-        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
-                 if sig[p.name].startswith("*")}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name].startswith("*")}
         options = {**fl._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}
         kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, options)
         exp_least = 1.0 + (1.0 / bn if base == "fwd" else 0.0)
@@ -363,19 +398,35 @@ def _compile_int8(job: Job, res: Result, fk, fl, t0: float) -> Result:
         d0, d1 = limits.split_head_dim(job.head_dim)
         dq0, dq1 = iq.qk_pieces(job.head_dim)
         bm, bn, warps, stages, _ = job.config
-        pointer_types = {"Q8": "*i8", "K8": "*i8", "QS": "*fp32", "KS": "*fp32", "Bias": "*fp32", "Lens": "*i32",
-                         "Plain": "*i32"}
+        pointer_types = {
+            "Q8": "*i8",
+            "K8": "*i8",
+            "QS": "*fp32",
+            "KS": "*fp32",
+            "Bias": "*fp32",
+            "Lens": "*i32",
+            "Plain": "*i32",
+        }
         sig = _signature(fn, job.dtype, pointer_types, {})
         constexprs = dict(
-            HEAD_DIM=job.head_dim, D0=d0, D1=d1, DQ0=dq0, DQ1=dq1, BLOCK_M=bm, BLOCK_N=bn,
-            BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS}[job.bias], CAUSAL=job.causal,
-            ALIGN=fl._align(job.head_dim), BIAS_ALIGN=1, BIAS_CONTIG=True, EMULATE_BF16=False,
+            HEAD_DIM=job.head_dim,
+            D0=d0,
+            D1=d1,
+            DQ0=dq0,
+            DQ1=dq1,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS}[job.bias],
+            CAUSAL=job.causal,
+            ALIGN=fl._align(job.head_dim),
+            BIAS_ALIGN=1,
+            BIAS_CONTIG=True,
+            EMULATE_BF16=False,
         )
         for name in fl.absent_arguments(fn, constexprs):  # passed as None: constants
             sig[name] = "constexpr"
             constexprs[name] = None
-        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params)
-                 if sig[p.name].startswith("*")}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name].startswith("*")}
         options = {**fl._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}
         kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, options)
         analyse(res, kernel, warps, bm * bn, d0 + d1, MATMULS[job.kernel], 1.0 + 1.0 / bn, int8_padded=dq0 + dq1)

@@ -33,9 +33,14 @@ def _variants(kernel: str, dtype: str, arch: int, biases, causals) -> list[tuple
     if kernel == "int8":
         return [(bias, causal, False) for bias in biases if bias in INT8_BIASES for causal in causals]
     tmas = (True, False) if arch == 90 and dtype != "fp32" else (False,)
-    return [(bias, causal, tma) for bias in biases if not (bias == "none" and kernel in DBIAS_KERNELS)
-            and not (bias == "full16" and (kernel != "fwd" or dtype == "fp32"))
-            for causal in causals for tma in tmas]
+    return [
+        (bias, causal, tma)
+        for bias in biases
+        if not (bias == "none" and kernel in DBIAS_KERNELS)
+        and not (bias == "full16" and (kernel != "fwd" or dtype == "fp32"))
+        for causal in causals
+        for tma in tmas
+    ]
 
 
 def launches(kernel: str, head_dim: int) -> list[tuple[int, str]]:
@@ -53,8 +58,9 @@ def launches(kernel: str, head_dim: int) -> list[tuple[int, str]]:
     return [(0, "dk")]  # dkdv_dbias
 
 
-def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, configs=None,
-             tmas=None, budget=None) -> list[Job]:
+def jobs_for(
+    kernels, head_dims, dtypes, archs, biases, causals, quick: bool, configs=None, tmas=None, budget=None
+) -> list[Job]:
     import torch
 
     _, fl = _flash()
@@ -79,12 +85,34 @@ def jobs_for(kernels, head_dims, dtypes, archs, biases, causals, quick: bool, co
                             shipped = fl.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
                             if quick:
                                 shipped = shipped[:1]
-                            cands = [((c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)), c.maxnreg,
-                                      i == 0, c.budget) for i, c in enumerate(shipped)]
+                            cands = [
+                                (
+                                    (c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)),
+                                    c.maxnreg,
+                                    i == 0,
+                                    c.budget,
+                                )
+                                for i, c in enumerate(shipped)
+                            ]
                         for cfg, maxnreg, default, budget in cands:
                             for piece, grads in launches(kernel, d):
-                                jobs.append(Job(kernel, d, dtype, tuple(cfg), arch, bias, causal, tma, default, budget,
-                                                piece=piece, grads=grads, maxnreg=maxnreg))
+                                jobs.append(
+                                    Job(
+                                        kernel,
+                                        d,
+                                        dtype,
+                                        tuple(cfg),
+                                        arch,
+                                        bias,
+                                        causal,
+                                        tma,
+                                        default,
+                                        budget,
+                                        piece=piece,
+                                        grads=grads,
+                                        maxnreg=maxnreg,
+                                    )
+                                )
     return order_jobs(jobs)
 
 
@@ -96,9 +124,18 @@ def _priority(j: Job) -> int:
     from . import targets
 
     sixteen = j.dtype in ("fp16", "bf16")
-    if j.arch == 90 and sixteen and j.tma and not j.causal and j.bias in ("none", "keypad") and j.default and (
+    if (
+        j.arch == 90
+        and sixteen
+        and j.tma
+        and not j.causal
+        and j.bias in ("none", "keypad")
+        and j.default
+        and (
             (j.kernel == "fwd" and j.head_dim in targets.FWD_EXACT + targets.FWD_NEAR)
-            or (j.kernel in ("dkdv", "dq") and j.head_dim in targets.BWD_HEAD_DIMS)):
+            or (j.kernel in ("dkdv", "dq") and j.head_dim in targets.BWD_HEAD_DIMS)
+        )
+    ):
         return 0
     if j.arch == 90 and sixteen and j.tma and not j.causal and j.bias == "full":
         return 1
@@ -112,7 +149,6 @@ def order_jobs(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=_priority)
 
 
-
 def row_order(results: list) -> list:
     """Rows (Results) in the order jobs_for makes them: the targets' rows first, then
     by kernel, head dim, dtype, target, bias, causality and loads; rows that agree on
@@ -121,8 +157,15 @@ def row_order(results: list) -> list:
 
     def key(r):
         j = r.job
-        return (_priority(j), KERNELS.index(j.kernel) if j.kernel in KERNELS else len(KERNELS), j.head_dim,
-                DTYPES.index(j.dtype) if j.dtype in DTYPES else len(DTYPES), j.arch,
-                BIASES.index(j.bias) if j.bias in BIASES else len(BIASES), j.causal, not j.tma)
+        return (
+            _priority(j),
+            KERNELS.index(j.kernel) if j.kernel in KERNELS else len(KERNELS),
+            j.head_dim,
+            DTYPES.index(j.dtype) if j.dtype in DTYPES else len(DTYPES),
+            j.arch,
+            BIASES.index(j.bias) if j.bias in BIASES else len(BIASES),
+            j.causal,
+            not j.tma,
+        )
 
     return sorted(results, key=key)

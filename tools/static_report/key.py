@@ -25,10 +25,24 @@ from .compile import Job
 # What a row's figures depend on besides triton and the row's own tile: the kernels'
 # code, the limits that split the head dim, the SASS analysis, and the functions of this
 # tool that compile and read a row. A row is kept (--resume) while this key is the same.
-_ROW_MODULES = ("attnkit/kernels/flash/kernels.py", "attnkit/kernels/int8/kernels.py", "attnkit/kernels/limits.py",
-                "tools/static_report/sass.py")
-_ROW_FUNCTIONS = ("compile_job", "_compile_int8", "_int8", "analyse", "_read_cubin", "_compile", "_signature", "_tool",
-                  "Result", "Job")
+_ROW_MODULES = (
+    "attnkit/kernels/flash/kernels.py",
+    "attnkit/kernels/int8/kernels.py",
+    "attnkit/kernels/limits.py",
+    "tools/static_report/sass.py",
+)
+_ROW_FUNCTIONS = (
+    "compile_job",
+    "_compile_int8",
+    "_int8",
+    "analyse",
+    "_read_cubin",
+    "_compile",
+    "_signature",
+    "_tool",
+    "Result",
+    "Job",
+)
 # The host helpers of attnkit/kernels/flash/launch.py that compile_job reads (the
 # arguments a launch passes as None are compiled as constants).
 _ROW_HELPERS = ("_align", "_COMPILE_OPTIONS", "BIAS_16BIT_ALIGN", "absent_arguments", "_ABSENT")
@@ -44,8 +58,12 @@ class _NoDocstrings(ast.NodeTransformer):
     def _strip(self, node):
         self.generic_visit(node)
         body = getattr(node, "body", None)
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
         return node
 
@@ -105,7 +123,17 @@ def source_key(root: str = _ROOT) -> str:
 def compile_spec(job: Job) -> tuple:
     """What a row is compiled from besides the source: its tile and its variant (not its
     budget or whether it is a list's default, which only gate or label it)."""
-    return (job.kernel, job.head_dim, job.dtype, tuple(job.config), job.arch, job.bias, job.causal, job.tma,
-            job.warp_specialize, job.piece, job.grads, job.maxnreg)
-
-
+    return (
+        job.kernel,
+        job.head_dim,
+        job.dtype,
+        tuple(job.config),
+        job.arch,
+        job.bias,
+        job.causal,
+        job.tma,
+        job.warp_specialize,
+        job.piece,
+        job.grads,
+        job.maxnreg,
+    )

@@ -72,8 +72,17 @@ def compile_reference(path: str, head_dim: int, arch: int = 90) -> list[dict]:
     fn = mod._attn_bwd
     cfg = REFERENCE_BWD
     sig = {p.name: ("constexpr" if p.is_constexpr else "*fp16") for p in fn.params}
-    sig.update(sm_scale="fp32", M="*fp32", D="*fp32", stride_z="i32", stride_h="i32", stride_tok="i32", H="i32",
-               N_CTX="i32", stride_d="constexpr")
+    sig.update(
+        sm_scale="fp32",
+        M="*fp32",
+        D="*fp32",
+        stride_z="i32",
+        stride_h="i32",
+        stride_tok="i32",
+        H="i32",
+        N_CTX="i32",
+        stride_d="constexpr",
+    )
     consts = {k: v for k, v in cfg.items() if k not in ("warps", "stages")}
     consts.update(HEAD_DIM=head_dim, stride_d=1)  # Triton specialises a stride of 1 into a constant
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name].startswith("*")}
@@ -81,11 +90,15 @@ def compile_reference(path: str, head_dim: int, arch: int = 90) -> list[dict]:
     usage, listing = _read_cubin(kernel)
     instrs = sass.parse(listing)
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    for name, bm, bn, mm in (("ref_dkdv", cfg["BLOCK_M1"], cfg["BLOCK_N1"], 4),
-                             ("ref_dq", cfg["BLOCK_M2"], cfg["BLOCK_N2"], 3)):
+    for name, bm, bn, mm in (
+        ("ref_dkdv", cfg["BLOCK_M1"], cfg["BLOCK_N1"], 4),
+        ("ref_dq", cfg["BLOCK_M2"], cfg["BLOCK_N2"], 3),
+    ):
         need = mm * 2.0 * bm * bn * head_dim
-        loop = next((lp for lp in sass.loops(instrs) if lp.matrix_instrs
-                     and abs(lp.mma_flops(cfg["warps"]) / need - 1) < 0.01), None)
+        loop = next(
+            (lp for lp in sass.loops(instrs) if lp.matrix_instrs and abs(lp.mma_flops(cfg["warps"]) / need - 1) < 0.01),
+            None,
+        )
         res = Result(Job(name, head_dim, "fp16", (bm, bn, cfg["warps"], cfg["stages"], 0), arch, "none", True))
         res.regs, res.stack, res.smem = int(m.group(1)), int(m.group(2)), int(kernel.metadata.shared)
         res.matrix = "wgmma" if sass.kernel_uses(instrs, "HGMMA") else "mma"

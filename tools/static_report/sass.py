@@ -129,7 +129,7 @@ def loops(instrs: list[Instr]) -> list[Loop]:
         target = _branch_target(ins)
         if target is None or target > ins.addr or target not in by_addr:
             continue
-        out.append(Loop(target, ins.addr, instrs[by_addr[target]:n + 1]))
+        out.append(Loop(target, ins.addr, instrs[by_addr[target] : n + 1]))
     out.sort(key=lambda lp: lp.end - lp.start)
     return out
 
@@ -141,8 +141,9 @@ def main_loop(instrs: list[Instr]) -> Loop | None:
     unmasked tiles first, then the masked ones along a diagonal or an edge, which
     compile to the same matrix instructions.) None if no loop holds any."""
     with_mma = [lp for lp in loops(instrs) if lp.matrix_instrs]
-    innermost = [lp for lp in with_mma
-                 if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in with_mma)]
+    innermost = [
+        lp for lp in with_mma if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in with_mma)
+    ]
     if not innermost:
         return None
     most = max(lp.matrix_instrs for lp in innermost)

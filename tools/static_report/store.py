@@ -43,8 +43,7 @@ ROW_FILE_LIMIT = 1_000_000  # bytes: no tracked file over 1 MB
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=_ROOT).stdout.strip()
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=_ROOT).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -69,8 +68,10 @@ def _record(r: Result) -> dict:
 def _from_record(rec: dict) -> Result:
     """A row of the report back as a Result (the loop's mix and digest are not kept)."""
     job_fields = {f.name for f in fields(Job)}
-    job = Job(**{k: (tuple(v) if k == "config" else v) for k, v in rec.items() if k in job_fields and k != "config"},
-              config=(rec["block_m"], rec["block_n"], rec["num_warps"], rec["num_stages"], rec["reload"]))
+    job = Job(
+        **{k: (tuple(v) if k == "config" else v) for k, v in rec.items() if k in job_fields and k != "config"},
+        config=(rec["block_m"], rec["block_n"], rec["num_warps"], rec["num_stages"], rec["reload"]),
+    )
     res_fields = {f.name for f in fields(Result)} - {"job", "loop_mix", "sass_digest"}
     return Result(job, **{k: (float("nan") if v is None else v) for k, v in rec.items() if k in res_fields})
 
@@ -78,8 +79,9 @@ def _from_record(rec: dict) -> Result:
 def source_state() -> tuple[str, bool]:
     """(commit, whether the working tree has changes) when a run starts: a label of the
     report; what keys its rows is source_key()."""
-    return _git("rev-parse", "--short", "HEAD"), bool(_git("status", "--porcelain", "--", "attnkit/kernels",
-                                                            "tools/static_report"))
+    return _git("rev-parse", "--short", "HEAD"), bool(
+        _git("status", "--porcelain", "--", "attnkit/kernels", "tools/static_report")
+    )
 
 
 def definitions() -> str:
@@ -106,8 +108,9 @@ def _row_file(rec: dict, by_dtype: bool = False) -> str:
 
 
 def _lines(records) -> str:
-    return "".join(json.dumps({k: v for k, v in r.items() if k != "key"}, separators=(",", ":")) + "\n"
-                   for r in records)
+    return "".join(
+        json.dumps({k: v for k, v in r.items() if k != "key"}, separators=(",", ":")) + "\n" for r in records
+    )
 
 
 def write_layout(out_dir: str, record: dict, stem: str = "report") -> str:
@@ -131,7 +134,7 @@ def write_layout(out_dir: str, record: dict, stem: str = "report") -> str:
     rows_dir = _rows_dir(out_dir, stem)
     os.makedirs(rows_dir, exist_ok=True)
     for name in os.listdir(rows_dir):
-        if name.endswith(".jsonl") and name[:-len(".jsonl")] not in files:
+        if name.endswith(".jsonl") and name[: -len(".jsonl")] not in files:
             os.remove(os.path.join(rows_dir, name))
     for name, text in files.items():
         with open(os.path.join(rows_dir, name + ".jsonl"), "w") as f:
@@ -180,9 +183,16 @@ def _keep_previous(out_dir: str) -> None:
         os.replace(_rows_dir(out_dir, "report"), previous)
 
 
-def write_report(results: list[Result], reference: list[Result], out_dir: str, argv: list[str],
-                 warp_spec: list[dict] | None = None, partial: str | None = None,
-                 source: tuple[str, bool] | None = None, key: str | None = None) -> tuple[str, str]:
+def write_report(
+    results: list[Result],
+    reference: list[Result],
+    out_dir: str,
+    argv: list[str],
+    warp_spec: list[dict] | None = None,
+    partial: str | None = None,
+    source: tuple[str, bool] | None = None,
+    key: str | None = None,
+) -> tuple[str, str]:
     """report.json with its row files, and report.md (the tables, the targets), under
     out_dir. partial: what an interrupted run compiled, said at the top of both. source:
     the run's source_state() (default: now). key: the source key of every row."""
@@ -206,9 +216,16 @@ def write_report(results: list[Result], reference: list[Result], out_dir: str, a
     }
     results = row_order(results)
     verdicts = targets.evaluate(results)
-    path = write_layout(out_dir, {**meta, "targets": verdicts, "warp_specialization": warp_spec or [],
-                                  "reference": [_record(r) for r in reference],
-                                  "rows": [_record(r) for r in results]})
+    path = write_layout(
+        out_dir,
+        {
+            **meta,
+            "targets": verdicts,
+            "warp_specialization": warp_spec or [],
+            "reference": [_record(r) for r in reference],
+            "rows": [_record(r) for r in results],
+        },
+    )
     md = targets.markdown(meta, results, reference, verdicts, warp_spec or [])
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(md)
@@ -226,8 +243,10 @@ def render(out_dir: str) -> tuple[str, str]:
 
     record = read_record(out_dir)
     if record.get("triton") != triton.__version__:
-        raise SystemExit(f"{out_dir}/report.json was compiled with triton {record.get('triton')}, this is "
-                         f"{triton.__version__}: rerun python -m tools.static_report instead")
+        raise SystemExit(
+            f"{out_dir}/report.json was compiled with triton {record.get('triton')}, this is "
+            f"{triton.__version__}: rerun python -m tools.static_report instead"
+        )
     results = [_from_record(r) for r in record["rows"]]
     reference = [_from_record(r) for r in record.get("reference", [])]
     record["targets"] = targets.evaluate(results)
@@ -255,7 +274,7 @@ def _read_rows(path: str, key: str) -> dict:
                 except json.JSONDecodeError:
                     pass  # the line a killed run was writing
     else:
-        record = read_record(os.path.dirname(path), os.path.basename(path)[:-len(".json")])
+        record = read_record(os.path.dirname(path), os.path.basename(path)[: -len(".json")])
         rows = [dict(r, key=r.get("key", record.get("source_key"))) for r in record.get("rows", [])]
     return {compile_spec(_from_record(r).job): r for r in rows if r.get("key") == key}
 

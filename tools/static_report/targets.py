@@ -58,17 +58,22 @@ _EXP_FLOOR = (
     "limit 0.1875 and above 1.2x of it. The loop issues 0.265 instr/score without bias, 3% above that "
     "floor, and 0.286 with key padding, 11% above (the per-tile key-length test, which the floor does not "
     "count); no tile goes below the floor without computing exponentials off the MUFU (FlashAttention-4's "
-    "polynomial exp2 on the FMA units), which adds instructions to an issue-bound loop.")
+    "polynomial exp2 on the FMA units), which adds instructions to an issue-bound loop."
+)
 NOT_MET: dict[str, str] = {
     **{f"fwd-d40-{dt}-{b}": _EXP_FLOOR for dt in ("fp16", "bf16") for b in ("none", "keypad")},
-    **{f"dkdv-d128-{dt}-keypad": (
-        "The dK/dV loop at head dim 128 holds K and V (128 x 128 each) in registers beside the "
-        "two 128-wide fp32 accumulators; the only spill-free tiles stream 32 queries per "
-        "iteration, and each iteration's fixed cost (TMA issue and barriers, the descriptors of "
-        "20 warp-group MMAs) over 32 x 64 scores lands at 0.6 within a few percent; 64-query "
-        "tiles reach 0.42 but spill 16-144 B. A wider search (3 or 4 stages, 8 warps over 128 keys, "
-        "64 and 128 queries, reload on and off) found no clean tile under 0.605: the clean ones read "
-        "0.605-0.635, the 64- and 128-query ones 0.40-0.44 with 120-680 B of spills.") for dt in ("fp16", "bf16")},
+    **{
+        f"dkdv-d128-{dt}-keypad": (
+            "The dK/dV loop at head dim 128 holds K and V (128 x 128 each) in registers beside the "
+            "two 128-wide fp32 accumulators; the only spill-free tiles stream 32 queries per "
+            "iteration, and each iteration's fixed cost (TMA issue and barriers, the descriptors of "
+            "20 warp-group MMAs) over 32 x 64 scores lands at 0.6 within a few percent; 64-query "
+            "tiles reach 0.42 but spill 16-144 B. A wider search (3 or 4 stages, 8 warps over 128 keys, "
+            "64 and 128 queries, reload on and off) found no clean tile under 0.605: the clean ones read "
+            "0.605-0.635, the 64- and 128-query ones 0.40-0.44 with 120-680 B of spills."
+        )
+        for dt in ("fp16", "bf16")
+    },
     "full16-vs-fp32-sm90-d128-bf16-tma": (
         "The float32 bias's default here is M128-N128-w8-s2, at the tensor-bound limit (0.42 instr/score). With "
         "a 16-bit bias that tile spills 96-192 B (sm_90, every dtype, causal or not), so the full16 list starts "
@@ -77,7 +82,8 @@ NOT_MET: dict[str, str] = {
         "bf16 (0.572 in fp16, within the 1.15x). The candidates searched (M64-N64 and M128-N64 with 2-3 "
         "stages, M64-N128, M128-N32, reload) either spill or read 0.56-0.85. Static clocks leave out what "
         "reading the bias as it is saves: half its bytes, and the float32 conversion, a pass over B*H*M*N "
-        "elements that cost more than the attention on an H100 (0.34 of SDPA's speed)."),
+        "elements that cost more than the attention on an H100 (0.34 of SDPA's speed)."
+    ),
 }
 
 
@@ -93,7 +99,8 @@ SM80_NOT_MET: dict[str, str] = {
         "longer (0.3-2.2%: integer address and predicate instructions, two FMUL); the dK/dV loop, "
         "which streams query tiles, also loads each tile's LSE shift (one more cp.async, four "
         "shared-memory loads and their addresses: +18, 4.6%), and with the key-summed bias "
-        "gradient 19 more LOP3 (+28 and +30, 7%)."),
+        "gradient 19 more LOP3 (+28 and +30, 7%)."
+    ),
     "32bit": (
         "Exact fp32 dots run on the FMA units in 16-row tiles; since the kernels gained causal "
         "masking, key lengths and the natural-unit bias, ptxas allocates their registers "
@@ -105,7 +112,8 @@ SM80_NOT_MET: dict[str, str] = {
         "searched again per variant, and every fp32 default now compiles clean (a register cap of "
         "255 where ptxas would stop 8-warp tiles at 128). fp32 is the accuracy path, not "
         "the speed path: 16-bit inputs run on tensor cores at more than ten times fewer "
-        "instructions per score."),
+        "instructions per score."
+    ),
 }
 
 
@@ -113,7 +121,14 @@ def _default(results, kernel, head_dim, dtype, bias, arch, tma, causal=False):
     for r in results:
         j = r.job
         if (j.kernel, j.head_dim, j.dtype, j.bias, j.arch, j.tma, j.causal) == (
-                kernel, head_dim, dtype, bias, arch, tma, causal) and j.default:
+            kernel,
+            head_dim,
+            dtype,
+            bias,
+            arch,
+            tma,
+            causal,
+        ) and j.default:
             return r
     return None
 
@@ -122,8 +137,16 @@ def _verdict(tid, what, r, value, limit, met, note=""):
     j = r.job if r is not None else None
     out = {"id": tid, "target": what, "value": value, "limit": limit, "met": bool(met)}
     if j is not None:
-        out.update(kernel=j.kernel, head_dim=j.head_dim, dtype=j.dtype, bias=j.bias, arch=j.arch,
-                   config=j.config_name, causal=j.causal, tma=j.tma)
+        out.update(
+            kernel=j.kernel,
+            head_dim=j.head_dim,
+            dtype=j.dtype,
+            bias=j.bias,
+            arch=j.arch,
+            config=j.config_name,
+            causal=j.causal,
+            tma=j.tma,
+        )
     if not met and tid in NOT_MET:
         note = (note + " " if note else "") + NOT_MET[tid]
     if note:
@@ -143,9 +166,16 @@ def evaluate(results) -> list[dict]:
                     continue
                 factor = 1.0 if d in FWD_EXACT else FWD_NEAR_FACTOR
                 tid = f"fwd-d{d}-{dtype}-{bias}"
-                out.append(_verdict(tid, f"forward instr/score <= {factor:g} x tensor-bound limit", r,
-                                    r.instr_per_score, factor * r.tensor_limit,
-                                    r.instr_per_score <= factor * r.tensor_limit + 1e-9 and not r.problems))
+                out.append(
+                    _verdict(
+                        tid,
+                        f"forward instr/score <= {factor:g} x tensor-bound limit",
+                        r,
+                        r.instr_per_score,
+                        factor * r.tensor_limit,
+                        r.instr_per_score <= factor * r.tensor_limit + 1e-9 and not r.problems,
+                    )
+                )
             for kernel in ("dkdv", "dq"):
                 for d in BWD_HEAD_DIMS:
                     r = _default(results, kernel, d, dtype, bias, 90, True)
@@ -153,9 +183,16 @@ def evaluate(results) -> list[dict]:
                         continue
                     dup = r.mma_duplication > 1.05 or r.exp_per_score > 1.5 * r.exp_least
                     tid = f"{kernel}-d{d}-{dtype}-{bias}"
-                    out.append(_verdict(tid, f"backward: no duplicated work, instr/score <= {BWD_BUDGET}", r,
-                                        r.instr_per_score, BWD_BUDGET,
-                                        not dup and r.instr_per_score <= BWD_BUDGET + 1e-9 and not r.problems))
+                    out.append(
+                        _verdict(
+                            tid,
+                            f"backward: no duplicated work, instr/score <= {BWD_BUDGET}",
+                            r,
+                            r.instr_per_score,
+                            BWD_BUDGET,
+                            not dup and r.instr_per_score <= BWD_BUDGET + 1e-9 and not r.problems,
+                        )
+                    )
     # Full bias: the default is the best spill-free candidate (per launch: above head
     # dim 256 the backward has one launch per head-dim piece and gradient).
     groups: dict = {}
@@ -173,10 +210,17 @@ def evaluate(results) -> list[dict]:
         met = best is not None and not default.problems and default.clocks_per_score <= best.clocks_per_score + 1e-12
         launch = (f"-piece{piece}" if piece >= 0 else "") + (f"-{grads}" if grads != "dkdv" else "")
         name = "full" if default.job.bias == "full" else "full16"
-        out.append(_verdict(f"{name}-{kernel}-d{d}-{dtype}{launch}", f"{name} bias: the default is the "
-                            "fastest-looking spill-free tile", default, default.instr_per_score,
-                            best.instr_per_score if best else None, met,
-                            note="" if best is None or best is default else f"best: {best.job.config_name}"))
+        out.append(
+            _verdict(
+                f"{name}-{kernel}-d{d}-{dtype}{launch}",
+                f"{name} bias: the default is the fastest-looking spill-free tile",
+                default,
+                default.instr_per_score,
+                best.instr_per_score if best else None,
+                met,
+                note="" if best is None or best is default else f"best: {best.job.config_name}",
+            )
+        )
     out.extend(compare_full16(results))
     out.extend(compare_int8(results))
     out.extend(compare_sm80(results))
@@ -206,16 +250,29 @@ def compare_int8(results) -> list[dict]:
             met = not r.problems and r.matrix in INT8_MATRIX
             note = f"{r.matrix}, {r.regs} regs" + (f", spills {r.stack} B" if r.stack > 0 else "")
             if base is not None and r.loop_length and base.loop_length:
-                note += (f"; exact fwd {base.job.config_name} {'TMA' if base.job.tma else 'ptr'}: "
-                         f"{base.instr_per_score:.3f} instr/score, {base.regs} regs; int8 / exact "
-                         f"{r.instr_per_score / base.instr_per_score:.2f}x")
+                note += (
+                    f"; exact fwd {base.job.config_name} {'TMA' if base.job.tma else 'ptr'}: "
+                    f"{base.instr_per_score:.3f} instr/score, {base.regs} regs; int8 / exact "
+                    f"{r.instr_per_score / base.instr_per_score:.2f}x"
+                )
             if r.problems:
                 note += "; " + "; ".join(r.problems)
-            v = _verdict(f"int8-vs-exact-sm{arch}-d{j.head_dim}-{j.dtype}",
-                         "int8 forward: clean, on integer tensor cores", r, r.instr_per_score, None, met, note=note)
+            v = _verdict(
+                f"int8-vs-exact-sm{arch}-d{j.head_dim}-{j.dtype}",
+                "int8 forward: clean, on integer tensor cores",
+                r,
+                r.instr_per_score,
+                None,
+                met,
+                note=note,
+            )
             if base is not None:
-                v.update(exact_config=base.job.config_name, exact_tma=base.job.tma,
-                         exact_instr_per_score=base.instr_per_score, exact_regs=base.regs)
+                v.update(
+                    exact_config=base.job.config_name,
+                    exact_tma=base.job.tma,
+                    exact_instr_per_score=base.instr_per_score,
+                    exact_regs=base.regs,
+                )
             out.append(v)
     return out
 
@@ -238,11 +295,17 @@ def compare_full16(results) -> list[dict]:
         if base is None or r.loop_length == 0:
             continue
         limit = FULL16_FACTOR * base.clocks_per_score
-        out.append(_verdict(f"full16-vs-fp32-sm{j.arch}-d{j.head_dim}-{j.dtype}-{'tma' if j.tma else 'ptr'}",
-                            f"16-bit bias read as it is: static clocks/score <= {FULL16_FACTOR:g} x the float32 "
-                            "bias's", r, r.clocks_per_score, limit,
-                            r.clocks_per_score <= limit + 1e-12 and not r.problems,
-                            note=f"float32 bias: {base.job.config_name}, {base.clocks_per_score:.3f}"))
+        out.append(
+            _verdict(
+                f"full16-vs-fp32-sm{j.arch}-d{j.head_dim}-{j.dtype}-{'tma' if j.tma else 'ptr'}",
+                f"16-bit bias read as it is: static clocks/score <= {FULL16_FACTOR:g} x the float32 bias's",
+                r,
+                r.clocks_per_score,
+                limit,
+                r.clocks_per_score <= limit + 1e-12 and not r.problems,
+                note=f"float32 bias: {base.job.config_name}, {base.clocks_per_score:.3f}",
+            )
+        )
     return out
 
 
@@ -256,8 +319,11 @@ def load_baseline() -> list[dict]:
 def compare_sm80(results) -> list[dict]:
     """sm_80: each default tile against the baseline's default for the same kernel,
     head dim, dtype and bias variant (not causal, pointer loads: what existed)."""
-    base = {(b["kernel"], b["head_dim"], b["dtype"], b["bias"]): b for b in load_baseline()
-            if b["arch"] == 80 and b.get("default") and b.get("instr_per_score") is not None}
+    base = {
+        (b["kernel"], b["head_dim"], b["dtype"], b["bias"]): b
+        for b in load_baseline()
+        if b["arch"] == 80 and b.get("default") and b.get("instr_per_score") is not None
+    }
     out = []
     for r in results:
         j = r.job
@@ -269,13 +335,24 @@ def compare_sm80(results) -> list[dict]:
         met = r.instr_per_score <= SM80_SLACK * b["instr_per_score"] + 1e-9 and not r.problems
         note = f"{BASELINE_COMMIT}: {b['config']}, {b.get('regs')} regs"
         if not met:
-            note += (f", loop of {b['loop_length']} instructions; now {j.config_name}, {r.regs} regs, loop of "
-                     f"{r.loop_length} ({r.loop_length - b['loop_length']:+d} per iteration)"
-                     + (f", spills {r.stack} B" if r.stack > 0 else "") + ". "
-                     + SM80_NOT_MET["32bit" if j.dtype == "fp32" else "16bit"])
-        out.append(_verdict(f"sm80-{j.kernel}-d{j.head_dim}-{j.dtype}-{j.bias}",
-                            f"sm_80: instr/score <= {BASELINE_COMMIT}'s", r, r.instr_per_score, b["instr_per_score"],
-                            met, note=note))
+            note += (
+                f", loop of {b['loop_length']} instructions; now {j.config_name}, {r.regs} regs, loop of "
+                f"{r.loop_length} ({r.loop_length - b['loop_length']:+d} per iteration)"
+                + (f", spills {r.stack} B" if r.stack > 0 else "")
+                + ". "
+                + SM80_NOT_MET["32bit" if j.dtype == "fp32" else "16bit"]
+            )
+        out.append(
+            _verdict(
+                f"sm80-{j.kernel}-d{j.head_dim}-{j.dtype}-{j.bias}",
+                f"sm_80: instr/score <= {BASELINE_COMMIT}'s",
+                r,
+                r.instr_per_score,
+                b["instr_per_score"],
+                met,
+                note=note,
+            )
+        )
     return out
 
 
@@ -308,10 +385,19 @@ def list_order(results) -> list[dict]:
         if default is None:
             continue
         best = min(worst, key=worst.get)
-        out.append({"arch": arch, "kernel": kernel, "bias": bias, "band": band,
-                    "default": cands[default][0].job.config_name, "default_clocks": worst[default],
-                    "best": cands[best][0].job.config_name, "best_clocks": worst[best],
-                    "first_is_best": worst[default] <= worst[best] * 1.001})
+        out.append(
+            {
+                "arch": arch,
+                "kernel": kernel,
+                "bias": bias,
+                "band": band,
+                "default": cands[default][0].job.config_name,
+                "default_clocks": worst[default],
+                "best": cands[best][0].job.config_name,
+                "best_clocks": worst[best],
+                "first_is_best": worst[default] <= worst[best] * 1.001,
+            }
+        )
     return out
 
 
@@ -320,20 +406,19 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
         "# Static performance report of the flash-attention kernels",
         "",
         f"**Static figures read from SASS: no kernel was run.** triton {meta['triton']}, commit {meta['commit']}"
-        + (" (with uncommitted changes in kernels/)" if meta.get("dirty") else "") + f", {meta['date']}.",
+        + (" (with uncommitted changes in kernels/)" if meta.get("dirty") else "")
+        + f", {meta['date']}.",
         f"Generated by `{meta['command'].strip()}` (`make inspect`).",
         "",
     ]
     if meta.get("partial"):
-        lines += [f"**Partial report: {meta['partial']}.** Only the rows compiled are shown and gated; targets "
-                  "whose rows were not compiled are left out. Rerun `make inspect` to complete it (Triton's "
-                  "cache keeps what was compiled).", ""]
-    lines += [
-        "## Definitions",
-        "",
-        meta["definitions"],
-        "",
-    ]
+        lines += [
+            f"**Partial report: {meta['partial']}.** Only the rows compiled are shown and gated; targets "
+            "whose rows were not compiled are left out. Rerun `make inspect` to complete it (Triton's "
+            "cache keeps what was compiled).",
+            "",
+        ]
+    lines += ["## Definitions", "", meta["definitions"], ""]
     met = [v for v in verdicts if v["met"]]
     unmet = [v for v in verdicts if not v["met"]]
     lines += ["## Targets", "", f"{len(met)} of {len(verdicts)} met."]
@@ -353,125 +438,202 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
     if unmet:
         lines += ["", "**Not met:**", ""]
         for v in unmet:
-            lines.append(f"- `{v['id']}` ({v['target']}): {_f(v['value'])} against {_f(v['limit'])}"
-                         + (f" ({v['config']})" if "config" in v else "")
-                         + (f". {noted(v['note'])}" if v.get("note") else ""))
+            lines.append(
+                f"- `{v['id']}` ({v['target']}): {_f(v['value'])} against {_f(v['limit'])}"
+                + (f" ({v['config']})" if "config" in v else "")
+                + (f". {noted(v['note'])}" if v.get("note") else "")
+            )
         lines += ["", "Why:", ""] + [f"{i}. {text}" for i, text in enumerate(reasons, 1)]
-    lines += ["", "| target | kernel | D | dtype | bias | tile | instr/score | limit | met |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| target | kernel | D | dtype | bias | tile | instr/score | limit | met |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for v in verdicts:
         if v["id"].startswith(("sm80-", "int8-vs-exact-")):
             continue
-        lines.append(f"| {v['target']} | {v.get('kernel', '')} | {v.get('head_dim', '')} | {v.get('dtype', '')} | "
-                     f"{v.get('bias', '')} | {v.get('config', '')} | {_f(v['value'])} | {_f(v['limit'])} | "
-                     f"{'yes' if v['met'] else '**no**'} |")
+        lines.append(
+            f"| {v['target']} | {v.get('kernel', '')} | {v.get('head_dim', '')} | {v.get('dtype', '')} | "
+            f"{v.get('bias', '')} | {v.get('config', '')} | {_f(v['value'])} | {_f(v['limit'])} | "
+            f"{'yes' if v['met'] else '**no**'} |"
+        )
     sm80 = [v for v in verdicts if v["id"].startswith("sm80-")]
     if not sm80 and not os.path.exists(BASELINE):
-        lines += ["", f"sm_80 against {BASELINE_COMMIT}: not evaluated in this run ({BASELINE} absent: the "
-                  f"kernels of {BASELINE_COMMIT} were not compiled with this analysis)."]
+        lines += [
+            "",
+            f"sm_80 against {BASELINE_COMMIT}: not evaluated in this run ({BASELINE} absent: the "
+            f"kernels of {BASELINE_COMMIT} were not compiled with this analysis).",
+        ]
     elif not sm80:
-        lines += ["", f"sm_80 against {BASELINE_COMMIT}: not evaluated in this run (no sm_80 default tile, not "
-                  "causal, pointer loads, was compiled)."]
+        lines += [
+            "",
+            f"sm_80 against {BASELINE_COMMIT}: not evaluated in this run (no sm_80 default tile, not "
+            "causal, pointer loads, was compiled).",
+        ]
     if sm80:
         worse = [v for v in sm80 if not v["met"]]
-        lines += ["", f"sm_80 against {BASELINE_COMMIT} (default tiles, not causal): {len(sm80) - len(worse)} of "
-                  f"{len(sm80)} no worse."]
+        lines += [
+            "",
+            f"sm_80 against {BASELINE_COMMIT} (default tiles, not causal): {len(sm80) - len(worse)} of "
+            f"{len(sm80)} no worse.",
+        ]
         if worse:
-            lines += ["", "| kernel | D | dtype | bias | tile | instr/score | before | note |", "|---|---|---|---|---|---|---|---|"]
+            lines += [
+                "",
+                "| kernel | D | dtype | bias | tile | instr/score | before | note |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
             for v in worse:
-                lines.append(f"| {v['kernel']} | {v['head_dim']} | {v['dtype']} | {v['bias']} | {v['config']} | "
-                             f"{_f(v['value'])} | {_f(v['limit'])} | {noted(v.get('note', ''))} |")
+                lines.append(
+                    f"| {v['kernel']} | {v['head_dim']} | {v['dtype']} | {v['bias']} | {v['config']} | "
+                    f"{_f(v['value'])} | {_f(v['limit'])} | {noted(v.get('note', ''))} |"
+                )
             lines += ["", "The numbers in the notes point to the reasons listed under Targets above."]
 
     int8 = [v for v in verdicts if v["id"].startswith("int8-vs-exact-")]
     if int8:
-        lines += ["", "INT8 forward (attnkit/kernels/int8, its tile per target, head dim and bias; no bias, not "
-                  f"causal) beside the exact forward's default: {sum(v['met'] for v in int8)} of {len(int8)} clean on integer tensor cores. "
-                  "Its tensor-bound limit counts the Q.K matmul at twice the 16-bit rate (int8), P.V at the "
-                  "16-bit rate; no speed target: the ratio is reported only.", "",
-                  "| target | D | dtype | int8 tile | instr/score | exact tile | exact instr/score | int8 / exact "
-                  "| met | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "INT8 forward (attnkit/kernels/int8, its tile per target, head dim and bias; no bias, not "
+            f"causal) beside the exact forward's default: {sum(v['met'] for v in int8)} of {len(int8)} clean on integer tensor cores. "
+            "Its tensor-bound limit counts the Q.K matmul at twice the 16-bit rate (int8), P.V at the "
+            "16-bit rate; no speed target: the ratio is reported only.",
+            "",
+            "| target | D | dtype | int8 tile | instr/score | exact tile | exact instr/score | int8 / exact "
+            "| met | note |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for v in int8:
             ex = v.get("exact_instr_per_score")
-            lines.append(f"| sm_{v['arch']} | {v['head_dim']} | {v['dtype']} | {v['config']} | {_f(v['value'])} | "
-                         f"{v.get('exact_config', '-')}{' TMA' if v.get('exact_tma') else ''} | {_f(ex)} | "
-                         f"{_f(v['value'] / ex if ex else None, 2)} | {'yes' if v['met'] else '**no**'} | "
-                         f"{v.get('note', '').split(';')[0]} |")
+            lines.append(
+                f"| sm_{v['arch']} | {v['head_dim']} | {v['dtype']} | {v['config']} | {_f(v['value'])} | "
+                f"{v.get('exact_config', '-')}{' TMA' if v.get('exact_tma') else ''} | {_f(ex)} | "
+                f"{_f(v['value'] / ex if ex else None, 2)} | {'yes' if v['met'] else '**no**'} | "
+                f"{v.get('note', '').split(';')[0]} |"
+            )
 
     def table(rows, title):
-        out = ["", f"## {title}", "",
-               "| kernel | D | dtype | bias | causal | loads | tile | regs | smem | main loop: matrix instructions per warp "
-               "| length | instr/score | tensor-bound | exp-bound | exp/score | MMA dup | clocks/score |",
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out = [
+            "",
+            f"## {title}",
+            "",
+            "| kernel | D | dtype | bias | causal | loads | tile | regs | smem | main loop: matrix instructions per warp "
+            "| length | instr/score | tensor-bound | exp-bound | exp/score | MMA dup | clocks/score |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             j = r.job
-            out.append(f"| {j.kernel} | {j.head_dim} | {j.dtype} | {j.bias} | {'yes' if j.causal else 'no'} | "
-                       f"{'TMA' if r.tma_loads else 'ptr'} | {j.config_name} | {r.regs} | {r.smem} | {_mix(r)} | "
-                       f"{r.loop_length} | {_f(r.instr_per_score)} | {_f(r.tensor_limit)} | {_f(r.exp_limit)} | "
-                       f"{_f(r.exp_per_score, 2)} | {_f(r.mma_duplication, 2)} | {_f(r.clocks_per_score, 4)} |")
+            out.append(
+                f"| {j.kernel} | {j.head_dim} | {j.dtype} | {j.bias} | {'yes' if j.causal else 'no'} | "
+                f"{'TMA' if r.tma_loads else 'ptr'} | {j.config_name} | {r.regs} | {r.smem} | {_mix(r)} | "
+                f"{r.loop_length} | {_f(r.instr_per_score)} | {_f(r.tensor_limit)} | {_f(r.exp_limit)} | "
+                f"{_f(r.exp_per_score, 2)} | {_f(r.mma_duplication, 2)} | {_f(r.clocks_per_score, 4)} |"
+            )
         return out
 
     key = lambda r: (r.job.kernel, r.job.head_dim, r.job.bias, r.job.causal)  # noqa: E731
     for arch, loads in ((90, True), (80, False)):
-        rows = sorted((r for r in results if r.job.arch == arch and r.job.dtype == "fp16" and r.job.default
-                       and r.job.tma == loads), key=key)
+        rows = sorted(
+            (
+                r
+                for r in results
+                if r.job.arch == arch and r.job.dtype == "fp16" and r.job.default and r.job.tma == loads
+            ),
+            key=key,
+        )
         if rows:
             lines += table(rows, f"sm_{arch}, fp16, default tiles ({'TMA' if loads else 'pointer'} loads)")
     if reference:
         lines += table(reference, "Triton's tutorial fused attention, compiled the same way (sm_90, fp16)")
-        lines += ["", "ref_fwd: _attn_fwd_tma, not causal; ref_dkdv / ref_dq: the unmasked loops of _attn_bwd "
-                  "(the tutorial's backward is causal only), its fixed tiles. Each is found by the matrix FLOPs "
-                  "one iteration issues."]
+        lines += [
+            "",
+            "ref_fwd: _attn_fwd_tma, not causal; ref_dkdv / ref_dq: the unmasked loops of _attn_bwd "
+            "(the tutorial's backward is causal only), its fixed tiles. Each is found by the matrix FLOPs "
+            "one iteration issues.",
+        ]
     order = list_order(results)
     if order:
         wrong = [o for o in order if not o["first_is_best"]]
-        lines += ["", "## Candidate lists", "",
-                  f"{len(order) - len(wrong)} of {len(order)} lists have their fastest-looking candidate first "
-                  "(static clocks per score, the worst over the list's head dims; fp16, not causal)."]
+        lines += [
+            "",
+            "## Candidate lists",
+            "",
+            f"{len(order) - len(wrong)} of {len(order)} lists have their fastest-looking candidate first "
+            "(static clocks per score, the worst over the list's head dims; fp16, not causal).",
+        ]
         for o in wrong:
-            lines.append(f"- sm_{o['arch']} {o['kernel']} {o['bias']} band {o['band']}: first {o['default']} "
-                         f"({_f(o['default_clocks'], 4)}), best {o['best']} ({_f(o['best_clocks'], 4)})")
+            lines.append(
+                f"- sm_{o['arch']} {o['kernel']} {o['bias']} band {o['band']}: first {o['default']} "
+                f"({_f(o['default_clocks'], 4)}), best {o['best']} ({_f(o['best_clocks'], 4)})"
+            )
     if warp_spec:
-        lines += ["", "## Warp specialization", "",
-                  "The forward's unmasked loop compiled with `tl.range(..., warp_specialize=True)` for sm_90 "
-                  "(no bias, TMA), against the same tile without it:", ""]
+        lines += [
+            "",
+            "## Warp specialization",
+            "",
+            "The forward's unmasked loop compiled with `tl.range(..., warp_specialize=True)` for sm_90 "
+            "(no bias, TMA), against the same tile without it:",
+            "",
+        ]
         for w in warp_spec:
             lines.append(f"- D={w['head_dim']}, {w['config']}: {w['verdict']}")
     needs = sorted(devices.NEEDS.items())
     if needs:
-        lines += ["", "## Calls refused on GPUs with 99 KiB of shared memory per block", "",
-                  "sm_86, sm_89 and sm_120 (RTX 30xx / 40xx / 50xx, A10, L4, L40) run the sm80 lists with "
-                  f"{devices.SM80_LEAST:,} B of shared memory per block. Where no tile of a list both fits "
-                  "that and compiles clean, the default is the best tile for A100, and the backend refuses "
-                  "the call on those GPUs before it runs (auto() picks another backend; flash_attention "
-                  "raises ValueError), for the forward or, when gradients are needed, the backward "
-                  "(`attnkit/kernels/devices.py`, NEEDS):", "",
-                  "| kernel | width | head-dim band | bias | causal | shared memory |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Calls refused on GPUs with 99 KiB of shared memory per block",
+            "",
+            "sm_86, sm_89 and sm_120 (RTX 30xx / 40xx / 50xx, A10, L4, L40) run the sm80 lists with "
+            f"{devices.SM80_LEAST:,} B of shared memory per block. Where no tile of a list both fits "
+            "that and compiles clean, the default is the best tile for A100, and the backend refuses "
+            "the call on those GPUs before it runs (auto() picks another backend; flash_attention "
+            "raises ValueError), for the forward or, when gradients are needed, the backward "
+            "(`attnkit/kernels/devices.py`, NEEDS):",
+            "",
+            "| kernel | width | head-dim band | bias | causal | shared memory |",
+            "|---|---|---|---|---|---|",
+        ]
         for (arch, kernel, width, band, bias, causal), need in needs:
             lines.append(f"| {kernel} | {width} | {band} | {bias} | {'yes' if causal else 'no'} | {need:,} B |")
     failed = [r for r in results if r.problems]
-    lines += ["", "## Gate", "", f"{len(results)} compilations, {len(failed)} with problems"
-              + (" (`make inspect` exits with status 1)." if failed else ".")]
+    lines += [
+        "",
+        "## Gate",
+        "",
+        f"{len(results)} compilations, {len(failed)} with problems"
+        + (" (`make inspect` exits with status 1)." if failed else "."),
+    ]
     if failed:
         groups: dict = {}
         for r in failed:
             j = r.job
-            kinds = ", ".join(sorted({p.split(" (")[0].split(" ")[0] if p.startswith("instr") else p.split(" (")[0]
-                                      for p in r.problems}))
-            g = groups.setdefault((j.arch, j.kernel, j.dtype, "tma" if j.tma else "ptr", kinds),
-                                  {"n": 0, "dims": set(), "default": 0})
+            kinds = ", ".join(
+                sorted(
+                    {p.split(" (")[0].split(" ")[0] if p.startswith("instr") else p.split(" (")[0] for p in r.problems}
+                )
+            )
+            g = groups.setdefault(
+                (j.arch, j.kernel, j.dtype, "tma" if j.tma else "ptr", kinds), {"n": 0, "dims": set(), "default": 0}
+            )
             g["n"] += 1
             g["dims"].add(j.head_dim)
             g["default"] += j.default
-        lines += ["", "| target | kernel | dtype | loads | problem | rows | of them default tiles | head dims |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| target | kernel | dtype | loads | problem | rows | of them default tiles | head dims |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for (arch, kernel, dtype, loads, kinds), g in sorted(groups.items()):
-            lines.append(f"| sm_{arch} | {kernel} | {dtype} | {loads} | {kinds} | {g['n']} | {g['default']} | "
-                         f"{', '.join(map(str, sorted(g['dims'])))} |")
+            lines.append(
+                f"| sm_{arch} | {kernel} | {dtype} | {loads} | {kinds} | {g['n']} | {g['default']} | "
+                f"{', '.join(map(str, sorted(g['dims'])))} |"
+            )
         lines += ["", "The first 50 rows:", ""]
     for r in failed[:50]:
         j = r.job
-        lines.append(f"- {j.kernel} D={j.head_dim} {j.dtype} {j.bias} {'causal ' if j.causal else ''}"
-                     f"{'tma' if j.tma else 'ptr'} {j.config_name} sm_{j.arch}: {'; '.join(r.problems)}")
+        lines.append(
+            f"- {j.kernel} D={j.head_dim} {j.dtype} {j.bias} {'causal ' if j.causal else ''}"
+            f"{'tma' if j.tma else 'ptr'} {j.config_name} sm_{j.arch}: {'; '.join(r.problems)}"
+        )
     lines.append("")
     return "\n".join(lines)

@@ -114,26 +114,39 @@ def tile_source(t: tile_config.TileConfig) -> str:
 
 def render(entries) -> str:
     """The text of tiles.py for (target, kernel, width, band, tile) entries."""
-    lines = [HEADER.rstrip("\n"), "",
-             "from .tile_config import CAUSAL, F, F16, K, KF, N, NF, NK, PTR, TMA, UNCAUSAL, nest  # noqa: F401",
-             "from .tile_config import TileConfig as T", "",
-             "ENTRIES = ("]
+    lines = [
+        HEADER.rstrip("\n"),
+        "",
+        "from .tile_config import CAUSAL, F, F16, K, KF, N, NF, NK, PTR, TMA, UNCAUSAL, nest  # noqa: F401",
+        "from .tile_config import TileConfig as T",
+        "",
+        "ENTRIES = (",
+    ]
     last = None
     for target, kernel, width, band, tile in entries:
         if (target, kernel, width) != last:
             lines.append(f"    # {target} {kernel} {width}")
             last = (target, kernel, width)
         lines.append(f'    ("{target}", "{kernel}", "{width}", {band}, {tile_source(tile)}),')
-    lines += [")", "",
-              "# {target: {kernel: {width: {band: (tile, ...)}}}}, each list in the order above.",
-              "CONFIGS = nest(ENTRIES)", ""]
+    lines += [
+        ")",
+        "",
+        "# {target: {kernel: {width: {band: (tile, ...)}}}}, each list in the order above.",
+        "CONFIGS = nest(ENTRIES)",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def entries_of(configs: dict) -> list[tuple]:
-    return [(target, kernel, width, band, tile)
-            for target, kernels in configs.items() for kernel, widths in kernels.items()
-            for width, bands in widths.items() for band, tiles in bands.items() for tile in tiles]
+    return [
+        (target, kernel, width, band, tile)
+        for target, kernels in configs.items()
+        for kernel, widths in kernels.items()
+        for width, bands in widths.items()
+        for band, tiles in bands.items()
+        for tile in tiles
+    ]
 
 
 def budget_for(worst: float) -> float:
@@ -146,7 +159,11 @@ def budget_for(worst: float) -> float:
 TARGETS = {"sm80": 80, "sm90": 90}
 WIDTHS = {"16bit": ("fp16", "bf16"), "32bit": ("fp32",)}
 # The names a T(...) of tiles.py (or of --add) may use.
-_NAMES = {"T": tile_config.TileConfig, **{n: v for v, n in _SET_NAMES.items()}, **{n: v for v, n in _CAUSAL_NAMES.items()}}
+_NAMES = {
+    "T": tile_config.TileConfig,
+    **{n: v for v, n in _SET_NAMES.items()},
+    **{n: v for v, n in _CAUSAL_NAMES.items()},
+}
 
 
 def parse_tile(text: str) -> tile_config.TileConfig:
@@ -161,8 +178,10 @@ def parse_tile(text: str) -> tile_config.TileConfig:
         if isinstance(node, ast.Name):
             ok = node.id in _NAMES
         if not ok:
-            raise ValueError(f"{text!r}: only numbers, True / False / None, (lo, hi) and the names "
-                             f"{', '.join(sorted(_NAMES))} may appear in a tile")
+            raise ValueError(
+                f"{text!r}: only numbers, True / False / None, (lo, hi) and the names "
+                f"{', '.join(sorted(_NAMES))} may appear in a tile"
+            )
     return eval(compile(tree, "<tile>", "eval"), {"__builtins__": {}}, dict(_NAMES))  # checked above
 
 
@@ -173,8 +192,10 @@ def read_entries(path: str = None) -> list[tuple]:
         tree = ast.parse(f.read())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ENTRIES" for t in node.targets):
-            return [(*(ast.literal_eval(x) for x in e.elts[:4]), parse_tile(ast.unparse(e.elts[4])))
-                    for e in node.value.elts]
+            return [
+                (*(ast.literal_eval(x) for x in e.elts[:4]), parse_tile(ast.unparse(e.elts[4])))
+                for e in node.value.elts
+            ]
     raise ValueError(f"{path}: no ENTRIES")
 
 
@@ -193,8 +214,10 @@ def parse_spec(spec: str) -> tuple[tuple, str]:
 
     parts = spec.split(None, 4)
     if len(parts) < 5:
-        raise ValueError(f"{spec!r}: write TARGET KERNEL WIDTH BAND TILE, e.g. \"sm90 fwd 16bit 128 "
-                         "T(128, 64, 8, 2, budget=0.6)\" or \"sm90 fwd 16bit 128 M128-N64-w8-s2\"")
+        raise ValueError(
+            f'{spec!r}: write TARGET KERNEL WIDTH BAND TILE, e.g. "sm90 fwd 16bit 128 '
+            'T(128, 64, 8, 2, budget=0.6)" or "sm90 fwd 16bit 128 M128-N64-w8-s2"'
+        )
     target, kernel, width, band, rest = parts
     problems = [f"target {target!r} not one of {sorted(TARGETS)}"] if target not in TARGETS else []
     problems += [f"kernel {kernel!r} not one of {list(KERNELS)}"] if kernel not in KERNELS else []
@@ -253,9 +276,11 @@ def remove(entries, spec: str) -> list[tuple]:
     if not found:
         raise ValueError(f"{spec!r}: not found ({_describe(entries, key)})")
     if len(found) > 1:
-        raise ValueError(f"{spec!r}: {len(found)} tiles of the list are {rest}: "
-                         + "; ".join(tile_source(entries[i][4]) for i in found)
-                         + " (give the one to remove as its T(...))")
+        raise ValueError(
+            f"{spec!r}: {len(found)} tiles of the list are {rest}: "
+            + "; ".join(tile_source(entries[i][4]) for i in found)
+            + " (give the one to remove as its T(...))"
+        )
     return [e for i, e in enumerate(entries) if i != found[0]]
 
 
@@ -267,10 +292,18 @@ def serves(entry, row) -> bool:
     target, kernel, width, band, t = entry
     j = row.job
     padded = limits.padded_head_dim(j.head_dim)
-    return (j.arch == TARGETS[target] and j.kernel == kernel and j.dtype in WIDTHS[width] and j.band == band
-            and j.config == (t.block_m, t.block_n, t.num_warps, t.num_stages, int(t.reload))
-            and (j.maxnreg or None) == t.maxnreg and j.bias in t.variants and j.causal in t.causal
-            and ("tma" if j.tma else "ptr") in t.loads and (t.dims is None or t.dims[0] <= padded <= t.dims[1]))
+    return (
+        j.arch == TARGETS[target]
+        and j.kernel == kernel
+        and j.dtype in WIDTHS[width]
+        and j.band == band
+        and j.config == (t.block_m, t.block_n, t.num_warps, t.num_stages, int(t.reload))
+        and (j.maxnreg or None) == t.maxnreg
+        and j.bias in t.variants
+        and j.causal in t.causal
+        and ("tma" if j.tma else "ptr") in t.loads
+        and (t.dims is None or t.dims[0] <= padded <= t.dims[1])
+    )
 
 
 def _gated_variant(row) -> bool:
@@ -292,8 +325,11 @@ def budgets(entries, results) -> tuple[list[tuple], list[str]]:
             out.append(entry)
             continue
         rows = [r for r in results if serves(entry, r)]
-        figures = [r.instr_per_score for r in rows if _gated_variant(r)
-                   and r.loop_length > 0 and r.instr_per_score == r.instr_per_score]
+        figures = [
+            r.instr_per_score
+            for r in rows
+            if _gated_variant(r) and r.loop_length > 0 and r.instr_per_score == r.instr_per_score
+        ]
         name = f"{' '.join(map(str, entry[:4]))} {tile_source(t)}"
         if not figures:
             why = "none of its rows is of the gated variant (on sm_90, 16-bit: TMA loads)" if rows else "no rows"
@@ -314,23 +350,42 @@ def _path() -> str:
 def main(argv=None) -> int:
     from . import store
 
-    ap = argparse.ArgumentParser(prog="python -m tools.static_report tiles",
-                                 description="Write the tile table (attnkit/kernels/flash/tiles.py) again, in its "
-                                 "canonical form, with the changes asked for. " + __doc__.split("\n\n")[-1].strip(),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--add", action="append", default=[], metavar="SPEC",
-                    help='"TARGET KERNEL WIDTH BAND T(...)", e.g. "sm90 fwd 16bit 128 T(128, 64, 8, 2, budget=0.6)"; '
-                         "appended to its list (repeatable)")
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.static_report tiles",
+        description="Write the tile table (attnkit/kernels/flash/tiles.py) again, in its "
+        "canonical form, with the changes asked for. " + __doc__.split("\n\n")[-1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help='"TARGET KERNEL WIDTH BAND T(...)", e.g. "sm90 fwd 16bit 128 T(128, 64, 8, 2, budget=0.6)"; '
+        "appended to its list (repeatable)",
+    )
     ap.add_argument("--position", type=int, help="with one --add: its index in its list (0: the list's default)")
-    ap.add_argument("--remove", action="append", default=[], metavar="SPEC",
-                    help='"TARGET KERNEL WIDTH BAND NAME", e.g. "sm90 fwd 16bit 128 M128-N64-w8-s2" (the name '
-                         "the report shows; a T(...) where two tiles of a list share it); repeatable")
-    ap.add_argument("--budgets", action="store_true",
-                    help="set each gated entry's budget 5%% above the worst instr/score the report measured for it")
-    ap.add_argument("--report", metavar="DIR", default=store.REPORT_DIR,
-                    help="the report --budgets reads (default %(default)s)")
-    ap.add_argument("--check", action="store_true",
-                    help="change nothing; exit 1 if the file is not what this command writes (an edit by hand)")
+    ap.add_argument(
+        "--remove",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help='"TARGET KERNEL WIDTH BAND NAME", e.g. "sm90 fwd 16bit 128 M128-N64-w8-s2" (the name '
+        "the report shows; a T(...) where two tiles of a list share it); repeatable",
+    )
+    ap.add_argument(
+        "--budgets",
+        action="store_true",
+        help="set each gated entry's budget 5%% above the worst instr/score the report measured for it",
+    )
+    ap.add_argument(
+        "--report", metavar="DIR", default=store.REPORT_DIR, help="the report --budgets reads (default %(default)s)"
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 if the file is not what this command writes (an edit by hand)",
+    )
     ap.add_argument("--file", default=None, help=f"the table to read and write (default {TILES_PATH})")
     args = ap.parse_args(argv)
     path = args.file or _path()
@@ -348,9 +403,11 @@ def main(argv=None) -> int:
             return 0
         diff = difflib.unified_diff(text.splitlines(True), want.splitlines(True), path, "generated", n=1)
         sys.stdout.writelines(list(diff)[:40])
-        print(f"{path} is not what tools/static_report/tiles.py writes (edited by hand?): make the change with "
-              "`python -m tools.static_report tiles [--add SPEC] [--remove SPEC] [--budgets]`, or run "
-              "`python -m tools.static_report tiles` to write it in its canonical form.")
+        print(
+            f"{path} is not what tools/static_report/tiles.py writes (edited by hand?): make the change with "
+            "`python -m tools.static_report tiles [--add SPEC] [--remove SPEC] [--budgets]`, or run "
+            "`python -m tools.static_report tiles` to write it in its canonical form."
+        )
         return 1
     try:
         for spec in args.remove:
@@ -365,11 +422,14 @@ def main(argv=None) -> int:
     if args.budgets:
         record = store.read_record(args.report)
         if record.get("partial"):
-            print(f"note: {args.report} is a partial report ({record['partial']}): entries without rows keep "
-                  "their budget")
+            print(
+                f"note: {args.report} is a partial report ({record['partial']}): entries without rows keep their budget"
+            )
         if record.get("source_key") != store.source_key():
-            print(f"note: {args.report} was not compiled from this code (source key {record.get('source_key')}, "
-                  f"this checkout's {store.source_key()}): its figures may be stale")
+            print(
+                f"note: {args.report} was not compiled from this code (source key {record.get('source_key')}, "
+                f"this checkout's {store.source_key()}): its figures may be stale"
+            )
         entries, notes = budgets(entries, [store._from_record(r) for r in record["rows"]])
         print("\n".join(notes) or "budgets: no change")
     out = render(canonical(entries))
@@ -380,6 +440,8 @@ def main(argv=None) -> int:
         f.write(out)
     print(f"wrote {path}")
     if args.add:
-        print("its rows: `make inspect` (python -m tools.static_report --resume) compiles only the rows it "
-              "does not have; then --budgets, if the entry is gated")
+        print(
+            "its rows: `make inspect` (python -m tools.static_report --resume) compiles only the rows it "
+            "does not have; then --budgets, if the entry is gated"
+        )
     return 0

@@ -31,8 +31,9 @@ def check_warp_specialization(jobs: int) -> list[dict]:
         elif spec.sass_digest == plain.sass_digest:
             verdict = "the same machine code"
         else:
-            verdict = (f"different machine code: instr/score {spec.instr_per_score:.3f} against "
-                       f"{plain.instr_per_score:.3f}, {spec.regs} registers against {plain.regs}")
+            verdict = (
+                f"different machine code: instr/score {spec.instr_per_score:.3f} against "
+                f"{plain.instr_per_score:.3f}, {spec.regs} registers against {plain.regs}"
+            )
         out.append({"head_dim": j.head_dim, "config": j.config_name, "verdict": verdict})
     return out
-

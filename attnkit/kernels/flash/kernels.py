@@ -65,7 +65,6 @@ LseShift and OutLo, the dK/dV kernel's DBias) is not rebound: used anywhere else
 fails to compile, never reads memory.
 """
 
-
 from __future__ import annotations
 
 import triton
@@ -96,8 +95,17 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(base, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr,
-               MASK_R: tl.constexpr, MASK_C: tl.constexpr, ALIGN: tl.constexpr):
+def _load_tile(
+    base,
+    offs_r,
+    offs_c,
+    stride_r,
+    rows_left,
+    COL_LIMIT: tl.constexpr,
+    MASK_R: tl.constexpr,
+    MASK_C: tl.constexpr,
+    ALIGN: tl.constexpr,
+):
     """Load base[r, c] for r in offs_r, c in offs_c (last dim contiguous), zeros outside.
 
     base already points at the tile's first row (int64 arithmetic); offs_r are offsets
@@ -121,12 +129,14 @@ def _load_tile(base, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexp
 
 
 @triton.jit
-def _check_tiles(HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _check_tiles(
+    HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """Compile-time checks of the tile shapes every attention kernel assumes."""
     tl.static_assert(D0 >= 16 and D0 <= 256 and (D0 & (D0 - 1)) == 0, "D0 must be a power of two in [16, 256]")
-    tl.static_assert(D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0),
-                     "D1 must be 0 or a power of two in [16, D0]")
+    tl.static_assert(
+        D1 == 0 or (D1 >= 16 and D1 <= D0 and (D1 & (D1 - 1)) == 0), "D1 must be 0 or a power of two in [16, D0]"
+    )
     tl.static_assert(D0 + D1 >= HEAD_DIM, "the pieces must cover the head dim")
     tl.static_assert(BLOCK_M >= 16 and (BLOCK_M & (BLOCK_M - 1)) == 0, "BLOCK_M: power of two >= 16")
     tl.static_assert(BLOCK_N >= 16 and (BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N: power of two >= 16")
@@ -161,8 +171,19 @@ def _zeros_pieces(ROWS: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, PIECE:
 
 
 @triton.jit
-def _load_pieces(base, offs_r, offs_d0, offs_d1, stride_r, rows_left, HEAD_DIM: tl.constexpr,
-                 D0: tl.constexpr, D1: tl.constexpr, MASK_R: tl.constexpr, ALIGN: tl.constexpr):
+def _load_pieces(
+    base,
+    offs_r,
+    offs_d0,
+    offs_d1,
+    stride_r,
+    rows_left,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    MASK_R: tl.constexpr,
+    ALIGN: tl.constexpr,
+):
     """Both head-dim pieces of a tile through pointers (_load_tile each); the second is
     the first again when there is one piece (a placeholder, never read)."""
     x0 = _load_tile(base, offs_r, offs_d0, stride_r, rows_left, HEAD_DIM, MASK_R, D0 > HEAD_DIM, ALIGN)
@@ -174,9 +195,22 @@ def _load_pieces(base, offs_r, offs_d0, offs_d1, stride_r, rows_left, HEAD_DIM: 
 
 
 @triton.jit
-def _load_stream(src, b, h, start, offs_r, offs_d0, offs_d1, rows_left,
-                 HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, MASK_R: tl.constexpr,
-                 ALIGN: tl.constexpr, TMA: tl.constexpr):
+def _load_stream(
+    src,
+    b,
+    h,
+    start,
+    offs_r,
+    offs_d0,
+    offs_d1,
+    rows_left,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    MASK_R: tl.constexpr,
+    ALIGN: tl.constexpr,
+    TMA: tl.constexpr,
+):
     """Both head-dim pieces of the tile of rows start.. of batch b, head h.
 
     src = (desc0, desc1, base, stride_r). TMA: through the tensor descriptors desc0 /
@@ -200,23 +234,36 @@ def _load_stream(src, b, h, start, offs_r, offs_d0, offs_d1, rows_left,
 
 
 @triton.jit
-def _held_pieces(src, b, h, start, offs_r, offs_d0, offs_d1, rows_left,
-                 HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-                 ALIGN: tl.constexpr, TMA: tl.constexpr, RELOAD: tl.constexpr):
+def _held_pieces(
+    src,
+    b,
+    h,
+    start,
+    offs_r,
+    offs_d0,
+    offs_d1,
+    rows_left,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    ALIGN: tl.constexpr,
+    TMA: tl.constexpr,
+    RELOAD: tl.constexpr,
+):
     """The tile a program holds through its loop (rows masked): loaded now, or [1, 1]
     placeholders when the loop reloads it every iteration (RELOAD)."""
     if RELOAD:
         x0 = tl.zeros([1, 1], dtype=tl.float32)
         x1 = x0
     else:
-        x0, x1 = _load_stream(src, b, h, start, offs_r, offs_d0, offs_d1, rows_left, HEAD_DIM, D0, D1, True,
-                              ALIGN, TMA)
+        x0, x1 = _load_stream(src, b, h, start, offs_r, offs_d0, offs_d1, rows_left, HEAD_DIM, D0, D1, True, ALIGN, TMA)
     return x0, x1
 
 
 @triton.jit
-def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr, MASK_C: tl.constexpr,
-                ALIGN: tl.constexpr):
+def _store_tile(
+    base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.constexpr, MASK_C: tl.constexpr, ALIGN: tl.constexpr
+):
     """Store x to base[r, c], rows below rows_left (and columns below COL_LIMIT)."""
     ptrs = base + tl.multiple_of(offs_r * stride_r, ALIGN)[:, None] + offs_c[None, :]
     if MASK_C:
@@ -226,8 +273,21 @@ def _store_tile(base, x, offs_r, offs_c, stride_r, rows_left, COL_LIMIT: tl.cons
 
 
 @triton.jit
-def _store_pieces(base, x0, x1, offs_r, offs_d0, offs_d1, stride_r, rows_left, HEAD_DIM: tl.constexpr,
-                  D0: tl.constexpr, D1: tl.constexpr, ALIGN: tl.constexpr, PIECE: tl.constexpr):
+def _store_pieces(
+    base,
+    x0,
+    x1,
+    offs_r,
+    offs_d0,
+    offs_d1,
+    stride_r,
+    rows_left,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    ALIGN: tl.constexpr,
+    PIECE: tl.constexpr,
+):
     """Store the head-dim pieces of a tile a program computed (PIECE as in
     _zeros_pieces), already in the output dtype."""
     if PIECE == -1 or PIECE == 0:
@@ -237,9 +297,20 @@ def _store_pieces(base, x0, x1, offs_r, offs_d0, offs_d1, stride_r, rows_left, H
 
 
 @triton.jit
-def _load_bias(bs, start_m, start_n, offs_m, offs_n, m_left, n_left,
-               BIAS: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr,
-               BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr):
+def _load_bias(
+    bs,
+    start_m,
+    start_n,
+    offs_m,
+    offs_n,
+    m_left,
+    n_left,
+    BIAS: tl.constexpr,
+    MASK_M: tl.constexpr,
+    MASK_N: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+):
     """The bias tile [len(offs_m), len(offs_n)] at (start_m, start_n), in fp32, 0 outside.
 
     bs = (base, stride_bm, stride_bn), base at the program's (b, h). BIAS == KEY_BIAS:
@@ -325,11 +396,37 @@ def _causal_keep(offs_m, offs_n, n_left, diag, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tile(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n, m_left, n_left, diag,
-              HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-              BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr, TMA: tl.constexpr):
+def _fwd_tile(
+    acc0,
+    acc1,
+    m_i,
+    l_i,
+    qs,
+    kv,
+    bs,
+    geo,
+    scales,
+    b,
+    h,
+    row0,
+    start_n,
+    m_left,
+    n_left,
+    diag,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BIAS: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    TMA: tl.constexpr,
+):
     """One K/V tile of the online softmax: update (acc, m, l) for the program's queries.
 
     qs = (q0, q1, q source), kv = (k source, v source), bs = bias (see _load_bias),
@@ -351,8 +448,7 @@ def _fwd_tile(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n
     offs_m, offs_n, offs_d0, offs_d1 = geo
     qk_scale, sm_scale = scales
     if RELOAD:
-        q0, q1 = _load_stream(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN,
-                              False)
+        q0, q1 = _load_stream(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN, False)
     k0, k1 = _load_stream(k_src, b, h, start_n, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
     s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
     if D1 > 0:
@@ -360,8 +456,9 @@ def _fwd_tile(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n
     if BIAS != 0:
         # Rows beyond M are masked (a full bias has no memory there); key columns only
         # in masked tiles.
-        s = s * sm_scale + _load_bias(bs, row0, start_n, offs_m, offs_n, m_left, n_left,
-                                      BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG)
+        s = s * sm_scale + _load_bias(
+            bs, row0, start_n, offs_m, offs_n, m_left, n_left, BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG
+        )
     elif MASK:
         s = s * qk_scale  # masked tiles scale first: -inf * qk_scale is NaN when the scale is 0
     if MASK:
@@ -397,12 +494,38 @@ def _fwd_tile(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n
 
 
 @triton.jit
-def _fwd_loops(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, OFF, n_unmasked, n_hi, m_left,
-               HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr,
-               BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-               ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr, TMA: tl.constexpr,
-               WARP_SPEC: tl.constexpr):
+def _fwd_loops(
+    acc0,
+    acc1,
+    m_i,
+    l_i,
+    qs,
+    kv,
+    bs,
+    geo,
+    scales,
+    b,
+    h,
+    row0,
+    OFF,
+    n_unmasked,
+    n_hi,
+    m_left,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BIAS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    TMA: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
+):
     """The key tiles that need no mask, then the masked ones (the diagonal band, the
     last keys); tiles above the diagonal or past the last live key are never loaded.
 
@@ -412,33 +535,127 @@ def _fwd_loops(acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, OFF, n
     every run (python -m tools.static_report)."""
     for start_n in tl.range(0, n_unmasked, BLOCK_N, warp_specialize=WARP_SPEC):
         acc0, acc1, m_i, l_i = _fwd_tile(
-            acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n, m_left, n_hi - start_n,
-            row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, TMA)
+            acc0,
+            acc1,
+            m_i,
+            l_i,
+            qs,
+            kv,
+            bs,
+            geo,
+            scales,
+            b,
+            h,
+            row0,
+            start_n,
+            m_left,
+            n_hi - start_n,
+            row0 + OFF - start_n,
+            HEAD_DIM,
+            D0,
+            D1,
+            BIAS,
+            False,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            TMA,
+        )
     for start_n in range(n_unmasked, n_hi, BLOCK_N):
         acc0, acc1, m_i, l_i = _fwd_tile(
-            acc0, acc1, m_i, l_i, qs, kv, bs, geo, scales, b, h, row0, start_n, m_left, n_hi - start_n,
-            row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, TMA)
+            acc0,
+            acc1,
+            m_i,
+            l_i,
+            qs,
+            kv,
+            bs,
+            geo,
+            scales,
+            b,
+            h,
+            row0,
+            start_n,
+            m_left,
+            n_hi - start_n,
+            row0 + OFF - start_n,
+            HEAD_DIM,
+            D0,
+            D1,
+            BIAS,
+            True,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            TMA,
+        )
     return acc0, acc1, m_i, l_i
 
 
 @triton.jit
 def _attn_fwd(
-    Q, K, V, KD0, KD1, VD0, VD1, Bias, Lens, Plain, Out, Lse, LseShift, OutLo,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_bb, stride_bh, stride_bm, stride_bn,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh, stride_om,
-    H, M, N, OFF, qk_scale, sm_scale,
-    HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    STORE_LO: tl.constexpr, WARP_SPEC: tl.constexpr = False,
+    Q,
+    K,
+    V,
+    KD0,
+    KD1,
+    VD0,
+    VD1,
+    Bias,
+    Lens,
+    Plain,
+    Out,
+    Lse,
+    LseShift,
+    OutLo,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_bb,
+    stride_bh,
+    stride_bm,
+    stride_bn,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    H,
+    M,
+    N,
+    OFF,
+    qk_scale,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BIAS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    TMA: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    STORE_LO: tl.constexpr,
+    WARP_SPEC: tl.constexpr = False,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head.
 
@@ -469,12 +686,13 @@ def _attn_fwd(
     offs_m, offs_n, offs_d0, offs_d1 = geo
 
     q_src = (Q, Q, Q + tl.multiple_of(b64 * stride_qb + h64 * stride_qh, ALIGN), stride_qm)
-    kv = ((KD0, KD1, K + tl.multiple_of(b64 * stride_kb + h64 * stride_kh, ALIGN), stride_kn),
-          (VD0, VD1, V + tl.multiple_of(b64 * stride_vb + h64 * stride_vh, ALIGN), stride_vn))
+    kv = (
+        (KD0, KD1, K + tl.multiple_of(b64 * stride_kb + h64 * stride_kh, ALIGN), stride_kn),
+        (VD0, VD1, V + tl.multiple_of(b64 * stride_vb + h64 * stride_vh, ALIGN), stride_vn),
+    )
     bs = (Bias + tl.multiple_of(b64 * stride_bb + h64 * stride_bh, BIAS_ALIGN), stride_bm, stride_bn)
     # The Q tile stays in registers through the loop, unless the tiles reload it.
-    q0, q1 = _held_pieces(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False,
-                          RELOAD)
+    q0, q1 = _held_pieces(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False, RELOAD)
     qs = (q0, q1, q_src)
     acc0, acc1 = _zeros_pieces(BLOCK_M, D0, D1, -1)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -484,14 +702,70 @@ def _attn_fwd(
     n_unmasked, n_hi = _row_range(row0, BLOCK_M, M, N, n_keys, OFF, CAUSAL, BLOCK_N)
     if BIAS == 0 or plain:
         acc0, acc1, m_i, l_i = _fwd_loops(
-            acc0, acc1, m_i, l_i, qs, kv, bs, geo, (qk_scale, sm_scale), b, h, row0, OFF, n_unmasked, n_hi, m_left,
-            HEAD_DIM, D0, D1, BLOCK_N, 0, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION, EMULATE_BF16,
-            RELOAD, TMA, WARP_SPEC)
+            acc0,
+            acc1,
+            m_i,
+            l_i,
+            qs,
+            kv,
+            bs,
+            geo,
+            (qk_scale, sm_scale),
+            b,
+            h,
+            row0,
+            OFF,
+            n_unmasked,
+            n_hi,
+            m_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            BLOCK_N,
+            0,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            TMA,
+            WARP_SPEC,
+        )
     else:
         acc0, acc1, m_i, l_i = _fwd_loops(
-            acc0, acc1, m_i, l_i, qs, kv, bs, geo, (qk_scale, sm_scale), b, h, row0, OFF, n_unmasked, n_hi, m_left,
-            HEAD_DIM, D0, D1, BLOCK_N, BIAS, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION, EMULATE_BF16,
-            RELOAD, TMA, WARP_SPEC)
+            acc0,
+            acc1,
+            m_i,
+            l_i,
+            qs,
+            kv,
+            bs,
+            geo,
+            (qk_scale, sm_scale),
+            b,
+            h,
+            row0,
+            OFF,
+            n_unmasked,
+            n_hi,
+            m_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            BLOCK_N,
+            BIAS,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            TMA,
+            WARP_SPEC,
+        )
 
     # Rows that saw no key have l = 0: they output 0 and their LSE is -inf.
     dead = l_i == 0.0
@@ -515,21 +789,57 @@ def _attn_fwd(
     o0_hi = o0.to(Out.dtype.element_ty)
     o1_hi = o1.to(Out.dtype.element_ty)
     out_at = b64 * stride_ob + h64 * stride_oh + row0.to(tl.int64) * stride_om
-    _store_pieces(Out + tl.multiple_of(out_at, ALIGN), o0_hi, o1_hi, offs_m, offs_d0, offs_d1, stride_om, m_left,
-                  HEAD_DIM, D0, D1, ALIGN, -1)
+    _store_pieces(
+        Out + tl.multiple_of(out_at, ALIGN),
+        o0_hi,
+        o1_hi,
+        offs_m,
+        offs_d0,
+        offs_d1,
+        stride_om,
+        m_left,
+        HEAD_DIM,
+        D0,
+        D1,
+        ALIGN,
+        -1,
+    )
     if STORE_LO:
-        _store_pieces(OutLo + tl.multiple_of(out_at, ALIGN), (o0 - o0_hi.to(tl.float32)).to(Out.dtype.element_ty),
-                      (o1 - o1_hi.to(tl.float32)).to(Out.dtype.element_ty), offs_m, offs_d0, offs_d1, stride_om,
-                      m_left, HEAD_DIM, D0, D1, ALIGN, -1)
+        _store_pieces(
+            OutLo + tl.multiple_of(out_at, ALIGN),
+            (o0 - o0_hi.to(tl.float32)).to(Out.dtype.element_ty),
+            (o1 - o1_hi.to(tl.float32)).to(Out.dtype.element_ty),
+            offs_m,
+            offs_d0,
+            offs_d1,
+            stride_om,
+            m_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            ALIGN,
+            -1,
+        )
 
 
 @triton.jit
 def _attn_bwd_delta(
-    Out, OutLo, DO, Delta,
-    stride_ob, stride_oh, stride_om,
-    stride_db, stride_dh, stride_dm,
-    H, M,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr,
+    Out,
+    OutLo,
+    DO,
+    Delta,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_db,
+    stride_dh,
+    stride_dm,
+    H,
+    M,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ALIGN: tl.constexpr,
     HAS_LO: tl.constexpr,
 ):
     """delta = rowsum(dO * O) in fp32, the softmax-gradient term of every query row.
@@ -547,14 +857,41 @@ def _attn_bwd_delta(
     m_left = M - pid_m * BLOCK_M
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(Out + b * stride_ob + h * stride_oh + row0 * stride_om, offs_m, offs_d,
-                   stride_om, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM, ALIGN)
-    do = _load_tile(DO + b * stride_db + h * stride_dh + row0 * stride_dm, offs_m, offs_d,
-                    stride_dm, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM, ALIGN)
+    o = _load_tile(
+        Out + b * stride_ob + h * stride_oh + row0 * stride_om,
+        offs_m,
+        offs_d,
+        stride_om,
+        m_left,
+        HEAD_DIM,
+        True,
+        BLOCK_D > HEAD_DIM,
+        ALIGN,
+    )
+    do = _load_tile(
+        DO + b * stride_db + h * stride_dh + row0 * stride_dm,
+        offs_m,
+        offs_d,
+        stride_dm,
+        m_left,
+        HEAD_DIM,
+        True,
+        BLOCK_D > HEAD_DIM,
+        ALIGN,
+    )
     o = o.to(tl.float32)
     if HAS_LO:
-        o += _load_tile(OutLo + b * stride_ob + h * stride_oh + row0 * stride_om, offs_m, offs_d,
-                        stride_om, m_left, HEAD_DIM, True, BLOCK_D > HEAD_DIM, ALIGN).to(tl.float32)
+        o += _load_tile(
+            OutLo + b * stride_ob + h * stride_oh + row0 * stride_om,
+            offs_m,
+            offs_d,
+            stride_om,
+            m_left,
+            HEAD_DIM,
+            True,
+            BLOCK_D > HEAD_DIM,
+            ALIGN,
+        ).to(tl.float32)
     delta = tl.sum(o * do.to(tl.float32), 1)
     tl.store(Delta + (b * H + h) * M + row0 + offs_m, delta, mask=offs_m < m_left)
 
@@ -585,13 +922,44 @@ def _row_stats(stats, start, offs, rows_left, BIAS: tl.constexpr, MASK: tl.const
 
 
 @triton.jit
-def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
-               m_left, n_left, diag,
-               HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-               BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-               ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-               PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-               BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr, GRADS: tl.constexpr):
+def _dkdv_tile(
+    dk0,
+    dk1,
+    dv0,
+    dv1,
+    db,
+    ks,
+    vs,
+    q_src,
+    do_src,
+    bs,
+    stats,
+    geo,
+    scales,
+    b,
+    h,
+    col0,
+    start_m,
+    m_left,
+    n_left,
+    diag,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BIAS: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    TMA: tl.constexpr,
+    PIECE: tl.constexpr,
+    GRADS: tl.constexpr,
+):
     """One Q/dO tile of the dK/dV pass, computed transposed (keys x queries).
 
     ks, vs = (piece 0, piece 1, source) of the program's K and V. MASK: query rows from
@@ -608,10 +976,8 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, sc
     qk_scale, sm_scale = scales
     if RELOAD:
         # Large head dims: K here, V where dP needs it, neither held across the loop.
-        k0, k1 = _load_stream(k_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN,
-                              False)
-    q0, q1 = _load_stream(q_src, b, h, start_m, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, MASK, ALIGN,
-                          TMA)
+        k0, k1 = _load_stream(k_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN, False)
+    q0, q1 = _load_stream(q_src, b, h, start_m, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
     sT = _dot(k0, tl.trans(q0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
     if D1 > 0:
         sT = _dot(k1, tl.trans(q1), sT, PRECISION, EMULATE_BF16)
@@ -619,8 +985,9 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, sc
     if BIAS != 0:
         # The key rows of this tile may run past N (the tile is the program's own and is
         # masked on load); the query columns only in masked tiles.
-        sT = sT * sm_scale + tl.trans(_load_bias(bs, start_m, col0, offs_m, offs_n, m_left, n_left,
-                                                 BIAS, MASK, True, BIAS_ALIGN, BIAS_CONTIG))
+        sT = sT * sm_scale + tl.trans(
+            _load_bias(bs, start_m, col0, offs_m, offs_n, m_left, n_left, BIAS, MASK, True, BIAS_ALIGN, BIAS_CONTIG)
+        )
         arg = (sT - shift[None, :]) * 1.4426950408889634 - lse[None, :]
     else:
         arg = sT * qk_scale - lse[None, :]
@@ -629,8 +996,7 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, sc
         arg = tl.where(offs_m[None, :] >= (offs_n - diag)[:, None], arg, float("-inf"))
     pT = tl.math.exp2(arg)
 
-    do0, do1 = _load_stream(do_src, b, h, start_m, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, MASK, ALIGN,
-                            TMA)
+    do0, do1 = _load_stream(do_src, b, h, start_m, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
     if GRADS != "dk":
         if PIECE != 1:
             dv0 = _dot(pT.to(do0.dtype), do0, dv0, PRECISION, EMULATE_BF16)
@@ -638,10 +1004,10 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, sc
             dv1 = _dot(pT.to(do1.dtype), do1, dv1, PRECISION, EMULATE_BF16)
     if GRADS != "dv":
         if RELOAD:
-            v0, v1 = _load_stream(v_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN,
-                                  False)
-        dpT = _dot(v0, tl.trans(do0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32), PRECISION,
-                   EMULATE_BF16)
+            v0, v1 = _load_stream(
+                v_src, b, h, col0, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, True, ALIGN, False
+            )
+        dpT = _dot(v0, tl.trans(do0), tl.zeros([k0.shape[0], q0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
         if D1 > 0:
             dpT = _dot(v1, tl.trans(do1), dpT, PRECISION, EMULATE_BF16)
         # dS = P * (dP - delta): the gradient of the logits (natural units), which is
@@ -658,53 +1024,241 @@ def _dkdv_tile(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, sc
 
 
 @triton.jit
-def _dkdv_loops(dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, OFF,
-                m_lo, m_unmasked, m_full, m_hi, n_left,
-                HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_M: tl.constexpr,
-                BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-                ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-                PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-                BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr, GRADS: tl.constexpr):
+def _dkdv_loops(
+    dk0,
+    dk1,
+    dv0,
+    dv1,
+    db,
+    ks,
+    vs,
+    q_src,
+    do_src,
+    bs,
+    stats,
+    geo,
+    scales,
+    b,
+    h,
+    col0,
+    OFF,
+    m_lo,
+    m_unmasked,
+    m_full,
+    m_hi,
+    n_left,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BIAS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    TMA: tl.constexpr,
+    PIECE: tl.constexpr,
+    GRADS: tl.constexpr,
+):
     """Query tiles [m_unmasked, m_full) unmasked, then [m_lo, m_unmasked) masked (the
     diagonal band) and [max(m_full, m_lo), m_hi) masked (the last rows). The unmasked
     loop comes first in the program: it is the one that runs most."""
     for start_m in range(m_unmasked, m_full, BLOCK_M):
         dk0, dk1, dv0, dv1, db = _dkdv_tile(
-            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
-            m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
+            dk0,
+            dk1,
+            dv0,
+            dv1,
+            db,
+            ks,
+            vs,
+            q_src,
+            do_src,
+            bs,
+            stats,
+            geo,
+            scales,
+            b,
+            h,
+            col0,
+            start_m,
+            m_hi - start_m,
+            n_left,
+            start_m + OFF - col0,
+            HEAD_DIM,
+            D0,
+            D1,
+            BIAS,
+            False,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+            GRADS,
+        )
     for start_m in range(m_lo, m_unmasked, BLOCK_M):
         dk0, dk1, dv0, dv1, db = _dkdv_tile(
-            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
-            m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
+            dk0,
+            dk1,
+            dv0,
+            dv1,
+            db,
+            ks,
+            vs,
+            q_src,
+            do_src,
+            bs,
+            stats,
+            geo,
+            scales,
+            b,
+            h,
+            col0,
+            start_m,
+            m_hi - start_m,
+            n_left,
+            start_m + OFF - col0,
+            HEAD_DIM,
+            D0,
+            D1,
+            BIAS,
+            True,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+            GRADS,
+        )
     for start_m in range(tl.maximum(m_full, m_lo), m_hi, BLOCK_M):
         dk0, dk1, dv0, dv1, db = _dkdv_tile(
-            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, scales, b, h, col0, start_m,
-            m_hi - start_m, n_left, start_m + OFF - col0, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
+            dk0,
+            dk1,
+            dv0,
+            dv1,
+            db,
+            ks,
+            vs,
+            q_src,
+            do_src,
+            bs,
+            stats,
+            geo,
+            scales,
+            b,
+            h,
+            col0,
+            start_m,
+            m_hi - start_m,
+            n_left,
+            start_m + OFF - col0,
+            HEAD_DIM,
+            D0,
+            D1,
+            BIAS,
+            True,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+            GRADS,
+        )
     return dk0, dk1, dv0, dv1, db
 
 
 @triton.jit
 def _attn_bwd_dkdv(
-    Q, K, V, QD0, QD1, DOD0, DOD1, KD0, KD1, VD0, VD1, Bias, Lens, Plain, DO, Lse, LseShift, Delta, DK, DV, DBias,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_bb, stride_bh, stride_bm, stride_bn,
-    stride_lb, stride_lh,
-    stride_dob, stride_doh, stride_dom,
-    stride_dkb, stride_dkh, stride_dkn,
-    stride_dvb, stride_dvh, stride_dvn,
-    stride_dbb, stride_dbh,
-    H, M, N, OFF, qk_scale, sm_scale,
-    HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    BIAS_GRAD: tl.constexpr, PIECE: tl.constexpr = -1, GRADS: tl.constexpr = "dkdv",
+    Q,
+    K,
+    V,
+    QD0,
+    QD1,
+    DOD0,
+    DOD1,
+    KD0,
+    KD1,
+    VD0,
+    VD1,
+    Bias,
+    Lens,
+    Plain,
+    DO,
+    Lse,
+    LseShift,
+    Delta,
+    DK,
+    DV,
+    DBias,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_bb,
+    stride_bh,
+    stride_bm,
+    stride_bn,
+    stride_lb,
+    stride_lh,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dkb,
+    stride_dkh,
+    stride_dkn,
+    stride_dvb,
+    stride_dvh,
+    stride_dvn,
+    stride_dbb,
+    stride_dbh,
+    H,
+    M,
+    N,
+    OFF,
+    qk_scale,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BIAS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    TMA: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    PIECE: tl.constexpr = -1,
+    GRADS: tl.constexpr = "dkdv",
 ):
     """Grid (cdiv(N, BLOCK_N), H, B): dK and dV of BLOCK_N keys, streaming the queries
     that see them (with CAUSAL, those from the diagonal on).
@@ -770,21 +1324,97 @@ def _attn_bwd_dkdv(
     vs = (v0, v1, v_src)
     if BIAS == 0 or plain:
         dk0, dk1, dv0, dv1, db = _dkdv_loops(
-            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, (qk_scale, sm_scale), b, h, col0, OFF,
-            m_lo, m_unmasked, m_full, m_hi, n_left, HEAD_DIM, D0, D1, BLOCK_M, 0, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
+            dk0,
+            dk1,
+            dv0,
+            dv1,
+            db,
+            ks,
+            vs,
+            q_src,
+            do_src,
+            bs,
+            stats,
+            geo,
+            (qk_scale, sm_scale),
+            b,
+            h,
+            col0,
+            OFF,
+            m_lo,
+            m_unmasked,
+            m_full,
+            m_hi,
+            n_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            BLOCK_M,
+            0,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+            GRADS,
+        )
     else:
         dk0, dk1, dv0, dv1, db = _dkdv_loops(
-            dk0, dk1, dv0, dv1, db, ks, vs, q_src, do_src, bs, stats, geo, (qk_scale, sm_scale), b, h, col0, OFF,
-            m_lo, m_unmasked, m_full, m_hi, n_left, HEAD_DIM, D0, D1, BLOCK_M, BIAS, CAUSAL, ALIGN, BIAS_ALIGN,
-            BIAS_CONTIG, PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE, GRADS)
+            dk0,
+            dk1,
+            dv0,
+            dv1,
+            db,
+            ks,
+            vs,
+            q_src,
+            do_src,
+            bs,
+            stats,
+            geo,
+            (qk_scale, sm_scale),
+            b,
+            h,
+            col0,
+            OFF,
+            m_lo,
+            m_unmasked,
+            m_full,
+            m_hi,
+            n_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            BLOCK_M,
+            BIAS,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+            GRADS,
+        )
 
     if BIAS == 1:
         # Keys past the last live one have no gradient; the loop of no bias (plain) did
         # not mask them, and each key's row of dK, dV and the bias gradient is its own.
         live = offs_n[:, None] < n_keys - col0
-        dk0, dk1, dv0, dv1 = (tl.where(live, dk0, 0.0), tl.where(live, dk1, 0.0), tl.where(live, dv0, 0.0),
-                              tl.where(live, dv1, 0.0))
+        dk0, dk1, dv0, dv1 = (
+            tl.where(live, dk0, 0.0),
+            tl.where(live, dk1, 0.0),
+            tl.where(live, dv0, 0.0),
+            tl.where(live, dv1, 0.0),
+        )
         if BIAS_GRAD:
             db = tl.where(offs_n < n_keys - col0, db, 0.0)
     col0_64 = col0.to(tl.int64)
@@ -792,21 +1422,75 @@ def _attn_bwd_dkdv(
         tl.store(DBias + b64 * stride_dbb + h64 * stride_dbh + col0_64 + offs_n, db, mask=offs_n < n_left)
     if GRADS != "dv":
         dk_at = DK + tl.multiple_of(b64 * stride_dkb + h64 * stride_dkh + col0_64 * stride_dkn, ALIGN)
-        _store_pieces(dk_at, (dk0 * sm_scale).to(DK.dtype.element_ty), (dk1 * sm_scale).to(DK.dtype.element_ty),
-                      offs_n, offs_d0, offs_d1, stride_dkn, n_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
+        _store_pieces(
+            dk_at,
+            (dk0 * sm_scale).to(DK.dtype.element_ty),
+            (dk1 * sm_scale).to(DK.dtype.element_ty),
+            offs_n,
+            offs_d0,
+            offs_d1,
+            stride_dkn,
+            n_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            ALIGN,
+            PIECE,
+        )
     if GRADS != "dk":
         dv_at = DV + tl.multiple_of(b64 * stride_dvb + h64 * stride_dvh + col0_64 * stride_dvn, ALIGN)
-        _store_pieces(dv_at, dv0.to(DV.dtype.element_ty), dv1.to(DV.dtype.element_ty),
-                      offs_n, offs_d0, offs_d1, stride_dvn, n_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
+        _store_pieces(
+            dv_at,
+            dv0.to(DV.dtype.element_ty),
+            dv1.to(DV.dtype.element_ty),
+            offs_n,
+            offs_d0,
+            offs_d1,
+            stride_dvn,
+            n_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            ALIGN,
+            PIECE,
+        )
 
 
 @triton.jit
-def _dq_tile(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, start_n, m_left, n_left, diag,
-             HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-             BIAS: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-             ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-             PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-             BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr):
+def _dq_tile(
+    dq0,
+    dq1,
+    qs,
+    dos,
+    kv,
+    bs,
+    geo,
+    scales,
+    row_stats,
+    db_src,
+    b,
+    h,
+    row0,
+    start_n,
+    m_left,
+    n_left,
+    diag,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BIAS: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    TMA: tl.constexpr,
+    PIECE: tl.constexpr,
+):
     """One K/V tile of the dQ pass; MASK, CAUSAL and the units as in _fwd_tile.
 
     qs, dos = (piece 0, piece 1, source) of the program's Q and dO tiles (loaded here
@@ -820,10 +1504,10 @@ def _dq_tile(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, ro
     qk_scale, sm_scale = scales
     lse, shift, delta = row_stats
     if RELOAD:
-        q0, q1 = _load_stream(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN,
-                              False)
-        do0, do1 = _load_stream(do_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN,
-                                False)
+        q0, q1 = _load_stream(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN, False)
+        do0, do1 = _load_stream(
+            do_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, True, ALIGN, False
+        )
     k0, k1 = _load_stream(k_src, b, h, start_n, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
     v0, v1 = _load_stream(v_src, b, h, start_n, offs_n, offs_d0, offs_d1, n_left, HEAD_DIM, D0, D1, MASK, ALIGN, TMA)
     s = _dot(q0, tl.trans(k0), tl.zeros([q0.shape[0], k0.shape[0]], dtype=tl.float32), PRECISION, EMULATE_BF16)
@@ -832,8 +1516,9 @@ def _dq_tile(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, ro
         s = _dot(q1, tl.trans(k1), s, PRECISION, EMULATE_BF16)
         dp = _dot(do1, tl.trans(v1), dp, PRECISION, EMULATE_BF16)
     if BIAS != 0:
-        s = s * sm_scale + _load_bias(bs, row0, start_n, offs_m, offs_n, m_left, n_left,
-                                      BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG)
+        s = s * sm_scale + _load_bias(
+            bs, row0, start_n, offs_m, offs_n, m_left, n_left, BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG
+        )
         arg = (s - shift[:, None]) * 1.4426950408889634 - lse[:, None]
     else:
         arg = s * qk_scale - lse[:, None]
@@ -857,44 +1542,178 @@ def _dq_tile(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, ro
 
 
 @triton.jit
-def _dq_loops(dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, OFF, n_unmasked, n_hi, m_left,
-              HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, BLOCK_N: tl.constexpr,
-              BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-              ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-              PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-              BIAS_GRAD: tl.constexpr, TMA: tl.constexpr, PIECE: tl.constexpr):
+def _dq_loops(
+    dq0,
+    dq1,
+    qs,
+    dos,
+    kv,
+    bs,
+    geo,
+    scales,
+    row_stats,
+    db_src,
+    b,
+    h,
+    row0,
+    OFF,
+    n_unmasked,
+    n_hi,
+    m_left,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BIAS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    TMA: tl.constexpr,
+    PIECE: tl.constexpr,
+):
     """The unmasked key tiles, then the masked ones, as in _fwd_loops."""
     for start_n in range(0, n_unmasked, BLOCK_N):
         dq0, dq1 = _dq_tile(
-            dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, start_n, m_left, n_hi - start_n,
-            row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
+            dq0,
+            dq1,
+            qs,
+            dos,
+            kv,
+            bs,
+            geo,
+            scales,
+            row_stats,
+            db_src,
+            b,
+            h,
+            row0,
+            start_n,
+            m_left,
+            n_hi - start_n,
+            row0 + OFF - start_n,
+            HEAD_DIM,
+            D0,
+            D1,
+            BIAS,
+            False,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+        )
     for start_n in range(n_unmasked, n_hi, BLOCK_N):
         dq0, dq1 = _dq_tile(
-            dq0, dq1, qs, dos, kv, bs, geo, scales, row_stats, db_src, b, h, row0, start_n, m_left, n_hi - start_n,
-            row0 + OFF - start_n, HEAD_DIM, D0, D1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG,
-            PRECISION, EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
+            dq0,
+            dq1,
+            qs,
+            dos,
+            kv,
+            bs,
+            geo,
+            scales,
+            row_stats,
+            db_src,
+            b,
+            h,
+            row0,
+            start_n,
+            m_left,
+            n_hi - start_n,
+            row0 + OFF - start_n,
+            HEAD_DIM,
+            D0,
+            D1,
+            BIAS,
+            True,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+        )
     return dq0, dq1
 
 
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, KD0, KD1, VD0, VD1, Bias, Lens, Plain, DO, Lse, LseShift, Delta, DQ, DBias,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_bb, stride_bh, stride_bm, stride_bn,
-    stride_lb, stride_lh,
-    stride_dob, stride_doh, stride_dom,
-    stride_dqb, stride_dqh, stride_dqm,
-    stride_dbb, stride_dbh, stride_dbm,
-    H, M, N, OFF, qk_scale, sm_scale,
-    HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BIAS: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr,
-    PRECISION: tl.constexpr, EMULATE_BF16: tl.constexpr, RELOAD: tl.constexpr,
-    BIAS_GRAD: tl.constexpr, PIECE: tl.constexpr = -1,
+    Q,
+    K,
+    V,
+    KD0,
+    KD1,
+    VD0,
+    VD1,
+    Bias,
+    Lens,
+    Plain,
+    DO,
+    Lse,
+    LseShift,
+    Delta,
+    DQ,
+    DBias,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_bb,
+    stride_bh,
+    stride_bm,
+    stride_bn,
+    stride_lb,
+    stride_lh,
+    stride_dob,
+    stride_doh,
+    stride_dom,
+    stride_dqb,
+    stride_dqh,
+    stride_dqm,
+    stride_dbb,
+    stride_dbh,
+    stride_dbm,
+    H,
+    M,
+    N,
+    OFF,
+    qk_scale,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BIAS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    TMA: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+    RELOAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    PIECE: tl.constexpr = -1,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): dQ of BLOCK_M queries, streaming the keys they see.
 
@@ -923,15 +1742,17 @@ def _attn_bwd_dq(
 
     q_src = (Q, Q, Q + tl.multiple_of(b64 * stride_qb + h64 * stride_qh, ALIGN), stride_qm)
     do_src = (DO, DO, DO + tl.multiple_of(b64 * stride_dob + h64 * stride_doh, ALIGN), stride_dom)
-    kv = ((KD0, KD1, K + tl.multiple_of(b64 * stride_kb + h64 * stride_kh, ALIGN), stride_kn),
-          (VD0, VD1, V + tl.multiple_of(b64 * stride_vb + h64 * stride_vh, ALIGN), stride_vn))
+    kv = (
+        (KD0, KD1, K + tl.multiple_of(b64 * stride_kb + h64 * stride_kh, ALIGN), stride_kn),
+        (VD0, VD1, V + tl.multiple_of(b64 * stride_vb + h64 * stride_vh, ALIGN), stride_vn),
+    )
     bs = (Bias + tl.multiple_of(b64 * stride_bb + h64 * stride_bh, BIAS_ALIGN), stride_bm, stride_bn)
     db_src = (DBias + b64 * stride_dbb + h64 * stride_dbh + row0.to(tl.int64) * stride_dbm, stride_dbm)
     # The Q and dO tiles stay in registers through the loop, unless the tiles reload them.
-    q0, q1 = _held_pieces(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False,
-                          RELOAD)
-    do0, do1 = _held_pieces(do_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False,
-                            RELOAD)
+    q0, q1 = _held_pieces(q_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False, RELOAD)
+    do0, do1 = _held_pieces(
+        do_src, b, h, row0, offs_m, offs_d0, offs_d1, m_left, HEAD_DIM, D0, D1, ALIGN, False, RELOAD
+    )
     dq0, dq1 = _zeros_pieces(BLOCK_M, D0, D1, PIECE)
     stat = (b64 * H + h64) * M
     row_stats = _row_stats((Lse + stat, LseShift + stat, Delta + stat), row0, offs_m, m_left, BIAS, True)
@@ -942,30 +1763,110 @@ def _attn_bwd_dq(
     dos = (do0, do1, do_src)
     if BIAS == 0 or plain:
         dq0, dq1 = _dq_loops(
-            dq0, dq1, qs, dos, kv, bs, geo, (qk_scale, sm_scale), row_stats, db_src, b, h, row0, OFF, n_unmasked,
-            n_hi, m_left, HEAD_DIM, D0, D1, BLOCK_N, 0, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION,
-            EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
+            dq0,
+            dq1,
+            qs,
+            dos,
+            kv,
+            bs,
+            geo,
+            (qk_scale, sm_scale),
+            row_stats,
+            db_src,
+            b,
+            h,
+            row0,
+            OFF,
+            n_unmasked,
+            n_hi,
+            m_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            BLOCK_N,
+            0,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+        )
     else:
         dq0, dq1 = _dq_loops(
-            dq0, dq1, qs, dos, kv, bs, geo, (qk_scale, sm_scale), row_stats, db_src, b, h, row0, OFF, n_unmasked,
-            n_hi, m_left, HEAD_DIM, D0, D1, BLOCK_N, BIAS, CAUSAL, ALIGN, BIAS_ALIGN, BIAS_CONTIG, PRECISION,
-            EMULATE_BF16, RELOAD, BIAS_GRAD, TMA, PIECE)
+            dq0,
+            dq1,
+            qs,
+            dos,
+            kv,
+            bs,
+            geo,
+            (qk_scale, sm_scale),
+            row_stats,
+            db_src,
+            b,
+            h,
+            row0,
+            OFF,
+            n_unmasked,
+            n_hi,
+            m_left,
+            HEAD_DIM,
+            D0,
+            D1,
+            BLOCK_N,
+            BIAS,
+            CAUSAL,
+            ALIGN,
+            BIAS_ALIGN,
+            BIAS_CONTIG,
+            PRECISION,
+            EMULATE_BF16,
+            RELOAD,
+            BIAS_GRAD,
+            TMA,
+            PIECE,
+        )
 
     dq_at = DQ + tl.multiple_of(b64 * stride_dqb + h64 * stride_dqh + row0.to(tl.int64) * stride_dqm, ALIGN)
-    _store_pieces(dq_at, (dq0 * sm_scale).to(DQ.dtype.element_ty), (dq1 * sm_scale).to(DQ.dtype.element_ty),
-                  offs_m, offs_d0, offs_d1, stride_dqm, m_left, HEAD_DIM, D0, D1, ALIGN, PIECE)
+    _store_pieces(
+        dq_at,
+        (dq0 * sm_scale).to(DQ.dtype.element_ty),
+        (dq1 * sm_scale).to(DQ.dtype.element_ty),
+        offs_m,
+        offs_d0,
+        offs_d1,
+        stride_dqm,
+        m_left,
+        HEAD_DIM,
+        D0,
+        D1,
+        ALIGN,
+        PIECE,
+    )
 
 
 # The kernel each launcher name runs. The *_dbias entries are the same kernels when they
 # also write the bias gradient (BIAS_GRAD): more live registers, so their own tile lists.
-KERNELS = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq,
-           "fwd_lo": _attn_fwd, "dkdv_dbias": _attn_bwd_dkdv, "dq_dbias": _attn_bwd_dq}
+KERNELS = {
+    "fwd": _attn_fwd,
+    "dkdv": _attn_bwd_dkdv,
+    "dq": _attn_bwd_dq,
+    "fwd_lo": _attn_fwd,
+    "dkdv_dbias": _attn_bwd_dkdv,
+    "dq_dbias": _attn_bwd_dq,
+}
 # The tensor descriptors of each kernel (TMA), and which block size is their box rows:
 # the operands each kernel streams through its loop, and the dK/dV kernel's K and V,
 # which it holds (loaded once, like the rest of its operands, through TMA too).
-DESCRIPTORS = {"fwd": ((("KD0", "KD1", "VD0", "VD1"), "BLOCK_N"),),
-               "dq": ((("KD0", "KD1", "VD0", "VD1"), "BLOCK_N"),),
-               "dkdv": ((("QD0", "QD1", "DOD0", "DOD1"), "BLOCK_M"), (("KD0", "KD1", "VD0", "VD1"), "BLOCK_N"))}
+DESCRIPTORS = {
+    "fwd": ((("KD0", "KD1", "VD0", "VD1"), "BLOCK_N"),),
+    "dq": ((("KD0", "KD1", "VD0", "VD1"), "BLOCK_N"),),
+    "dkdv": ((("QD0", "QD1", "DOD0", "DOD1"), "BLOCK_M"), (("KD0", "KD1", "VD0", "VD1"), "BLOCK_N")),
+}
 for _k in ("fwd_lo", "dkdv_dbias", "dq_dbias"):
     DESCRIPTORS[_k] = DESCRIPTORS[_k.split("_")[0]]
-

@@ -17,10 +17,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import devices, limits
 from ..limits import _next_pow2, padded_head_dim, split_head_dim
+from ..tile_records import TILE_RULES
 from .kernels import DESCRIPTORS, FULL_BIAS, KERNELS, KEY_BIAS, LOG2E, NO_BIAS, _attn_bwd_delta
 from .lengths import _key_lengths_kernel
 from .tile_config import FULL16, TileConfig
-from ..tile_records import TILE_RULES
 from .tiles import CONFIGS
 
 # Triton's interpreter runs the same kernels on CPU tensors (for tests and debugging);
@@ -80,16 +80,29 @@ def _cuda_target(index: int) -> str:
     return devices.target(torch.cuda.get_device_capability(index))
 
 
-def configs_for(kernel: str, head_dim: int, dtype: torch.dtype, arch: str = "sm90",
-                variant: str = "none", causal: bool = False, tma: bool = False) -> tuple[TileConfig, ...]:
+def configs_for(
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    arch: str = "sm90",
+    variant: str = "none",
+    causal: bool = False,
+    tma: bool = False,
+) -> tuple[TileConfig, ...]:
     """The autotuning candidates of one kernel ("fwd", "dkdv", "dq", ...) at this head
     dim for one bias variant ("none", "keypad", "full"), causality and kind of loads,
     the default first."""
     padded = _padded(head_dim)
     cands = CONFIGS[arch][kernel][_width(dtype)][_band(padded)]
     loads = "tma" if tma else "ptr"
-    return tuple(c for c in cands if variant in c.variants and causal in c.causal and loads in c.loads
-                 and (c.dims is None or c.dims[0] <= padded <= c.dims[1]))
+    return tuple(
+        c
+        for c in cands
+        if variant in c.variants
+        and causal in c.causal
+        and loads in c.loads
+        and (c.dims is None or c.dims[0] <= padded <= c.dims[1])
+    )
 
 
 def _autotune_enabled() -> bool:
@@ -164,8 +177,16 @@ def _record_of(device: torch.device) -> Optional[str]:
     return _cuda_record(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def recorded_tile(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
-                  causal: bool, tma: bool, lengths: Optional[tuple] = None):
+def recorded_tile(
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    variant: str,
+    causal: bool,
+    tma: bool,
+    lengths: Optional[tuple] = None,
+):
     """The rule of tile_records.py (generated from the GPU records) that makes another
     shipped candidate this call's default on its GPU, or None: a GPU, list or length
     without one keeps the shipped order, and so does every call with
@@ -177,8 +198,16 @@ def recorded_tile(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.
     folder = _record_of(device)
     if folder is None:
         return None
-    key = (folder, arch_of(device), kernel, _width(dtype), _band(_padded(head_dim)), variant, causal,
-           "tma" if tma else "ptr")
+    key = (
+        folder,
+        arch_of(device),
+        kernel,
+        _width(dtype),
+        _band(_padded(head_dim)),
+        variant,
+        causal,
+        "tma" if tma else "ptr",
+    )
     dtype_name = str(dtype).replace("torch.", "")
     for rule in TILE_RULES:
         if rule[:8] == key and rule.dtype == dtype_name and lengths[0] >= rule.min_q and lengths[1] >= rule.min_kv:
@@ -186,8 +215,17 @@ def recorded_tile(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.
     return None
 
 
-def _default_tile(cands: tuple, kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
-                  causal: bool, tma: bool, lengths: Optional[tuple]) -> TileConfig:
+def _default_tile(
+    cands: tuple,
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    variant: str,
+    causal: bool,
+    tma: bool,
+    lengths: Optional[tuple],
+) -> TileConfig:
     """The tile a call runs without autotuning: its GPU's recorded default where a rule
     covers the call and names a candidate serving it, else the list's first."""
     rule = recorded_tile(kernel, head_dim, dtype, device, variant, causal, tma, lengths)
@@ -198,8 +236,16 @@ def _default_tile(cands: tuple, kernel: str, head_dim: int, dtype: torch.dtype, 
     return cands[0]
 
 
-def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device, variant: str,
-                causal: bool, tma: bool, lengths: Optional[tuple] = None):
+def _kernel_for(
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    variant: str,
+    causal: bool,
+    tma: bool,
+    lengths: Optional[tuple] = None,
+):
     """(callable kernel, fixed config or None): the autotuner, or the plain kernel with
     its default tile (the GPU's recorded one where tile_records.py has a rule for the
     call's list and lengths (M, N), else the list's first)."""
@@ -207,8 +253,7 @@ def _kernel_for(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.de
     if INTERPRET:
         if INTERPRET_SHIPPED_TILES:
             cands = configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)
-            return KERNELS[kernel], _default_tile(cands, kernel, head_dim, dtype, device, variant, causal, tma,
-                                                  lengths)
+            return KERNELS[kernel], _default_tile(cands, kernel, head_dim, dtype, device, variant, causal, tma, lengths)
         return KERNELS[kernel], INTERPRET_CONFIG
     cands = configs_for(kernel, head_dim, dtype, arch, variant, causal, tma)
     if not _autotune_enabled() or len(cands) == 1:
@@ -230,8 +275,13 @@ def _make_tuner(kernel: str, cands: tuple[TileConfig, ...], **autotune_options):
     hook = _set_boxes(kernel)
     tuner = triton.autotune(
         configs=[
-            triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "RELOAD": c.reload},
-                          num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg, pre_hook=hook)
+            triton.Config(
+                {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "RELOAD": c.reload},
+                num_warps=c.num_warps,
+                num_stages=c.num_stages,
+                maxnreg=c.maxnreg,
+                pre_hook=hook,
+            )
             for c in cands
         ],
         # Triton refuses a key that is not an argument: the forward has no PIECE or
@@ -267,17 +317,51 @@ class _Launch:
     and built, and launches it directly (_run): no autotuner wrapper, no argument
     binding or specialisation per call."""
 
-    __slots__ = ("kernel", "jit", "fn", "meta", "options", "static", "grid_rows", "axis", "b", "h", "grid",
-                 "compiled", "template", "slots", "boxes", "device", "cuda", "bucket")
+    __slots__ = (
+        "kernel",
+        "jit",
+        "fn",
+        "meta",
+        "options",
+        "static",
+        "grid_rows",
+        "axis",
+        "b",
+        "h",
+        "grid",
+        "compiled",
+        "template",
+        "slots",
+        "boxes",
+        "device",
+        "cuda",
+        "bucket",
+    )
 
-    def __init__(self, kernel: str, jit, fn, tile: Optional[TileConfig], static: dict, grid_rows: int, axis: str,
-                 b: int, h: int, options: Optional[dict] = None, cuda: bool = False, bucket: Optional[tuple] = None):
+    def __init__(
+        self,
+        kernel: str,
+        jit,
+        fn,
+        tile: Optional[TileConfig],
+        static: dict,
+        grid_rows: int,
+        axis: str,
+        b: int,
+        h: int,
+        options: Optional[dict] = None,
+        cuda: bool = False,
+        bucket: Optional[tuple] = None,
+    ):
         # bucket: what an autotuner's choice is kept under (see _TUNERS).
         self.kernel, self.jit, self.fn, self.static, self.cuda = kernel, jit, fn, static, cuda
         # (head dim, rounded lengths, causal, TMA, piece, gradients, precision, dtypes): the
         # tuner's own key with the lengths rounded (bench/gpu_tiles.py logs the choices by it).
-        self.bucket = None if bucket is None else (static.get("HEAD_DIM"), *bucket[:2],
-                                                   *(static.get(k) for k in _TUNE_KEY[3:]), *bucket[2:])
+        self.bucket = (
+            None
+            if bucket is None
+            else (static.get("HEAD_DIM"), *bucket[:2], *(static.get(k) for k in _TUNE_KEY[3:]), *bucket[2:])
+        )
         self.grid_rows, self.axis, self.b, self.h = grid_rows, axis, b, h
         self.compiled = self.template = self.slots = self.device = None
         self.boxes = DESCRIPTORS.get(kernel, ())
@@ -288,8 +372,10 @@ class _Launch:
             self._settle({}, dict(options))
         else:
             regs = {} if INTERPRET or tile.maxnreg is None else {"maxnreg": tile.maxnreg}
-            self._settle(dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, RELOAD=tile.reload),
-                         dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **_COMPILE_OPTIONS, **regs))
+            self._settle(
+                dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, RELOAD=tile.reload),
+                dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **_COMPILE_OPTIONS, **regs),
+            )
 
     def _settle(self, meta: dict, options: dict) -> None:
         # meta last: another thread reads a launch as settled once meta is set
@@ -314,15 +400,27 @@ class _Launch:
 
     def _settle_config(self, config) -> None:
         """Settle on a triton.Config (an autotuner's choice, or its default)."""
-        self._settle(config.kwargs, dict(self.options, num_warps=config.num_warps, num_stages=config.num_stages,
-                                         **({} if config.maxnreg is None else {"maxnreg": config.maxnreg})))
+        self._settle(
+            config.kwargs,
+            dict(
+                self.options,
+                num_warps=config.num_warps,
+                num_stages=config.num_stages,
+                **({} if config.maxnreg is None else {"maxnreg": config.maxnreg}),
+            ),
+        )
 
     def _keep(self, compiled, device: Optional[int]) -> None:
         """Keep Triton's compiled kernel for direct launches where its launcher takes the
         kernel's arguments in their declared order (Triton 3.3 onwards: the compiled
         kernel's source names them); otherwise every launch goes through Triton."""
         names = getattr(getattr(getattr(compiled, "src", None), "fn", None), "arg_names", None)
-        if not hasattr(triton, "knobs") or names is None or list(names) != list(self.jit.arg_names) or not hasattr(compiled, "run"):
+        if (
+            not hasattr(triton, "knobs")
+            or names is None
+            or list(names) != list(self.jit.arg_names)
+            or not hasattr(compiled, "run")
+        ):
             return
         params = inspect.signature(self.jit.fn).parameters
         merged = {**self.static, **self.meta}
@@ -344,16 +442,45 @@ class _Launch:
 # The arguments that are tensors of the call (filled in per launch); every other
 # argument of a kernel is settled in its launch plan.
 _TENSOR_ARGS = frozenset(
-    ("Q", "K", "V", "Bias", "Lens", "Plain", "Out", "Lse", "LseShift", "OutLo", "DO", "Delta", "DK", "DV", "DQ",
-     "DBias", "KD0", "KD1", "VD0", "VD1", "QD0", "QD1", "DOD0", "DOD1",
-     "Q8", "K8", "QS", "KS"))  # the int8 kernel's (attnkit/kernels/int8)
+    (
+        "Q",
+        "K",
+        "V",
+        "Bias",
+        "Lens",
+        "Plain",
+        "Out",
+        "Lse",
+        "LseShift",
+        "OutLo",
+        "DO",
+        "Delta",
+        "DK",
+        "DV",
+        "DQ",
+        "DBias",
+        "KD0",
+        "KD1",
+        "VD0",
+        "VD1",
+        "QD0",
+        "QD1",
+        "DOD0",
+        "DOD1",
+        "Q8",
+        "K8",
+        "QS",
+        "KS",
+    )
+)  # the int8 kernel's (attnkit/kernels/int8)
 
 
 def _launch_compiled(compiled, grid: tuple, stream: int, values: list) -> None:
     """A compiled kernel's own launch: what Triton's launch does once it has found the
     kernel for its arguments (CompiledKernel.__getitem__'s runner)."""
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None,
-                 *values)
+    compiled.run(
+        grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None, *values
+    )
 
 
 def _launch_triton(fn, grid, kwargs: dict):
@@ -366,8 +493,9 @@ def _no_launch_hooks() -> bool:
     """Whether no launch hook is set in Triton's knobs (a profiler sets them; Triton 3.9
     keeps empty hook chains where older versions keep None)."""
     runtime = triton.knobs.runtime
-    return all(h is None or getattr(h, "calls", None) == [] for h in (runtime.launch_enter_hook,
-                                                                     runtime.launch_exit_hook))
+    return all(
+        h is None or getattr(h, "calls", None) == [] for h in (runtime.launch_enter_hook, runtime.launch_exit_hook)
+    )
 
 
 def _run(launch: _Launch, tensors: dict) -> None:
@@ -397,6 +525,7 @@ def _run(launch: _Launch, tensors: dict) -> None:
         if chosen is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             chosen = fn.configs[0]  # no benchmarking inside a capture: the default tile
         if chosen is None:
+
             def grid(meta):
                 return (triton.cdiv(launch.grid_rows, meta[launch.axis]), launch.h, launch.b)
 
@@ -457,13 +586,14 @@ def _tma_copy(t: torch.Tensor) -> torch.Tensor:
     per_16 = 16 // t.element_size()
     padded = -(-t.shape[-1] // per_16) * per_16
     buf = torch.zeros((*t.shape[:-1], padded), dtype=t.dtype, device=t.device)
-    view = buf[..., :t.shape[-1]]
+    view = buf[..., : t.shape[-1]]
     view.copy_(t)
     return view
 
 
-def _ready_for_tma(arch: str, dtype: torch.dtype, tensors: tuple, kernels: tuple, head_dim: int, variant: str,
-                   causal: bool) -> tuple:
+def _ready_for_tma(
+    arch: str, dtype: torch.dtype, tensors: tuple, kernels: tuple, head_dim: int, variant: str, causal: bool
+) -> tuple:
     """On sm_90, 16-bit tensors not aligned for TMA run through pointer loads, unless a
     kernel has no spill-free pointer tile for the call (a full bias at some head dims):
     then the misaligned tensors are copied into aligned buffers first (_tma_copy)."""
@@ -474,8 +604,9 @@ def _ready_for_tma(arch: str, dtype: torch.dtype, tensors: tuple, kernels: tuple
     return tuple(t if _tma_ok(t) else _tma_copy(t) for t in tensors)
 
 
-def _use_tma(arch: str, dtype: torch.dtype, tensors: tuple, kernels: tuple, head_dim: int, variant: str,
-             causal: bool) -> bool:
+def _use_tma(
+    arch: str, dtype: torch.dtype, tensors: tuple, kernels: tuple, head_dim: int, variant: str, causal: bool
+) -> bool:
     """TMA loads of the streamed tiles: on Hopper, for 16-bit inputs (fp32 dots run on
     FMA units, which TMA does not feed faster), where every tensor is aligned for it and
     every kernel of the call has a TMA tile (a few full-bias lists have pointer tiles only)."""
@@ -494,8 +625,13 @@ def bias_16bit_layout_ok(attn_bias: torch.Tensor, shape4) -> bool:
     bias = attn_bias.expand(shape4)
     sb = bias.stride()
     align = BIAS_16BIT_ALIGN
-    if not (attn_bias.element_size() == 2 and sb[2] != 0 and sb[3] == 1 and all(st % align == 0 for st in sb[:3])
-            and max(sb[2:]) * (_MAX_TILE_ROWS - 1) < 2**31):
+    if not (
+        attn_bias.element_size() == 2
+        and sb[2] != 0
+        and sb[3] == 1
+        and all(st % align == 0 for st in sb[:3])
+        and max(sb[2:]) * (_MAX_TILE_ROWS - 1) < 2**31
+    ):
         return False
     if torch.compiler.is_compiling():
         return True
@@ -525,13 +661,15 @@ def _bias_layout(attn_bias: Optional[torch.Tensor], shape4) -> tuple:
             # A 16-bit full bias, read at the alignment the static report compiles it at
             # (ops._prepare converts every other one to float32).
             if not bias_16bit_layout_ok(attn_bias, shape4):
-                raise ValueError(f"a {attn_bias.dtype} bias of shape {tuple(attn_bias.shape)} and strides "
-                                 f"{attn_bias.stride()} cannot be read as it is: convert it to float32 first")
+                raise ValueError(
+                    f"a {attn_bias.dtype} bias of shape {tuple(attn_bias.shape)} and strides "
+                    f"{attn_bias.stride()} cannot be read as it is: convert it to float32 first"
+                )
             constexprs.update(BIAS_ALIGN=BIAS_16BIT_ALIGN)
             return compact, sb, (0, 0), dict(constexprs, BIAS=FULL_BIAS), FULL16
         return compact, sb, (0, 0), dict(constexprs, BIAS=FULL_BIAS), "full"
     own = attn_bias.shape[-4:-2] if attn_bias.dim() >= 3 else ()
-    b_own, h_own = ((1,) * (2 - len(own)) + tuple(own))
+    b_own, h_own = (1,) * (2 - len(own)) + tuple(own)
     lens_strides = ((h_own if b_own > 1 else 0), (1 if h_own > 1 else 0))
     return compact, sb, lens_strides, dict(constexprs, BIAS=KEY_BIAS), "keypad"
 
@@ -543,10 +681,27 @@ def _lengths_launch(attn_bias: torch.Tensor, n: int) -> tuple:
     own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
     b, h = own.shape[0], own.shape[1]
     sb, sh, _, sn = own.stride()
-    static = dict(stride_b=sb, stride_h=sh, stride_n=sn, H_OWN=h, N=n,
-                  BLOCK_N=min(_next_pow2(max(n, 16)), 16 if INTERPRET else 1024))
-    launch = _Launch("lengths", _key_lengths_kernel, _key_lengths_kernel, None, static, 1, "BLOCK_N", b, h,
-                     options={}, cuda=attn_bias.device.type == "cuda")
+    static = dict(
+        stride_b=sb,
+        stride_h=sh,
+        stride_n=sn,
+        H_OWN=h,
+        N=n,
+        BLOCK_N=min(_next_pow2(max(n, 16)), 16 if INTERPRET else 1024),
+    )
+    launch = _Launch(
+        "lengths",
+        _key_lengths_kernel,
+        _key_lengths_kernel,
+        None,
+        static,
+        1,
+        "BLOCK_N",
+        b,
+        h,
+        options={},
+        cuda=attn_bias.device.type == "cuda",
+    )
     return launch, _proto((b, h), attn_bias.device, torch.int32)
 
 
@@ -626,9 +781,18 @@ def _new_from(proto: torch.Tensor) -> torch.Tensor:
 
 # Offsets inside a tile (row index times row stride) are 32-bit, everything above them
 # 64-bit. The most rows a tile of any shipped configuration has (the delta pass uses 64):
-_MAX_TILE_ROWS = (max(INTERPRET_CONFIG.block_m, INTERPRET_CONFIG.block_n, 16) if INTERPRET else
-                  max(max(c.block_m, c.block_n, 64) for arch in CONFIGS.values() for kern in arch.values()
-                      for width in kern.values() for cands in width.values() for c in cands))
+_MAX_TILE_ROWS = (
+    max(INTERPRET_CONFIG.block_m, INTERPRET_CONFIG.block_n, 16)
+    if INTERPRET
+    else max(
+        max(c.block_m, c.block_n, 64)
+        for arch in CONFIGS.values()
+        for kern in arch.values()
+        for width in kern.values()
+        for cands in width.values()
+        for c in cands
+    )
+)
 
 
 def _addressable(x: torch.Tensor) -> bool:
@@ -678,9 +842,26 @@ def _bias_key(attn_bias: Optional[torch.Tensor]):
     return attn_bias.shape, attn_bias.stride(), attn_bias.dtype, attn_bias.data_ptr() & 15
 
 
-_FWD_STRIDES = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
-                "stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
-                "stride_lb", "stride_lh", "stride_ob", "stride_oh", "stride_om")
+_FWD_STRIDES = (
+    "stride_qb",
+    "stride_qh",
+    "stride_qm",
+    "stride_kb",
+    "stride_kh",
+    "stride_kn",
+    "stride_vb",
+    "stride_vh",
+    "stride_vn",
+    "stride_bb",
+    "stride_bh",
+    "stride_bm",
+    "stride_bn",
+    "stride_lb",
+    "stride_lh",
+    "stride_ob",
+    "stride_oh",
+    "stride_om",
+)
 
 
 class _Streams:
@@ -737,21 +918,49 @@ def _descriptor_layout(t: torch.Tensor) -> tuple[list, list]:
     return list(t.shape), strides
 
 
-def _forward_impl(q, k, v, attn_bias, scale: float, allow_tf32: bool, store_lo: bool = False,
-                  causal: bool = False, causal_offset: int = 0, placeholders: bool = True):
+def _forward_impl(
+    q,
+    k,
+    v,
+    attn_bias,
+    scale: float,
+    allow_tf32: bool,
+    store_lo: bool = False,
+    causal: bool = False,
+    causal_offset: int = 0,
+    placeholders: bool = True,
+):
     """Launch the forward. Returns (out like q, lse, lse_shift, out_lo): lse (B, H, M) is
     the base-2 log of each row's sum relative to lse_shift, (B, H, M) in natural units
     with a bias and empty without one (see _attn_fwd; None instead of empty if not
     placeholders): the natural LSE is lse_shift + lse * ln(2). out_lo, only if store_lo
     and the dtype is 16-bit (else None), is what rounding out lost, with out's strides."""
-    key = ("fwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, q.data_ptr() & 15,
-           k.data_ptr() & 15, v.data_ptr() & 15, None if attn_bias is None else _bias_key(attn_bias), scale,
-           allow_tf32, store_lo, causal, causal_offset, INTERPRET, INTERPRET_ARCH, INTERPRET_SHIPPED_TILES,
-           POISON_OUTPUTS)
+    key = (
+        "fwd",
+        q.shape,
+        k.shape,
+        q.stride(),
+        k.stride(),
+        v.stride(),
+        q.dtype,
+        q.device,
+        q.data_ptr() & 15,
+        k.data_ptr() & 15,
+        v.data_ptr() & 15,
+        None if attn_bias is None else _bias_key(attn_bias),
+        scale,
+        allow_tf32,
+        store_lo,
+        causal,
+        causal_offset,
+        INTERPRET,
+        INTERPRET_ARCH,
+        INTERPRET_SHIPPED_TILES,
+        POISON_OUTPUTS,
+    )
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _plan(key, lambda: _ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
-                                               causal_offset))
+        plan = _plan(key, lambda: _ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset))
     return plan(q, k, v, attn_bias, placeholders)
 
 
@@ -802,14 +1011,39 @@ class _ForwardPlan:
         align = _align(*(st for t in (q, k, v, o) for st in _strides3(t)))
         tma = _use_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
         static = dict(zip(_FWD_STRIDES, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(o))))
-        static.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), HEAD_DIM=D,
-                      D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal, TMA=tma,
-                      PRECISION=_precision(q.dtype, allow_tf32),
-                      EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16, STORE_LO=store_lo)
+        static.update(
+            H=H,
+            M=M,
+            N=N,
+            OFF=off,
+            qk_scale=float(scale) * LOG2E,
+            sm_scale=float(scale),
+            HEAD_DIM=D,
+            D0=d0,
+            D1=d1,
+            ALIGN=align,
+            **bias_constexprs,
+            CAUSAL=causal,
+            TMA=tma,
+            PRECISION=_precision(q.dtype, allow_tf32),
+            EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16,
+            STORE_LO=store_lo,
+        )
         static.update(absent_arguments(KERNELS[kernel], static))
         fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
-        self.launch = _Launch(kernel, KERNELS[kernel], fn, tile, static, M, "BLOCK_M", B, H,
-                              cuda=q.device.type == "cuda", bucket=_bucket(M, N, q, attn_bias))
+        self.launch = _Launch(
+            kernel,
+            KERNELS[kernel],
+            fn,
+            tile,
+            static,
+            M,
+            "BLOCK_M",
+            B,
+            H,
+            cuda=q.device.type == "cuda",
+            bucket=_bucket(M, N, q, attn_bias),
+        )
         self.streams = _Streams(DESCRIPTORS["fwd"][0][0], (k, v), tma, d0, d1)
 
     def __call__(self, q, k, v, attn_bias, placeholders=True):
@@ -849,8 +1083,23 @@ class _ForwardPlan:
         return out, lse, shift, out_lo
 
 
-def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_tf32: bool, dlse=None,
-                   bias_grad: bool = False, out_lo=None, causal: bool = False, causal_offset: int = 0):
+def _backward_impl(
+    do,
+    q,
+    k,
+    v,
+    attn_bias,
+    out,
+    lse,
+    shift,
+    scale: float,
+    allow_tf32: bool,
+    dlse=None,
+    bias_grad: bool = False,
+    out_lo=None,
+    causal: bool = False,
+    causal_offset: int = 0,
+):
     """Launch the three backward kernels. Returns (dq, dk, dv, dbias): dq, dk, dv like
     their inputs; dbias shaped and typed like attn_bias if bias_grad, else None.
 
@@ -869,29 +1118,91 @@ def _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale: float, allow_
     """
     bias_grad = bias_grad and attn_bias is not None
     if bias_grad and (attn_bias.dim() == 0 or attn_bias.shape[-1] == 1):
-        dq, dk, dv, _ = _backward_impl(do, q, k, v, attn_bias, out, lse, shift, scale, allow_tf32, dlse,
-                                       out_lo=out_lo, causal=causal, causal_offset=causal_offset)
+        dq, dk, dv, _ = _backward_impl(
+            do,
+            q,
+            k,
+            v,
+            attn_bias,
+            out,
+            lse,
+            shift,
+            scale,
+            allow_tf32,
+            dlse,
+            out_lo=out_lo,
+            causal=causal,
+            causal_offset=causal_offset,
+        )
         if dlse is None:
             return dq, dk, dv, torch.zeros_like(attn_bias, memory_format=torch.contiguous_format)
         # d LSE / d bias = 1 for a bias added to a whole row; dlse is that gradient times ln(2).
         row = (dlse.to(torch.float32) * LOG2E).unsqueeze(-1)  # (B, H, M, 1)
         return dq, dk, dv, row.sum_to_size(attn_bias.shape).to(attn_bias.dtype).contiguous()
-    key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
-           do.dtype, q.device, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, do.data_ptr() & 15,
-           out.data_ptr() & 15, lse.stride(), lse.data_ptr() & 15, shift.data_ptr() & 15,
-           None if out_lo is None else (out_lo.stride(), out_lo.data_ptr() & 15),
-           _bias_key(attn_bias), dlse is not None, bias_grad, scale, allow_tf32, causal, causal_offset, INTERPRET,
-           INTERPRET_ARCH, INTERPRET_SHIPPED_TILES, POISON_OUTPUTS)
+    key = (
+        "bwd",
+        q.shape,
+        k.shape,
+        q.stride(),
+        k.stride(),
+        v.stride(),
+        do.stride(),
+        out.stride(),
+        q.dtype,
+        do.dtype,
+        q.device,
+        q.data_ptr() & 15,
+        k.data_ptr() & 15,
+        v.data_ptr() & 15,
+        do.data_ptr() & 15,
+        out.data_ptr() & 15,
+        lse.stride(),
+        lse.data_ptr() & 15,
+        shift.data_ptr() & 15,
+        None if out_lo is None else (out_lo.stride(), out_lo.data_ptr() & 15),
+        _bias_key(attn_bias),
+        dlse is not None,
+        bias_grad,
+        scale,
+        allow_tf32,
+        causal,
+        causal_offset,
+        INTERPRET,
+        INTERPRET_ARCH,
+        INTERPRET_SHIPPED_TILES,
+        POISON_OUTPUTS,
+    )
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _plan(key, lambda: _BackwardPlan(do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad,
-                                                causal, causal_offset))
+        plan = _plan(
+            key,
+            lambda: _BackwardPlan(
+                do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad, causal, causal_offset
+            ),
+        )
     return plan(do, q, k, v, attn_bias, out, lse, shift, dlse, out_lo)
 
 
-_BWD_STRIDES = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
-                "stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
-                "stride_lb", "stride_lh", "stride_dob", "stride_doh", "stride_dom")
+_BWD_STRIDES = (
+    "stride_qb",
+    "stride_qh",
+    "stride_qm",
+    "stride_kb",
+    "stride_kh",
+    "stride_kn",
+    "stride_vb",
+    "stride_vh",
+    "stride_vn",
+    "stride_bb",
+    "stride_bh",
+    "stride_bm",
+    "stride_bn",
+    "stride_lb",
+    "stride_lh",
+    "stride_dob",
+    "stride_doh",
+    "stride_dom",
+)
 
 
 class _BackwardPlan:
@@ -927,15 +1238,27 @@ class _BackwardPlan:
         if self.cast_do:
             do = do.to(q.dtype)
         block = 16 if INTERPRET else 64
-        delta_static = dict(stride_ob=out.stride(0), stride_oh=out.stride(1), stride_om=out.stride(2),
-                            stride_db=do.stride(0), stride_dh=do.stride(1), stride_dm=do.stride(2), H=H, M=M,
-                            HEAD_DIM=D, BLOCK_M=block, BLOCK_D=max(16, _next_pow2(D)),
-                            ALIGN=_align(*out.stride()[:3], *do.stride()[:3]), HAS_LO=out_lo is not None)
+        delta_static = dict(
+            stride_ob=out.stride(0),
+            stride_oh=out.stride(1),
+            stride_om=out.stride(2),
+            stride_db=do.stride(0),
+            stride_dh=do.stride(1),
+            stride_dm=do.stride(2),
+            H=H,
+            M=M,
+            HEAD_DIM=D,
+            BLOCK_M=block,
+            BLOCK_D=max(16, _next_pow2(D)),
+            ALIGN=_align(*out.stride()[:3], *do.stride()[:3]),
+            HAS_LO=out_lo is not None,
+        )
         if out_lo is None:
             delta_static["OutLo"] = None  # not read (HAS_LO)
         cuda = q.device.type == "cuda"
-        self.delta = _Launch("delta", _attn_bwd_delta, _attn_bwd_delta, None, delta_static, M, "BLOCK_M", B, H,
-                             options={}, cuda=cuda)
+        self.delta = _Launch(
+            "delta", _attn_bwd_delta, _attn_bwd_delta, None, delta_static, M, "BLOCK_M", B, H, options={}, cuda=cuda
+        )
 
         compact, sb, sl, bias_constexprs, variant = _bias_layout(attn_bias, (B, H, M, N))
         self.bias_compact = compact
@@ -953,19 +1276,38 @@ class _BackwardPlan:
         bucket = _bucket(M, N, q, attn_bias)
         align = _align(*(st for t in (q, k, v, do, dq_, dk_, dv_) for st in _strides3(t)))
         common = dict(zip(_BWD_STRIDES, (*_strides3(q), *_strides3(k), *_strides3(v), *sb, *sl, *_strides3(do))))
-        common.update(H=H, M=M, N=N, OFF=off, qk_scale=float(scale) * LOG2E, sm_scale=float(scale), HEAD_DIM=D,
-                      D0=d0, D1=d1, ALIGN=align, **bias_constexprs, CAUSAL=causal,
-                      PRECISION=_precision(q.dtype, allow_tf32),
-                      EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16)
+        common.update(
+            H=H,
+            M=M,
+            N=N,
+            OFF=off,
+            qk_scale=float(scale) * LOG2E,
+            sm_scale=float(scale),
+            HEAD_DIM=D,
+            D0=d0,
+            D1=d1,
+            ALIGN=align,
+            **bias_constexprs,
+            CAUSAL=causal,
+            PRECISION=_precision(q.dtype, allow_tf32),
+            EMULATE_BF16=INTERPRET and q.dtype == torch.bfloat16,
+        )
         dbias = torch.empty(self.dbias.shape, device="meta")
 
         tma = _use_tma(arch, q.dtype, (q, do, k, v), dkdv_kernels, D, variant, causal)
-        self.dkdv_streams = (_Streams(DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1),
-                             _Streams(DESCRIPTORS["dkdv"][1][0], (k, v), tma, d0, d1))
-        static = dict(common, stride_dbb=dbias.stride(0) if per_key else 0,
-                      stride_dbh=dbias.stride(1) if per_key else 0)
-        static.update(zip(("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn"),
-                          (*_strides3(dk_), *_strides3(dv_))))
+        self.dkdv_streams = (
+            _Streams(DESCRIPTORS["dkdv"][0][0], (q, do), tma, d0, d1),
+            _Streams(DESCRIPTORS["dkdv"][1][0], (k, v), tma, d0, d1),
+        )
+        static = dict(
+            common, stride_dbb=dbias.stride(0) if per_key else 0, stride_dbh=dbias.stride(1) if per_key else 0
+        )
+        static.update(
+            zip(
+                ("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn"),
+                (*_strides3(dk_), *_strides3(dv_)),
+            )
+        )
         # Above a head dim of 256 each gradient is computed one head-dim piece per launch
         # (the scores again for each): the accumulators and operand tiles of both pieces do
         # not fit in registers at once; dK/dV also one gradient per launch. The bias
@@ -978,8 +1320,9 @@ class _BackwardPlan:
             fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
             launch_static = dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece, GRADS=which)
             launch_static.update(absent_arguments(KERNELS[kernel], launch_static))
-            self.dkdv.append(_Launch(kernel, KERNELS[kernel], fn, tile, launch_static, N, "BLOCK_N", B, H,
-                                     cuda=cuda, bucket=bucket))
+            self.dkdv.append(
+                _Launch(kernel, KERNELS[kernel], fn, tile, launch_static, N, "BLOCK_N", B, H, cuda=cuda, bucket=bucket)
+            )
         # dQ streams the K and V that dK/dV held: through descriptors of the same layout.
         tma = _use_tma(arch, q.dtype, (k, v), dq_kernels, D, variant, causal)
         self.dq_streams = _Streams(DESCRIPTORS["dq"][0][0], (k, v), tma, d0, d1)
@@ -993,8 +1336,9 @@ class _BackwardPlan:
             fn, tile = _kernel_for(kernel, D, q.dtype, q.device, variant, causal, tma, (M, N))
             launch_static = dict(static, BIAS_GRAD=grad, TMA=tma, PIECE=piece)
             launch_static.update(absent_arguments(KERNELS[kernel], launch_static))
-            self.dq.append(_Launch(kernel, KERNELS[kernel], fn, tile, launch_static, M, "BLOCK_M", B, H, cuda=cuda,
-                                   bucket=bucket))
+            self.dq.append(
+                _Launch(kernel, KERNELS[kernel], fn, tile, launch_static, M, "BLOCK_M", B, H, cuda=cuda, bucket=bucket)
+            )
 
     def __call__(self, do, q, k, v, attn_bias, out, lse, shift, dlse, out_lo):
         dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)

@@ -16,12 +16,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _key_lengths_kernel(
-    Bias, Lens, Plain,
-    stride_b, stride_h, stride_n,
-    H_OWN, N,
-    BLOCK_N: tl.constexpr,
-):
+def _key_lengths_kernel(Bias, Lens, Plain, stride_b, stride_h, stride_n, H_OWN, N, BLOCK_N: tl.constexpr):
     """One program per (batch, head) of the bias's own shape (B|1, H|1): Lens and Plain
     are int32, contiguous in that shape. A NaN counts as a live key that is not 0."""
     h = tl.program_id(1)

@@ -27,8 +27,15 @@ from .launch import _backward_impl, _forward_impl
 
 @torch.library.custom_op("attnkit::flash_attention_forward", mutates_args=())
 def _flash_forward_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: Optional[torch.Tensor],
-    scale: float, allow_tf32: bool, store_lo: bool, causal: bool, causal_offset: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: Optional[torch.Tensor],
+    scale: float,
+    allow_tf32: bool,
+    store_lo: bool,
+    causal: bool,
+    causal_offset: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, lse_shift, out_lo): the natural LSE is lse_shift + lse * ln(2) (see
     _forward_impl); lse_shift is empty without a bias, out_lo an empty placeholder
@@ -39,15 +46,17 @@ def _flash_forward_op(
 
 def _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
     # Here rather than in the Python wrappers: torch.compile traces those, and runs this.
-    if attn_bias is not None and attn_bias.dtype != torch.float32 and (store_lo or not launch.bias_16bit_layout_ok(
-            attn_bias, (*q.shape[:3], k.shape[2]))):
+    if (
+        attn_bias is not None
+        and attn_bias.dtype != torch.float32
+        and (store_lo or not launch.bias_16bit_layout_ok(attn_bias, (*q.shape[:3], k.shape[2])))
+    ):
         # A 16-bit bias that _prepare kept on its layout while traced (no address then),
         # whose real tensor is not aligned for reading it as it is; or the op called
         # for a forward that a backward will follow (store_lo), which reads float32.
         attn_bias = _float32_bias(attn_bias)
     _check_shared_memory(q, attn_bias, causal, store_lo)
-    out, lse, shift, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal,
-                                            causal_offset)
+    out, lse, shift, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
     return out, lse, shift, (q.new_empty(0) if out_lo is None else out_lo)
 
 
@@ -60,15 +69,22 @@ def _forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_off
     _eager_flash(), the same body and backward in a plain autograd.Function, whose backward
     skips the backward op's dispatch too. A diffusion model's denoising loop is the
     first case, fine-tuning at small shapes the second."""
-    if (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
-            and (attn_bias is None or type(attn_bias) is torch.Tensor) and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None and not torch._C._are_functorch_transforms_active()):
+    if (
+        type(q) is torch.Tensor
+        and type(k) is torch.Tensor
+        and type(v) is torch.Tensor
+        and (attn_bias is None or type(attn_bias) is torch.Tensor)
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+        and not torch._C._are_functorch_transforms_active()
+    ):
         if not store_lo:
             # The body without the op's placeholders (an empty LSE shift without a bias,
             # an empty residual), which nothing here reads.
             _check_shared_memory(q, attn_bias, causal, False)
-            return _forward_impl(q, k, v, attn_bias, scale, allow_tf32, False, causal, causal_offset,
-                                 placeholders=False)
+            return _forward_impl(
+                q, k, v, attn_bias, scale, allow_tf32, False, causal, causal_offset, placeholders=False
+            )
         return _eager_flash().apply(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
     return _flash_forward_op(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
 
@@ -83,29 +99,59 @@ def _(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
 
 @torch.library.custom_op("attnkit::flash_attention_backward", mutates_args=())
 def _flash_backward_op(
-    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    attn_bias: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, lse_shift: torch.Tensor,
-    out_lo: torch.Tensor, dlse: Optional[torch.Tensor], scale: float, allow_tf32: bool, bias_grad: bool,
-    causal: bool, causal_offset: int,
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    lse_shift: torch.Tensor,
+    out_lo: torch.Tensor,
+    dlse: Optional[torch.Tensor],
+    scale: float,
+    allow_tf32: bool,
+    bias_grad: bool,
+    causal: bool,
+    causal_offset: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dbias); dbias is an empty placeholder unless bias_grad. out_lo: the
     forward's placeholder or residual."""
-    return _backward_body(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad,
-                          causal, causal_offset)
+    return _backward_body(
+        do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal, causal_offset
+    )
 
 
-def _backward_body(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal,
-                   causal_offset):
-    dq, dk, dv, dbias = _backward_impl(do, q, k, v, attn_bias, out, lse, lse_shift, scale, allow_tf32, dlse,
-                                       bias_grad, out_lo if out_lo.numel() else None, causal, causal_offset)
+def _backward_body(
+    do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal, causal_offset
+):
+    dq, dk, dv, dbias = _backward_impl(
+        do,
+        q,
+        k,
+        v,
+        attn_bias,
+        out,
+        lse,
+        lse_shift,
+        scale,
+        allow_tf32,
+        dlse,
+        bias_grad,
+        out_lo if out_lo.numel() else None,
+        causal,
+        causal_offset,
+    )
     return dq, dk, dv, (q.new_empty(0) if dbias is None else dbias)
 
 
 @_flash_backward_op.register_fake
-def _(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal,
-      causal_offset):
-    dbias = (torch.empty(attn_bias.shape, dtype=attn_bias.dtype, device=attn_bias.device)
-             if bias_grad and attn_bias is not None else q.new_empty(0))
+def _(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal, causal_offset):
+    dbias = (
+        torch.empty(attn_bias.shape, dtype=attn_bias.dtype, device=attn_bias.device)
+        if bias_grad and attn_bias is not None
+        else q.new_empty(0)
+    )
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
 
 
@@ -128,12 +174,28 @@ def _backward(ctx, dout, dlse, _dshift, _dout_lo, run=None):
     if dout is None:
         dout = torch.zeros_like(out)
     bias_grad = attn_bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = run(dout, q, k, v, attn_bias, out, lse, shift, out_lo, dlse, ctx.scale, ctx.allow_tf32,
-                            bias_grad, ctx.causal, ctx.causal_offset)
+    dq, dk, dv, dbias = run(
+        dout,
+        q,
+        k,
+        v,
+        attn_bias,
+        out,
+        lse,
+        shift,
+        out_lo,
+        dlse,
+        ctx.scale,
+        ctx.allow_tf32,
+        bias_grad,
+        ctx.causal,
+        ctx.causal_offset,
+    )
     return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None
 
 
 _flash_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
 
 @functools.lru_cache(maxsize=None)
 def _eager_flash() -> type:
@@ -183,9 +245,19 @@ def _prepare(q, k, v, attn_bias, scale):
         sig = None  # traced once per graph; symbolic shapes do not hash
     else:
         try:
-            sig = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-                   launch.INTERPRET,
-                   None if attn_bias is None else (attn_bias.shape, attn_bias.dtype, attn_bias.device))
+            sig = (
+                q.shape,
+                k.shape,
+                v.shape,
+                q.dtype,
+                k.dtype,
+                v.dtype,
+                q.device,
+                k.device,
+                v.device,
+                launch.INTERPRET,
+                None if attn_bias is None else (attn_bias.shape, attn_bias.dtype, attn_bias.device),
+            )
         except AttributeError:
             sig = None  # not tensors: the checks say so
     if sig is None or sig not in _CHECKED:
@@ -239,18 +311,22 @@ def _check_inputs(q, k, v, attn_bias) -> None:
     B, H, M, D = q.shape
     N = k.shape[2]
     if k.shape[0] != B or k.shape[1] != H or k.shape[3] != D:
-        raise ValueError(f"k shape {tuple(k.shape)} does not match q shape {tuple(q.shape)} "
-                         f"(expected ({B}, {H}, N, {D}))")
+        raise ValueError(
+            f"k shape {tuple(k.shape)} does not match q shape {tuple(q.shape)} (expected ({B}, {H}, N, {D}))"
+        )
     if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} "
-                         f"(a value head dim different from the query head dim is not supported)")
+        raise ValueError(
+            f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)} "
+            f"(a value head dim different from the query head dim is not supported)"
+        )
     problems = input_problems(D, batch=B, heads=H, q_len=M, kv_len=N)
     if problems:
         raise ValueError("; ".join(problems))
     if q.device.type != "cuda" and not (launch.INTERPRET and q.device.type == "cpu"):
         raise ValueError(
             f"device={q.device.type}: the triton flash attention runs on CUDA; on the CPU it runs "
-            f"only under TRITON_INTERPRET=1 (set before attnkit.kernels is imported), for debugging")
+            f"only under TRITON_INTERPRET=1 (set before attnkit.kernels is imported), for debugging"
+        )
 
     if attn_bias is not None:
         if not isinstance(attn_bias, torch.Tensor):
@@ -265,8 +341,9 @@ def _check_inputs(q, k, v, attn_bias) -> None:
         except RuntimeError:
             ok = False
         if not ok:
-            raise ValueError(f"attn_bias shape {tuple(attn_bias.shape)} is not broadcastable to "
-                             f"(B, H, M, N) = {(B, H, M, N)}")
+            raise ValueError(
+                f"attn_bias shape {tuple(attn_bias.shape)} is not broadcastable to (B, H, M, N) = {(B, H, M, N)}"
+            )
         if not (attn_bias.dtype == torch.bool or attn_bias.is_floating_point()):
             raise ValueError(f"attn_bias.dtype={attn_bias.dtype}: expected an additive float bias or a bool mask")
 
@@ -282,8 +359,11 @@ def _float32_bias(bias: torch.Tensor) -> torch.Tensor:
     if bias.requires_grad:
         return bias.to(torch.float32)
     strides = bias.stride()
-    stored = bias if 0 not in strides else bias[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None)
-                                                       for n, st in zip(bias.shape, strides))]
+    stored = (
+        bias
+        if 0 not in strides
+        else bias[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for n, st in zip(bias.shape, strides))]
+    )
     if bias.dtype == torch.bool:
         out = hidden_to_bias(~stored, torch.float32)
     else:
@@ -294,8 +374,9 @@ def _float32_bias(bias: torch.Tensor) -> torch.Tensor:
 def _needs_grad(q, k, v, attn_bias) -> bool:
     """Whether autograd will call the backward: then a 16-bit forward also keeps its
     rounding residual (one more output-sized tensor, see _attn_fwd)."""
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
-        attn_bias is not None and attn_bias.requires_grad))
+    return torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or (attn_bias is not None and attn_bias.requires_grad)
+    )
 
 
 def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], causal: bool, grads: bool) -> None:
@@ -305,12 +386,24 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     cannot launch (devices.NEEDS)."""
     if q.device.type != "cuda":
         return
-    key = (q.device, q.dtype, q.shape, None if attn_bias is None else (attn_bias.shape, attn_bias.stride()), causal,
-           grads)
+    key = (
+        q.device,
+        q.dtype,
+        q.shape,
+        None if attn_bias is None else (attn_bias.shape, attn_bias.stride()),
+        causal,
+        grads,
+    )
     if key in _SHARED_MEMORY_OK:
         return
-    problem = devices.shared_memory_problem(torch.cuda.get_device_capability(q.device), q.dtype, q.shape[3],
-                                            (_bias_variant(attn_bias, q.shape),), causal, grads)
+    problem = devices.shared_memory_problem(
+        torch.cuda.get_device_capability(q.device),
+        q.dtype,
+        q.shape[3],
+        (_bias_variant(attn_bias, q.shape),),
+        causal,
+        grads,
+    )
     if problem:
         raise ValueError(problem)
     if len(_SHARED_MEMORY_OK) >= launch._PLAN_LIMIT:
@@ -341,15 +434,22 @@ def _check_causal(causal, causal_offset) -> tuple[bool, int]:
     if isinstance(causal_offset, bool) or not isinstance(causal_offset, (int, torch.SymInt)):
         raise ValueError(f"causal_offset={causal_offset!r} must be an int")
     if causal_offset and not causal:
-        raise ValueError(f"causal_offset={causal_offset} without causal=True would be ignored: "
-                         f"pass causal=True or drop the offset")
+        raise ValueError(
+            f"causal_offset={causal_offset} without causal=True would be ignored: pass causal=True or drop the offset"
+        )
     return causal, int(causal_offset)
 
 
 def flash_attention_with_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    attn_bias: Optional[torch.Tensor] = None, scale: Optional[float] = None, *, allow_tf32: bool = False,
-    causal: bool = False, causal_offset: int = 0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    *,
+    allow_tf32: bool = False,
+    causal: bool = False,
+    causal_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): attention and the row log-sum-exp (natural log), both differentiable.
 
@@ -360,16 +460,23 @@ def flash_attention_with_lse(
     """
     causal, causal_offset = _check_causal(causal, causal_offset)
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, lse, shift, _ = _forward(q, k, v, attn_bias, scale, bool(allow_tf32),
-                                  _needs_grad(q, k, v, attn_bias), causal, causal_offset)
+    out, lse, shift, _ = _forward(
+        q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias), causal, causal_offset
+    )
     lse = lse * LN2
     return out, (lse + shift if attn_bias is not None else lse)
 
 
 def flash_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    attn_bias: Optional[torch.Tensor] = None, scale: Optional[float] = None, *, allow_tf32: bool = False,
-    causal: bool = False, causal_offset: int = 0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    *,
+    allow_tf32: bool = False,
+    causal: bool = False,
+    causal_offset: int = 0,
 ) -> torch.Tensor:
     """softmax(q @ k^T * scale + attn_bias) @ v, FlashAttention-2 in Triton; differentiable.
 
@@ -390,6 +497,7 @@ def flash_attention(
     """
     causal, causal_offset = _check_causal(causal, causal_offset)
     attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, _, _, _ = _forward(q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias),
-                            causal, causal_offset)
+    out, _, _, _ = _forward(
+        q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias), causal, causal_offset
+    )
     return out

@@ -42,8 +42,20 @@ LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: read inside @triton.jit
 
 
 @triton.jit
-def _int8_scores(q8, K8, KS, start_n, offs_n, offs_dq0, offs_dq1, n_left, stride_k8n,
-                 DQ0: tl.constexpr, DQ1: tl.constexpr, MASK: tl.constexpr):
+def _int8_scores(
+    q8,
+    K8,
+    KS,
+    start_n,
+    offs_n,
+    offs_dq0,
+    offs_dq1,
+    n_left,
+    stride_k8n,
+    DQ0: tl.constexpr,
+    DQ1: tl.constexpr,
+    MASK: tl.constexpr,
+):
     """(q8 . k8) * ks for the keys start_n + offs_n, int32 products, fp32 out (the rows'
     scales are applied by the caller). q8 = (q8_0, q8_1, qs)."""
     q0, q1, qs = q8
@@ -61,18 +73,42 @@ def _int8_scores(q8, K8, KS, start_n, offs_n, offs_dq0, offs_dq1, n_left, stride
 
 
 @triton.jit
-def _int8_tile(acc0, acc1, m_i, l_i, q8, K8, KS, v_src, bs, geo, row0, start_n, m_left, n_left, diag,
-               stride_k8n, HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr,
-               DQ0: tl.constexpr, DQ1: tl.constexpr, BIAS: tl.constexpr, MASK: tl.constexpr,
-               CAUSAL: tl.constexpr, ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr,
-               BIAS_CONTIG: tl.constexpr, EMULATE_BF16: tl.constexpr):
+def _int8_tile(
+    acc0,
+    acc1,
+    m_i,
+    l_i,
+    q8,
+    K8,
+    KS,
+    v_src,
+    bs,
+    geo,
+    row0,
+    start_n,
+    m_left,
+    n_left,
+    diag,
+    stride_k8n,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    DQ0: tl.constexpr,
+    DQ1: tl.constexpr,
+    BIAS: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
+):
     """One K/V tile of the online softmax, in natural units (as the exact kernel with a
     bias: the subtraction before the exp2, so that a huge finite bias never overflows)."""
     offs_m, offs_n, offs_d0, offs_d1, offs_dq0, offs_dq1 = geo
     s = _int8_scores(q8, K8, KS, start_n, offs_n, offs_dq0, offs_dq1, n_left, stride_k8n, DQ0, DQ1, MASK)
     if BIAS != 0:
-        s = s + _load_bias(bs, row0, start_n, offs_m, offs_n, m_left, n_left, BIAS, True, MASK, BIAS_ALIGN,
-                           BIAS_CONTIG)
+        s = s + _load_bias(bs, row0, start_n, offs_m, offs_n, m_left, n_left, BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG)
     if MASK:
         s = tl.where(_causal_keep(offs_m, offs_n, n_left, diag, CAUSAL), s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -91,23 +127,52 @@ def _int8_tile(acc0, acc1, m_i, l_i, q8, K8, KS, v_src, bs, geo, row0, start_n, 
 
 @triton.jit
 def _attn_fwd_int8(
-    Q8, K8, QS, KS, V, Bias, Lens, Plain, Out,
-    stride_vb, stride_vh, stride_vn,
-    stride_bb, stride_bh, stride_bm, stride_bn,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh, stride_om,
-    H, M, N, OFF,
-    HEAD_DIM: tl.constexpr, D0: tl.constexpr, D1: tl.constexpr, DQ0: tl.constexpr, DQ1: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-    ALIGN: tl.constexpr, BIAS_ALIGN: tl.constexpr, BIAS_CONTIG: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    Q8,
+    K8,
+    QS,
+    KS,
+    V,
+    Bias,
+    Lens,
+    Plain,
+    Out,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_bb,
+    stride_bh,
+    stride_bm,
+    stride_bn,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    H,
+    M,
+    N,
+    OFF,
+    HEAD_DIM: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    DQ0: tl.constexpr,
+    DQ1: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BIAS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BIAS_ALIGN: tl.constexpr,
+    BIAS_CONTIG: tl.constexpr,
+    EMULATE_BF16: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head.
     q8, k8, qs and ks are contiguous (int8/quant.py); V, the bias and the output are read
     and written through their strides, as by the exact kernel."""
     tl.static_assert(DQ0 >= 32 and (DQ0 & (DQ0 - 1)) == 0, "DQ0: a power of two >= 32")
-    tl.static_assert(DQ1 == 0 or (DQ1 >= 32 and DQ1 <= DQ0 and (DQ1 & (DQ1 - 1)) == 0),
-                     "DQ1: 0 or a power of two in [32, DQ0]")
+    tl.static_assert(
+        DQ1 == 0 or (DQ1 >= 32 and DQ1 <= DQ0 and (DQ1 & (DQ1 - 1)) == 0), "DQ1: 0 or a power of two in [32, DQ0]"
+    )
     # Stand-ins for the arguments passed as None (see flash/kernels.py's docstring).
     if BIAS == 0:
         Bias, stride_bb, stride_bh, stride_bm, stride_bn = V, 0, 0, 0, 0
@@ -156,29 +221,145 @@ def _attn_fwd_int8(
     if BIAS == 0 or plain:
         for start_n in range(0, n_unmasked, BLOCK_N):
             acc0, acc1, m_i, l_i = _int8_tile(
-                acc0, acc1, m_i, l_i, q8, k8, ks, v_src, bs, geo, row0, start_n, m_left, n_hi - start_n,
-                row0 + OFF - start_n, DQ, HEAD_DIM, D0, D1, DQ0, DQ1, 0, False, CAUSAL, ALIGN, BIAS_ALIGN,
-                BIAS_CONTIG, EMULATE_BF16)
+                acc0,
+                acc1,
+                m_i,
+                l_i,
+                q8,
+                k8,
+                ks,
+                v_src,
+                bs,
+                geo,
+                row0,
+                start_n,
+                m_left,
+                n_hi - start_n,
+                row0 + OFF - start_n,
+                DQ,
+                HEAD_DIM,
+                D0,
+                D1,
+                DQ0,
+                DQ1,
+                0,
+                False,
+                CAUSAL,
+                ALIGN,
+                BIAS_ALIGN,
+                BIAS_CONTIG,
+                EMULATE_BF16,
+            )
         for start_n in range(n_unmasked, n_hi, BLOCK_N):
             acc0, acc1, m_i, l_i = _int8_tile(
-                acc0, acc1, m_i, l_i, q8, k8, ks, v_src, bs, geo, row0, start_n, m_left, n_hi - start_n,
-                row0 + OFF - start_n, DQ, HEAD_DIM, D0, D1, DQ0, DQ1, 0, True, CAUSAL, ALIGN, BIAS_ALIGN,
-                BIAS_CONTIG, EMULATE_BF16)
+                acc0,
+                acc1,
+                m_i,
+                l_i,
+                q8,
+                k8,
+                ks,
+                v_src,
+                bs,
+                geo,
+                row0,
+                start_n,
+                m_left,
+                n_hi - start_n,
+                row0 + OFF - start_n,
+                DQ,
+                HEAD_DIM,
+                D0,
+                D1,
+                DQ0,
+                DQ1,
+                0,
+                True,
+                CAUSAL,
+                ALIGN,
+                BIAS_ALIGN,
+                BIAS_CONTIG,
+                EMULATE_BF16,
+            )
     else:
         for start_n in range(0, n_unmasked, BLOCK_N):
             acc0, acc1, m_i, l_i = _int8_tile(
-                acc0, acc1, m_i, l_i, q8, k8, ks, v_src, bs, geo, row0, start_n, m_left, n_hi - start_n,
-                row0 + OFF - start_n, DQ, HEAD_DIM, D0, D1, DQ0, DQ1, BIAS, False, CAUSAL, ALIGN, BIAS_ALIGN,
-                BIAS_CONTIG, EMULATE_BF16)
+                acc0,
+                acc1,
+                m_i,
+                l_i,
+                q8,
+                k8,
+                ks,
+                v_src,
+                bs,
+                geo,
+                row0,
+                start_n,
+                m_left,
+                n_hi - start_n,
+                row0 + OFF - start_n,
+                DQ,
+                HEAD_DIM,
+                D0,
+                D1,
+                DQ0,
+                DQ1,
+                BIAS,
+                False,
+                CAUSAL,
+                ALIGN,
+                BIAS_ALIGN,
+                BIAS_CONTIG,
+                EMULATE_BF16,
+            )
         for start_n in range(n_unmasked, n_hi, BLOCK_N):
             acc0, acc1, m_i, l_i = _int8_tile(
-                acc0, acc1, m_i, l_i, q8, k8, ks, v_src, bs, geo, row0, start_n, m_left, n_hi - start_n,
-                row0 + OFF - start_n, DQ, HEAD_DIM, D0, D1, DQ0, DQ1, BIAS, True, CAUSAL, ALIGN, BIAS_ALIGN,
-                BIAS_CONTIG, EMULATE_BF16)
+                acc0,
+                acc1,
+                m_i,
+                l_i,
+                q8,
+                k8,
+                ks,
+                v_src,
+                bs,
+                geo,
+                row0,
+                start_n,
+                m_left,
+                n_hi - start_n,
+                row0 + OFF - start_n,
+                DQ,
+                HEAD_DIM,
+                D0,
+                D1,
+                DQ0,
+                DQ1,
+                BIAS,
+                True,
+                CAUSAL,
+                ALIGN,
+                BIAS_ALIGN,
+                BIAS_CONTIG,
+                EMULATE_BF16,
+            )
 
     # Rows that saw no key have l = 0: they output 0.
     inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
     out_at = b64 * stride_ob + h64 * stride_oh + tl.cast(row0, tl.int64) * stride_om
-    _store_pieces(Out + tl.multiple_of(out_at, ALIGN), (acc0 * inv_l[:, None]).to(Out.dtype.element_ty),
-                  (acc1 * inv_l[:, None]).to(Out.dtype.element_ty), offs_m, offs_d0, offs_d1, stride_om, m_left,
-                  HEAD_DIM, D0, D1, ALIGN, -1)
+    _store_pieces(
+        Out + tl.multiple_of(out_at, ALIGN),
+        (acc0 * inv_l[:, None]).to(Out.dtype.element_ty),
+        (acc1 * inv_l[:, None]).to(Out.dtype.element_ty),
+        offs_m,
+        offs_d0,
+        offs_d1,
+        stride_om,
+        m_left,
+        HEAD_DIM,
+        D0,
+        D1,
+        ALIGN,
+        -1,
+    )

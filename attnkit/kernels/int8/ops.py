@@ -55,16 +55,27 @@ def tile_for(target: str, head_dim: int, variant: str) -> tuple[int, int, int, i
 def _check(q, k, v, attn_bias) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
-            raise ValueError(f"{name}.dtype=torch.float32: the int8 attention takes float16 or bfloat16 inputs "
-                             "(an fp32 model asked for accuracy: use an exact backend)")
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in (q, k, v, attn_bias)):
-        raise ValueError("int8 attention is forward only: a call that needs gradients (an input requires grad "
-                         "under autograd) is refused; run it under torch.no_grad() or use an exact backend")
+            raise ValueError(
+                f"{name}.dtype=torch.float32: the int8 attention takes float16 or bfloat16 inputs "
+                "(an fp32 model asked for accuracy: use an exact backend)"
+            )
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, attn_bias)):
+        raise ValueError(
+            "int8 attention is forward only: a call that needs gradients (an input requires grad "
+            "under autograd) is refused; run it under torch.no_grad() or use an exact backend"
+        )
 
 
-def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: Optional[torch.Tensor] = None,
-                   scale: Optional[float] = None, *, causal: bool = False, causal_offset: int = 0) -> torch.Tensor:
+def int8_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    *,
+    causal: bool = False,
+    causal_offset: int = 0,
+) -> torch.Tensor:
     """softmax(q8 k8^T (dequantised) + attn_bias) v: see the module docstring."""
     _check(q, k, v, attn_bias)
     causal, causal_offset = fo._check_causal(causal, causal_offset)
@@ -73,9 +84,25 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias:
         attn_bias = fo._float32_bias(attn_bias)  # the int8 kernel reads float32 biases only
     if q.numel() == 0:
         return torch.empty_like(q)
-    key = ("int8", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, v.data_ptr() & 15,
-           None if attn_bias is None else fl._bias_key(attn_bias), scale, causal, causal_offset, fl.INTERPRET,
-           fl.INTERPRET_ARCH, fl.INTERPRET_SHIPPED_TILES, fl.POISON_OUTPUTS)
+    key = (
+        "int8",
+        q.shape,
+        k.shape,
+        q.stride(),
+        k.stride(),
+        v.stride(),
+        q.dtype,
+        q.device,
+        v.data_ptr() & 15,
+        None if attn_bias is None else fl._bias_key(attn_bias),
+        scale,
+        causal,
+        causal_offset,
+        fl.INTERPRET,
+        fl.INTERPRET_ARCH,
+        fl.INTERPRET_SHIPPED_TILES,
+        fl.POISON_OUTPUTS,
+    )
     plan = fl._PLANS.get(key)
     if plan is None:
         plan = fl._plan(key, lambda: _Int8Plan(q, k, v, attn_bias, causal, causal_offset))
@@ -109,14 +136,39 @@ class _Int8Plan:
             bm, bn, warps, stages = tile_for(fl.arch_of(q.device), D, variant)
         self.tile = (bm, bn, warps, stages)
         static = dict(zip(_STRIDES, (*v.stride()[:3], *sb, *sl, *o.stride()[:3])))
-        static.update(H=H, M=M, N=N, OFF=off, HEAD_DIM=D, D0=d0, D1=d1, DQ0=self.dq0, DQ1=self.dq1, BLOCK_M=bm,
-                      BLOCK_N=bn, CAUSAL=causal, ALIGN=align, EMULATE_BF16=fl.INTERPRET and q.dtype == torch.bfloat16,
-                      **bias_constexprs)
+        static.update(
+            H=H,
+            M=M,
+            N=N,
+            OFF=off,
+            HEAD_DIM=D,
+            D0=d0,
+            D1=d1,
+            DQ0=self.dq0,
+            DQ1=self.dq1,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            CAUSAL=causal,
+            ALIGN=align,
+            EMULATE_BF16=fl.INTERPRET and q.dtype == torch.bfloat16,
+            **bias_constexprs,
+        )
         static.update(fl.absent_arguments(_attn_fwd_int8, static))
         # The tile in static (the kernel has no RELOAD, which a TileConfig's launch passes).
         options = {} if fl.INTERPRET else {"num_warps": warps, "num_stages": stages, **fl._COMPILE_OPTIONS}
-        self.launch = fl._Launch("int8", _attn_fwd_int8, _attn_fwd_int8, None, static, M, "BLOCK_M", B, H,
-                                 options=options, cuda=q.device.type == "cuda")
+        self.launch = fl._Launch(
+            "int8",
+            _attn_fwd_int8,
+            _attn_fwd_int8,
+            None,
+            static,
+            M,
+            "BLOCK_M",
+            B,
+            H,
+            options=options,
+            cuda=q.device.type == "cuda",
+        )
 
     def __call__(self, q, k, v, attn_bias, scale):
         out = fl._new_like(q)
@@ -136,5 +188,17 @@ class _Int8Plan:
         return out
 
 
-_STRIDES = ("stride_vb", "stride_vh", "stride_vn", "stride_bb", "stride_bh", "stride_bm", "stride_bn",
-            "stride_lb", "stride_lh", "stride_ob", "stride_oh", "stride_om")
+_STRIDES = (
+    "stride_vb",
+    "stride_vh",
+    "stride_vn",
+    "stride_bb",
+    "stride_bh",
+    "stride_bm",
+    "stride_bn",
+    "stride_lb",
+    "stride_lh",
+    "stride_ob",
+    "stride_oh",
+    "stride_om",
+)

@@ -36,20 +36,28 @@ from attnkit.bench.wording import fmt_num, md_table
 from attnkit.kernels.limits import attention_flops
 
 # (name, B, H, M, N, D, what)
-PLAIN = [("d40", 2, 8, 4096, 4096, 40, "SD1.5 512x512 self-attention"),
-         ("d64", 2, 10, 4096, 4096, 64, "SDXL 1024x1024, 64x64 level"),
-         ("d128", 1, 24, 4608, 4608, 128, "Flux 1024x1024, 4096 image + 512 text tokens")]
+PLAIN = [
+    ("d40", 2, 8, 4096, 4096, 40, "SD1.5 512x512 self-attention"),
+    ("d64", 2, 10, 4096, 4096, 64, "SDXL 1024x1024, 64x64 level"),
+    ("d128", 1, 24, 4608, 4608, 128, "Flux 1024x1024, 4096 image + 512 text tokens"),
+]
 # (name, B, H, M, N, D, dtype, what): fp16 at SDXL's shape, bf16 (Flux's dtype) at Flux's
-BIASED = [("bias-d64", 2, 10, 4096, 4096, 64, torch.float16, "SDXL shape, full (B, H, M, N) additive bias"),
-          ("bias-d128", 1, 24, 4608, 4608, 128, torch.bfloat16, "Flux shape, full (B, H, M, N) additive bias")]
+BIASED = [
+    ("bias-d64", 2, 10, 4096, 4096, 64, torch.float16, "SDXL shape, full (B, H, M, N) additive bias"),
+    ("bias-d128", 1, 24, 4608, 4608, 128, torch.bfloat16, "Flux shape, full (B, H, M, N) additive bias"),
+]
 
 
 def sdpa(kernel: str | None):
     """F.scaled_dot_product_attention, pinned to one of its kernels where `kernel` names one."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    backends = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
 
     def call(q, k, v, bias):
         if kernel is None:
@@ -96,10 +104,14 @@ def attnkit_int8_guarded():
 def implementations(device: torch.device, biased: bool) -> dict:
     # SDPA as it dispatches first: the reference of the others' "rel. diff"
     cuda = device.type == "cuda"
-    impls = {"sdpa": lambda: sdpa(None), "attnkit": attnkit_kernel if cuda else None,
-             "attnkit-int8": attnkit_int8 if cuda else None,
-             "attnkit-int8-guard-every-call": attnkit_int8_guarded if cuda else None,
-             "sdpa-cudnn": lambda: sdpa("cudnn"), "sdpa-efficient": lambda: sdpa("efficient")}
+    impls = {
+        "sdpa": lambda: sdpa(None),
+        "attnkit": attnkit_kernel if cuda else None,
+        "attnkit-int8": attnkit_int8 if cuda else None,
+        "attnkit-int8-guard-every-call": attnkit_int8_guarded if cuda else None,
+        "sdpa-cudnn": lambda: sdpa("cudnn"),
+        "sdpa-efficient": lambda: sdpa("efficient"),
+    }
     if not biased:
         impls["sdpa-flash"] = lambda: sdpa("flash")
     return impls
@@ -139,9 +151,15 @@ def run(args) -> dict:
         _cases(cases, results, args, device, deadline)
     except KeyboardInterrupt:  # a time limit's SIGINT: what was measured is kept, the rest named
         done = {r["case"] for r in results}
-        results += [{"case": f"{c[0]} {str(c[6]).replace('torch.', '')}", "what": c[7],
-                     "skipped": "interrupted (the step's time limit)"} for c in cases
-                    if f"{c[0]} {str(c[6]).replace('torch.', '')}" not in done]
+        results += [
+            {
+                "case": f"{c[0]} {str(c[6]).replace('torch.', '')}",
+                "what": c[7],
+                "skipped": "interrupted (the step's time limit)",
+            }
+            for c in cases
+            if f"{c[0]} {str(c[6]).replace('torch.', '')}" not in done
+        ]
     return {"device": str(device), "reps": args.reps, "cases": results}
 
 
@@ -160,8 +178,15 @@ def _cases(cases: list, results: list, args, device: torch.device, deadline: flo
         bias = torch.randn(B, H, M, N, generator=gen).to(device, dtype) if biased else None
         flops = attention_flops(B, H, M, N, D)
         rows: dict = {}
-        results.append({"case": label, "what": what, "shape": {"B": B, "H": H, "M": M, "N": N, "D": D},
-                        "bias": "full (B, H, M, N), additive" if biased else None, "impls": rows})
+        results.append(
+            {
+                "case": label,
+                "what": what,
+                "shape": {"B": B, "H": H, "M": M, "N": N, "D": D},
+                "bias": "full (B, H, M, N), additive" if biased else None,
+                "impls": rows,
+            }
+        )
         ref = None
         for impl, make in implementations(device, biased).items():
             if make is None:
@@ -200,15 +225,29 @@ def markdown(data: dict) -> str:
             if "median_s" not in r:
                 rows.append([case["case"], impl, dims, "–", "–", "–", r.get("reason", "")])
                 continue
-            vs = [f"x{r['median_s'] / cudnn:.2f} of cuDNN" if cudnn else "",
-                  f"x{r['median_s'] / best:.2f} of the best SDPA" if best and impl == "attnkit" else ""]
+            vs = [
+                f"x{r['median_s'] / cudnn:.2f} of cuDNN" if cudnn else "",
+                f"x{r['median_s'] / best:.2f} of the best SDPA" if best and impl == "attnkit" else "",
+            ]
             diff = f"rel. diff vs sdpa {r['rel_diff_vs_sdpa']:.1e}" if "rel_diff_vs_sdpa" in r else ""
-            rows.append([case["case"], impl, dims, f"{r['median_s'] * 1e6:.0f}", fmt_num(r["tflops"]),
-                         fmt_num(r["first_call_s"], 2), "; ".join(x for x in (*vs, diff) if x)])
-    return (f"Forward, median of {data['reps']} calls between CUDA events after a first call (its seconds "
-            "apart); time ratio to cuDNN's SDPA (below 1: faster).\n\n"
-            + md_table(["case", "implementation", "B x H x M x N x D", "median us", "TFLOP/s", "first call s",
-                        "vs / note"], rows))
+            rows.append(
+                [
+                    case["case"],
+                    impl,
+                    dims,
+                    f"{r['median_s'] * 1e6:.0f}",
+                    fmt_num(r["tflops"]),
+                    fmt_num(r["first_call_s"], 2),
+                    "; ".join(x for x in (*vs, diff) if x),
+                ]
+            )
+    return (
+        f"Forward, median of {data['reps']} calls between CUDA events after a first call (its seconds "
+        "apart); time ratio to cuDNN's SDPA (below 1: faster).\n\n"
+        + md_table(
+            ["case", "implementation", "B x H x M x N x D", "median us", "TFLOP/s", "first call s", "vs / note"], rows
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,8 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.section:
         command = "python bench/checks/kernels16/kernels16.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        out = section("kernels16", "16-bit kernels against SDPA: full bias, and head dims 40/64/128 against cuDNN",
-                      text, data, command, environment(torch.device(data["device"]), []))
+        out = section(
+            "kernels16",
+            "16-bit kernels against SDPA: full bias, and head dims 40/64/128 against cuDNN",
+            text,
+            data,
+            command,
+            environment(torch.device(data["device"]), []),
+        )
         with open(args.section, "w") as f:
             json.dump(out, f, indent=2, default=str)
             f.write("\n")

@@ -10,16 +10,7 @@ import math
 import torch
 
 from tests.zoo._zoo_common import ZooCase
-from tests.zoo.cases._helpers import (
-    _Case,
-    _keep,
-    _like,
-    _pd,
-    _r,
-    _rn,
-    _steps,
-    _t,
-)
+from tests.zoo.cases._helpers import _Case, _keep, _like, _pd, _r, _rn, _steps, _t
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -30,6 +21,7 @@ def _add(*cases: ZooCase) -> None:
 
 
 # --- AceStepTransformer1DModel ------------------------------------------------------------
+
 
 def _ace_step_inputs(model, gen):
     b, t = 2, 16
@@ -46,9 +38,16 @@ CASES.append(
     ZooCase(
         name="AceStepTransformer1DModel",
         config=dict(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, in_channels=16, audio_acoustic_hidden_dim=8,
-            patch_size=2, sliding_window=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            in_channels=16,
+            audio_acoustic_hidden_dim=8,
+            patch_size=2,
+            sliding_window=2,
         ),
         inputs=_ace_step_inputs,
         note=(
@@ -67,8 +66,7 @@ CASES.append(
 # layers alternating a sliding-window band mask and full attention, with rotary built inside.
 
 _ACE_STEP_ENCODER = dict(
-    hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-    sliding_window=2,
+    hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=2
 )
 _ACE_STEP_ENCODER_NOTE = (
     "AceStepAttention (AttentionModuleMixin) + AceStepAttnProcessor2_0 -> dispatch_attention_fn: GQA (4 q / 2 kv "
@@ -96,7 +94,10 @@ _add(
     ZooCase(
         "AceStepConditionEncoder",
         dict(
-            _ACE_STEP_ENCODER, text_hidden_dim=24, timbre_hidden_dim=8, num_lyric_encoder_hidden_layers=2,
+            _ACE_STEP_ENCODER,
+            text_hidden_dim=24,
+            timbre_hidden_dim=8,
+            num_lyric_encoder_hidden_layers=2,
             num_timbre_encoder_hidden_layers=2,
         ),
         _ace_step_condition_inputs,
@@ -109,8 +110,13 @@ _add(
     ),
     ZooCase(
         "AceStepAudioTokenizer",
-        dict(_ACE_STEP_ENCODER, audio_acoustic_hidden_dim=8, pool_window_size=5, fsq_dim=32,
-             num_attention_pooler_hidden_layers=2),
+        dict(
+            _ACE_STEP_ENCODER,
+            audio_acoustic_hidden_dim=8,
+            pool_window_size=5,
+            fsq_dim=32,
+            num_attention_pooler_hidden_layers=2,
+        ),
         # (B, patches, pool window, acoustic dim), as tokenize() reshapes the 25 Hz latents
         lambda model, gen: {"hidden_states": _r(gen, model, 2, 3, 5, 8)},
         note=(
@@ -128,8 +134,9 @@ _add(
         # sliding-window mask moved the output by ~1e-2). x10 brings them to the token's scale
         # (~1e-1).
         gains=((r"^special_tokens$", 10.0),),
-        config=dict(_ACE_STEP_ENCODER, audio_acoustic_hidden_dim=8, pool_window_size=5,
-                    num_attention_pooler_hidden_layers=2),
+        config=dict(
+            _ACE_STEP_ENCODER, audio_acoustic_hidden_dim=8, pool_window_size=5, num_attention_pooler_hidden_layers=2
+        ),
         inputs=lambda model, gen: {"hidden_states": _r(gen, model, 2, 3, 32)},
         note=(
             _ACE_STEP_ENCODER_NOTE + "none, over the 5 copies of each 5 Hz token (plus learned per-position "
@@ -185,7 +192,10 @@ _AUDIOLDM2_UNET_NOTE = (
 )
 _add(
     ZooCase(
-        "AudioLDM2UNet2DConditionModel", _AUDIOLDM2_UNET, _audioldm2_unet_inputs(), note=_AUDIOLDM2_UNET_NOTE + " No mask."
+        "AudioLDM2UNet2DConditionModel",
+        _AUDIOLDM2_UNET,
+        _audioldm2_unet_inputs(),
+        note=_AUDIOLDM2_UNET_NOTE + " No mask.",
     ),
     ZooCase(
         "AudioLDM2UNet2DConditionModel",
@@ -202,14 +212,7 @@ _add(
 
 # --- LongCat audio DiT --------------------------------------------------------------------
 
-_LONGCAT_AUDIO = dict(
-    dit_dim=32,
-    dit_depth=2,
-    dit_heads=2,
-    dit_text_dim=24,
-    latent_dim=8,
-    ff_mult=2.0,
-)
+_LONGCAT_AUDIO = dict(dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=24, latent_dim=8, ff_mult=2.0)
 
 
 def _longcat_audio_inputs(text_lengths, audio_lengths=None, text_len=6, audio_len=10):
@@ -488,8 +491,7 @@ NO_ATTENTION.update(
         ),
         "MMAudioVocoder": "BigVGAN-style vocoder (transposed convolutions, AMP blocks, anti-aliased Snake): no attention",
         "MiniMaxMusic3ConditionEncoder": (
-            "a softmax over learned layer-mixing weights, a 1-D convolution and resampling: no attention "
-            "between tokens"
+            "a softmax over learned layer-mixing weights, a 1-D convolution and resampling: no attention between tokens"
         ),
         "MiniMaxMusic3Vocoder": "1-D convolutional vocoder (transposed convolutions, Snake residual units): no attention",
         "StableAudio3DurationEmbedder": (

@@ -10,11 +10,7 @@ from collections.abc import Mapping
 import torch
 
 from tests.zoo._zoo_common import ZooCase
-from tests.zoo.cases._helpers import (
-    _Case,
-    _r,
-    _rn,
-)
+from tests.zoo.cases._helpers import _Case, _r, _rn
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -47,10 +43,17 @@ CASES.append(
     ZooCase(
         name="AsymmetricAutoencoderKL",
         config=dict(
-            in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-            down_block_out_channels=(16, 32), layers_per_down_block=1,
-            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), up_block_out_channels=(16, 32),
-            layers_per_up_block=1, latent_channels=4, norm_num_groups=8, sample_size=16,
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            down_block_out_channels=(16, 32),
+            layers_per_down_block=1,
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+            up_block_out_channels=(16, 32),
+            layers_per_up_block=1,
+            latent_channels=4,
+            norm_num_groups=8,
+            sample_size=16,
         ),
         inputs=_image_inputs(),
         note=_VAE_ATTENTION_NOTE + " (decoder: MaskConditionDecoder)",
@@ -59,19 +62,38 @@ CASES.append(
 )
 
 _KL = dict(
-    in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-    up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(16, 32),
-    layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=16,
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+    up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    latent_channels=4,
+    norm_num_groups=8,
+    sample_size=16,
 )
-CASES.append(ZooCase(name="AutoencoderKL", config=_KL, inputs=_image_inputs(), note=_VAE_ATTENTION_NOTE,
-                     extra={"shape_like": "sample"}))
+CASES.append(
+    ZooCase(
+        name="AutoencoderKL",
+        config=_KL,
+        inputs=_image_inputs(),
+        note=_VAE_ATTENTION_NOTE,
+        extra={"shape_like": "sample"},
+    )
+)
 CASES.append(
     ZooCase(
         name="AutoencoderKLFlux2",
         config=dict(
-            in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(16, 32),
-            layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=16,
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+            block_out_channels=(16, 32),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=8,
+            sample_size=16,
         ),
         inputs=_image_inputs(),
         note=_VAE_ATTENTION_NOTE,
@@ -85,8 +107,13 @@ CASES.append(
         # layers_per_block=2 as in SVD: MidBlockTemporalDecoder calls its attention only
         # between its first and second resnet, so with 1 layer the attention never runs.
         config=dict(
-            in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-            block_out_channels=(32, 64), layers_per_block=2, latent_channels=4, sample_size=16,
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            block_out_channels=(32, 64),
+            layers_per_block=2,
+            latent_channels=4,
+            sample_size=16,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 2, 3, 16, 16), "num_frames": 2},
         note=(
@@ -124,12 +151,18 @@ CASES.append(
     ZooCase(
         name="ConsistencyDecoderVAE",
         config=dict(
-            latent_channels=4, sample_size=16, encoder_block_out_channels=(16, 32),
-            encoder_down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"), encoder_layers_per_block=1,
-            encoder_norm_num_groups=8, decoder_add_attention=True, decoder_block_out_channels=(16, 32),
+            latent_channels=4,
+            sample_size=16,
+            encoder_block_out_channels=(16, 32),
+            encoder_down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            encoder_layers_per_block=1,
+            encoder_norm_num_groups=8,
+            decoder_add_attention=True,
+            decoder_block_out_channels=(16, 32),
             decoder_down_block_types=("ResnetDownsampleBlock2D", "ResnetDownsampleBlock2D"),
             decoder_up_block_types=("ResnetUpsampleBlock2D", "ResnetUpsampleBlock2D"),
-            decoder_layers_per_block=1, decoder_norm_num_groups=8,
+            decoder_layers_per_block=1,
+            decoder_norm_num_groups=8,
         ),
         inputs=lambda model, gen: _ReseededInputs(
             {"sample": _rn(model, gen, 1, 3, 16, 16)}, int(torch.randint(0, 2**31, (1,), generator=gen))
@@ -154,12 +187,17 @@ CASES.append(
         # the second stage (> head_dim: ReLU linear attention) and 4 at the third
         # (<= head_dim: the "quadratic" ReLU-kernel path).
         config=dict(
-            in_channels=3, latent_channels=4, attention_head_dim=8,
+            in_channels=3,
+            latent_channels=4,
+            attention_head_dim=8,
             encoder_block_types=("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
             decoder_block_types=("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
-            encoder_block_out_channels=(8, 16, 32), decoder_block_out_channels=(8, 16, 32),
-            encoder_layers_per_block=(1, 1, 1), decoder_layers_per_block=(1, 1, 1),
-            encoder_qkv_multiscales=((), (5,), (5,)), decoder_qkv_multiscales=((), (5,), (5,)),
+            encoder_block_out_channels=(8, 16, 32),
+            decoder_block_out_channels=(8, 16, 32),
+            encoder_layers_per_block=(1, 1, 1),
+            decoder_layers_per_block=(1, 1, 1),
+            encoder_qkv_multiscales=((), (5,), (5,)),
+            decoder_qkv_multiscales=((), (5,), (5,)),
             decoder_norm_types="rms_norm",
         ),
         inputs=_image_inputs(size=8),
@@ -175,6 +213,7 @@ CASES.append(
 
 # --- video VAEs ---------------------------------------------------------------------------
 
+
 def _allegro_vae_one_tile(model):
     # The forward has no untiled path (NotImplementedError); one tile covering the whole
     # 8 x 16 x 16 input keeps the encoder and decoder each called once.
@@ -187,10 +226,17 @@ CASES.append(
     _Case(
         name="AutoencoderKLAllegro",
         config=dict(
-            in_channels=3, out_channels=3, down_block_types=("AllegroDownBlock3D",) * 3,
-            up_block_types=("AllegroUpBlock3D",) * 3, block_out_channels=(8, 8, 8),
-            temporal_downsample_blocks=(True, True, False), temporal_upsample_blocks=(False, True, True),
-            latent_channels=4, layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4,
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("AllegroDownBlock3D",) * 3,
+            up_block_types=("AllegroUpBlock3D",) * 3,
+            block_out_channels=(8, 8, 8),
+            temporal_downsample_blocks=(True, True, False),
+            temporal_upsample_blocks=(False, True, True),
+            latent_channels=4,
+            layers_per_block=1,
+            norm_num_groups=2,
+            temporal_compression_ratio=4,
         ),
         setup=_allegro_vae_one_tile,
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 8, 16, 16)},
@@ -207,9 +253,18 @@ CASES.append(
     ZooCase(
         name="AutoencoderKLCosmos",
         config=dict(
-            in_channels=3, out_channels=3, latent_channels=4, encoder_block_out_channels=(8, 8, 8, 8),
-            decode_block_out_channels=(8, 8, 8, 8), attention_resolutions=(8,), resolution=64, num_layers=1,
-            patch_size=4, patch_type="haar", spatial_compression_ratio=4, temporal_compression_ratio=4,
+            in_channels=3,
+            out_channels=3,
+            latent_channels=4,
+            encoder_block_out_channels=(8, 8, 8, 8),
+            decode_block_out_channels=(8, 8, 8, 8),
+            attention_resolutions=(8,),
+            resolution=64,
+            num_layers=1,
+            patch_size=4,
+            patch_type="haar",
+            spatial_compression_ratio=4,
+            temporal_compression_ratio=4,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 9, 16, 16)},
         note=(
@@ -227,8 +282,13 @@ CASES.append(
         name="AutoencoderKLHunyuanImage",
         # The attention block's GroupNorm has 32 groups: channels are multiples of 32.
         config=dict(
-            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64), layers_per_block=1,
-            spatial_compression_ratio=2, sample_size=16,
+            in_channels=3,
+            out_channels=3,
+            latent_channels=4,
+            block_out_channels=(32, 64),
+            layers_per_block=1,
+            spatial_compression_ratio=2,
+            sample_size=16,
         ),
         inputs=_image_inputs(),
         note=(
@@ -240,12 +300,18 @@ CASES.append(
 )
 
 _HY3D_VAE = dict(
-    in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 32), layers_per_block=1,
-    spatial_compression_ratio=2, temporal_compression_ratio=2,
+    in_channels=3,
+    out_channels=3,
+    latent_channels=4,
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    spatial_compression_ratio=2,
+    temporal_compression_ratio=2,
 )
 CASES.append(
     ZooCase(
-        name="AutoencoderKLHunyuanImageRefiner", config=_HY3D_VAE,
+        name="AutoencoderKLHunyuanImageRefiner",
+        config=_HY3D_VAE,
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
         note=(
             "HunyuanImageRefinerAttnBlock (plain nn.Module, mid-blocks: RMS norm, 1x1x1 conv q/k/v, single head over "
@@ -256,7 +322,8 @@ CASES.append(
 )
 CASES.append(
     ZooCase(
-        name="AutoencoderKLHunyuanVideo15", config=_HY3D_VAE,
+        name="AutoencoderKLHunyuanVideo15",
+        config=_HY3D_VAE,
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
         note=(
             "HunyuanVideo15AttnBlock (plain nn.Module, mid-blocks: RMS norm, 1x1x1 conv q/k/v, single head over "
@@ -270,9 +337,15 @@ CASES.append(
     ZooCase(
         name="AutoencoderKLHunyuanVideo",
         config=dict(
-            in_channels=3, out_channels=3, latent_channels=4,
-            down_block_types=("HunyuanVideoDownBlock3D",) * 3, up_block_types=("HunyuanVideoUpBlock3D",) * 3,
-            block_out_channels=(8, 8, 16), layers_per_block=1, norm_num_groups=4, spatial_compression_ratio=4,
+            in_channels=3,
+            out_channels=3,
+            latent_channels=4,
+            down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+            up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+            block_out_channels=(8, 8, 16),
+            layers_per_block=1,
+            norm_num_groups=4,
+            spatial_compression_ratio=4,
             temporal_compression_ratio=4,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
@@ -298,8 +371,14 @@ CASES.append(
         # down to 8e-5). With both, the least of 1,000 draws is 2.8e-3.
         gains=((r"^attn\.to_out\.0\.weight", 8.0), (r"^decoder\.conv2\.bias$", 0.01)),
         config=dict(
-            encoder_dim=4, encoder_rates=[2, 2], latent_dim=32, codebook_dim=4, decoder_dim=16,
-            decoder_rates=[2, 2], num_channels=1, attn_num_heads=4,
+            encoder_dim=4,
+            encoder_rates=[2, 2],
+            latent_dim=32,
+            codebook_dim=4,
+            decoder_dim=16,
+            decoder_rates=[2, 2],
+            num_channels=1,
+            attn_num_heads=4,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 1, 64)},
         note=(
@@ -315,9 +394,20 @@ CASES.append(
         # The class default (and LTX-2's audio VAE) has no attention: mid_block_add_attention=False,
         # attn_resolutions=None. Both switched on here so the attention the class can hold is covered.
         config=dict(
-            in_channels=2, output_channels=2, latent_channels=4, base_channels=16, ch_mult=(1, 2, 4),
-            resolution=16, attn_resolutions=(8,), num_res_blocks=1, norm_type="pixel", causality_axis="height",
-            mid_block_add_attention=True, mel_bins=16, is_causal=True, double_z=True,
+            in_channels=2,
+            output_channels=2,
+            latent_channels=4,
+            base_channels=16,
+            ch_mult=(1, 2, 4),
+            resolution=16,
+            attn_resolutions=(8,),
+            num_res_blocks=1,
+            norm_type="pixel",
+            causality_axis="height",
+            mid_block_add_attention=True,
+            mel_bins=16,
+            is_causal=True,
+            double_z=True,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 2, 8, 16)},
         note=(
@@ -335,9 +425,18 @@ CASES.append(
         # latent_dim // heads (16) differs from latent_channels (8) as at full scale, so the
         # adaptive-average-pool after the attention is exercised.
         config=dict(
-            encoder_dim=4, encoder_rates=(2, 2), latent_dim=32, latent_channels=8, num_attention_heads=2,
-            decoder_dim=16, decoder_rates=(2, 2), decoder_kernel_sizes=(4, 4), resblock_kernel_sizes=(3, 7),
-            resblock_dilation_sizes=((1, 3), (1, 3)), latents_mean=[0.0] * 8, latents_std=[1.0] * 8,
+            encoder_dim=4,
+            encoder_rates=(2, 2),
+            latent_dim=32,
+            latent_channels=8,
+            num_attention_heads=2,
+            decoder_dim=16,
+            decoder_rates=(2, 2),
+            decoder_kernel_sizes=(4, 4),
+            resblock_kernel_sizes=(3, 7),
+            resblock_dilation_sizes=((1, 3), (1, 3)),
+            latents_mean=[0.0] * 8,
+            latents_std=[1.0] * 8,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 1, 32)},
         note=(
@@ -358,11 +457,23 @@ CASES.append(
         # 17 * n + 5 pixel frames is the geometry the released clip_length / token_drop accept:
         # 22 frames is the shortest video that round-trips.
         config=dict(
-            in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), layers_per_block=1,
-            spatial_downsample_factors=(2, 2), temporal_downsample_factors=(2, 2), norm_num_groups=8,
-            decoder_num_layers=2, decoder_num_attention_heads=2, decoder_attention_head_dim=8,
-            decoder_num_register_tokens=2, decoder_ffn_mult=2, clip_length=17, token_drop=3,
-            latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4,
+            in_channels=3,
+            out_channels=3,
+            latent_channels=4,
+            block_out_channels=(8, 16),
+            layers_per_block=1,
+            spatial_downsample_factors=(2, 2),
+            temporal_downsample_factors=(2, 2),
+            norm_num_groups=8,
+            decoder_num_layers=2,
+            decoder_num_attention_heads=2,
+            decoder_attention_head_dim=8,
+            decoder_num_register_tokens=2,
+            decoder_ffn_mult=2,
+            clip_length=17,
+            token_drop=3,
+            latents_mean=(0.0,) * 4,
+            latents_std=(1.0,) * 4,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 22, 8, 8)},
         note=(
@@ -379,8 +490,13 @@ CASES.append(
     ZooCase(
         name="AutoencoderKLMochi",
         config=dict(
-            in_channels=15, out_channels=3, latent_channels=4, encoder_block_out_channels=(32, 32, 32, 32),
-            decoder_block_out_channels=(32, 32, 32, 32), layers_per_block=(1, 1, 1, 1, 1), scaling_factor=1,
+            in_channels=15,
+            out_channels=3,
+            latent_channels=4,
+            encoder_block_out_channels=(32, 32, 32, 32),
+            decoder_block_out_channels=(32, 32, 32, 32),
+            layers_per_block=(1, 1, 1, 1, 1),
+            scaling_factor=1,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 13, 16, 16)},
         note=(
@@ -406,8 +522,14 @@ CASES.append(
         config=dict(
             # attn_scales stays [] as in the released configs: a WanAttentionBlock in the encoder's
             # down blocks fails in diffusers 0.42.1 (its forward takes no feat_cache).
-            base_dim=8, z_dim=4, dim_mult=[1, 1, 1], num_res_blocks=1, attn_scales=[],
-            temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+            base_dim=8,
+            z_dim=4,
+            dim_mult=[1, 1, 1],
+            num_res_blocks=1,
+            attn_scales=[],
+            temperal_downsample=[False, True],
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
         note=_WAN_FAMILY_NOTE.format(cls="WanAttentionBlock", extra=""),
@@ -419,8 +541,14 @@ CASES.append(
         name="AutoencoderKLQwenImage",
         gains=_VAE_ATTN_GAIN,
         config=dict(
-            base_dim=8, z_dim=4, dim_mult=[1, 1, 1], num_res_blocks=1, attn_scales=[],
-            temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+            base_dim=8,
+            z_dim=4,
+            dim_mult=[1, 1, 1],
+            num_res_blocks=1,
+            attn_scales=[],
+            temperal_downsample=[False, True],
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 5, 16, 16)},
         note=_WAN_FAMILY_NOTE.format(cls="QwenImageAttentionBlock", extra=""),
@@ -433,8 +561,15 @@ CASES.append(
         # An image VAE (one frame; its convolutions refuse a temporal cache) with four input
         # channels (images with alpha), as the class default.
         config=dict(
-            base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 1, 1], num_res_blocks=1, attn_scales=[],
-            temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+            base_dim=8,
+            decoder_base_dim=8,
+            z_dim=4,
+            dim_mult=[1, 1, 1],
+            num_res_blocks=1,
+            attn_scales=[],
+            temperal_downsample=[False, True],
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 4, 1, 16, 16)},
         note=_WAN_FAMILY_NOTE.format(cls="QwenImage21AttentionBlock", extra=""),
@@ -446,8 +581,15 @@ CASES.append(
     ZooCase(
         name="AutoencoderVidTok",
         config=dict(
-            in_channels=3, out_channels=3, ch=8, ch_mult=[1, 2, 2], z_channels=4, double_z=True,
-            num_res_blocks=1, regularizer="kl", is_causal=True,
+            in_channels=3,
+            out_channels=3,
+            ch=8,
+            ch_mult=[1, 2, 2],
+            z_channels=4,
+            double_z=True,
+            num_res_blocks=1,
+            regularizer="kl",
+            is_causal=True,
         ),
         # sample_posterior defaults to True here (noise drawn in the forward): the mode keeps it
         # deterministic.
@@ -480,9 +622,17 @@ def _same_case(differential: bool) -> ZooCase:
         gains=((r"attn\.to_out\.weight$", 4.0),),
         variant="" if differential else "standard",
         config=dict(
-            audio_channels=2, patch_size=4, encoder_channels=8, encoder_c_mults=(2,), encoder_strides=(2,),
-            encoder_transformer_depths=(1,), latent_dim=8, use_differential_attention=differential, dim_heads=8,
-            ff_mult=2, sliding_window=1,
+            audio_channels=2,
+            patch_size=4,
+            encoder_channels=8,
+            encoder_c_mults=(2,),
+            encoder_strides=(2,),
+            encoder_transformer_depths=(1,),
+            latent_dim=8,
+            use_differential_attention=differential,
+            dim_heads=8,
+            ff_mult=2,
+            sliding_window=1,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 2, 64)},
         note=(
@@ -521,9 +671,17 @@ CASES.append(
         # patches, decoded with patch 4 to 16x16.
         setup=_layer_scale_at_init,
         config=dict(
-            encoder_type="dinov2", encoder_hidden_size=64, encoder_patch_size=8, encoder_num_hidden_layers=1,
-            decoder_hidden_size=32, decoder_num_hidden_layers=1, decoder_num_attention_heads=4,
-            decoder_intermediate_size=64, patch_size=4, encoder_input_size=32, num_channels=3,
+            encoder_type="dinov2",
+            encoder_hidden_size=64,
+            encoder_patch_size=8,
+            encoder_num_hidden_layers=1,
+            decoder_hidden_size=32,
+            decoder_num_hidden_layers=1,
+            decoder_num_attention_heads=4,
+            decoder_intermediate_size=64,
+            patch_size=4,
+            encoder_input_size=32,
+            num_channels=3,
         ),
         inputs=lambda model, gen: {"sample": _rn(model, gen, 1, 3, 32, 32)},
         note=(
@@ -536,17 +694,19 @@ CASES.append(
 )
 
 
-NO_ATTENTION.update({
-    "AutoencoderKLCogVideoX": "causal-conv 3D VAE: resnet mid-blocks (CogVideoXMidBlock3D), no attention module",
-    "AutoencoderKLKVAE": "conv VAE: the encoder/decoder `attn` ModuleLists are always empty, mid-block is two resnets",
-    "AutoencoderKLKVAEVideo": "causal-conv video VAE: `attn` ModuleLists always empty, mid-block is two resnets",
-    "AutoencoderKLLTX2Video": "causal-conv video VAE: resnet/up/down blocks only, no attention module",
-    "AutoencoderKLLTXVideo": "causal-conv video VAE: resnet/up/down blocks only, no attention module",
-    "AutoencoderKLMagvit": "causal-conv video VAE (EasyAnimate): resnet mid-block, no attention module",
-    "AutoencoderOobleck": "1-D conv audio VAE (Snake residual units), no attention module",
-    "AutoencoderTiny": "EncoderTiny / DecoderTiny: conv blocks only, no attention module",
-    "Cosmos3AVAEAudioTokenizer": "audio tokenizer: ConvNeXt spectrogram encoder and conv decoder, no attention module",
-})
+NO_ATTENTION.update(
+    {
+        "AutoencoderKLCogVideoX": "causal-conv 3D VAE: resnet mid-blocks (CogVideoXMidBlock3D), no attention module",
+        "AutoencoderKLKVAE": "conv VAE: the encoder/decoder `attn` ModuleLists are always empty, mid-block is two resnets",
+        "AutoencoderKLKVAEVideo": "causal-conv video VAE: `attn` ModuleLists always empty, mid-block is two resnets",
+        "AutoencoderKLLTX2Video": "causal-conv video VAE: resnet/up/down blocks only, no attention module",
+        "AutoencoderKLLTXVideo": "causal-conv video VAE: resnet/up/down blocks only, no attention module",
+        "AutoencoderKLMagvit": "causal-conv video VAE (EasyAnimate): resnet mid-block, no attention module",
+        "AutoencoderOobleck": "1-D conv audio VAE (Snake residual units), no attention module",
+        "AutoencoderTiny": "EncoderTiny / DecoderTiny: conv blocks only, no attention module",
+        "Cosmos3AVAEAudioTokenizer": "audio tokenizer: ConvNeXt spectrogram encoder and conv decoder, no attention module",
+    }
+)
 
 
 # --- MMAudio VAE (mel autoencoder) --------------------------------------------------------
@@ -571,7 +731,7 @@ _add(
             "one head over the full channel width (head_dim 32 here, in the thousands at full size), q/k/v "
             "L2-normalised, no mask; one block mid-encoder, one mid-decoder."
         ),
-    ),
+    )
 )
 
 

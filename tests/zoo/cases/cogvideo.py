@@ -8,13 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase, model_param, random_angles_rotary
-from tests.zoo.cases._helpers import (
-    _like,
-    _rn,
-    _rope_halves,
-    _text_keep,
-    _timestep,
-)
+from tests.zoo.cases._helpers import _like, _rn, _rope_halves, _text_keep, _timestep
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -27,9 +21,19 @@ def _add(*cases: ZooCase) -> None:
 # --- CogVideoX, CogView3Plus, CogView4, ConsisID ------------------------------------------
 
 _COGVIDEOX = dict(
-    num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
-    text_embed_dim=16, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-    temporal_compression_ratio=4, max_text_seq_length=8,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    time_embed_dim=8,
+    text_embed_dim=16,
+    num_layers=1,
+    sample_width=8,
+    sample_height=8,
+    sample_frames=5,
+    patch_size=2,
+    temporal_compression_ratio=4,
+    max_text_seq_length=8,
 )
 
 
@@ -55,7 +59,8 @@ _COGVIDEOX_NOTE = (
 )
 CASES.append(
     ZooCase(
-        name="CogVideoXTransformer3DModel", config=dict(_COGVIDEOX, use_rotary_positional_embeddings=True),
+        name="CogVideoXTransformer3DModel",
+        config=dict(_COGVIDEOX, use_rotary_positional_embeddings=True),
         inputs=_cogvideox_inputs(True),
         note=_COGVIDEOX_NOTE + "; image_rotary_emb (cos, sin) forward input, applied to the video queries and keys "
         "only (CogVideoX-5B)",
@@ -64,7 +69,10 @@ CASES.append(
 )
 CASES.append(
     ZooCase(
-        name="CogVideoXTransformer3DModel", variant="sincos", config=_COGVIDEOX, inputs=_cogvideox_inputs(False),
+        name="CogVideoXTransformer3DModel",
+        variant="sincos",
+        config=_COGVIDEOX,
+        inputs=_cogvideox_inputs(False),
         note=_COGVIDEOX_NOTE + "; sin-cos positional embedding added to the tokens, no rotary (CogVideoX-2B)",
     )
 )
@@ -79,8 +87,17 @@ CASES.append(
     ZooCase(
         name="CogView3PlusTransformer2DModel",
         config=dict(
-            patch_size=2, in_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2, out_channels=4,
-            text_embed_dim=16, time_embed_dim=8, condition_dim=4, pos_embed_max_size=8, sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            num_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            out_channels=4,
+            text_embed_dim=16,
+            time_embed_dim=8,
+            condition_dim=4,
+            pos_embed_max_size=8,
+            sample_size=8,
         ),
         inputs=lambda model, gen: {
             "hidden_states": _rn(model, gen, 1, 4, 8, 8),
@@ -96,8 +113,18 @@ CASES.append(
 )
 
 _COGVIEW4 = dict(
-    patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2,
-    text_embed_dim=16, time_embed_dim=8, condition_dim=4, pos_embed_max_size=8, sample_size=8, rope_axes_dim=(8, 8),
+    patch_size=2,
+    in_channels=4,
+    out_channels=4,
+    num_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    text_embed_dim=16,
+    time_embed_dim=8,
+    condition_dim=4,
+    pos_embed_max_size=8,
+    sample_size=8,
+    rope_axes_dim=(8, 8),
 )
 
 
@@ -127,13 +154,19 @@ _COGVIEW4_NOTE = (
 )
 CASES.append(
     ZooCase(
-        name="CogView4Transformer2DModel", config=_COGVIEW4, inputs=_cogview4_inputs(False), note=_COGVIEW4_NOTE,
+        name="CogView4Transformer2DModel",
+        config=_COGVIEW4,
+        inputs=_cogview4_inputs(False),
+        note=_COGVIEW4_NOTE,
         extra={"rotary_keys": ("image_rotary_emb",)},
     )
 )
 CASES.append(
     ZooCase(
-        name="CogView4Transformer2DModel", variant="masked", config=_COGVIEW4, inputs=_cogview4_inputs(True),
+        name="CogView4Transformer2DModel",
+        variant="masked",
+        config=_COGVIEW4,
+        inputs=_cogview4_inputs(True),
         note=_COGVIEW4_NOTE + "; batch 2 with 12 and 2 valid text tokens (many padded: the float mask only "
         "down-weights them by e^-1)",
         extra={"mask_keys": ("attention_mask",), "rotary_keys": ("image_rotary_emb",)},
@@ -157,12 +190,35 @@ CASES.append(
         name="ConsisIDTransformer3DModel",
         config=dict(
             # the face cross-attention reads LFE_output_dim = 2/3 of the inner dim (2048 of 3072)
-            num_attention_heads=2, attention_head_dim=24, in_channels=4, out_channels=4, time_embed_dim=8,
-            text_embed_dim=16, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-            temporal_compression_ratio=4, max_text_seq_length=8, use_rotary_positional_embeddings=True,
-            is_train_face=True, is_kps=False, cross_attn_interval=1, cross_attn_dim_head=8, cross_attn_num_heads=2,
-            LFE_id_dim=8, LFE_vit_dim=16, LFE_depth=2, LFE_dim_head=8, LFE_num_heads=2, LFE_num_id_token=2,
-            LFE_num_querie=4, LFE_output_dim=32, LFE_ff_mult=1, LFE_num_scale=2,
+            num_attention_heads=2,
+            attention_head_dim=24,
+            in_channels=4,
+            out_channels=4,
+            time_embed_dim=8,
+            text_embed_dim=16,
+            num_layers=2,
+            sample_width=8,
+            sample_height=8,
+            sample_frames=5,
+            patch_size=2,
+            temporal_compression_ratio=4,
+            max_text_seq_length=8,
+            use_rotary_positional_embeddings=True,
+            is_train_face=True,
+            is_kps=False,
+            cross_attn_interval=1,
+            cross_attn_dim_head=8,
+            cross_attn_num_heads=2,
+            LFE_id_dim=8,
+            LFE_vit_dim=16,
+            LFE_depth=2,
+            LFE_dim_head=8,
+            LFE_num_heads=2,
+            LFE_num_id_token=2,
+            LFE_num_querie=4,
+            LFE_output_dim=32,
+            LFE_ff_mult=1,
+            LFE_num_scale=2,
         ),
         inputs=_consisid_inputs,
         note=(

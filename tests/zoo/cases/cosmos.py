@@ -8,12 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase, model_param
-from tests.zoo.cases._helpers import (
-    _like,
-    _rn,
-    _text_keep,
-    _timestep,
-)
+from tests.zoo.cases._helpers import _like, _rn, _text_keep, _timestep
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -24,6 +19,7 @@ def _add(*cases: ZooCase) -> None:
 
 
 # --- Cosmos3 Omni, Cosmos (Predict) and its ControlNet ------------------------------------
+
 
 def _cosmos3_inputs(model, gen):
     # A packed sequence: 6 causal text ("understanding") tokens, then 2 x 2 x 2 vision tokens
@@ -52,9 +48,18 @@ CASES.append(
     ZooCase(
         name="Cosmos3OmniTransformer",
         config=dict(
-            head_dim=16, hidden_size=32, intermediate_size=64, latent_channel=4, latent_patch_size=1,
-            num_attention_heads=2, num_hidden_layers=2, num_key_value_heads=1, patch_latent_dim=4,
-            rope_axes_dim=[2, 3, 3], rope_theta=10000.0, vocab_size=32,
+            head_dim=16,
+            hidden_size=32,
+            intermediate_size=64,
+            latent_channel=4,
+            latent_patch_size=1,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            num_key_value_heads=1,
+            patch_latent_dim=4,
+            rope_axes_dim=[2, 3, 3],
+            rope_theta=10000.0,
+            vocab_size=32,
         ),
         inputs=_cosmos3_inputs,
         outputs=lambda out: tuple(out.sample),
@@ -69,11 +74,20 @@ CASES.append(
 )
 
 _COSMOS = dict(
-    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12, num_layers=1, mlp_ratio=2.0,
-    text_embed_dim=16, adaln_lora_dim=8, max_size=(4, 16, 16), patch_size=(1, 2, 2),
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=12,
+    num_layers=1,
+    mlp_ratio=2.0,
+    text_embed_dim=16,
+    adaln_lora_dim=8,
+    max_size=(4, 16, 16),
+    patch_size=(1, 2, 2),
     # The real configs concatenate a padding mask resized with torchvision, which `make setup`
     # does not install; the attention is the same without it.
-    concat_padding_mask=False, extra_pos_embed_type="learnable",
+    concat_padding_mask=False,
+    extra_pos_embed_type="learnable",
 )
 _COSMOS_NOTE = (
     "Attention + CosmosAttnProcessor2_0 -> dispatch_attention_fn *without* backend= (only the process-wide "
@@ -102,7 +116,10 @@ def _cosmos_inputs(masked=False, img_context=False, lengths=(7, 3)):
 CASES.append(ZooCase(name="CosmosTransformer3DModel", config=_COSMOS, inputs=_cosmos_inputs(), note=_COSMOS_NOTE))
 CASES.append(
     ZooCase(
-        name="CosmosTransformer3DModel", variant="masked", config=_COSMOS, inputs=_cosmos_inputs(masked=True),
+        name="CosmosTransformer3DModel",
+        variant="masked",
+        config=_COSMOS,
+        inputs=_cosmos_inputs(masked=True),
         note=_COSMOS_NOTE + "; attention_mask (B, T) bool -> (B, 1, 1, T) for the cross-attention; batch 2 with 7 "
         "and 3 valid text tokens",
         extra={"mask_keys": ("attention_mask",)},
@@ -110,7 +127,9 @@ CASES.append(
 )
 CASES.append(
     ZooCase(
-        name="CosmosTransformer3DModel", variant="fullpad", config=_COSMOS,
+        name="CosmosTransformer3DModel",
+        variant="fullpad",
+        config=_COSMOS,
         inputs=_cosmos_inputs(masked=True, lengths=(7, 0)),
         note=_COSMOS_NOTE + "; batch 2, the second with no valid text token: its cross-attention rows are fully "
         "masked (zeros from SDPA)",
@@ -118,9 +137,11 @@ CASES.append(
 )
 CASES.append(
     ZooCase(
-        name="CosmosTransformer3DModel", variant="imgctx",
-        config=dict(_COSMOS, extra_pos_embed_type=None, img_context_dim_in=8, img_context_num_tokens=4,
-                    img_context_dim_out=24),
+        name="CosmosTransformer3DModel",
+        variant="imgctx",
+        config=dict(
+            _COSMOS, extra_pos_embed_type=None, img_context_dim_in=8, img_context_num_tokens=4, img_context_dim_out=24
+        ),
         inputs=_cosmos_inputs(img_context=True),
         note=_COSMOS_NOTE + "; Cosmos 2.5: cross-attention is CosmosAttention + CosmosAttnProcessor2_5 with "
         "encoder_hidden_states = (text, image context): two dispatch calls (text; image tokens through "
@@ -148,9 +169,19 @@ CASES.append(
         name="CosmosControlNetModel",
         # controls: 4 channels + condition mask + padding mask; base latents the same
         config=dict(
-            n_controlnet_blocks=2, in_channels=6, latent_channels=6, model_channels=24, num_attention_heads=2,
-            attention_head_dim=12, mlp_ratio=2.0, text_embed_dim=16, adaln_lora_dim=8, patch_size=(1, 2, 2),
-            max_size=(4, 16, 16), img_context_dim_in=8, img_context_dim_out=24,
+            n_controlnet_blocks=2,
+            in_channels=6,
+            latent_channels=6,
+            model_channels=24,
+            num_attention_heads=2,
+            attention_head_dim=12,
+            mlp_ratio=2.0,
+            text_embed_dim=16,
+            adaln_lora_dim=8,
+            patch_size=(1, 2, 2),
+            max_size=(4, 16, 16),
+            img_context_dim_in=8,
+            img_context_dim_out=24,
         ),
         inputs=_cosmos_controlnet_inputs,
         outputs=lambda out: tuple(out.control_block_samples),

@@ -8,14 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase, model_param
-from tests.zoo.cases._helpers import (
-    _keep,
-    _pd,
-    _r,
-    _rn,
-    _steps,
-    _timestep,
-)
+from tests.zoo.cases._helpers import _keep, _pd, _r, _rn, _steps, _timestep
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -31,8 +24,14 @@ CASES.append(
     ZooCase(
         name="DiTTransformer2DModel",
         config=dict(
-            num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, num_layers=2,
-            sample_size=8, patch_size=2, num_embeds_ada_norm=10,
+            num_attention_heads=2,
+            attention_head_dim=16,
+            in_channels=4,
+            out_channels=4,
+            num_layers=2,
+            sample_size=8,
+            patch_size=2,
+            num_embeds_ada_norm=10,
         ),
         inputs=lambda model, gen: {
             "hidden_states": _rn(model, gen, 1, 4, 8, 8),
@@ -89,7 +88,7 @@ _add(
             "self-attention and text cross-attention per frame, then temporal self-attention per patch; "
             "no mask (the pipeline passes none). No set_attn_processor on the model."
         ),
-    ),
+    )
 )
 
 
@@ -253,10 +252,7 @@ _TEMPORAL = dict(num_attention_heads=2, attention_head_dim=16, in_channels=32, n
 
 
 def _temporal_inputs(model, gen, batch=2, frames=3, hw=4):
-    return dict(
-        hidden_states=_r(gen, model, batch * frames, model.config.in_channels, hw, hw),
-        num_frames=frames,
-    )
+    return dict(hidden_states=_r(gen, model, batch * frames, model.config.in_channels, hw, hw), num_frames=frames)
 
 
 _add(
@@ -268,5 +264,5 @@ _add(
             "diffusers Attention + AttnProcessor2_0 in BasicTransformerBlock: two self-attentions (attn1, attn2 "
             "without a context) over the frames of each pixel; no mask. No set_attn_processor on the model."
         ),
-    ),
+    )
 )

@@ -8,17 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase, model_param
-from tests.zoo.cases._helpers import (
-    _Case,
-    _like,
-    _pd,
-    _r,
-    _rn,
-    _t,
-    _text_keep,
-    _time_gain,
-    _timestep,
-)
+from tests.zoo.cases._helpers import _Case, _like, _pd, _r, _rn, _t, _text_keep, _time_gain, _timestep
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -29,6 +19,7 @@ def _add(*cases: ZooCase) -> None:
 
 
 # --- Bria (Flux-like) ---------------------------------------------------------------------
+
 
 def _random_ids(gen, tokens, axes=3, span=16.0):
     """(tokens, axes) random positions: the rotary angles they give are random too (as in
@@ -52,8 +43,14 @@ CASES.append(
         name="BriaTransformer2DModel",
         gains=_time_gain(r"^time_embed\."),
         config=dict(
-            patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=[4, 6, 6],
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=16,
+            axes_dims_rope=[4, 6, 6],
         ),
         inputs=_bria_inputs,
         note=(
@@ -65,8 +62,15 @@ CASES.append(
 )
 
 _FIBO = dict(
-    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-    joint_attention_dim=16, text_encoder_dim=8, axes_dims_rope=[4, 6, 6],
+    patch_size=1,
+    in_channels=4,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=16,
+    text_encoder_dim=8,
+    axes_dims_rope=[4, 6, 6],
 )
 
 
@@ -100,16 +104,32 @@ _FIBO_NOTE = (
 CASES.append(ZooCase(name="BriaFiboTransformer2DModel", config=_FIBO, inputs=_fibo_inputs(False), note=_FIBO_NOTE))
 CASES.append(
     ZooCase(
-        name="BriaFiboTransformer2DModel", variant="masked", config=_FIBO, inputs=_fibo_inputs(True),
+        name="BriaFiboTransformer2DModel",
+        variant="masked",
+        config=_FIBO,
+        inputs=_fibo_inputs(True),
         note=_FIBO_NOTE + "; batch 2: 6 and 2 valid text tokens, bool (B, 1, 1, S) key padding",
         extra={"mask_keys": ("joint_attention_kwargs",)},
     )
 )
 
 _FIBO2 = dict(
-    in_channels=4, patch_size=2, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, cap_feat_dim=16,
-    injection_layer_ids=(1,), perceiver_num_layers=1, min_num_gist_tokens=4, max_num_gist_tokens=8, gist_step=4,
-    gist_min_text_len=2, gist_max_text_len=10, axes_dims=(4, 6, 6), axes_lens=(32, 16, 16),
+    in_channels=4,
+    patch_size=2,
+    dim=32,
+    n_layers=2,
+    n_refiner_layers=1,
+    n_heads=2,
+    cap_feat_dim=16,
+    injection_layer_ids=(1,),
+    perceiver_num_layers=1,
+    min_num_gist_tokens=4,
+    max_num_gist_tokens=8,
+    gist_step=4,
+    gist_min_text_len=2,
+    gist_max_text_len=10,
+    axes_dims=(4, 6, 6),
+    axes_lens=(32, 16, 16),
 )
 
 
@@ -140,12 +160,23 @@ _FIBO2_NOTE = (
 # cross_attn_gate is a zero-initialised scalar gate (tanh): random_init_ draws it at ~0.05,
 # which would mute the injection cross-attention; at 1 its tanh is 0.76.
 _FIBO2_GAINS = ((r"cross_attn_gate$", 20.0),)
-CASES.append(_Case(name="BriaFibo2Transformer2DModel", config=_FIBO2, inputs=_fibo2_inputs(False),
-                   note=_FIBO2_NOTE, gains=_FIBO2_GAINS))
 CASES.append(
     _Case(
-        name="BriaFibo2Transformer2DModel", variant="masked", config=_FIBO2, inputs=_fibo2_inputs(True),
-        note=_FIBO2_NOTE + "; batch 2 with 10 and 2 text tokens (8 and 4 gist tokens)", gains=_FIBO2_GAINS,
+        name="BriaFibo2Transformer2DModel",
+        config=_FIBO2,
+        inputs=_fibo2_inputs(False),
+        note=_FIBO2_NOTE,
+        gains=_FIBO2_GAINS,
+    )
+)
+CASES.append(
+    _Case(
+        name="BriaFibo2Transformer2DModel",
+        variant="masked",
+        config=_FIBO2,
+        inputs=_fibo2_inputs(True),
+        note=_FIBO2_NOTE + "; batch 2 with 10 and 2 text tokens (8 and 4 gist tokens)",
+        gains=_FIBO2_GAINS,
         extra={"mask_keys": ("encoder_attention_mask",)},
     )
 )
@@ -154,8 +185,15 @@ CASES.append(
 # --- Flux, Chroma and the Flux ControlNets ------------------------------------------------
 
 _FLUX = dict(
-    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-    joint_attention_dim=16, pooled_projection_dim=8, axes_dims_rope=(4, 6, 6),
+    patch_size=1,
+    in_channels=4,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=16,
+    pooled_projection_dim=8,
+    axes_dims_rope=(4, 6, 6),
 )
 _FLUX_NOTE = (
     "FluxAttention (AttentionModuleMixin) + FluxAttnProcessor -> dispatch_attention_fn: joint [text, image] with "
@@ -186,11 +224,15 @@ def _flux_inputs(masked, guidance=False, n_img=16, n_txt=6):
 
 
 _FLUX_GAINS = _time_gain(r"time_text_embed\.")
-CASES.append(_Case(name="FluxTransformer2DModel", config=_FLUX, inputs=_flux_inputs(False), note=_FLUX_NOTE,
-                   gains=_FLUX_GAINS))
+CASES.append(
+    _Case(name="FluxTransformer2DModel", config=_FLUX, inputs=_flux_inputs(False), note=_FLUX_NOTE, gains=_FLUX_GAINS)
+)
 CASES.append(
     _Case(
-        name="FluxTransformer2DModel", variant="masked", config=dict(_FLUX, guidance_embeds=True), gains=_FLUX_GAINS,
+        name="FluxTransformer2DModel",
+        variant="masked",
+        config=dict(_FLUX, guidance_embeds=True),
+        gains=_FLUX_GAINS,
         inputs=_flux_inputs(True, guidance=True),
         note=_FLUX_NOTE + "; guidance embedding; batch 2 with 6 and 2 valid text tokens, bool (B, 1, 1, S)",
         extra={"mask_keys": ("joint_attention_kwargs",)},
@@ -198,8 +240,16 @@ CASES.append(
 )
 
 _CHROMA = dict(
-    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-    joint_attention_dim=16, axes_dims_rope=(4, 6, 6), approximator_num_channels=16, approximator_hidden_dim=32,
+    patch_size=1,
+    in_channels=4,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=16,
+    axes_dims_rope=(4, 6, 6),
+    approximator_num_channels=16,
+    approximator_hidden_dim=32,
     approximator_layers=1,
 )
 
@@ -233,7 +283,10 @@ _CHROMA_NOTE = (
 CASES.append(ZooCase(name="ChromaTransformer2DModel", config=_CHROMA, inputs=_chroma_inputs(False), note=_CHROMA_NOTE))
 CASES.append(
     ZooCase(
-        name="ChromaTransformer2DModel", variant="masked", config=_CHROMA, inputs=_chroma_inputs(True),
+        name="ChromaTransformer2DModel",
+        variant="masked",
+        config=_CHROMA,
+        inputs=_chroma_inputs(True),
         note=_CHROMA_NOTE + "; batch 2 with 6 and 3 text tokens kept (the pipeline's float mask)",
         extra={"mask_keys": ("attention_mask",)},
     )
@@ -244,8 +297,11 @@ _FLUX_CN = dict(_FLUX, num_mode=None)
 
 def _flux_cn_outputs(out):
     # FluxControlNetModel returns FluxControlNetOutput, FluxMultiControlNetModel a tuple.
-    blocks, singles = (out.controlnet_block_samples, out.controlnet_single_block_samples) if hasattr(
-        out, "controlnet_block_samples") else out
+    blocks, singles = (
+        (out.controlnet_block_samples, out.controlnet_single_block_samples)
+        if hasattr(out, "controlnet_block_samples")
+        else out
+    )
     return (*blocks, *singles)
 
 
@@ -258,7 +314,10 @@ def _flux_cn_inputs(model, gen):
 
 CASES.append(
     _Case(
-        name="FluxControlNetModel", config=_FLUX_CN, inputs=_flux_cn_inputs, outputs=_flux_cn_outputs,
+        name="FluxControlNetModel",
+        config=_FLUX_CN,
+        inputs=_flux_cn_inputs,
+        outputs=_flux_cn_outputs,
         gains=_FLUX_GAINS,
         note=(
             "FluxAttention + FluxAttnProcessor -> dispatch_attention_fn (Flux blocks); joint_attention_kwargs is "
@@ -288,8 +347,12 @@ def _flux_multi_inputs(model, gen):
 
 CASES.append(
     _Case(
-        name="FluxMultiControlNetModel", config=dict(_FLUX, num_mode=3), make=_flux_multi_make, gains=_FLUX_GAINS,
-        inputs=_flux_multi_inputs, outputs=_flux_cn_outputs,
+        name="FluxMultiControlNetModel",
+        config=dict(_FLUX, num_mode=3),
+        make=_flux_multi_make,
+        gains=_FLUX_GAINS,
+        inputs=_flux_multi_inputs,
+        outputs=_flux_cn_outputs,
         note=(
             "wraps one FluxControlNetModel (ControlNet-Union, num_mode=3) run once per condition; the mode "
             "embedding is prepended to the text tokens; FluxAttention + FluxAttnProcessor -> dispatch_attention_fn"
@@ -302,8 +365,16 @@ CASES.append(
 # --- Flux2 --------------------------------------------------------------------------------
 
 _FLUX2 = dict(
-    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-    joint_attention_dim=16, timestep_guidance_channels=32, mlp_ratio=2.0, axes_dims_rope=(4, 4, 4, 4),
+    patch_size=1,
+    in_channels=4,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=16,
+    timestep_guidance_channels=32,
+    mlp_ratio=2.0,
+    axes_dims_rope=(4, 4, 4, 4),
     guidance_embeds=True,
 )
 _FLUX2_NOTE = (
@@ -350,10 +421,7 @@ def _flux2_inputs(masked=False, n_ref=0, cache=False, lengths=(6, 2)):
 
 def _flux2_kv_processors(model):
     # What Flux2KleinKVPipeline does before its first step.
-    from diffusers.models.transformers.transformer_flux2 import (
-        Flux2KVAttnProcessor,
-        Flux2KVParallelSelfAttnProcessor,
-    )
+    from diffusers.models.transformers.transformer_flux2 import Flux2KVAttnProcessor, Flux2KVParallelSelfAttnProcessor
 
     for block in model.transformer_blocks:
         block.attn.set_processor(Flux2KVAttnProcessor())
@@ -362,11 +430,15 @@ def _flux2_kv_processors(model):
 
 
 _FLUX2_GAINS = _time_gain(r"^time_guidance_embed\.")
-CASES.append(_Case(name="Flux2Transformer2DModel", config=_FLUX2, inputs=_flux2_inputs(), note=_FLUX2_NOTE,
-                   gains=_FLUX2_GAINS))
+CASES.append(
+    _Case(name="Flux2Transformer2DModel", config=_FLUX2, inputs=_flux2_inputs(), note=_FLUX2_NOTE, gains=_FLUX2_GAINS)
+)
 CASES.append(
     _Case(
-        name="Flux2Transformer2DModel", variant="masked", config=_FLUX2, inputs=_flux2_inputs(masked=True),
+        name="Flux2Transformer2DModel",
+        variant="masked",
+        config=_FLUX2,
+        inputs=_flux2_inputs(masked=True),
         gains=_FLUX2_GAINS,
         note=_FLUX2_NOTE + "; batch 2 with 6 and 2 valid text tokens, 2-D bool (B, S) key padding",
         extra={"mask_keys": ("joint_attention_kwargs",)},
@@ -374,7 +446,10 @@ CASES.append(
 )
 CASES.append(
     _Case(
-        name="Flux2Transformer2DModel", variant="fullpad", config=_FLUX2, gains=_FLUX2_GAINS,
+        name="Flux2Transformer2DModel",
+        variant="fullpad",
+        config=_FLUX2,
+        gains=_FLUX2_GAINS,
         inputs=_flux2_inputs(masked=True, lengths=(6, 0)),
         note=_FLUX2_NOTE + "; batch 2, the second with no valid text token (2-D bool key padding): its text keys "
         "are all masked, the image keys remain",
@@ -382,7 +457,10 @@ CASES.append(
 )
 CASES.append(
     _Case(
-        name="Flux2Transformer2DModel", variant="kvextract", config=_FLUX2, inputs=_flux2_inputs(n_ref=8),
+        name="Flux2Transformer2DModel",
+        variant="kvextract",
+        config=_FLUX2,
+        inputs=_flux2_inputs(n_ref=8),
         gains=_FLUX2_GAINS,
         setup=_flux2_kv_processors,
         note=(
@@ -395,7 +473,10 @@ CASES.append(
 )
 CASES.append(
     _Case(
-        name="Flux2Transformer2DModel", variant="kvcached", config=_FLUX2, inputs=_flux2_inputs(cache=True),
+        name="Flux2Transformer2DModel",
+        variant="kvcached",
+        config=_FLUX2,
+        inputs=_flux2_inputs(cache=True),
         gains=_FLUX2_GAINS,
         setup=_flux2_kv_processors,
         note=(
@@ -407,6 +488,7 @@ CASES.append(
 
 
 # --- Flux3 --------------------------------------------------------------------------------
+
 
 def _flux3_inputs(model, gen):
     b, n_img, n_cond, n_txt = 1, 16, 16, 12
@@ -435,8 +517,15 @@ CASES.append(
             (r"^x_embedders\.image_cond\.", 0.25),
         ),
         config=dict(
-            in_channels=4, cond_in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=16, timestep_channels=32, mlp_ratio=2.0,
+            in_channels=4,
+            cond_in_channels=4,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=16,
+            timestep_channels=32,
+            mlp_ratio=2.0,
             axes_dims_rope=(4, 4, 4, 4),
         ),
         inputs=_flux3_inputs,
@@ -450,6 +539,7 @@ CASES.append(
 
 
 # --- Flux-like single-sequence image transformers: LongCat-Image, Ovis-Image --------------
+
 
 def _flux_ids(text_len, grid, image_start=None, device="cpu"):
     """(txt_ids, img_ids), each (N, 3) float: text positions on axes 1 and 2, image grid after them."""
@@ -532,6 +622,6 @@ NO_ATTENTION.update(
         "ReduxImageEncoder": (
             "Flux Redux's image-embedding projector: two linear layers around a SiLU (SigLIP features to T5 "
             "width): no attention"
-        ),
+        )
     }
 )

@@ -8,13 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase, model_param, random_angles_rotary
-from tests.zoo.cases._helpers import (
-    _Case,
-    _like,
-    _rn,
-    _text_keep,
-    _timestep,
-)
+from tests.zoo.cases._helpers import _Case, _like, _rn, _text_keep, _timestep
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -28,8 +22,17 @@ def _add(*cases: ZooCase) -> None:
 
 _HYDIT_COMMON = dict(
     # cross_attention_dim_t5 64: the T5 pooler (HunyuanDiTAttentionPool) has 8 heads, of dim 8 here
-    num_attention_heads=2, attention_head_dim=16, in_channels=4, patch_size=2, sample_size=8, hidden_size=32,
-    mlp_ratio=2.0, cross_attention_dim=16, cross_attention_dim_t5=64, pooled_projection_dim=32, text_len=4,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    patch_size=2,
+    sample_size=8,
+    hidden_size=32,
+    mlp_ratio=2.0,
+    cross_attention_dim=16,
+    cross_attention_dim_t5=64,
+    pooled_projection_dim=32,
+    text_len=4,
     text_len_t5=6,
 )
 _HYDIT = dict(_HYDIT_COMMON, num_layers=2)
@@ -73,12 +76,21 @@ _HYDIT_NOTE = (
     "are replaced by a learned padding embedding"
 )
 CASES.append(
-    _Case(name="HunyuanDiT2DModel", config=_HYDIT, inputs=_hydit_inputs(), note=_HYDIT_NOTE, gains=_HYDIT_GAINS,
-            extra={"out_shape": (1, 8, 8, 8), "rotary_keys": ("image_rotary_emb",)})
+    _Case(
+        name="HunyuanDiT2DModel",
+        config=_HYDIT,
+        inputs=_hydit_inputs(),
+        note=_HYDIT_NOTE,
+        gains=_HYDIT_GAINS,
+        extra={"out_shape": (1, 8, 8, 8), "rotary_keys": ("image_rotary_emb",)},
+    )
 )
 CASES.append(
     _Case(
-        name="HunyuanDiT2DModel", variant="masked", config=_HYDIT, inputs=_hydit_inputs(masked=True),
+        name="HunyuanDiT2DModel",
+        variant="masked",
+        config=_HYDIT,
+        inputs=_hydit_inputs(masked=True),
         gains=_HYDIT_GAINS,
         note=_HYDIT_NOTE + "; batch 2 with 4/2 CLIP and 6/3 T5 valid tokens",
         extra={"out_shape": (2, 8, 8, 8), "rotary_keys": ("image_rotary_emb",)},
@@ -95,7 +107,10 @@ def _hydit_cn_outputs(out):
 
 CASES.append(
     _Case(
-        name="HunyuanDiT2DControlNetModel", config=_HYDIT_CN, inputs=_hydit_inputs(control=True), gains=_HYDIT_GAINS,
+        name="HunyuanDiT2DControlNetModel",
+        config=_HYDIT_CN,
+        inputs=_hydit_inputs(control=True),
+        gains=_HYDIT_GAINS,
         outputs=_hydit_cn_outputs,
         note=(
             "HunyuanDiTBlocks (first half of the DiT): " + _HYDIT_NOTE + "; the model defines attn_processors / "
@@ -122,8 +137,12 @@ def _hydit_multi_inputs(model, gen):
 
 CASES.append(
     _Case(
-        name="HunyuanDiT2DMultiControlNetModel", config=_HYDIT_CN, make=_hydit_multi_make, gains=_HYDIT_GAINS,
-        inputs=_hydit_multi_inputs, outputs=_hydit_cn_outputs,
+        name="HunyuanDiT2DMultiControlNetModel",
+        config=_HYDIT_CN,
+        make=_hydit_multi_make,
+        gains=_HYDIT_GAINS,
+        inputs=_hydit_multi_inputs,
+        outputs=_hydit_cn_outputs,
         note="wraps one HunyuanDiT2DControlNetModel: " + _HYDIT_NOTE,
         extra={"out_shape": (1, 16, 32), "rotary_keys": ("image_rotary_emb",)},
     )
@@ -133,8 +152,18 @@ CASES.append(
 # --- HunyuanVideo family, HunyuanImage ----------------------------------------------------
 
 _HYV = dict(
-    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=1,
-    num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1, text_embed_dim=16, pooled_projection_dim=8,
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=1,
+    num_single_layers=1,
+    num_refiner_layers=1,
+    mlp_ratio=2.0,
+    patch_size=2,
+    patch_size_t=1,
+    text_embed_dim=16,
+    pooled_projection_dim=8,
     rope_axes_dim=(4, 6, 6),
 )
 
@@ -172,18 +201,26 @@ _HYV_GAINS = (
 )
 # 24 text tokens next to 32 video tokens: with fewer, the text (and its refiner) holds too
 # small a share of the attention for a perturbation of the refiner to show.
-CASES.append(_Case(name="HunyuanVideoTransformer3DModel", config=_HYV, inputs=_hyv_inputs([24]), note=_HYV_NOTE,
-                   gains=_HYV_GAINS))
 CASES.append(
     _Case(
-        name="HunyuanVideoTransformer3DModel", variant="masked", config=_HYV, inputs=_hyv_inputs([24, 9]),
+        name="HunyuanVideoTransformer3DModel", config=_HYV, inputs=_hyv_inputs([24]), note=_HYV_NOTE, gains=_HYV_GAINS
+    )
+)
+CASES.append(
+    _Case(
+        name="HunyuanVideoTransformer3DModel",
+        variant="masked",
+        config=_HYV,
+        inputs=_hyv_inputs([24, 9]),
         gains=_HYV_GAINS,
         note=_HYV_NOTE + "; batch 2 with 24 and 9 valid text tokens",
     )
 )
 CASES.append(
     _Case(
-        name="HunyuanVideoTransformer3DModel", variant="i2v", config=dict(_HYV, image_condition_type="token_replace"),
+        name="HunyuanVideoTransformer3DModel",
+        variant="i2v",
+        config=dict(_HYV, image_condition_type="token_replace"),
         gains=_HYV_GAINS,
         inputs=_hyv_inputs([24, 13]),
         note=_HYV_NOTE + "; HunyuanVideo-I2V token_replace: TokenReplace double/single blocks (first-frame tokens "
@@ -219,9 +256,22 @@ def _framepack_inputs(lengths):
 
 
 _FRAMEPACK = dict(
-    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=1,
-    num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1, guidance_embeds=True, text_embed_dim=16,
-    pooled_projection_dim=8, rope_axes_dim=(4, 6, 6), has_image_proj=True, image_proj_dim=16,
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=1,
+    num_single_layers=1,
+    num_refiner_layers=1,
+    mlp_ratio=2.0,
+    patch_size=2,
+    patch_size_t=1,
+    guidance_embeds=True,
+    text_embed_dim=16,
+    pooled_projection_dim=8,
+    rope_axes_dim=(4, 6, 6),
+    has_image_proj=True,
+    image_proj_dim=16,
     has_clean_x_embedder=True,
 )
 _FRAMEPACK_NOTE = (
@@ -233,21 +283,41 @@ _FRAMEPACK_NOTE = (
 # The history tokens outnumber the text: the refiner's attention output another x2.
 _FRAMEPACK_GAINS = _HYV_GAINS + ((r"refiner_blocks\.\d+\.attn\.to_out\.0\.weight", 2.0),)
 CASES.append(
-    _Case(name="HunyuanVideoFramepackTransformer3DModel", config=_FRAMEPACK, inputs=_framepack_inputs([24]),
-          note=_FRAMEPACK_NOTE, gains=_FRAMEPACK_GAINS)
+    _Case(
+        name="HunyuanVideoFramepackTransformer3DModel",
+        config=_FRAMEPACK,
+        inputs=_framepack_inputs([24]),
+        note=_FRAMEPACK_NOTE,
+        gains=_FRAMEPACK_GAINS,
+    )
 )
 CASES.append(
     _Case(
-        name="HunyuanVideoFramepackTransformer3DModel", variant="masked", config=_FRAMEPACK,
-        inputs=_framepack_inputs([24, 9]), gains=_FRAMEPACK_GAINS,
+        name="HunyuanVideoFramepackTransformer3DModel",
+        variant="masked",
+        config=_FRAMEPACK,
+        inputs=_framepack_inputs([24, 9]),
+        gains=_FRAMEPACK_GAINS,
         note=_FRAMEPACK_NOTE + "; batch 2 with 24 and 9 valid text tokens",
     )
 )
 
 _HYV15 = dict(
-    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_refiner_layers=1,
-    mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8,
-    rope_axes_dim=(4, 6, 6), target_size=64, task_type="i2v",
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=1,
+    num_refiner_layers=1,
+    mlp_ratio=2.0,
+    patch_size=1,
+    patch_size_t=1,
+    text_embed_dim=16,
+    text_embed_2_dim=8,
+    image_embed_dim=8,
+    rope_axes_dim=(4, 6, 6),
+    target_size=64,
+    task_type="i2v",
 )
 
 
@@ -278,27 +348,47 @@ _HYV15_NOTE = (
     "padded tokens' query rows are fully masked"
 )
 CASES.append(
-    _Case(name="HunyuanVideo15Transformer3DModel", config=_HYV15, inputs=_hyv15_inputs([12], [6]), note=_HYV15_NOTE,
-          gains=_HYV15_GAINS)
+    _Case(
+        name="HunyuanVideo15Transformer3DModel",
+        config=_HYV15,
+        inputs=_hyv15_inputs([12], [6]),
+        note=_HYV15_NOTE,
+        gains=_HYV15_GAINS,
+    )
 )
 CASES.append(
     _Case(
-        name="HunyuanVideo15Transformer3DModel", variant="masked", config=_HYV15,
-        inputs=_hyv15_inputs([12, 5], [6, 2]), gains=_HYV15_GAINS,
+        name="HunyuanVideo15Transformer3DModel",
+        variant="masked",
+        config=_HYV15,
+        inputs=_hyv15_inputs([12, 5], [6, 2]),
+        gains=_HYV15_GAINS,
         note=_HYV15_NOTE + "; batch 2 with 12/5 text and 6/2 ByT5 valid tokens (fully masked rows for the padding)",
     )
 )
 CASES.append(
     _Case(
-        name="HunyuanVideo15Transformer3DModel", variant="t2v", config=_HYV15,
-        inputs=_hyv15_inputs([12], [6], t2v=True), gains=_HYV15_GAINS,
+        name="HunyuanVideo15Transformer3DModel",
+        variant="t2v",
+        config=_HYV15,
+        inputs=_hyv15_inputs([12], [6], t2v=True),
+        gains=_HYV15_GAINS,
         note=_HYV15_NOTE + "; text-to-video: zero image embeddings, all 4 image tokens masked",
     )
 )
 
 _HYIMAGE = dict(
-    in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=1,
-    num_refiner_layers=1, mlp_ratio=2.0, patch_size=(1, 1), text_embed_dim=16, text_embed_2_dim=8,
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    num_layers=1,
+    num_single_layers=1,
+    num_refiner_layers=1,
+    mlp_ratio=2.0,
+    patch_size=(1, 1),
+    text_embed_dim=16,
+    text_embed_2_dim=8,
     rope_axes_dim=(8, 8),
 )
 
@@ -330,13 +420,21 @@ _HYIMAGE_GAINS = (
     (r"refiner_blocks\.\d+\.attn\.to_out\.0\.weight", 4.0),
 )
 CASES.append(
-    _Case(name="HunyuanImageTransformer2DModel", config=_HYIMAGE, inputs=_hyimage_inputs([12], [6]),
-          note=_HYIMAGE_NOTE, gains=_HYIMAGE_GAINS)
+    _Case(
+        name="HunyuanImageTransformer2DModel",
+        config=_HYIMAGE,
+        inputs=_hyimage_inputs([12], [6]),
+        note=_HYIMAGE_NOTE,
+        gains=_HYIMAGE_GAINS,
+    )
 )
 CASES.append(
     _Case(
-        name="HunyuanImageTransformer2DModel", variant="masked", config=_HYIMAGE,
-        inputs=_hyimage_inputs([12, 5], [6, 2]), gains=_HYIMAGE_GAINS,
+        name="HunyuanImageTransformer2DModel",
+        variant="masked",
+        config=_HYIMAGE,
+        inputs=_hyimage_inputs([12, 5], [6, 2]),
+        gains=_HYIMAGE_GAINS,
         note=_HYIMAGE_NOTE + "; batch 2 with 12/5 text and 6/2 ByT5 valid tokens",
     )
 )

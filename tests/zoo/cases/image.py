@@ -33,6 +33,7 @@ def _add(*cases: ZooCase) -> None:
 
 # --- AnimaTextConditioner -----------------------------------------------------------------
 
+
 def _anima_inputs(masked, source_lengths=(9, 5)):
     def make(model, gen):
         b = 2 if masked else 1
@@ -49,8 +50,14 @@ def _anima_inputs(masked, source_lengths=(9, 5)):
 
 
 _ANIMA = dict(
-    source_dim=24, target_dim=32, model_dim=32, num_layers=2, num_attention_heads=4, mlp_ratio=2.0,
-    target_vocab_size=64, min_sequence_length=8,
+    source_dim=24,
+    target_dim=32,
+    model_dim=32,
+    num_layers=2,
+    num_attention_heads=4,
+    mlp_ratio=2.0,
+    target_vocab_size=64,
+    min_sequence_length=8,
 )
 _ANIMA_NOTE = (
     "AnimaTextConditionerAttention (AttentionModuleMixin) + AnimaTextConditionerAttnProcessor -> "
@@ -58,20 +65,37 @@ _ANIMA_NOTE = (
     "source positions), built inside; masks are bool (B, 1, 1, S) key padding"
 )
 CASES.append(
-    ZooCase(name="AnimaTextConditioner", config=_ANIMA, inputs=_anima_inputs(False), note=_ANIMA_NOTE,
-            outputs=lambda out: (out,), extra={"out_shape": (1, 8, 32)})
+    ZooCase(
+        name="AnimaTextConditioner",
+        config=_ANIMA,
+        inputs=_anima_inputs(False),
+        note=_ANIMA_NOTE,
+        outputs=lambda out: (out,),
+        extra={"out_shape": (1, 8, 32)},
+    )
 )
 CASES.append(
-    ZooCase(name="AnimaTextConditioner", variant="masked", config=_ANIMA, inputs=_anima_inputs(True),
-            note=_ANIMA_NOTE + "; batch 2: 6 and 4 target tokens, 9 and 5 source tokens",
-            outputs=lambda out: (out,), extra={"out_shape": (2, 8, 32),
-                                               "mask_keys": ("target_attention_mask", "source_attention_mask")})
+    ZooCase(
+        name="AnimaTextConditioner",
+        variant="masked",
+        config=_ANIMA,
+        inputs=_anima_inputs(True),
+        note=_ANIMA_NOTE + "; batch 2: 6 and 4 target tokens, 9 and 5 source tokens",
+        outputs=lambda out: (out,),
+        extra={"out_shape": (2, 8, 32), "mask_keys": ("target_attention_mask", "source_attention_mask")},
+    )
 )
 CASES.append(
-    ZooCase(name="AnimaTextConditioner", variant="fullpad", config=_ANIMA, inputs=_anima_inputs(True, (9, 0)),
-            note=_ANIMA_NOTE + "; batch 2, the second with no valid source token: its cross-attention rows are fully "
-            "masked (zeros from SDPA)",
-            outputs=lambda out: (out,), extra={"out_shape": (2, 8, 32)})
+    ZooCase(
+        name="AnimaTextConditioner",
+        variant="fullpad",
+        config=_ANIMA,
+        inputs=_anima_inputs(True, (9, 0)),
+        note=_ANIMA_NOTE + "; batch 2, the second with no valid source token: its cross-attention rows are fully "
+        "masked (zeros from SDPA)",
+        outputs=lambda out: (out,),
+        extra={"out_shape": (2, 8, 32)},
+    )
 )
 
 
@@ -83,12 +107,22 @@ CASES.append(
         # Every block's attention output projection x4: in 1 draw of 100 the joint or the
         # single block's attention moved the output by less than 1e-3 (_stock_a.py's
         # MIN_EFFECT); with the gains the least of 800 draws is 1.8e-3.
-        gains=((r"^time_step_proj\.linear_2\.", 10.0),
-               (r"^(joint|single)_transformer_blocks\.\d+\.attn\.to_out\.0\.weight$", 4.0)),
+        gains=(
+            (r"^time_step_proj\.linear_2\.", 10.0),
+            (r"^(joint|single)_transformer_blocks\.\d+\.attn\.to_out\.0\.weight$", 4.0),
+        ),
         config=dict(
-            sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1,
-            attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
-            out_channels=4, pos_embed_max_size=16,
+            sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            num_mmdit_layers=1,
+            num_single_dit_layers=1,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            joint_attention_dim=16,
+            caption_projection_dim=16,
+            out_channels=4,
+            pos_embed_max_size=16,
         ),
         inputs=lambda model, gen: {
             "hidden_states": _rn(model, gen, 2, 4, 8, 8),
@@ -107,18 +141,21 @@ CASES.append(
 # --- DreamLite (transformer and UNet) -----------------------------------------------------
 
 _DREAMLITE_T = dict(
-    num_attention_heads=2, attention_head_dim=16, in_channels=32, num_layers=1, norm_num_groups=8,
-    cross_attention_dim=16, qk_norm="rms_norm", ff_mult=2,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=32,
+    num_layers=1,
+    norm_num_groups=8,
+    cross_attention_dim=16,
+    qk_norm="rms_norm",
+    ff_mult=2,
 )
 
 
 def _dreamlite_t_inputs(masked):
     def make(model, gen):
         b = 2 if masked else 1
-        out = {
-            "hidden_states": _rn(model, gen, b, 32, 4, 4),
-            "encoder_hidden_states": _rn(model, gen, b, 7, 16),
-        }
+        out = {"hidden_states": _rn(model, gen, b, 32, 4, 4), "encoder_hidden_states": _rn(model, gen, b, 7, 16)}
         if masked:
             out["encoder_attention_mask"] = _text_keep([7, 3], 7).long().to(model_param(model).device)
         return out
@@ -143,20 +180,31 @@ _DREAMLITE_T_NOTE = (
     "2-D masks are turned into bool (not additive) masks"
 )
 CASES.append(
-    ZooCase(name="DreamLiteTransformer2DModel", config=_DREAMLITE_T, inputs=_dreamlite_t_inputs(False),
-            note=_DREAMLITE_T_NOTE, extra={"shape_like": "hidden_states"})
+    ZooCase(
+        name="DreamLiteTransformer2DModel",
+        config=_DREAMLITE_T,
+        inputs=_dreamlite_t_inputs(False),
+        note=_DREAMLITE_T_NOTE,
+        extra={"shape_like": "hidden_states"},
+    )
 )
 CASES.append(
     ZooCase(
-        name="DreamLiteTransformer2DModel", variant="masked", config=_DREAMLITE_T, inputs=_dreamlite_t_inputs(True),
+        name="DreamLiteTransformer2DModel",
+        variant="masked",
+        config=_DREAMLITE_T,
+        inputs=_dreamlite_t_inputs(True),
         note=_DREAMLITE_T_NOTE + "; encoder_attention_mask (B, T) -> bool, batch 2 with 7 and 3 valid tokens",
         extra={"shape_like": "hidden_states", "mask_keys": ("encoder_attention_mask",)},
     )
 )
 CASES.append(
     _Case(
-        name="DreamLiteTransformer2DModel", variant="gqa", config=dict(_DREAMLITE_T, num_kv_heads=1),
-        inputs=_dreamlite_t_inputs(False), setup=_dreamlite_processors,
+        name="DreamLiteTransformer2DModel",
+        variant="gqa",
+        config=dict(_DREAMLITE_T, num_kv_heads=1),
+        inputs=_dreamlite_t_inputs(False),
+        setup=_dreamlite_processors,
         note=(
             "as inside DreamLiteUNetModel: one K/V head (kv_heads=1) and DreamLiteAttnProcessor2_0 -> "
             "dispatch_attention_fn with K/V repeat_interleave'd to the query heads (no enable_gqa), RMS qk-norm"
@@ -166,11 +214,19 @@ CASES.append(
 )
 
 _DREAMLITE_UNET = dict(
-    sample_size=8, in_channels=4, out_channels=4,
+    sample_size=8,
+    in_channels=4,
+    out_channels=4,
     down_block_types=("DreamLiteCrossAttnNoSelfAttnDownBlock2D", "DreamLiteCrossAttnDownBlock2D"),
     up_block_types=("DreamLiteCrossAttnUpBlock2D", "DreamLiteCrossAttnNoSelfAttnUpBlock2D"),
-    block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8, cross_attention_dim=16,
-    attention_head_dim=(2, 4), ff_mult=2, num_kv_heads=1, qk_norm="rms_norm",
+    block_out_channels=(32, 64),
+    layers_per_block=1,
+    norm_num_groups=8,
+    cross_attention_dim=16,
+    attention_head_dim=(2, 4),
+    ff_mult=2,
+    num_kv_heads=1,
+    qk_norm="rms_norm",
 )
 
 
@@ -196,19 +252,28 @@ _DREAMLITE_UNET_NOTE = (
     "encoder_attention_mask becomes an additive -10000 bias (B, 1, T)"
 )
 CASES.append(
-    ZooCase(name="DreamLiteUNetModel", config=_DREAMLITE_UNET, inputs=_dreamlite_unet_inputs(False),
-            note=_DREAMLITE_UNET_NOTE)
+    ZooCase(
+        name="DreamLiteUNetModel",
+        config=_DREAMLITE_UNET,
+        inputs=_dreamlite_unet_inputs(False),
+        note=_DREAMLITE_UNET_NOTE,
+    )
 )
 CASES.append(
     ZooCase(
-        name="DreamLiteUNetModel", variant="masked", config=_DREAMLITE_UNET, inputs=_dreamlite_unet_inputs(True),
+        name="DreamLiteUNetModel",
+        variant="masked",
+        config=_DREAMLITE_UNET,
+        inputs=_dreamlite_unet_inputs(True),
         note=_DREAMLITE_UNET_NOTE + "; batch 2 with 7 and 3 valid text tokens",
         extra={"mask_keys": ("encoder_attention_mask",)},
     )
 )
 CASES.append(
     ZooCase(
-        name="DreamLiteUNetModel", variant="fullpad", config=_DREAMLITE_UNET,
+        name="DreamLiteUNetModel",
+        variant="fullpad",
+        config=_DREAMLITE_UNET,
         inputs=_dreamlite_unet_inputs(True, (7, 0)),
         note=_DREAMLITE_UNET_NOTE + "; batch 2, the second with no valid text token: -10000 on every key (a uniform "
         "average)",
@@ -219,8 +284,15 @@ CASES.append(
 # --- ERNIE-Image --------------------------------------------------------------------------
 
 _ERNIE = dict(
-    hidden_size=32, num_attention_heads=2, num_layers=2, ffn_hidden_size=64, in_channels=4, out_channels=4,
-    patch_size=2, text_in_dim=16, rope_axes_dim=(4, 6, 6),
+    hidden_size=32,
+    num_attention_heads=2,
+    num_layers=2,
+    ffn_hidden_size=64,
+    in_channels=4,
+    out_channels=4,
+    patch_size=2,
+    text_in_dim=16,
+    rope_axes_dim=(4, 6, 6),
 )
 
 
@@ -246,7 +318,10 @@ _ERNIE_NOTE = (
 CASES.append(ZooCase(name="ErnieImageTransformer2DModel", config=_ERNIE, inputs=_ernie_inputs([7]), note=_ERNIE_NOTE))
 CASES.append(
     ZooCase(
-        name="ErnieImageTransformer2DModel", variant="masked", config=_ERNIE, inputs=_ernie_inputs([7, 3]),
+        name="ErnieImageTransformer2DModel",
+        variant="masked",
+        config=_ERNIE,
+        inputs=_ernie_inputs([7, 3]),
         # text_lens also sets the image tokens' first rotary coordinate, so no "mask reaches the
         # output" check here: changing it changes more than the mask.
         note=_ERNIE_NOTE + "; batch 2 with text_lens 7 and 3",
@@ -254,7 +329,10 @@ CASES.append(
 )
 CASES.append(
     ZooCase(
-        name="ErnieImageTransformer2DModel", variant="fullpad", config=_ERNIE, inputs=_ernie_inputs([7, 0]),
+        name="ErnieImageTransformer2DModel",
+        variant="fullpad",
+        config=_ERNIE,
+        inputs=_ernie_inputs([7, 0]),
         note=_ERNIE_NOTE + "; batch 2, the second with text_lens 0: every text key masked (an empty prompt), "
         "the image keys still valid",
     )
@@ -264,8 +342,16 @@ CASES.append(
 # --- GLM-Image ----------------------------------------------------------------------------
 
 _GLM = dict(
-    patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=16, num_attention_heads=2,
-    text_embed_dim=16, time_embed_dim=8, condition_dim=4, prior_vq_quantizer_codebook_size=32,
+    patch_size=2,
+    in_channels=4,
+    out_channels=4,
+    num_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    text_embed_dim=16,
+    time_embed_dim=8,
+    condition_dim=4,
+    prior_vq_quantizer_codebook_size=32,
 )
 
 
@@ -307,12 +393,20 @@ _GLM_NOTE = (
     "(B, T) text mask -> pairwise (B, 1, S, S) cast to the query dtype: float 0/1, added to the scores by SDPA"
 )
 CASES.append(
-    ZooCase(name="GlmImageTransformer2DModel", config=_GLM, inputs=_glm_inputs(), note=_GLM_NOTE,
-            extra={"rotary_keys": ("image_rotary_emb",)})
+    ZooCase(
+        name="GlmImageTransformer2DModel",
+        config=_GLM,
+        inputs=_glm_inputs(),
+        note=_GLM_NOTE,
+        extra={"rotary_keys": ("image_rotary_emb",)},
+    )
 )
 CASES.append(
     ZooCase(
-        name="GlmImageTransformer2DModel", variant="masked", config=_GLM, inputs=_glm_inputs(masked=True),
+        name="GlmImageTransformer2DModel",
+        variant="masked",
+        config=_GLM,
+        inputs=_glm_inputs(masked=True),
         note=_GLM_NOTE + "; batch 2 with 12 and 2 valid text tokens (many padded: the float mask only "
         "down-weights them by e^-1)",
         extra={"mask_keys": ("attention_mask",), "rotary_keys": ("image_rotary_emb",)},
@@ -320,7 +414,10 @@ CASES.append(
 )
 CASES.append(
     ZooCase(
-        name="GlmImageTransformer2DModel", variant="kvcache", config=_GLM, inputs=_glm_inputs(cache=True),
+        name="GlmImageTransformer2DModel",
+        variant="kvcache",
+        config=_GLM,
+        inputs=_glm_inputs(cache=True),
         note=_GLM_NOTE + "; kv_caches in 'read' mode: 16 cached condition-image keys/values (random) prepended to "
         "the keys, no mask",
     )
@@ -328,6 +425,7 @@ CASES.append(
 
 
 # --- HiDream ------------------------------------------------------------------------------
+
 
 def _hidream_inputs(model, gen):
     b = 1
@@ -345,9 +443,20 @@ CASES.append(
     ZooCase(
         name="HiDreamImageTransformer2DModel",
         config=dict(
-            patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, caption_channels=[8, 4], text_emb_dim=8, num_routed_experts=2,
-            num_activated_experts=2, axes_dims_rope=(8, 4, 4), max_resolution=(16, 16), llama_layers=(0, 1),
+            patch_size=2,
+            in_channels=4,
+            out_channels=4,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            caption_channels=[8, 4],
+            text_emb_dim=8,
+            num_routed_experts=2,
+            num_activated_experts=2,
+            axes_dims_rope=(8, 4, 4),
+            max_resolution=(16, 16),
+            llama_layers=(0, 1),
             force_inference_output=True,
         ),
         inputs=_hidream_inputs,
@@ -363,6 +472,7 @@ CASES.append(
 
 
 # --- Ideogram4 ----------------------------------------------------------------------------
+
 
 def _ideogram4_inputs(text_lengths, max_text=5, grid=(2, 3)):
     from diffusers.models.transformers.transformer_ideogram4 import (
@@ -568,7 +678,11 @@ def _krea2_inputs(text_lengths, text_len=6, grid=(2, 3)):
         batch = len(text_lengths)
         gh, gw = grid
         img_ids = torch.stack(
-            [torch.zeros(gh * gw, dtype=torch.long), torch.arange(gh).repeat_interleave(gw), torch.arange(gw).repeat(gh)],
+            [
+                torch.zeros(gh * gw, dtype=torch.long),
+                torch.arange(gh).repeat_interleave(gw),
+                torch.arange(gw).repeat(gh),
+            ],
             dim=1,
         )
         position_ids = torch.cat([torch.zeros(text_len, 3, dtype=torch.long), img_ids]).to(device)
@@ -737,14 +851,7 @@ _add(
 # --- PRX ----------------------------------------------------------------------------------
 
 _PRX = dict(
-    in_channels=4,
-    patch_size=2,
-    context_in_dim=24,
-    hidden_size=32,
-    mlp_ratio=2.0,
-    num_heads=2,
-    depth=2,
-    axes_dim=[8, 8],
+    in_channels=4, patch_size=2, context_in_dim=24, hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=2, axes_dim=[8, 8]
 )
 
 
@@ -893,7 +1000,7 @@ _add(
         + _ZIMAGE_MASK_NOTE
         + " No set_attn_processor on the model.",
         extra={"transformer": ("ZImageTransformer2DModel", _ZIMAGE)},
-    ),
+    )
 )
 
 
@@ -946,7 +1053,7 @@ _add(
             "diffusers Attention + AttnProcessor2_0: self- and text cross-attention in the BasicTransformerBlock "
             "layers, and in the SkipFFTransformerBlock of the down/up UVit blocks; no mask."
         ),
-    ),
+    )
 )
 
 
@@ -996,7 +1103,7 @@ _add(
             "CLIP image, VAE patches] sequence in UniDiffuserBlocks (post-LayerNorm); no mask. Outputs: the VAE "
             "image, CLIP image and text predictions. No set_attn_processor on the model."
         ),
-    ),
+    )
 )
 
 

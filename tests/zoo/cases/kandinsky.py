@@ -8,12 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase
-from tests.zoo.cases._helpers import (
-    _keep,
-    _pd,
-    _r,
-    _steps,
-)
+from tests.zoo.cases._helpers import _keep, _pd, _r, _steps
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -114,7 +109,7 @@ _add(
             "q/k RMSNorm. The 'nabla' sparse path (sparse_params) passes a flex BlockMask and needs the "
             "flex backend: not covered here."
         ),
-    ),
+    )
 )
 
 
@@ -206,10 +201,7 @@ _K6SR = dict(
 def _k6sr_inputs(batch=1, frames=2, hw=(8, 16)):
     def inputs(model, gen):
         c = 2 * model.config.in_visual_dim + 1
-        return dict(
-            hidden_states=_r(gen, model, batch, frames, *hw, c),
-            timestep=_steps(gen, model, batch),
-        )
+        return dict(hidden_states=_r(gen, model, batch, frames, *hw, c), timestep=_steps(gen, model, batch))
 
     return inputs
 
@@ -224,7 +216,7 @@ _add(
             "hard-coded and a flex BlockMask (NABLA: 64-token blocks chosen from pooled q.k statistics OR'ed with "
             "a sliding-tile prior); q/k RMSNorm, 3-D RoPE as rotation matrices. Runs flex attention eagerly here."
         ),
-    ),
+    )
 )
 
 
@@ -285,6 +277,6 @@ NO_ATTENTION.update(
         "Kandinsky6SRLatentUpscalerBank": (
             "convolutional latent upscalers (3-D convolutions, modulated RMS norms, nearest upsampling): "
             "no attention module, no softmax"
-        ),
+        )
     }
 )

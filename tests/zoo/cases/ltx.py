@@ -8,14 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase
-from tests.zoo.cases._helpers import (
-    _keep,
-    _pd,
-    _r,
-    _SeededNoiseCase,
-    _steps,
-    _t,
-)
+from tests.zoo.cases._helpers import _keep, _pd, _r, _SeededNoiseCase, _steps, _t
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -61,7 +54,7 @@ _add(
             "(q pre-scaled), q/k RMSNorm and 3-D RoPE applied inside the module. The forward draws its noise "
             "from the `generator` input: each run re-seeds it."
         ),
-    ),
+    )
 )
 
 
@@ -98,7 +91,9 @@ _LTX23 = dict(
 )
 
 
-def _ltx2_inputs(text_lengths=None, audio_text_lengths=None, ltx23=False, frames=2, hw=(4, 4), audio_frames=5, text_len=6):
+def _ltx2_inputs(
+    text_lengths=None, audio_text_lengths=None, ltx23=False, frames=2, hw=(4, 4), audio_frames=5, text_len=6
+):
     def inputs(model, gen):
         device, dtype = _pd(model)
         cfg = model.config

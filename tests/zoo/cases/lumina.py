@@ -8,12 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase
-from tests.zoo.cases._helpers import (
-    _keep,
-    _pd,
-    _r,
-    _t,
-)
+from tests.zoo.cases._helpers import _keep, _pd, _r, _t
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -123,10 +118,6 @@ _LUMINA_NEXT_NOTE = (
 _add(
     ZooCase("LuminaNextDiT2DModel", _LUMINA_NEXT, _lumina_next_inputs([6, 6]), note=_LUMINA_NEXT_NOTE),
     ZooCase(
-        "LuminaNextDiT2DModel",
-        _LUMINA_NEXT,
-        _lumina_next_inputs([6, 2]),
-        variant="masked",
-        note=_LUMINA_NEXT_NOTE,
+        "LuminaNextDiT2DModel", _LUMINA_NEXT, _lumina_next_inputs([6, 2]), variant="masked", note=_LUMINA_NEXT_NOTE
     ),
 )

@@ -10,15 +10,7 @@ import math
 import torch
 
 from tests.zoo._zoo_common import ZooCase
-from tests.zoo.cases._helpers import (
-    _Fresh,
-    _inner_config,
-    _keep,
-    _pd,
-    _r,
-    _t,
-    _WrapperCase,
-)
+from tests.zoo.cases._helpers import _Fresh, _inner_config, _keep, _pd, _r, _t, _WrapperCase
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -72,11 +64,7 @@ _QWEN_MASK_NOTE = " The text mask becomes a bool key mask (B, 1, 1, L + N) built
 _add(
     ZooCase("QwenImageTransformer2DModel", _QWEN, _qwen_inputs([6, 6]), note=_QWEN_NOTE + " No mask."),
     ZooCase(
-        "QwenImageTransformer2DModel",
-        _QWEN,
-        _qwen_inputs([6, 2]),
-        variant="masked",
-        note=_QWEN_NOTE + _QWEN_MASK_NOTE,
+        "QwenImageTransformer2DModel", _QWEN, _qwen_inputs([6, 2]), variant="masked", note=_QWEN_NOTE + _QWEN_MASK_NOTE
     ),
     ZooCase(
         "QwenImageTransformer2DModel",

@@ -8,12 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase, randn
-from tests.zoo.cases._helpers import (
-    _EncodeDecodeCase,
-    _keep,
-    _pd,
-    _r,
-)
+from tests.zoo.cases._helpers import _EncodeDecodeCase, _keep, _pd, _r
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -157,5 +152,5 @@ _add(
         _RFD4_AE,
         _rfd4_ae_inputs([6, 4]),
         note="encode then forward (= decode; forward alone runs only the decoder). " + _RFD4_AE_NOTE,
-    ),
+    )
 )

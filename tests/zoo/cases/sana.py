@@ -8,14 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase, random_angles_rotary
-from tests.zoo.cases._helpers import (
-    _first_tuple,
-    _keep,
-    _pd,
-    _r,
-    _steps,
-    _t,
-)
+from tests.zoo.cases._helpers import _first_tuple, _keep, _pd, _r, _steps, _t
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -138,11 +131,7 @@ _SANA_VIDEO_NOTE = (
 _add(
     ZooCase("SanaVideoTransformer3DModel", _SANA_VIDEO, _sana_video_inputs([6, 6]), note=_SANA_VIDEO_NOTE),
     ZooCase(
-        "SanaVideoTransformer3DModel",
-        _SANA_VIDEO,
-        _sana_video_inputs([6, 2]),
-        variant="masked",
-        note=_SANA_VIDEO_NOTE,
+        "SanaVideoTransformer3DModel", _SANA_VIDEO, _sana_video_inputs([6, 2]), variant="masked", note=_SANA_VIDEO_NOTE
     ),
 )
 
@@ -218,13 +207,7 @@ _SANA_WM_EXTRA = {
     )
 }
 _add(
-    ZooCase(
-        "SanaWMTransformer3DModel",
-        _SANA_WM,
-        _sana_wm_inputs([6]),
-        note=_SANA_WM_NOTE,
-        extra=_SANA_WM_EXTRA,
-    ),
+    ZooCase("SanaWMTransformer3DModel", _SANA_WM, _sana_wm_inputs([6]), note=_SANA_WM_NOTE, extra=_SANA_WM_EXTRA),
     ZooCase(
         "SanaWMTransformer3DModel",
         _SANA_WM,

@@ -6,14 +6,7 @@ See tests/zoo/cases/__init__.py for what a case keeps of its model.
 from __future__ import annotations
 
 from tests.zoo._zoo_common import ZooCase
-from tests.zoo.cases._helpers import (
-    _first_tuple,
-    _Fresh,
-    _inner_config,
-    _r,
-    _steps,
-    _WrapperCase,
-)
+from tests.zoo.cases._helpers import _first_tuple, _Fresh, _inner_config, _r, _steps, _WrapperCase
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -47,8 +40,7 @@ def _sd3_inputs(batch=2, hw=8, text_len=7, controlnet=None):
     def inputs(model, gen):
         cfg = _inner_config(model)
         kw = dict(
-            pooled_projections=_r(gen, model, batch, cfg.pooled_projection_dim),
-            timestep=_steps(gen, model, batch),
+            pooled_projections=_r(gen, model, batch, cfg.pooled_projection_dim), timestep=_steps(gen, model, batch)
         )
         if cfg.joint_attention_dim is not None:
             kw["hidden_states"] = _r(gen, model, batch, cfg.in_channels, hw, hw)
@@ -96,11 +88,7 @@ _SD35_CONTROLNET = dict(
 )
 _add(
     ZooCase(
-        "SD3ControlNetModel",
-        _SD3_CONTROLNET,
-        _sd3_inputs(controlnet="single"),
-        outputs=_first_tuple,
-        note=_SD3_NOTE,
+        "SD3ControlNetModel", _SD3_CONTROLNET, _sd3_inputs(controlnet="single"), outputs=_first_tuple, note=_SD3_NOTE
     ),
     ZooCase(
         "SD3ControlNetModel",
@@ -116,7 +104,10 @@ _add(
     _WrapperCase(
         "SD3MultiControlNetModel",
         dict(
-            controlnets=[_Fresh("SD3ControlNetModel", **_SD3_CONTROLNET), _Fresh("SD3ControlNetModel", **_SD3_CONTROLNET)]
+            controlnets=[
+                _Fresh("SD3ControlNetModel", **_SD3_CONTROLNET),
+                _Fresh("SD3ControlNetModel", **_SD3_CONTROLNET),
+            ]
         ),
         _sd3_inputs(controlnet="multi"),
         outputs=_first_tuple,

@@ -34,9 +34,15 @@ def _add(*cases: ZooCase) -> None:
 # --- UNet ControlNets ---------------------------------------------------------------------
 
 _SD_CONTROLNET = dict(
-    in_channels=4, conditioning_channels=3, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-    block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=8, cross_attention_dim=16,
-    attention_head_dim=2, conditioning_embedding_out_channels=(8, 16),
+    in_channels=4,
+    conditioning_channels=3,
+    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+    block_out_channels=(32, 64),
+    layers_per_block=1,
+    norm_num_groups=8,
+    cross_attention_dim=16,
+    attention_head_dim=2,
+    conditioning_embedding_out_channels=(8, 16),
 )
 _UNET_ATTENTION_NOTE = (
     "Attention (BasicTransformerBlock of Transformer2DModel in the cross-attention down/mid blocks: attn1 "
@@ -46,14 +52,16 @@ _UNET_ATTENTION_NOTE = (
 
 
 def _controlnet_outputs(out):
-    samples, mid = (out.down_block_res_samples, out.mid_block_res_sample) if hasattr(
-        out, "down_block_res_samples") else out
+    samples, mid = (
+        (out.down_block_res_samples, out.mid_block_res_sample) if hasattr(out, "down_block_res_samples") else out
+    )
     return (*samples, mid)
 
 
 CASES.append(
     ZooCase(
-        name="ControlNetModel", config=_SD_CONTROLNET,
+        name="ControlNetModel",
+        config=_SD_CONTROLNET,
         inputs=lambda model, gen: {
             "sample": _rn(model, gen, 1, 4, 8, 8),
             "timestep": _timestep(model, gen, 1),
@@ -86,9 +94,15 @@ CASES.append(
     ZooCase(
         name="ControlNetUnionModel",
         config=dict(
-            _SD_CONTROLNET, addition_embed_type="text_time", addition_time_embed_dim=8,
-            projection_class_embeddings_input_dim=8 + 6 * 8, num_control_type=3, num_trans_channel=32,
-            num_trans_head=2, num_trans_layer=1, num_proj_channel=32,
+            _SD_CONTROLNET,
+            addition_embed_type="text_time",
+            addition_time_embed_dim=8,
+            projection_class_embeddings_input_dim=8 + 6 * 8,
+            num_control_type=3,
+            num_trans_channel=32,
+            num_trans_head=2,
+            num_trans_layer=1,
+            num_proj_channel=32,
         ),
         inputs=_controlnet_union_inputs,
         outputs=_controlnet_outputs,
@@ -120,9 +134,17 @@ CASES.append(
         gains=((r"ctrl_to_base\.weight", 4.0),),
         config=dict(
             # ControlNet-XS blocks assume two layers per block (as SD), so layers_per_block=2.
-            block_out_channels=(32, 64), layers_per_block=2, sample_size=8, in_channels=4, out_channels=4,
-            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-            cross_attention_dim=16, attention_head_dim=2, norm_num_groups=8, use_linear_projection=True,
+            block_out_channels=(32, 64),
+            layers_per_block=2,
+            sample_size=8,
+            in_channels=4,
+            out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=16,
+            attention_head_dim=2,
+            norm_num_groups=8,
+            use_linear_projection=True,
         ),
         make=_controlnet_xs_make,
         inputs=lambda model, gen: {
@@ -134,7 +156,8 @@ CASES.append(
         },
         note=(
             "built as UNetControlNetXSModel.from_unet(unet, adapter) (the adapter alone cannot run): "
-            + _UNET_ATTENTION_NOTE + " in the base UNet and the adapter's (narrower) control blocks"
+            + _UNET_ATTENTION_NOTE
+            + " in the base UNet and the adapter's (narrower) control blocks"
         ),
         extra={"shape_like": "sample"},
     )
@@ -149,9 +172,16 @@ CASES.append(
         # attention_head_dim is the head count of the spatial blocks and the head dim of
         # transformer_in (as in the real config, where it gives 64 heads of 5 at 320 channels).
         config=dict(
-            sample_size=8, in_channels=4, out_channels=4, down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
-            up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"), block_out_channels=(32, 64), layers_per_block=1,
-            norm_num_groups=8, cross_attention_dim=16, attention_head_dim=8,
+            sample_size=8,
+            in_channels=4,
+            out_channels=4,
+            down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+            up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"),
+            block_out_channels=(32, 64),
+            layers_per_block=1,
+            norm_num_groups=8,
+            cross_attention_dim=16,
+            attention_head_dim=8,
         ),
         inputs=lambda model, gen: {
             "sample": _rn(model, gen, 1, 4, 3, 8, 8),
@@ -255,7 +285,7 @@ _add(
             "UNetMotionModel built from a tiny UNet2DConditionModel by the inputs (the `host` input), sharing "
             "the adapter's modules."
         ),
-    ),
+    )
 )
 
 
@@ -293,14 +323,19 @@ def _down_and_mid(out):
 _add(
     _WrapperCase(
         "MultiControlNetModel",
-        dict(controlnets=[_Fresh("ControlNetModel", **_MULTI_SD_CONTROLNET), _Fresh("ControlNetModel", **_MULTI_SD_CONTROLNET)]),
+        dict(
+            controlnets=[
+                _Fresh("ControlNetModel", **_MULTI_SD_CONTROLNET),
+                _Fresh("ControlNetModel", **_MULTI_SD_CONTROLNET),
+            ]
+        ),
         _multi_controlnet_inputs,
         outputs=_down_and_mid,
         note=(
             "Two ControlNetModel: diffusers Attention + AttnProcessor2_0 (self- and text cross-attention in "
             "Transformer2DModel blocks, mid-block attention); no mask. No set_attn_processor on the wrapper."
         ),
-    ),
+    )
 )
 
 
@@ -428,7 +463,7 @@ _add(
             "diffusers Attention + AttnProcessor2_0: spatial self- and text cross-attention per frame "
             "(Transformer2DModel) and temporal self-attention in the motion modules; no mask."
         ),
-    ),
+    )
 )
 
 
@@ -460,7 +495,7 @@ _add(
             "attention. No set_attn_processor on the model."
         ),
         extra={"attention_classes": ("SelfAttention1d",)},
-    ),
+    )
 )
 
 
@@ -487,7 +522,7 @@ _add(
             "with group norm and residual inside the module (4-D input), heads of 8; no mask. No set_attn_processor "
             "on the model."
         ),
-    ),
+    )
 )
 
 _UNET2D_COND = dict(
@@ -606,7 +641,7 @@ _add(
             "self-attention over frames (TransformerTemporalModel, with the first one ahead of the down blocks), "
             "no mask."
         ),
-    ),
+    )
 )
 
 _SVD = dict(
@@ -646,7 +681,7 @@ _add(
             "diffusers Attention + AttnProcessor2_0 in TransformerSpatioTemporalModel: spatial self- and "
             "cross-attention per frame (to one image token), temporal self- and cross-attention over frames; no mask."
         ),
-    ),
+    )
 )
 
 _CONTROLNET_XS = dict(
@@ -679,7 +714,7 @@ _add(
             "diffusers Attention + AttnProcessor2_0: self- and text cross-attention in the base UNet's and the "
             "control branch's Transformer2DModel blocks (interleaved, block by block); no mask."
         ),
-    ),
+    )
 )
 
 
@@ -693,6 +728,5 @@ NO_ATTENTION.update(
             "convolutional adapter (full, full_xl and light variants: pixel unshuffle, ResNet-like conv blocks): "
             "no attention"
         ),
-    
     }
 )

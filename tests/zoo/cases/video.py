@@ -8,18 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase, model_param
-from tests.zoo.cases._helpers import (
-    _keep,
-    _like,
-    _pd,
-    _r,
-    _rn,
-    _rope_halves,
-    _steps,
-    _t,
-    _text_keep,
-    _timestep,
-)
+from tests.zoo.cases._helpers import _keep, _like, _pd, _r, _rn, _rope_halves, _steps, _t, _text_keep, _timestep
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -30,6 +19,7 @@ def _add(*cases: ZooCase) -> None:
 
 
 # --- AllegroTransformer3DModel ------------------------------------------------------------
+
 
 def _allegro_inputs(masked, lengths=(7, 3)):
     def make(model, gen):
@@ -55,27 +45,49 @@ def _allegro_inputs(masked, lengths=(7, 3)):
 
 
 _ALLEGRO = dict(
-    patch_size=2, patch_size_t=1, num_attention_heads=2, attention_head_dim=24, in_channels=4,
-    out_channels=4, num_layers=1, cross_attention_dim=48, sample_height=8, sample_width=8,
-    sample_frames=2, caption_channels=16,
+    patch_size=2,
+    patch_size_t=1,
+    num_attention_heads=2,
+    attention_head_dim=24,
+    in_channels=4,
+    out_channels=4,
+    num_layers=1,
+    cross_attention_dim=48,
+    sample_height=8,
+    sample_width=8,
+    sample_frames=2,
+    caption_channels=16,
 )
 _ALLEGRO_NOTE = (
     "Attention + AllegroAttnProcessor2_0 -> F.scaled_dot_product_attention: self-attention with "
     "3-axis rotary (image_rotary_emb = (cos, sin) per axis, token positions), cross-attention to text; "
     "encoder_attention_mask -> additive -10000 bias (B, 1, T) repeated per head"
 )
-CASES.append(ZooCase(name="AllegroTransformer3DModel", config=_ALLEGRO, inputs=_allegro_inputs(False), note=_ALLEGRO_NOTE,
-                     extra={"rotary_keys": ("image_rotary_emb",)}))
 CASES.append(
     ZooCase(
-        name="AllegroTransformer3DModel", variant="masked", config=_ALLEGRO, inputs=_allegro_inputs(True),
+        name="AllegroTransformer3DModel",
+        config=_ALLEGRO,
+        inputs=_allegro_inputs(False),
+        note=_ALLEGRO_NOTE,
+        extra={"rotary_keys": ("image_rotary_emb",)},
+    )
+)
+CASES.append(
+    ZooCase(
+        name="AllegroTransformer3DModel",
+        variant="masked",
+        config=_ALLEGRO,
+        inputs=_allegro_inputs(True),
         note=_ALLEGRO_NOTE + "; batch 2 with 7 and 3 valid text tokens",
         extra={"mask_keys": ("encoder_attention_mask",), "rotary_keys": ("image_rotary_emb",)},
     )
 )
 CASES.append(
     ZooCase(
-        name="AllegroTransformer3DModel", variant="fullpad", config=_ALLEGRO, inputs=_allegro_inputs(True, (7, 0)),
+        name="AllegroTransformer3DModel",
+        variant="fullpad",
+        config=_ALLEGRO,
+        inputs=_allegro_inputs(True, (7, 0)),
         note=_ALLEGRO_NOTE + "; batch 2, the second with no valid text token: every cross-attention key gets -10000 "
         "(a uniform average, not a masked-out row)",
     )
@@ -85,8 +97,17 @@ CASES.append(
 # --- AnyFlowTransformer3DModel / AnyFlowFARTransformer3DModel -----------------------------
 
 _ANYFLOW = dict(
-    patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
-    text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=16,
+    freq_dim=32,
+    ffn_dim=32,
+    num_layers=2,
+    cross_attn_norm=True,
+    rope_max_seq_len=32,
 )
 
 
@@ -102,7 +123,9 @@ def _anyflow_inputs(model, gen):
 
 CASES.append(
     ZooCase(
-        name="AnyFlowTransformer3DModel", config=_ANYFLOW, inputs=_anyflow_inputs,
+        name="AnyFlowTransformer3DModel",
+        config=_ANYFLOW,
+        inputs=_anyflow_inputs,
         note=(
             "AnyFlowAttention (AttentionModuleMixin): self-attention AnyFlowAttnProcessor, cross-attention "
             "AnyFlowCrossAttnProcessor, both -> dispatch_attention_fn without mask; RMS qk-norm across heads; "
@@ -159,15 +182,25 @@ _ANYFLOW_FAR_NOTE = (
     "AnyFlowCrossAttnProcessor without mask; complex rotary (float64) built inside"
 )
 CASES.append(
-    ZooCase(name="AnyFlowFARTransformer3DModel", config=_ANYFLOW_FAR, inputs=_anyflow_far_inputs,
-            note=_ANYFLOW_FAR_NOTE, backward=False,
-            # the compressed context frame is not predicted: 3 of the 4 frames come out
-            extra={"out_shape": (1, 3, 4, 8, 8)})
+    ZooCase(
+        name="AnyFlowFARTransformer3DModel",
+        config=_ANYFLOW_FAR,
+        inputs=_anyflow_far_inputs,
+        note=_ANYFLOW_FAR_NOTE,
+        backward=False,
+        # the compressed context frame is not predicted: 3 of the 4 frames come out
+        extra={"out_shape": (1, 3, 4, 8, 8)},
+    )
 )
 CASES.append(
-    ZooCase(name="AnyFlowFARTransformer3DModel", variant="kvcache", config=_ANYFLOW_FAR,
-            inputs=_anyflow_far_kvcache_inputs, backward=False,
-            note=_ANYFLOW_FAR_NOTE + "; KV-cache step: keys = cached compressed + cached full + new, no mask")
+    ZooCase(
+        name="AnyFlowFARTransformer3DModel",
+        variant="kvcache",
+        config=_ANYFLOW_FAR,
+        inputs=_anyflow_far_kvcache_inputs,
+        backward=False,
+        note=_ANYFLOW_FAR_NOTE + "; KV-cache step: keys = cached compressed + cached full + new, no mask",
+    )
 )
 
 
@@ -177,8 +210,17 @@ CASES.append(
     ZooCase(
         name="EasyAnimateTransformer3DModel",
         config=dict(
-            num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, patch_size=2,
-            sample_width=8, sample_height=8, num_layers=2, mmdit_layers=1, time_embed_dim=8, text_embed_dim=16,
+            num_attention_heads=2,
+            attention_head_dim=16,
+            in_channels=4,
+            out_channels=4,
+            patch_size=2,
+            sample_width=8,
+            sample_height=8,
+            num_layers=2,
+            mmdit_layers=1,
+            time_embed_dim=8,
+            text_embed_dim=16,
         ),
         inputs=lambda model, gen: {
             "hidden_states": _rn(model, gen, 1, 4, 2, 8, 8),
@@ -195,6 +237,7 @@ CASES.append(
 
 
 # --- Helios -------------------------------------------------------------------------------
+
 
 def _helios_inputs(model, gen):
     b, c, f, h, w = 1, 4, 2, 16, 16
@@ -220,10 +263,22 @@ CASES.append(
     ZooCase(
         name="HeliosTransformer3DModel",
         config=dict(
-            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
-            text_dim=16, freq_dim=32, ffn_dim=32, num_layers=1, cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads", rope_dim=(4, 4, 4), has_multi_term_memory_patch=True,
-            guidance_cross_attn=True, zero_history_timestep=True, is_amplify_history=True,
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=12,
+            in_channels=4,
+            out_channels=4,
+            text_dim=16,
+            freq_dim=32,
+            ffn_dim=32,
+            num_layers=1,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            rope_dim=(4, 4, 4),
+            has_multi_term_memory_patch=True,
+            guidance_cross_attn=True,
+            zero_history_timestep=True,
+            is_amplify_history=True,
         ),
         inputs=_helios_inputs,
         note=(
@@ -298,7 +353,7 @@ _add(
             "(no RoPE), then full self-attention over one packed [text, audio, video] sequence with partial 3-axis "
             "RoPE (cos, sin cover 12 of 16 head dims) and q/k RMSNorm."
         ),
-    ),
+    )
 )
 
 

@@ -8,14 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.zoo._zoo_common import ZooCase
-from tests.zoo.cases._helpers import (
-    _pd,
-    _r,
-    _ReferenceThenGenerateCase,
-    _rn,
-    _steps,
-    _timestep,
-)
+from tests.zoo.cases._helpers import _pd, _r, _ReferenceThenGenerateCase, _rn, _steps, _timestep
 
 CASES: list[ZooCase] = []
 NO_ATTENTION: dict[str, str] = {}
@@ -28,8 +21,17 @@ def _add(*cases: ZooCase) -> None:
 # --- ChronoEdit (Wan layout) --------------------------------------------------------------
 
 _CHRONO = dict(
-    patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16,
-    freq_dim=16, ffn_dim=32, num_layers=1, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=4,
+    out_channels=4,
+    text_dim=16,
+    freq_dim=16,
+    ffn_dim=32,
+    num_layers=1,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
     rope_max_seq_len=32,
 )
 _CHRONO_NOTE = (
@@ -54,12 +56,15 @@ def _chrono_inputs(i2v):
     return make
 
 
-CASES.append(ZooCase(name="ChronoEditTransformer3DModel", config=_CHRONO, inputs=_chrono_inputs(False),
-                     note=_CHRONO_NOTE))
+CASES.append(
+    ZooCase(name="ChronoEditTransformer3DModel", config=_CHRONO, inputs=_chrono_inputs(False), note=_CHRONO_NOTE)
+)
 CASES.append(
     ZooCase(
-        name="ChronoEditTransformer3DModel", variant="i2v",
-        config=dict(_CHRONO, image_dim=12, added_kv_proj_dim=24), inputs=_chrono_inputs(True),
+        name="ChronoEditTransformer3DModel",
+        variant="i2v",
+        config=dict(_CHRONO, image_dim=12, added_kv_proj_dim=24),
+        inputs=_chrono_inputs(True),
         note=_CHRONO_NOTE + "; I2V: the image tokens (context[:, :-512]) go through add_k/add_v and a second "
         "dispatch_attention_fn call (no mask, parallel_config=None), summed with the text attention",
     )
@@ -213,7 +218,7 @@ _add(
         _wan_vace_inputs,
         note="WanAttention + WanAttnProcessor -> dispatch_attention_fn in the main and the VACE control blocks: "
         "video self-attention with 3-D RoPE, text cross-attention, qk RMSNorm across heads; no mask.",
-    ),
+    )
 )
 
 
@@ -273,7 +278,7 @@ _add(
             "cross-attention of each frame's video tokens to that frame's face-motion tokens (batch and frames "
             "folded: (B * T, S / T) queries over (B * T, N) keys); qk RMSNorm; no mask."
         ),
-    ),
+    )
 )
 
 
