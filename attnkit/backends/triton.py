@@ -23,6 +23,7 @@ import torch
 # triton import from raising where triton is missing (see kernels/__init__.py)
 import attnkit.kernels.devices as devices
 import attnkit.kernels.limits as limits
+from attnkit.kernels.bias_form import variants_of_call
 
 from .base import MASK_KINDS, AttentionCall, Backend, Capabilities, DeviceInfo
 
@@ -96,11 +97,7 @@ class TritonBackend(Backend):
         # A GPU with less shared memory per block than the call's tiles need (the
         # backward's too if it will run): refused here, not at a backward that cannot launch.
         if call.device.type == "cuda" and call.device.capability is not None:
-            variants = devices.VARIANTS_OF_MASK[call.mask]
-            if call.mask != "none" and call.q_len == 1:
-                # One query row: a key-padding mask keeps its query stride, and the kernels
-                # run it as a full bias (flash_attention's _bias_args).
-                variants = ("keypad", "full")
+            variants = variants_of_call(call.mask, call.q_len)
             why = devices.shared_memory_problem(
                 call.device.capability, call.dtype, d, variants, call.causal, call.requires_grad
             )

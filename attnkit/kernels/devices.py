@@ -95,9 +95,6 @@ NEEDS: dict[tuple[str, str, str, int, str, bool], int] = {
 
 _FORWARD = ("fwd", "fwd_lo")
 _BACKWARD = ("dkdv", "dq", "dkdv_dbias", "dq_dbias")
-# The kernels' bias variants a call's mask may run as (attnkit.backends.base.MASK_KINDS):
-# a "bias" whose rows are all equal runs as "keypad".
-VARIANTS_OF_MASK = {"none": ("none",), "key_padding": ("keypad",), "bias": ("keypad", "full")}
 
 
 def target(capability: tuple[int, int]) -> str:
@@ -120,7 +117,8 @@ def shared_memory_problem(
 ) -> str | None:
     """Why a GPU of this capability cannot run a call (the forward, and the backward if
     `backward`): a default tile needs more shared memory than it has. None if it can,
-    or if the capability is unknown."""
+    or if the capability is unknown. variants: the table variants the call's bias may run
+    as (bias_form: BiasForm.table_variant of a bias, variants_of_call of a call)."""
     have = SHARED_MEMORY.get(tuple(capability)) if capability else None
     if have is None:
         return None

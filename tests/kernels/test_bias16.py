@@ -2,9 +2,9 @@
 
 Converting a (B, H, M, N) fp16 bias to float32 reads and writes more memory than the
 attention itself (0.34x SDPA's speed on an H100 at 2 x 8 x 4096^2). Where the call
-needs no gradient and the bias's layout allows it (launch.bias_16bit_layout_ok), the
+needs no gradient and the bias's layout allows it (attnkit/kernels/bias_form.py), the
 forward runs the kernels' "full16" variant: its own tiles and static-report rows, the
-bias pointer in its own dtype, BIAS_ALIGN = launch.BIAS_16BIT_ALIGN. Every other bias
+bias pointer in its own dtype, BIAS_ALIGN = bias_form.BIAS_16BIT_ALIGN. Every other bias
 is converted to float32 first, as before. In the interpreter, as on a GPU, the kernel
 widens each bias tile to float32 after loading it: the same values as the converted
 bias, so the two paths give the same bits with the same tile.

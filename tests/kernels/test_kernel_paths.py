@@ -935,8 +935,9 @@ def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
 
 def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
     """flash_attention's up-front shared-memory check (which runs only on a GPU) reads the
-    bias variant from the bias's shape and strides; it must be the variant _bias_args
-    gives the kernels, one query row and expanded views included."""
+    bias variant from the bias's shape and strides (bias_form, through _table_variant);
+    it must be the variant _bias_args gives the kernels, one query row and expanded views
+    included."""
     B, H, N = 2, 3, 7
     for M in (1, 5):
         q = torch.empty(B, H, M, 8)
@@ -953,8 +954,8 @@ def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
         ]
         for bias in biases:
             launched = fl._bias_args(bias, q, (B, H, M, N))[-1]
-            assert fo._bias_variant(bias, q.shape) == launched, (M, tuple(bias.shape), bias.stride())
-    assert fo._bias_variant(None, q.shape) == "none"
+            assert fo._table_variant(q, bias) == launched, (M, tuple(bias.shape), bias.stride())
+    assert fo._table_variant(q, None) == "none"
 
 
 def test_plans_built_by_racing_threads_launch_what_one_thread_does(monkeypatch, seed):

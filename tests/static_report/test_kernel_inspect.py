@@ -304,6 +304,7 @@ def test_an_interrupted_run_writes_a_partial_report(tmp_path):
 def _copy_tree(root) -> str:
     """The files source_key() reads (and ops.py), copied under root."""
     for rel in (
+        "attnkit/kernels/bias_form.py",
         "attnkit/kernels/flash/kernels.py",
         "attnkit/kernels/flash/launch.py",
         "attnkit/kernels/flash/ops.py",
@@ -364,6 +365,10 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     assert key_after(launch, "    a = 16\n", "    a = 8\n") != base  # _align
     assert key_after(launch, '{"enable_fp_fusion": True}', '{"enable_fp_fusion": False}') != base
     assert key_after("attnkit/kernels/limits.py", "BANDS = (64,", "BANDS = (32, 64,") != base
+    # The alignment a 16-bit bias is compiled at is in the key; the rest of bias_form.py is host code.
+    bias_form = "attnkit/kernels/bias_form.py"
+    assert key_after(bias_form, "BIAS_16BIT_ALIGN = 2", "BIAS_16BIT_ALIGN = 4") != base
+    assert key_after(bias_form, "_SPAN_LIMIT = 2**31", "_SPAN_LIMIT = 2**30") == base
     # The int8 forward: its kernel code and the head-dim split compile_job reads (qk_pieces)
     # are in the key; the rest of its quantisation is host code.
     int8, quant = "attnkit/kernels/int8/kernels.py", "attnkit/kernels/int8/quant.py"
@@ -388,6 +393,12 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     _edit(root, "tools/static_report/compile.py", segment, "")
     _edit(root, "tools/static_report/store.py", "\n\ndef _git(", "\n\n" + segment + "\n\n\ndef _git(")
     assert sk.source_key(root) == base
+    # A row helper moved out of the module the key reads it from is an error, never a key
+    # that silently leaves it out.
+    root = _copy_tree(tmp_path / "helper")
+    _edit(root, bias_form, "BIAS_16BIT_ALIGN = 2", "BIAS_16BIT_ALIGN_MOVED = 2")
+    with pytest.raises(RuntimeError, match="BIAS_16BIT_ALIGN not found"):
+        sk.source_key(root)
 
 
 def test_another_triton_makes_every_row_stale(monkeypatch):

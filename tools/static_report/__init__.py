@@ -68,7 +68,7 @@ TOPS on A100, 1979 against 989 on H100). The target int8-vs-exact (targets.py) r
 default's instr/score beside the exact forward's default; it has no budget.
 
 Resuming. A row is keyed by source_key() (key.py: a hash of the code of the kernels,
-limits.py, sass.py, the launcher's _align, _COMPILE_OPTIONS and BIAS_16BIT_ALIGN, and this tool's functions
+limits.py, sass.py, the launcher's _align and _COMPILE_OPTIONS, bias_form.BIAS_16BIT_ALIGN, and this tool's functions
 that compile and read a row; comments and docstrings left out) and by its own tile and
 variant (compile_spec). --resume keeps every row of the report in the output folder, and
 of the checkpoint rows.partial.jsonl that each run appends to as it compiles, whose key

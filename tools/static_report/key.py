@@ -4,7 +4,7 @@ that code (its tile and variant).
 
 A row is kept by --resume while both are the same: a comment, a docstring, a line moved,
 an edit of the launcher's other host code (ops.py, launch.py outside _align,
-_COMPILE_OPTIONS, BIAS_16BIT_ALIGN and absent_arguments; int8/ops.py, int8/quant.py outside qk_pieces) or
+_COMPILE_OPTIONS and absent_arguments, bias_form.py outside BIAS_16BIT_ALIGN; int8/ops.py, int8/quant.py outside qk_pieces) or
 of the tile table (tiles.py) keeps every other row; an edit of the kernels' code (flash/
 and int8/kernels.py), of the head-dim split (limits.py), of the SASS analysis (sass.py) or of
 the functions that compile and read a row (_ROW_FUNCTIONS, found by name in any module
@@ -43,9 +43,17 @@ _ROW_FUNCTIONS = (
     "Result",
     "Job",
 )
-# The host helpers of attnkit/kernels/flash/launch.py that compile_job reads (the
-# arguments a launch passes as None are compiled as constants).
-_ROW_HELPERS = ("_align", "_COMPILE_OPTIONS", "BIAS_16BIT_ALIGN", "absent_arguments", "_ABSENT")
+# The host helpers that compile_job reads (the arguments a launch passes as None are
+# compiled as constants; the alignment a 16-bit bias is read at), each with the module it
+# lives in, in the order they are hashed. A helper not found there is an error: a moved
+# helper is moved here too, never silently left out of the key.
+_ROW_HELPERS = (
+    ("_ABSENT", "attnkit/kernels/flash/launch.py"),
+    ("absent_arguments", "attnkit/kernels/flash/launch.py"),
+    ("_COMPILE_OPTIONS", "attnkit/kernels/flash/launch.py"),
+    ("BIAS_16BIT_ALIGN", "attnkit/kernels/bias_form.py"),
+    ("_align", "attnkit/kernels/flash/launch.py"),
+)
 # The host helper of attnkit/kernels/int8/quant.py that compile_job reads (the int8 head-dim
 # split); the rest of that module is host code.
 _INT8_HELPERS = ("qk_pieces",)
@@ -99,8 +107,17 @@ def source_key(root: str = _ROOT) -> str:
     for rel in _ROW_MODULES:
         with open(os.path.join(root, rel)) as f:
             h.update(ast.dump(_code(f.read())).encode())
-    with open(os.path.join(root, "attnkit/kernels/flash/launch.py")) as f:
-        h.update("".join(_named(_code(f.read()), _ROW_HELPERS)).encode())
+    trees: dict[str, ast.Module] = {}
+    helpers = []
+    for name, rel in _ROW_HELPERS:
+        if rel not in trees:
+            with open(os.path.join(root, rel)) as f:
+                trees[rel] = _code(f.read())
+        found = _named(trees[rel], (name,))
+        if len(found) != 1:
+            raise RuntimeError(f"source_key: {name} not found (once) in {rel}: update _ROW_HELPERS")
+        helpers.append(found[0])
+    h.update("".join(helpers).encode())
     with open(os.path.join(root, "attnkit/kernels/int8/quant.py")) as f:
         h.update("".join(_named(_code(f.read()), _INT8_HELPERS)).encode())
     here = os.path.join(root, "tools", "static_report")

@@ -16,11 +16,12 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import devices, limits
+from ..bias_form import BIAS_16BIT_ALIGN, FULL16, KEYPAD, NONE, bias_form
 from ..limits import _next_pow2, padded_head_dim, split_head_dim
 from ..tile_records import TILE_RULES
 from .kernels import DESCRIPTORS, FULL_BIAS, KERNELS, KEY_BIAS, LOG2E, NO_BIAS, _attn_bwd_delta
 from .lengths import _key_lengths_kernel
-from .tile_config import FULL16, TileConfig
+from .tile_config import TileConfig
 from .tiles import CONFIGS
 
 # Triton's interpreter runs the same kernels on CPU tensors (for tests and debugging);
@@ -300,13 +301,6 @@ def _make_tuner(kernel: str, cands: tuple[TileConfig, ...], **autotune_options):
 # left to TRITON_DEFAULT_FP_FUSION, whose default Triton plans to change. The inspector
 # compiles with the same options. Not passed to the interpreter, which has no such option.
 _COMPILE_OPTIONS = {} if INTERPRET else {"enable_fp_fusion": True}
-
-# The alignment (in elements) a full 16-bit bias is read at as it is: its row, head and
-# batch strides even, so that a bias tile is copied in 4-byte pieces (cp.async copies
-# no less). The kernels then take BIAS_ALIGN = 2 whatever larger power of two divides
-# the strides, the code the static report compiles for the "full16" rows. A 16-bit bias
-# with an odd stride, or one of another layout, is converted to float32 first.
-BIAS_16BIT_ALIGN = 2
 
 
 class _Launch:
@@ -615,63 +609,34 @@ def _use_tma(
     return all(configs_for(kernel, head_dim, dtype, arch, variant, causal, True) for kernel in kernels)
 
 
-def bias_16bit_layout_ok(attn_bias: torch.Tensor, shape4) -> bool:
-    """Whether a 16-bit bias has the layout the kernels read one in as it is (the
-    "full16" variant): a full bias (its query stride not 0 once expanded to shape4), its
-    last dim contiguous, its batch, head and row strides and its address multiples of
-    BIAS_16BIT_ALIGN elements, and addressable without a compact copy (_bias_layout).
-    A tensor without storage (traced by torch.compile) has no address yet: the layout
-    alone decides, and the op's body checks the address of the real tensor."""
-    bias = attn_bias.expand(shape4)
-    sb = bias.stride()
-    align = BIAS_16BIT_ALIGN
-    if not (
-        attn_bias.element_size() == 2
-        and sb[2] != 0
-        and sb[3] == 1
-        and all(st % align == 0 for st in sb[:3])
-        and max(sb[2:]) * (_MAX_TILE_ROWS - 1) < 2**31
-    ):
-        return False
-    if torch.compiler.is_compiling():
-        return True
-    try:
-        address = attn_bias.data_ptr()
-    except (RuntimeError, NotImplementedError):  # fake or functional tensors: no storage
-        return True
-    return address % (align * 2) == 0
-
-
 def _bias_layout(attn_bias: Optional[torch.Tensor], shape4) -> tuple:
     """(compact, strides (b, h, m, n), strides of the lengths (b, h), constexprs, variant)
-    of a broadcastable bias, from its shape and strides alone (see _bias_args).
+    of a broadcastable bias, as bias_form() decides it (see _bias_args).
 
     compact: the bias must be made contiguous in its own shape first (a tile's rows or
-    columns would span 2**31 elements through its strides, see _addressable)."""
-    if attn_bias is None:
+    columns would span 2**31 elements through its strides, see _addressable). A 16-bit
+    full bias here is one ops._prepare kept to be read as it is ("full16"); one that
+    cannot be is refused, never read at the wrong alignment."""
+    dtype = torch.float32 if attn_bias is None else attn_bias.dtype
+    form = bias_form(attn_bias, shape4, q_dtype=dtype, needs_grad=False, max_tile_rows=_MAX_TILE_ROWS)
+    if form.variant == NONE:
         return False, (0, 0, 0, 0), (0, 0), dict(BIAS=NO_BIAS, BIAS_ALIGN=1, BIAS_CONTIG=False), "none"
-    bias = attn_bias.expand(shape4)
-    compact = max(bias.stride()[2:]) * (_MAX_TILE_ROWS - 1) >= 2**31
-    if compact:
-        bias = torch.empty(attn_bias.shape, dtype=attn_bias.dtype, device="meta").expand(shape4)
-    sb = tuple(bias.stride())
+    sb = form.strides
     constexprs = dict(BIAS_ALIGN=_align(*sb[:3]), BIAS_CONTIG=sb[3] == 1)
-    if sb[2] != 0:
-        if attn_bias.dtype != torch.float32:
-            # A 16-bit full bias, read at the alignment the static report compiles it at
-            # (ops._prepare converts every other one to float32).
-            if not bias_16bit_layout_ok(attn_bias, shape4):
-                raise ValueError(
-                    f"a {attn_bias.dtype} bias of shape {tuple(attn_bias.shape)} and strides "
-                    f"{attn_bias.stride()} cannot be read as it is: convert it to float32 first"
-                )
-            constexprs.update(BIAS_ALIGN=BIAS_16BIT_ALIGN)
-            return compact, sb, (0, 0), dict(constexprs, BIAS=FULL_BIAS), FULL16
-        return compact, sb, (0, 0), dict(constexprs, BIAS=FULL_BIAS), "full"
+    if form.variant == FULL16:
+        # Read at the alignment the static report compiles it at.
+        return form.compact, sb, (0, 0), dict(constexprs, BIAS=FULL_BIAS, BIAS_ALIGN=BIAS_16BIT_ALIGN), FULL16
+    if form.variant != KEYPAD:
+        if form.to_float32:  # ops._prepare converts every such bias first
+            raise ValueError(
+                f"a {attn_bias.dtype} bias of shape {tuple(attn_bias.shape)} and strides "
+                f"{attn_bias.stride()} cannot be read as it is: convert it to float32 first"
+            )
+        return form.compact, sb, (0, 0), dict(constexprs, BIAS=FULL_BIAS), "full"
     own = attn_bias.shape[-4:-2] if attn_bias.dim() >= 3 else ()
     b_own, h_own = (1,) * (2 - len(own)) + tuple(own)
     lens_strides = ((h_own if b_own > 1 else 0), (1 if h_own > 1 else 0))
-    return compact, sb, lens_strides, dict(constexprs, BIAS=KEY_BIAS), "keypad"
+    return form.compact, sb, lens_strides, dict(constexprs, BIAS=KEY_BIAS), "keypad"
 
 
 def _lengths_launch(attn_bias: torch.Tensor, n: int) -> tuple:

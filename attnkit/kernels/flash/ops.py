@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ...masks import hidden_to_bias
 from .. import devices
+from ..bias_form import BiasForm, bias_form
 from ..limits import input_problems
 from . import launch
 from .kernels import LN2
@@ -46,11 +47,7 @@ def _flash_forward_op(
 
 def _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
     # Here rather than in the Python wrappers: torch.compile traces those, and runs this.
-    if (
-        attn_bias is not None
-        and attn_bias.dtype != torch.float32
-        and (store_lo or not launch.bias_16bit_layout_ok(attn_bias, (*q.shape[:3], k.shape[2])))
-    ):
+    if attn_bias is not None and attn_bias.dtype != torch.float32 and _bias_form(q, k, attn_bias, store_lo).to_float32:
         # A 16-bit bias that _prepare kept on its layout while traced (no address then),
         # whose real tensor is not aligned for reading it as it is; or the op called
         # for a forward that a backward will follow (store_lo), which reads float32.
@@ -272,8 +269,8 @@ def _prepare(q, k, v, attn_bias, scale):
         scale = float(scale)
         if not math.isfinite(scale):
             raise ValueError(f"scale={scale} must be finite")
-    if attn_bias is not None and attn_bias.dtype != torch.float32 and not _reads_16bit_bias(q, k, v, attn_bias):
-        # Every other bias is read in float32, the bias type the rest of the static
+    if attn_bias is not None and _bias_form(q, k, attn_bias, _needs_grad(q, k, v, attn_bias)).to_float32:
+        # Every bias but "full16" is read in float32, the bias type the rest of the static
         # report compiles and the shipped tiles are chosen for: a 16-bit bias pointer
         # changes the compiled code (on sm_90 the key-padding tile at head dim 128 then
         # needs 296,000 bytes of shared memory, above the GPU's 232,448).
@@ -281,18 +278,20 @@ def _prepare(q, k, v, attn_bias, scale):
     return attn_bias, scale
 
 
-def _reads_16bit_bias(q, k, v, attn_bias: torch.Tensor) -> bool:
-    """Whether the forward reads this bias in its own 16-bit dtype, as it is (the kernels'
-    "full16" variant, its own tiles and static-report rows): a full bias, one value per
-    (query, key) of some batch or head, in q's dtype, its last dim contiguous, its row,
-    head and batch strides and its address multiples of launch.BIAS_16BIT_ALIGN elements,
-    in a call autograd will not differentiate. Converting such a bias to float32 reads
-    and writes B*H*M*N elements more than the attention itself; a key-padding bias is one
-    row per (batch, head), converted at no cost, and a call that needs gradients reads
-    float32 in its backward too."""
-    if attn_bias.dtype != q.dtype or q.dtype == torch.float32 or _needs_grad(q, k, v, attn_bias):
-        return False
-    return launch.bias_16bit_layout_ok(attn_bias, (*q.shape[:3], k.shape[2]))
+def _bias_form(q, k, attn_bias: Optional[torch.Tensor], needs_grad: bool) -> BiasForm:
+    """How the kernels read this call's bias (attnkit/kernels/bias_form.py, the one
+    decision). A full bias in q's 16-bit dtype with even strides and address, in a call
+    autograd will not differentiate, is read as it is ("full16"): converting it to float32
+    reads and writes B*H*M*N elements more than the attention itself. A key-padding bias
+    is one row per (batch, head), converted at no cost, and a call that needs gradients
+    reads float32 in its backward too."""
+    return bias_form(
+        attn_bias,
+        (*q.shape[:3], k.shape[2]),
+        q_dtype=q.dtype,
+        needs_grad=needs_grad,
+        max_tile_rows=launch._MAX_TILE_ROWS,
+    )
 
 
 def _check_inputs(q, k, v, attn_bias) -> None:
@@ -400,7 +399,7 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
         torch.cuda.get_device_capability(q.device),
         q.dtype,
         q.shape[3],
-        (_bias_variant(attn_bias, q.shape),),
+        (_table_variant(q, attn_bias),),
         causal,
         grads,
     )
@@ -416,14 +415,14 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
 _SHARED_MEMORY_OK: set = set()
 
 
-def _bias_variant(attn_bias: Optional[torch.Tensor], q_shape) -> str:
-    """The kernels' bias variant for a call, as _bias_args decides it, without touching
-    the bias's values: "none", "keypad" where the bias expanded to (B, H, M, N) has query
-    stride 0 (one query row of its own, M == 1, keeps its stride: "full"), else "full"."""
+def _table_variant(q: torch.Tensor, attn_bias: Optional[torch.Tensor]) -> str:
+    """The bias's variant in the device table ("none", "keypad" or "full"; its query
+    stride alone decides it, not its values, dtype or the number of keys)."""
     if attn_bias is None:
         return "none"
     own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
-    return "keypad" if own.expand(*q_shape[:3], own.shape[3]).stride(2) == 0 else "full"
+    form = bias_form(own, (*q.shape[:3], own.shape[3]), q_dtype=q.dtype, needs_grad=True, max_tile_rows=1)
+    return form.table_variant
 
 
 def _check_causal(causal, causal_offset) -> tuple[bool, int]:

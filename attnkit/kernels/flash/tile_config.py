@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..bias_form import FULL16
+
 VARIANTS = ("none", "keypad", "full")  # the bias kinds the kernels specialise on
-# A full bias in the inputs' 16-bit dtype, read as it is (launch.BIAS_16BIT_ALIGN): the
+# A full bias in the inputs' 16-bit dtype, read as it is (bias_form.BIAS_16BIT_ALIGN): the
 # inference forward's own variant, served only by the entries that name it (F16), since
-# its tiles differ (a 16-bit bias tile changes what spills).
-FULL16 = "full16"
+# its tiles differ (a 16-bit bias tile changes what spills). Its name is bias_form's.
 WIDTHS = ("16bit", "32bit")  # the input widths the lists are kept by
 ALL = frozenset(VARIANTS)  # not FULL16
 # Short names of the sets a tile serves, as tiles.py writes them.
