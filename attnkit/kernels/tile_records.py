@@ -20,79 +20,13 @@
 
 from collections import namedtuple
 
-TileRule = namedtuple(
-    "TileRule", "gpu target kernel width band variant causal loads dtype tile replaces min_q min_kv gain record"
-)
+TileRule = namedtuple("TileRule", "gpu target kernel width band variant causal loads dtype tile replaces min_q min_kv gain record")
 
 THRESHOLD = 1.05
 
 TILE_RULES = (
-    TileRule(
-        "nvidia-h100-80gb-hbm3",
-        "sm90",
-        "dkdv",
-        "16bit",
-        64,
-        "none",
-        False,
-        "tma",
-        "float16",
-        "M32-N64-w4-s2",
-        "M64-N64-w4-s2",
-        4096,
-        4096,
-        1.137,
-        "timing/timing.json#23",
-    ),
-    TileRule(
-        "nvidia-h100-80gb-hbm3",
-        "sm90",
-        "dq",
-        "16bit",
-        64,
-        "none",
-        False,
-        "tma",
-        "float16",
-        "M64-N64-w4-s2",
-        "M128-N128-w8-s2",
-        4096,
-        4096,
-        1.137,
-        "timing/timing.json#23",
-    ),
-    TileRule(
-        "nvidia-h100-80gb-hbm3",
-        "sm90",
-        "fwd",
-        "16bit",
-        64,
-        "none",
-        False,
-        "tma",
-        "float16",
-        "M128-N64-w8-s3",
-        "M128-N128-w8-s2",
-        4096,
-        4096,
-        1.318,
-        "timing/timing.json#22",
-    ),
-    TileRule(
-        "nvidia-h100-80gb-hbm3",
-        "sm90",
-        "fwd_lo",
-        "16bit",
-        64,
-        "none",
-        False,
-        "tma",
-        "float16",
-        "M128-N64-w8-s3",
-        "M128-N128-w8-s2",
-        4096,
-        4096,
-        1.137,
-        "timing/timing.json#23",
-    ),
+    TileRule('nvidia-h100-80gb-hbm3', 'sm90', 'dkdv', '16bit', 64, 'none', False, 'tma', 'float16', 'M32-N64-w4-s2', 'M64-N64-w4-s2', 4096, 4096, 1.137, 'timing/timing.json#23'),
+    TileRule('nvidia-h100-80gb-hbm3', 'sm90', 'dq', '16bit', 64, 'none', False, 'tma', 'float16', 'M64-N64-w4-s2', 'M128-N128-w8-s2', 4096, 4096, 1.137, 'timing/timing.json#23'),
+    TileRule('nvidia-h100-80gb-hbm3', 'sm90', 'fwd', '16bit', 64, 'none', False, 'tma', 'float16', 'M128-N64-w8-s3', 'M128-N128-w8-s2', 4096, 4096, 1.318, 'timing/timing.json#22'),
+    TileRule('nvidia-h100-80gb-hbm3', 'sm90', 'fwd_lo', '16bit', 64, 'none', False, 'tma', 'float16', 'M128-N64-w8-s3', 'M128-N128-w8-s2', 4096, 4096, 1.137, 'timing/timing.json#23'),
 )
