@@ -23,11 +23,13 @@ setup: $(VENV)/.setup-test
 test: $(VENV)/.setup-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 lint: $(VENV)/.setup-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 bench: $(VENV)/.setup-bench
 	$(PY) -m attnkit bench $(BENCH_ARGS)

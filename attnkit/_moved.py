@@ -51,15 +51,8 @@ MOVED: dict[str, dict[str, tuple[str, ...]]] = {
         "attnkit.diffusers.hooks": ("install",),
     },
     "attnkit.chooser": {
-        "attnkit.choose.auto": (
-            "AUTO_OPTIONS",
-            "AutoChooser",
-            "_Slot",
-            "Decision",
-            "ENV_VAR",
-            "format_decision",
-            "log_line",
-        ),
+        "attnkit.choose.auto": ("AUTO_OPTIONS", "AutoChooser", "_Slot", "ENV_VAR"),
+        "attnkit.choose.decision": ("Decision", "format_decision", "log_line"),
         "attnkit.diffusers.processor": ("AutoProcessor", "auto"),
     },
     "attnkit.diffusers_backend": {
@@ -153,7 +146,7 @@ MOVED: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "attnkit.tuning": {
         "attnkit.choose._files": ("CacheNotWritten", "NotRegularFile"),
-        "attnkit.choose.tuning": (
+        "attnkit.choose.tune_cache": (
             "CACHE_VERSION",
             "CacheError",
             "LOCK_TIMEOUT_S",

@@ -172,7 +172,7 @@ def part_d(device: torch.device, rounds: int) -> dict:
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
     import attnkit  # noqa: F401  (registers the "attnkit" backend)
-    from attnkit.bench.dit import build_transformer
+    from attnkit.bench.dit_model import build_transformer
     from attnkit.bench.presets import get_preset
 
     out = {}

@@ -25,7 +25,7 @@ LAZY_ALLOWED = {
     "only when the triton backend runs",
     ("attnkit.backends.int8", "attnkit.kernels"): "the INT8 kernel imports triton (an optional extra), only "
     "when the int8 backend runs",
-    ("attnkit.choose.auto", "attnkit.backends.int8"): "auto(lossy='int8') only: the int8 backend's module "
+    ("attnkit.choose.lossy", "attnkit.backends.int8"): "auto(lossy='int8') only: the int8 backend's module "
     "imports attnkit.kernels' limits, which importing attnkit "
     "must not (a later `import attnkit.kernels` without triton "
     "would then succeed instead of naming the extra)",
@@ -173,3 +173,17 @@ def test_the_core_and_the_choosers_import_nothing_of_diffusers():
         if _under(target, "attnkit.diffusers")
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_the_hooks_import_nothing_of_attnkit_but_each_other():
+    """attnkit/diffusers/hooks.py and the hooks_* modules it gathers (every change attnkit
+    makes to diffusers) sit below what they call: attnkit's side is connected at import."""
+    hooks = {name for name in MODULES if name.startswith("attnkit.diffusers.hooks")}
+    bad = [
+        f"{name}:{line} imports {target}"
+        for name in sorted(hooks)
+        for target, line, _ in GRAPH[name]
+        if target not in hooks
+    ]
+    assert "attnkit.diffusers.hooks" in hooks and len(hooks) > 1, sorted(hooks)
+    assert not bad, "the hooks modules import nothing of attnkit but each other:\n" + "\n".join(bad)

@@ -95,7 +95,7 @@ def capability_columns(caps: Capabilities) -> dict[str, str]:
 
 def limits_table() -> str:
     """The declared limits of every backend as a markdown table (it is in the README)."""
-    rows = []
+    rows: list[str] = []
     for name in BACKEND_NAMES:
         cols = capability_columns(backend_class(name).capabilities)
         if not rows:

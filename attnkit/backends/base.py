@@ -8,7 +8,9 @@ Each backend states what it supports as data (:class:`Capabilities`), and
 ``not_supported_reasons(call)`` turns a mismatch into sentences a user can act on. An
 empty list means "can run". The selector (:func:`attnkit.auto`) and the named processors
 both use the same reasons, so a named processor refuses with exactly the words the
-selector prints in ``explain()``.
+selector prints in ``explain()``. (The tensor helpers several backends share around
+their kernels, a bias narrowed to a kernel's dtype and the like, are in
+:mod:`attnkit.backends.tensors`.)
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ def _device_info(kind: str, index: int | None) -> DeviceInfo:
     if info is None:
         if kind == "cuda" and torch.cuda.is_available():
             idx = torch.cuda.current_device() if index is None else index
-            info = DeviceInfo("cuda", tuple(torch.cuda.get_device_capability(idx)), torch.cuda.get_device_name(idx))
+            major, minor = torch.cuda.get_device_capability(idx)
+            info = DeviceInfo("cuda", (major, minor), torch.cuda.get_device_name(idx))
         else:
             info = DeviceInfo(kind)
         _DEVICE_CACHE[key] = info
@@ -284,7 +287,7 @@ class Backend:
     """
 
     name: ClassVar[str]
-    capabilities: ClassVar[Capabilities]
+    capabilities: Capabilities  # the class's declaration; an instance may narrow it (sdpa's pinned kernel)
 
     # -- what it can serve -------------------------------------------------------
     def not_supported_reasons(self, call: AttentionCall) -> list[str]:
@@ -398,63 +401,6 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def narrow_bias(attn_bias: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """An additive bias in ``dtype`` for a kernel that wants it there, and the rows the
-    cast would get wrong.
-
-    A plain cast turns finite values beyond ``dtype``'s range into -inf: a mask made with
-    ``torch.finfo(torch.float32).min`` would fully mask a row in float16 (zeros) that
-    float32 averages over V. Here values beyond the range saturate to its finite ends
-    (-inf stays -inf), so bfloat16, whose range is float32's, computes what float32 does.
-    float16 cannot (its scores keep q.k where float32's huge bias wipes them out), so for
-    a float16 target the rows whose every key is masked by such a value are returned as
-    ``dead`` (broadcastable to (B, H, M, 1)): :func:`fix_dead_rows` gives them mean(V),
-    float32's answer. ``dead`` is None when the cast is exact by construction.
-    """
-    if attn_bias.dtype == dtype or not attn_bias.is_floating_point():
-        return attn_bias, None
-    have, want = torch.finfo(attn_bias.dtype), torch.finfo(dtype)
-    if have.max <= want.max:  # fits: fp16 -> fp32, bf16 -> fp32, fp32 -> fp64
-        return attn_bias.to(dtype), None
-    low = attn_bias < want.min
-    saturated = torch.where(torch.isneginf(attn_bias), attn_bias, attn_bias.clamp(want.min, want.max))
-    dead = None
-    if want.max < 1e38:  # float16: a saturated bias no longer dominates q.k
-        dead = (low & torch.isfinite(attn_bias)).any(-1, keepdim=True) & low.all(-1, keepdim=True)
-    return saturated.to(dtype), dead
-
-
-def causal_mask(m: int, n: int, offset: int, device: torch.device | str) -> torch.Tensor:
-    """(M, N) bool, True where key j is hidden from query i: j > i + offset. offset 0 is
-    torch SDPA's is_causal (top-left); n - m aligns the diagonal bottom-right."""
-    rows = torch.arange(m, device=device).unsqueeze(1)
-    cols = torch.arange(n, device=device).unsqueeze(0)
-    return cols > rows + offset
-
-
-def fix_dead_rows(out: torch.Tensor, v: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
-    """``out`` (B, H, M, Dv) with the rows ``dead`` (see :func:`narrow_bias`) replaced by
-    the mean of v over the keys."""
-    if dead is None:
-        return out
-    return torch.where(dead, v.mean(dim=-2, keepdim=True).to(out.dtype), out)
-
-
-def bnhd_padded(x: torch.Tensor, width: int) -> torch.Tensor:
-    """A (B, H, N, D) view as (B, N, H, width): free when the storage is already
-    (B, N, H, D) with width == D; zero-padded (one copy) when width > D. For kernels that
-    take (B, N, H, D) and need the head dim rounded up (flash-attn, xformers)."""
-    x = x.transpose(1, 2)
-    d = x.shape[-1]
-    if d == width:
-        return x if x.stride(-1) == 1 else x.contiguous()
-    return torch.nn.functional.pad(x, (0, width - d))
-
-
-def round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
 
 
 def _sorted_dtypes(dtypes) -> list[torch.dtype]:

@@ -26,7 +26,8 @@ from dataclasses import replace
 
 import torch
 
-from .base import Backend, Capabilities, bnhd_padded, round_up
+from .base import Backend, Capabilities
+from .tensors import bnhd_padded, round_up
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 

@@ -13,17 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from ..masks import hidden_to_bias
-from .base import (
-    AttentionCall,
-    Backend,
-    BackendUnavailable,
-    Capabilities,
-    causal_mask,
-    dtype_name,
-    fix_dead_rows,
-    mask_kind,
-    narrow_bias,
-)
+from .base import AttentionCall, Backend, BackendUnavailable, Capabilities, dtype_name, mask_kind
+from .tensors import causal_mask, fix_dead_rows, narrow_bias
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -211,7 +202,8 @@ class SDPABackend(Backend):
         call, torch's reasons (the warnings it gives while checking the kernel, caught by
         trying the call again) and what to use instead."""
         reasons = []
-        if not torch.compiler.is_compiling():  # warnings cannot be caught inside a graph
+        # warnings cannot be caught inside a graph; only a pinned kernel is refused
+        if self.kernel is not None and not torch.compiler.is_compiling():
             reasons = _torch_reasons(self.kernel, q, k, v, attn_bias, scale, extra)
         if not reasons:
             call = AttentionCall.from_tensors(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Backend, fix_dead_rows
+from .base import Backend
+from .tensors import fix_dead_rows
 from .vanilla import (
     MATH_CAPABILITIES,
     bmm_attention,

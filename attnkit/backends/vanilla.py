@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Backend, Capabilities, causal_mask, fix_dead_rows, narrow_bias
+from .base import Backend, Capabilities
+from .tensors import causal_mask, fix_dead_rows, narrow_bias
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from .base import MASK_KINDS, Backend, Capabilities, bnhd_padded, fix_dead_rows, narrow_bias, round_up
+from .base import MASK_KINDS, Backend, Capabilities
+from .tensors import bnhd_padded, fix_dead_rows, narrow_bias, round_up
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _ALL_MASKS = frozenset(MASK_KINDS)

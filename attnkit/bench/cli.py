@@ -27,7 +27,8 @@ from attnkit._text import describe_exception
 from . import report
 from .availability import resolve_names
 from .context import Context
-from .dit import build_transformer, resolve_settings
+from .dit_model import build_transformer
+from .dit_settings import resolve_settings
 from .env import available_memory_bytes, environment, load_average, quiet_diffusers
 from .measure import Deadline
 from .models import build_model, dtype_label, load_model

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import weakref
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -38,7 +38,7 @@ def mark_compile_constant(fn: F) -> F:
         if mark is None:  # torch < 2.2
             mark = importlib.import_module("torch._dynamo").assume_constant_result
         mark(fn)  # marks the function itself
-        fn._attnkit_marked = True
+        setattr(fn, "_attnkit_marked", True)
     return fn
 
 
@@ -74,8 +74,8 @@ _TOKENS = itertools.count(1)
 _OWNERS: "weakref.WeakValueDictionary[str, CompileOwner]" = weakref.WeakValueDictionary()
 
 
-def compile_owner(token: str) -> CompileOwner:
-    """The object whose compile_token this is."""
+def compile_owner(token: str) -> Any:
+    """The object whose compile_token this is (typed Any: its caller knows its class)."""
     return _OWNERS[token]
 
 

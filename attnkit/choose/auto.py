@@ -41,8 +41,8 @@ that differs beyond the project's tolerance rule is never chosen, and a warning 
 it); the priority choice and those that passed are timed in ``tune_iters`` interleaved
 rounds, and a candidate replaces the priority choice only when its median per-round gain
 is at least ``tune_margin`` (0.05: 5% faster). What was measured is kept in a JSON file
-shared by every process (:mod:`attnkit.choose.tuning`). With a single candidate nothing
-is timed or written.
+shared by every process (:mod:`attnkit.choose.tune_cache`). With a single candidate
+nothing is timed or written.
 
 torch.compile
 -------------
@@ -50,6 +50,13 @@ Under ``torch.compile`` the decision is made while tracing, in plain Python, by 
 walk, for the signature without its lengths (they may be symbolic there). Only the
 chosen backend's computation is traced, so ``fullgraph=True`` works and the selection
 costs nothing at run time.
+
+Where the parts live
+--------------------
+This module holds the walk, the fall-back and the compile-time choice. The tuning
+(:mod:`attnkit.choose.tuning`) and ``lossy="int8"``'s path under its guard
+(:mod:`attnkit.choose.lossy`) are mixins of :class:`AutoChooser`; a decision's record and
+the words it is told in are :mod:`attnkit.choose.decision`'s.
 """
 
 from __future__ import annotations
@@ -58,18 +65,21 @@ import inspect
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from ..backends.base import compile_key
-from . import policy, tune_check, tuning
+from . import policy, tune_cache, tune_check
 from ._compile import compile_owner, is_compiling, mark_compile_constant
+from .decision import Decision, format_decision, log_line
 from .fixed import ChooserBase, call_flags, check_finite_on, run_backend
-from .guard import GuardState, compare, guard_options, sample_inputs, sample_rows
+from .guard import GuardState, guard_options
+from .lossy import Lossy
 from .policy import CANDIDATES, LOCK, describe_call, installed_packages
+from .tuning import Tuned
 
 logger = logging.getLogger("attnkit")
 
@@ -79,28 +89,6 @@ ENV_VAR = "ATTNKIT_BACKEND"
 # drops the oldest beyond this, and decides them again if they come back. The warn-once
 # notes are forgotten together, at four times this.
 DECISIONS_MAX = 4096
-
-
-@dataclass
-class Decision:
-    """One row of ``explain()``: what auto() chose for a call signature, and why."""
-
-    call: AttentionCall
-    backend: str
-    table: dict[str, list[str]]
-    order: str  # the hardware class, "order=a>b" or "ATTNKIT_BACKEND=x"
-    module: str
-    how: str  # "priority", "tuned", "tune cache", "forced", "fallback", "compile"
-    ms: dict[str, float] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-    # Tuned ("tuned", "tune cache"): the priority choice (backend == priority: it was kept,
-    # no candidate faster by the margin), each timed candidate's median gain over it, each
-    # candidate's output difference as a fraction of the bound ("differs", "failed"), and
-    # the decision in words. Plain defaults: a Decision pickled before them has them.
-    priority: str = ""
-    gain: Mapping[str, float] | None = None
-    diff: Mapping[str, float | str] | None = None
-    note: str = ""
 
 
 class _Slot:
@@ -113,12 +101,8 @@ class _Slot:
         self.backend = backend
 
 
-class AutoChooser(tuning.Tuned, ChooserBase):
+class AutoChooser(Lossy, Tuned, ChooserBase):
     """The decision behind :func:`auto`: per signature, the first backend of the walk."""
-
-    # No lossy backend: what a chooser pickled before these options existed unpickles as.
-    lossy: str | None = None
-    guard: dict | None = None
 
     _dropped = 0  # what a chooser pickled before DECISIONS_MAX has
 
@@ -146,7 +130,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
         self._lossy_backend: Backend | Exception | None = None
         self._lossy_reasons: dict[Signature, tuple[str, ...]] = {}
         self._guards: dict[tuple[int, Signature], GuardState] = {}
-        self.cache_path = Path(cache_path) if cache_path is not None else tuning.default_cache_path()
+        self.cache_path = Path(cache_path) if cache_path is not None else tune_cache.default_cache_path()
         self.order = None if order is None else policy.validate_labels(order, "order")
         self.exclude = frozenset(policy.validate_labels(exclude, "exclude"))
         backend_options = dict(backend_options or {})
@@ -157,7 +141,7 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             raise ValueError(f"tune_iters={tune_iters!r}: use a positive int")
         self.tune_iters = tune_iters
         self.tune_margin = tune_check.check_margin(tune_margin)
-        forced = os.environ.get(ENV_VAR, "").strip()
+        forced: str | None = os.environ.get(ENV_VAR, "").strip()
         if forced in ("", "auto"):
             forced = None
         elif forced not in CANDIDATES:
@@ -220,91 +204,6 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             return None
         return self._decisions.get(sig)
 
-    # -- the lossy backend and its guard (attnkit/choose/guard.py) --------------------
-    def _lossy(self) -> Backend | Exception:
-        if self._lossy_backend is None:
-            try:
-                from ..backends.int8 import Int8Backend  # see tests/test_import_graph.py's LAZY_ALLOWED
-
-                self._lossy_backend = Int8Backend()
-            except Exception as exc:  # noqa: BLE001 - said as the reason it cannot serve
-                self._lossy_backend = exc
-        return self._lossy_backend
-
-    def _lossy_attention(self, who, sig, args):
-        """The lossy backend's output for this call, under the guard; None where it does
-        not serve the call (it cannot, or the guard fell back for this module and
-        signature): the exact path then serves it."""
-        reasons = self._lossy_reasons.get(sig)
-        if reasons is None:
-            backend = self._lossy()
-            if isinstance(backend, Exception):
-                reasons = (f"the int8 backend could not be loaded: {describe_exception(backend)}",)
-            else:
-                reasons = tuple(backend.not_supported_reasons(AttentionCall.from_signature(sig, installed_packages())))
-            self._lossy_reasons[sig] = reasons
-        if reasons:
-            return None
-        # Keyed by the caller object (a module, or the dispatch route's one caller): its
-        # name is made once, not on every call of the hot path.
-        state = self._guards.get((id(who), sig))
-        if state is None:
-            state = self._guards.setdefault(
-                (id(who), sig), GuardState(describe_module(who), describe_call(AttentionCall.from_signature(sig)))
-            )
-        if state.fallen_back:
-            return None
-        module = state.module
-        q, k, v, attn_bias, scale, upcast, causal_offset, _, _ = args
-        try:
-            out = run_backend(self._lossy_backend, *args)
-        except Exception as exc:  # noqa: BLE001 - the exact path serves it, and says why once
-            state.fallen_back = True
-            self._warn_once(
-                ("lossy", module, sig),
-                "attnkit: the int8 backend failed on %s (%s): %s; that module "
-                "runs exactly for this call signature from now on",
-                module,
-                state.call,
-                describe_exception(exc),
-            )
-            return None
-        state.calls += 1
-        if self.guard is None or not state.due(self.guard["every"]):
-            return out
-        exact = self._decisions.get(sig) or self._decide(sig, who, args)
-        rows = sample_rows(q.shape[2], self.guard["rows"], q.device)
-        q_s, bias_s = sample_inputs(q, k, v, attn_bias, causal_offset, rows)
-        reference = run_backend(exact, q_s, k, v, bias_s, scale, upcast, None, 0.0, False)
-        error, cosine = compare(out.index_select(2, rows), reference)
-        state.checks += 1
-        state.error, state.cosine = error, cosine
-        state.worst_error = max(state.worst_error, error)
-        state.history.append((state.calls, error, cosine))
-        if error <= self.guard["max_error"] and cosine >= self.guard["min_cosine"]:
-            return out
-        state.fallen_back = True
-        logger.warning(
-            "attnkit: int8 attention in %s [%s] measured a relative L2 error of %.3g and a cosine of %.6f on %d "
-            "sampled query rows (call %d), beyond the guard's %.3g / %.6f: that module runs %s exactly for this "
-            "call signature from now on, this call included (processor.explain() lists every module's figures)",
-            module,
-            state.call,
-            error,
-            cosine,
-            len(rows),
-            state.calls,
-            self.guard["max_error"],
-            self.guard["min_cosine"],
-            exact.name,
-        )
-        return run_backend(exact, *args)
-
-    def guard_states(self) -> list[GuardState]:
-        """Every module and call signature the lossy backend served, with its guard's
-        figures and state."""
-        return list(getattr(self, "_guards", {}).values())
-
     # -- deciding -------------------------------------------------------------------
     def backend(self, label: str) -> Backend | Exception:
         """The instance auto() uses for ``label`` (made on first use)."""
@@ -349,15 +248,18 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             module = describe_module(who)
             if label is None:
                 raise self._unavailable(call, table, module)
-            how, ms, tuned = ("forced" if self.forced else "priority"), {}, {}
+            how = "forced" if self.forced else "priority"
+            ms: dict[str, float] = {}
+            tuned: dict[str, Any] = {}
             if self.tune and self.forced is None:
                 label, how, ms, tuned = self._tuned(call, table, args)
             record = Decision(call, label, table, order, module, how, ms, **tuned)
             self._make_room(self._records, self._decisions)
             self._records[sig] = record
-            backend = self._decisions[sig] = self.backend(label)
+            # walk() never takes a label whose backend could not be made (its reasons say why)
+            chosen = self._decisions[sig] = cast(Backend, self.backend(label))
             logger.info("%s", log_line(record))
-            return backend
+            return chosen
 
     def _make_room(self, *tables: dict) -> None:
         """Under LOCK: drop the oldest signature of ``tables`` when they hold DECISIONS_MAX."""
@@ -495,86 +397,12 @@ class AutoChooser(tuning.Tuned, ChooserBase):
             opts.append(f"lossy={self.lossy!r}" + ("" if self.guard is not None else ", guard=False"))
         return f"AutoProcessor({', '.join(opts)})"
 
-    def _describe_lossy(self) -> str:
-        g = self.guard
-        head = (
-            "  lossy backend int8 (LOSSY: INT8 query-key products) first where it can serve a call, "
-            + (
-                "without a quality guard"
-                if g is None
-                else f"under the quality guard: {g['rows']} sampled query rows checked exactly on the first call of "
-                f"each module and signature and one in {g['every']} after, falling back past a relative L2 "
-                f"error of {g['max_error']:g} or a cosine below {g['min_cosine']:g}"
-            )
-            + "; inside torch.compile graphs the exact backends serve every call"
-        )
-        lines = [head]
-        for sig, reasons in self._lossy_reasons.items():
-            if reasons:
-                lines.append(
-                    f"    int8 cannot serve {describe_call(AttentionCall.from_signature(sig))}: {'; '.join(reasons)}"
-                )
-        lines += [f"    {state.describe()}" for state in self._guards.values()]
-        return "\n".join(lines)
-
 
 def _compiled_choice(token: str, key: tuple) -> str:
     """Run by torch.compile while tracing, in plain Python: the label of the backend the
     AutoChooser with this compile_token takes for a signature (a compile_key). The result
     is a constant of the graph; no selection code is traced."""
     return compile_owner(token).choose_for_compile(Signature(*key))
-
-
-def log_line(record: Decision) -> str:
-    """The INFO line of a decision: what was chosen for which call, and why the
-    candidates before it were skipped."""
-    skipped = []
-    for label, reasons in record.table.items():
-        if label == record.backend:
-            break
-        skipped.append(f"{label}: {', '.join(reasons)}")
-    timing = ""
-    if record.ms:
-        timing = " [" + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(record.ms.items(), key=lambda kv: kv[1])) + "]"
-    why = f" ({'; '.join(skipped)})" if skipped else ""
-    note = f" ({record.note})" if record.note else ""
-    return (
-        f"attnkit.auto: {record.module}: {record.backend} for {describe_call(record.call)}"
-        f"{why}{timing}{note} [{record.how}, {record.order}]"
-    )
-
-
-def format_decision(record: Decision) -> str:
-    """A decision as an indented table: one row per candidate with its state."""
-    head = (
-        f"{describe_call(record.call)} -> {record.backend}  "
-        f"[{record.how}; order: {record.order}; first seen: {record.module}]"
-    )
-    width = max((len(x) for x in record.table), default=0)
-    rows = [head]
-    if record.note:
-        rows.append(f"    tuning: {record.note}")
-    gain, diff = record.gain or {}, record.diff or {}
-    for label, reasons in record.table.items():
-        if label == record.backend:
-            state = "chosen"
-        elif not reasons:
-            state = "can run"
-        else:
-            state = "; ".join(reasons)
-        figures = []
-        if label in record.ms:
-            figures.append(f"{record.ms[label]:.3f} ms")
-        if label in gain:
-            figures.append(f"{gain[label] * 100:+.1f}% vs {record.priority}")
-        if diff.get(label) == "differs":
-            figures.append(f"output differs from {record.priority}'s: never chosen")
-        elif diff.get(label) == "failed":
-            figures.append("failed while tuning")
-        if figures:
-            state += f"  ({', '.join(figures)})"
-        rows.append(f"    {label:<{width}}  {state}")
-    return "\n".join(rows)
 
 
 # auto()'s options: AutoChooser's keyword arguments, read from it so that the two never differ

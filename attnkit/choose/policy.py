@@ -16,22 +16,22 @@ compute capability) also has rules generated from it (:mod:`attnkit.choose.recor
 ``python -m tools.records``): where the record measured attnkit's Triton kernel ahead
 of SDPA for a class of calls (key-padding mask, fp16, head dim 128 on the H100, ...),
 :func:`walk` moves it ahead of SDPA in the hardware class's order for calls of that
-class (:func:`apply_rules`). The walk still takes the first backend that can run, so
-a rule never picks what cannot. An order given by the caller is never adjusted, and a
-GPU without a record keeps its class's order. :func:`describe_call` names the record
-behind a call's rule, so logs, errors and ``explain()`` show it.
+class (:mod:`attnkit.choose.record_rules`: which rules cover a call, and how they move
+a backend). The walk still takes the first backend that can run, so a rule never picks
+what cannot. An order given by the caller is never adjusted, and a GPU without a record
+keeps its class's order. :func:`describe_call` names the record behind a call's rule, so
+logs, errors and ``explain()`` show it.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..backends import AttentionCall, Backend, BackendUnavailable, DeviceInfo, get_backend
 from ..backends.base import dtype_name, package_version
-from . import records
+from .record_rules import apply_rules, describe_rule, rules_for, rules_table
 
 # What auto() can choose: label -> (registered backend name, constructor options).
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -161,14 +161,14 @@ def hardware_class(device: DeviceInfo) -> str:
     cap = device.capability
     if cap is None:
         return "cuda"
-    cap = tuple(cap)
-    if cap >= (10, 0):
+    major_minor = tuple(cap)  # a list where a DeviceInfo was read from JSON
+    if major_minor >= (10, 0):
         return "sm_100+"
-    if cap >= (9, 0):
+    if major_minor >= (9, 0):
         return "sm_90"
-    if cap == (8, 0):
+    if major_minor == (8, 0):
         return "sm_80"
-    if cap >= (8, 0):
+    if major_minor >= (8, 0):
         return "sm_86-89"
     return "sm_75-"
 
@@ -190,84 +190,7 @@ def priority_table() -> str:
     return "\n".join(rows)
 
 
-# -- rules from the GPU records (attnkit/choose/records.py, generated) --------------------
-RECORDS_DIR = "bench/results"
-Rule = records.Rule
-
-
-def device_folder(name: str) -> str:
-    """A device name as ``bench/results/`` names its record: lower case, dashes
-    ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"; the launcher's own copy,
-    attnkit.kernels.devices.record_folder, names the records of its default tiles alike)."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def record_of(device: DeviceInfo) -> str | None:
-    """The record folder of ``device`` (a key of ``records.GPUS``), or None: the same
-    device name and the same compute capability, nothing nearer (an H100 PCIe is not
-    the H100 SXM that was recorded)."""
-    if device.type != "cuda" or not device.name or device.capability is None:
-        return None
-    folder = device_folder(device.name)
-    gpu = records.GPUS.get(folder)
-    if gpu is None or tuple(device.capability) != tuple(gpu.capability):
-        return None
-    return folder
-
-
-def covers(rule: Rule, call: AttentionCall) -> bool:
-    """Whether ``call`` is of the class ``rule`` was measured on (its GPU aside): the same
-    mask kind, dtype, head dim, causal and grad, lengths at least the measured ones, and
-    none of what the records never measured (dropout, LSE, deterministic mode)."""
-    return (
-        call.mask == rule.mask
-        and dtype_name(call.dtype) == rule.dtype
-        and call.head_dim == rule.head_dim
-        and call.causal == rule.causal
-        and call.requires_grad == rule.grad
-        and not (call.dropout or call.lse or call.deterministic)
-        and call.q_len is not None
-        and call.kv_len is not None
-        and call.q_len >= rule.min_q
-        and call.kv_len >= rule.min_kv
-    )
-
-
-def rules_for(call: AttentionCall) -> tuple[Rule, ...]:
-    """The record rules that cover ``call`` on its device (none on a GPU without a record)."""
-    folder = record_of(call.device)
-    if folder is None:
-        return ()
-    return tuple(r for r in records.RULES if r.gpu == folder and covers(r, call))
-
-
-def rule_source(rule: Rule) -> str:
-    """Where a rule comes from: "bench/results/<gpu>/<path>#<row>"."""
-    return f"{RECORDS_DIR}/{rule.gpu}/{rule.record}"
-
-
-def describe_rule(rule: Rule) -> str:
-    """One line: "triton ahead of sdpa: 1.84x in bench/results/.../timing.json#18"."""
-    return f"{rule.prefer} ahead of {'/'.join(rule.over)}: {rule.ratio:.2f}x in {rule_source(rule)}"
-
-
-def apply_rules(call: AttentionCall, order: Sequence[str]) -> tuple[tuple[str, ...], tuple[Rule, ...]]:
-    """(order, rules that moved something): each rule covering ``call`` moves its
-    preferred backend just ahead of the first backend it was measured against, when it
-    stands behind it. Backends the record did not measure keep their places."""
-    out = list(order)
-    applied = []
-    for rule in rules_for(call):
-        if rule.prefer not in out:
-            continue
-        against = [out.index(x) for x in rule.over if x in out]
-        at = out.index(rule.prefer)
-        if against and at > min(against):
-            out.insert(min(against), out.pop(at))
-            applied.append(rule)
-    return tuple(out), tuple(applied)
-
-
+# -- the order of a call: its hardware class's, with the device's record rules applied --------
 def order_for(call: AttentionCall) -> tuple[str, tuple[str, ...]]:
     """(name, order) auto() walks for ``call`` without an order of its own: the hardware
     class's order with the device's record rules applied; the name is the class, with the
@@ -275,29 +198,6 @@ def order_for(call: AttentionCall) -> tuple[str, tuple[str, ...]]:
     cls, priority = priority_for(call.device)
     order, applied = apply_rules(call, priority.order)
     return cls + "".join(f" + {describe_rule(r)}" for r in applied), order
-
-
-def rules_table() -> str:
-    """The rules of every GPU record as a markdown table (it is in the README, kept equal
-    by a test)."""
-    rows = [
-        "| GPU | capability | calls | order | measured (SDPA time / triton time) | record (least) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for rule in records.RULES:
-        gpu = records.GPUS[rule.gpu]
-        calls = (
-            f"{rule.dtype}, head dim {rule.head_dim}, mask {rule.mask}"
-            f"{', causal' if rule.causal else ''}, {'forward and backward' if rule.grad else 'forward'}, "
-            f"M ≥ {rule.min_q}, N ≥ {rule.min_kv}"
-        )
-        ratios = ", ".join(f"{ratio:.2f}" for _, ratio in rule.rows)
-        rows.append(
-            f"| {gpu.name} | {'.'.join(map(str, gpu.capability))} | {calls} | "
-            f"{rule.prefer} ahead of {', '.join(rule.over)} | {ratios} | "
-            f"`{RECORDS_DIR}/{rule.gpu}/{rule.record}` |"
-        )
-    return "\n".join(rows)
 
 
 # -- installed packages and backend instances -------------------------------------------
@@ -455,20 +355,14 @@ __all__ = [
     "LAST_RESORT",
     "PRIORITIES",
     "Priority",
-    "Rule",
-    "apply_rules",
     "choose",
     "default_backend",
     "describe_call",
-    "describe_rule",
     "hardware_class",
     "installed_packages",
     "order_for",
     "priority_for",
     "priority_table",
-    "record_of",
-    "rule_source",
-    "rules_for",
-    "rules_table",
+    "rules_table",  # attnkit.choose.record_rules' (the docs named it here)
     "walk",
 ]

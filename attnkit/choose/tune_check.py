@@ -1,5 +1,5 @@
 """auto(tune=True)'s check and timing of the candidates of a signature (the Tuned mixin of
-:mod:`attnkit.choose.tuning` runs them; the cache file is that module's).
+:mod:`attnkit.choose.tuning` runs them; the cache file is :mod:`attnkit.choose.tune_cache`'s).
 
 On the first call of a signature, the priority choice (the walk's first backend that can
 serve it) is the incumbent:
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeGuard
 
 import torch
 
@@ -172,9 +172,8 @@ def output_bound(args: tuple, rows: int = CHECK_ROWS) -> tuple[float, float | No
         )
         lse_bound = None
         if return_lse:
-            lse_bound = bound(
-                worst_row_error(*(x.unsqueeze(-1) for x in _torch_math_lse(q_s, k, bias_s, scale, upcast)))
-            )
+            lse, lse_ref = (x.unsqueeze(-1) for x in _torch_math_lse(q_s, k, bias_s, scale, upcast))
+            lse_bound = bound(worst_row_error(lse, lse_ref))
     return out_bound, lse_bound
 
 
@@ -265,7 +264,7 @@ def round_gains(times: Mapping[str, list[float]], priority: str) -> dict[str, fl
     return gains
 
 
-def _number(x: Any) -> bool:
+def _number(x: Any) -> TypeGuard[float]:
     return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
 
 

@@ -60,7 +60,7 @@ def functional_for(chooser, who: str = "") -> types.ModuleType:
             if mod is None:
                 mod = types.ModuleType("attnkit.functional", "torch.nn.functional with attnkit's attention")
                 mod.__dict__.update({k: v for k, v in vars(F).items() if not k.startswith("__")})
-                mod.scaled_dot_product_attention = _sdpa_for(chooser, who)
+                setattr(mod, "scaled_dot_product_attention", _sdpa_for(chooser, who))
                 cache[who] = mod
     return mod
 
@@ -75,7 +75,7 @@ def nn_for(chooser, who: str = "") -> types.ModuleType:
             if mod is None:
                 mod = types.ModuleType("attnkit.nn", "torch.nn with attnkit's attention")
                 mod.__dict__.update({k: v for k, v in vars(torch.nn).items() if not k.startswith("__")})
-                mod.functional = functional_for(chooser, who)
+                setattr(mod, "functional", functional_for(chooser, who))
                 cache[who] = mod
     return mod
 

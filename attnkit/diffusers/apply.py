@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from . import binding
+from . import binding, stock
 from .processor import PROCESSORS, AttnkitProcessor, auto
 from .routes import Route, bind_module, bound_processor, classify, classify_forward
 
@@ -45,21 +45,21 @@ class Applied(dict):
         # weakly: a processor keeps every Applied it served (explain()), never the models
         self._modules = weakref.WeakValueDictionary(modules or {})
         self._named = weakref.WeakValueDictionary(named or {})  # the modules given their name
-        self._model = None
+        self._model: weakref.ReferenceType[nn.Module] | None = None
 
     def undo(self) -> None:
         """Put back every processor (and module method) this apply replaced: the model
         then computes exactly what it did before."""
         for module in list(self._modules.values()):
-            binding.undo(module)
+            stock.undo(module)
         for module in list(self._named.values()):
-            module.__dict__.pop(binding.NAME, None)
+            module.__dict__.pop(stock.NAME, None)
         self._modules.clear()
         self._named.clear()
         model = self._model() if self._model is not None else None
         if model is not None:
             model.__dict__.pop("_attnkit_applied", None)
-            binding.forget(model)
+            stock.forget(model)
 
     def summary(self) -> str:
         counts = Counter(r.kind for r in self.routes.values())
@@ -101,10 +101,10 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, Route | No
     """(name, module, route) of every module of ``model`` that computes attention: those
     that run a processor (route None: decided by the processor), and those whose own
     forward attnkit can see computing it (route given)."""
-    out = []
+    out: list[tuple[str, nn.Module, Route | None]] = []
     # processors with weights are submodules: their module's business (the one running
     # now, or the one attnkit's processor keeps, see binding.served_by)
-    processors = {id(p) for m in model.modules() for p in (getattr(m, "processor", None), binding.stock_of(m))}
+    processors = {id(p) for m in model.modules() for p in (getattr(m, "processor", None), stock.stock_of(m))}
     for name, module in model.named_modules():
         if isinstance(module, AttnkitProcessor) or id(module) in processors:
             continue  # a processor with weights (IP-Adapter) is its module's business
@@ -127,7 +127,7 @@ def plan(model: nn.Module) -> Applied:
     routes: dict[str, Route] = {}
     kept_names: dict[str, str] = {}
     for name, module, route in attention_modules(model):
-        old = binding.stock_of(module)
+        old = stock.stock_of(module)
         if route is None:
             route = _route(old, module, say=False)[1]
         routes[name] = route
@@ -177,19 +177,19 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
     named: dict[str, nn.Module] = {}
     for name, module, route in attention_modules(model):
         named[name] = module
-        module.__dict__[binding.NAME] = name
+        module.__dict__[stock.NAME] = name
         if route is not None:  # no processor: its own forward
             if route.kind == "forward":
                 bind_module(module, proc.chooser)
-                binding.protect_pickle(module)
+                stock.protect_pickle(module)
                 touched[name] = module
             routes[name] = route
             kept_names[name] = type(module).__name__
             continue
-        old = binding.stock_of(module)
+        old = stock.stock_of(module)
         basis, route = _route(old, module)
         if route.served:
-            binding.record(module, old)
+            stock.record(module, old)
             touched[name] = module
         if route.kind == "dispatch":
             _set(module, binding.dispatch_copy(basis, proc))
@@ -204,9 +204,9 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
     for name, route in routes.items():
         if not route.served:
             logger.info("attnkit.apply: kept %s: %s", name, route.reason)
-    model._attnkit_applied = applied
+    setattr(model, "_attnkit_applied", applied)
     applied._model = weakref.ref(model)
-    binding.protect_pickle(model)
+    stock.protect_pickle(model)
     remember(proc, type(model).__name__, applied)
     return applied
 

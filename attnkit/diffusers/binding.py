@@ -1,4 +1,4 @@
-"""What attnkit changed on a module, how the module is then served, and how it is undone.
+"""How a module given an attnkit processor is served, decided when the processor is set.
 
 ``model.set_attn_processor(attnkit.auto())`` hands one processor to every attention
 module. A module's own processor is what decides what it computes (linear attention,
@@ -18,8 +18,10 @@ same routes :func:`attnkit.apply` takes (see :mod:`attnkit.diffusers.routes`):
 Binding at set time reads source code, which torch.compile cannot trace; done here, a
 model compiled before its first call needs nothing at trace time.
 
-A module attnkit serves pickles as the stock module it was (``torch.save(model)`` loads
-in a process without attnkit), and :func:`undo` puts the stock processor back.
+What attnkit notes on the module (the stock processor, what serves it), how a served
+module pickles as the stock module it was (``torch.save(model)`` loads in a process
+without attnkit), and :func:`undo`, which puts the stock processor back, are
+:mod:`attnkit.diffusers.stock`'s.
 """
 
 from __future__ import annotations
@@ -29,13 +31,11 @@ import functools
 import inspect
 import logging
 import os
-import sys
 import threading
 import types
 import weakref
 from typing import Any
 
-import torch.nn.functional as F
 from diffusers.models import attention_processor as ap
 from torch import nn
 
@@ -43,68 +43,29 @@ from .._text import describe_module
 from ..errors import UnsupportedModule
 from . import backend as diffusers_backend
 from .protocol import check_module_problem
-from .routes import METHODS, Route, bound_processor, classify
+from .routes import Route, bound_processor, classify
+from .stock import (
+    _UNSET,
+    SERVE,
+    STOCK,
+    current_processor,
+    default_stock,
+    forget,
+    is_attnkit,
+    protect_pickle,
+    record,
+    stock_of,
+    undo,
+)
 
 logger = logging.getLogger("attnkit")
 
 STRICT_VAR = "ATTNKIT_STRICT"
-STOCK = "_attnkit_stock"  # the processor attnkit replaced on this module
-# (attnkit processor, what serves the call or None for the protocol, the names it takes or None)
-SERVE = "_attnkit_serve"
-_GETSTATE = "__getstate__"
-NAME = "_attnkit_name"  # the module's name in its model, for logs and errors
-_UNSET = object()
 
 KEEP_HINT = (
     "attnkit.apply(model, processor) serves every attention module it can and keeps this one with its own "
     "processor (`attnkit.plan(model).explain()` shows what it would do)"
 )
-
-
-def is_attnkit(proc: Any) -> bool:
-    """Whether ``proc`` is attnkit's: its processor, a stock processor bound to attnkit's
-    attention, or a copy pointed at attnkit's dispatch backend."""
-    return (
-        getattr(type(proc), "_attnkit_processor", False)
-        or getattr(type(proc), "_attnkit_chooser", None) is not None
-        or bool(getattr(proc, "__dict__", {}).get("_attnkit_copy"))
-    )
-
-
-def current_processor(module: nn.Module) -> Any:
-    try:
-        return module.processor
-    except AttributeError:  # being constructed: no processor yet
-        return None
-
-
-def stock_of(module: nn.Module) -> Any:
-    """The processor this module ran before attnkit's (its current one if attnkit has not
-    replaced it)."""
-    stock = module.__dict__.get(STOCK, _UNSET)
-    return current_processor(module) if stock is _UNSET else stock
-
-
-def default_stock(module: nn.Module) -> Any:
-    """What diffusers would give ``module`` by default: for a module handed an attnkit
-    processor at construction, whose replaced processor is unknown."""
-    cls = getattr(module, "_default_processor_cls", None)
-    if cls is not None:
-        return cls()
-    if isinstance(module, ap.Attention):
-        if hasattr(F, "scaled_dot_product_attention") and getattr(module, "scale_qk", True):
-            return ap.AttnProcessor2_0()
-        return ap.AttnProcessor()
-    return None
-
-
-def record(module: nn.Module, stock: Any) -> None:
-    """Note that attnkit replaces ``stock`` on ``module`` (the first replacement only: a
-    second attnkit processor keeps the record of what the model had), and make the
-    module pickle as the stock module it was."""
-    if STOCK not in module.__dict__ and stock is not None and not is_attnkit(stock):
-        module.__dict__[STOCK] = stock
-    protect_pickle(module)
 
 
 def served_by(proc, module: nn.Module):
@@ -275,7 +236,7 @@ def _say_what_differs(stock: Any, module: nn.Module) -> None:
     what = (
         "the module's qk-norm (norm_q / norm_k)"
         if type(stock).__name__ == "AttnProcessor"
-        else f"the module's attn.scale ({float(module.scale):.6g}, not 1/sqrt(head_dim))"
+        else f"the module's attn.scale ({float(getattr(module, 'scale')):.6g}, not 1/sqrt(head_dim))"
     )
     key = (type(module), type(stock), what)
     if key not in _SAID:
@@ -321,12 +282,6 @@ def _refuse(reason: str, kept: str, attn: nn.Module, *args: Any, **kwargs: Any):
     )
 
 
-def forget(module: nn.Module) -> None:
-    """Drop what attnkit noted on ``module`` (a non-attnkit processor was set)."""
-    for key in (STOCK, SERVE, _GETSTATE, NAME):
-        module.__dict__.pop(key, None)
-
-
 # -- the modules an attnkit processor keeps, said once per model ------------------------------
 _BATCH = threading.local()  # .kept: [(module, Route)] while a model's set_attn_processor runs
 _SAID_KEPT: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
@@ -365,57 +320,6 @@ class collect_kept:
             _BATCH.kept = None
 
 
-def undo(module: nn.Module) -> None:
-    """Put back what ``module`` had before attnkit: its processor and its own methods."""
-    stock = module.__dict__.get(STOCK, _UNSET)
-    for name in module.__dict__.pop(METHODS, ()):
-        module.__dict__.pop(name, None)
-    if stock is not _UNSET:
-        setter = getattr(module, "set_processor", None)
-        if setter is not None:
-            setter(stock)
-        else:
-            module.processor = stock
-    forget(module)
-
-
-# -- pickling: a served module is saved as the stock module it was ---------------------------
-def protect_pickle(module: nn.Module) -> None:
-    if _GETSTATE not in module.__dict__:
-        module.__dict__[_GETSTATE] = types.MethodType(_stock_state, module)
-
-
-def _stock_state(self: nn.Module) -> dict:
-    """nn.Module's pickled state, with attnkit's changes taken out: a model saved with
-    torch.save loads where attnkit is not installed, as the stock model (attnkit.apply
-    again after loading). copy.deepcopy keeps attnkit's processors."""
-    state = nn.Module.__getstate__(self)
-    if _called_from_copy():
-        return state
-    stock = state.get(STOCK, _UNSET)
-    if stock is _UNSET and is_attnkit(state.get("processor")):  # given attnkit's at construction
-        stock = default_stock(self)
-    for name in state.get(METHODS, ()):
-        state.pop(name, None)
-    for key in [k for k in state if k.startswith("_attnkit_")] + [_GETSTATE]:
-        state.pop(key, None)
-    if stock is not _UNSET:
-        if isinstance(stock, nn.Module):  # a processor with weights lives among the submodules
-            state.pop("processor", None)
-            state["_modules"] = {**state["_modules"], "processor": stock}
-        else:
-            state["processor"] = stock
-    return state
-
-
-def _called_from_copy() -> bool:
-    try:
-        frame = sys._getframe(2)
-    except ValueError:
-        return False
-    return frame.f_globals.get("__name__") == "copy"
-
-
 # -- after diffusers' set_processor (attnkit.diffusers.hooks wraps it) ----------------------------
 def around_set_processor(original, module: nn.Module, processor: Any, *args, **kwargs):
     """diffusers' ``module.set_processor(processor)`` (``original``), then
@@ -447,6 +351,7 @@ __all__ = [
     "after_set_processor",
     "around_set_processor",
     "is_attnkit",
+    "protect_pickle",
     "record",
     "served_by",
     "stock_of",

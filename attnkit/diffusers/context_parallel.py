@@ -196,7 +196,7 @@ def _install_gloo_gather(hooks) -> None:
         dist.all_gather(parts, padded, group=group)
         return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)
 
-    all_gather_anything._attnkit_wraps = original
+    setattr(all_gather_anything, "_attnkit_wraps", original)
     hooks._all_gather_anything = all_gather_anything
 
 

@@ -22,10 +22,11 @@ from torch import nn
 from .._text import describe_module
 from ..backends import AttentionCall, Backend, get_backend
 from ..choose._compile import is_compiling
-from ..choose.auto import AUTO_OPTIONS, AutoChooser, Decision
+from ..choose.auto import AUTO_OPTIONS, AutoChooser
+from ..choose.decision import Decision
 from ..choose.fixed import Chooser, FixedChooser
 from ..errors import UnsupportedModule
-from .binding import SERVE, keep_accepted, protocol_fits, served_by, strict_default
+from .binding import keep_accepted, protocol_fits, served_by, strict_default
 from .protocol import (  # noqa: F401  (check_module_problem, PROCESSOR_ARGUMENTS: read here by code older than attnkit.diffusers)
     _PROTOCOL_FIELDS,
     _PROTOCOL_MODULES,
@@ -39,6 +40,7 @@ from .protocol import (  # noqa: F401  (check_module_problem, PROCESSOR_ARGUMENT
     check_module_problem,
     prepare_bias,
 )
+from .stock import SERVE
 
 logger = logging.getLogger("attnkit")
 
@@ -84,7 +86,9 @@ class AttnkitProcessor:
         return getattr(self.chooser, "backend", None) if isinstance(self.chooser, FixedChooser) else None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.chooser.describe()})"
+        # a chooser of one's own need only have attention() (the Chooser protocol)
+        describe = getattr(self.chooser, "describe", None)
+        return f"{type(self).__name__}({describe() if callable(describe) else repr(self.chooser)})"
 
     # -- diffusers' protocol --------------------------------------------------------------
     def __call__(self, attn: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -152,7 +156,9 @@ class AttnkitProcessor:
         check_module(attn, encoder_hidden_states)
         # Submodules straight from the module's registry: nn.Module.__getattr__ is a Python
         # call per lookup, and this runs on every attention call of the model.
-        mods, attrs = attn._modules, attn.__dict__
+        # (typed Any: diffusers' Attention declares neither)
+        mods: dict[str, Any] = attn._modules
+        attrs: dict[str, Any] = attn.__dict__
         if not _holds(attrs, _PROTOCOL_FIELDS) or not _holds(mods, _PROTOCOL_MODULES):
             mods, attrs = _fields_of(attn)  # a module that keeps some of them as properties
         residual = hidden_states
@@ -174,7 +180,7 @@ class AttnkitProcessor:
         if self_attention:
             encoder_hidden_states = hidden_states
         elif mods.get("norm_cross") is not None:
-            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
+            encoder_hidden_states = getattr(attn, "norm_encoder_hidden_states")(encoder_hidden_states)
 
         fused = attrs.get("fused_projections", False)
         if fused and self_attention and "to_qkv" in mods:
@@ -232,7 +238,7 @@ class AttnkitProcessor:
         return out
 
 
-AttnkitProcessor.__call__.__signature__ = advertised_signature()
+setattr(AttnkitProcessor.__call__, "__signature__", advertised_signature())
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -316,6 +322,8 @@ PROCESSORS = {
 class AutoProcessor(AttnkitProcessor):
     """The diffusers attention processor that picks a backend per call (see
     :mod:`attnkit.choose.auto`). Options as :func:`auto`."""
+
+    chooser: AutoChooser
 
     def __init__(self, *, strict: bool | None = None, **options: Any) -> None:
         unknown = sorted(set(options) - set(AUTO_OPTIONS))

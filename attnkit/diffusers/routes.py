@@ -35,7 +35,7 @@ import textwrap
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -121,12 +121,13 @@ def _sdpa_global(fn: types.FunctionType) -> tuple[tuple[str, tuple[str, ...]] | 
     for i, x in enumerate(ins):
         if x.argval != SDPA or x.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
             continue
-        j, path = i - 1, []
+        j = i - 1
+        attrs: list[str] = []
         while j >= 0 and ins[j].opname in ("LOAD_ATTR", "LOAD_METHOD"):
-            path.insert(0, ins[j].argval)
+            attrs.insert(0, ins[j].argval)
             j -= 1
         root = ins[j] if j >= 0 else None
-        path = tuple(path)
+        path = tuple(attrs)
         if root is None or root.opname != "LOAD_GLOBAL" or _ROOTS.get(path) is not fn.__globals__.get(root.argval):
             return None, (
                 "calls scaled_dot_product_attention other than through a global alias of "
@@ -157,10 +158,11 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
         return Route("kept", f"{name} has no Python __call__ attnkit can read")
     if module is not None and _is_protocol(proc, module):
         return Route("protocol", f"{name} computes diffusers' Attention protocol: attnkit's processor takes over")
-    backends, compares = [], False
+    backends: list[str] = []
+    compares = False
     for fn in _methods(type(proc)):
-        found, cmp = _dispatch_backends(fn)
-        backends += found
+        named, cmp = _dispatch_backends(fn)
+        backends += named
         compares = compares or cmp
     if backends:
         other = sorted({b for b in backends if b != "self._attention_backend"})
@@ -334,7 +336,7 @@ def _rebind(fn: types.FunctionType, chooser) -> types.FunctionType:
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__
     new.__doc__ = fn.__doc__
-    new._attnkit_lease = diffusers_backend.Lease(chooser)  # the proxy holds it weakly: the code holds it
+    setattr(new, "_attnkit_lease", diffusers_backend.Lease(chooser))  # the proxy holds it weakly: the code holds it
     return new
 
 
@@ -350,7 +352,7 @@ def bound_processor(proc: Any, chooser) -> Any:
     with _LOCK:
         bound = cache.get(cls)
         if bound is None:
-            fn = _rebind(cls.__call__, chooser)
+            fn = _rebind(cast(types.FunctionType, cls.__call__), chooser)  # route() read it: a Python function
             bound = type(
                 f"Attnkit{cls.__name__}",
                 (cls,),

@@ -32,6 +32,7 @@ from . import backend as diffusers_backend
 from . import binding, hooks
 from .apply import Applied, plan, remember
 from .routes import METHODS
+from .stock import NAME, SERVE, current_processor, is_attnkit, stock_of
 
 logger = logging.getLogger("attnkit")
 
@@ -42,7 +43,7 @@ _LOCK = threading.RLock()
 # -- set_attn_processor(attnkit processor) -----------------------------------------------------
 def _attnkit_processors(processor: Any) -> list:
     given = processor.values() if isinstance(processor, dict) else (processor,)
-    out = []
+    out: list[Any] = []
     for proc in given:
         if getattr(type(proc), "_attnkit_processor", False) and all(p is not proc for p in out):
             out.append(proc)
@@ -65,8 +66,8 @@ def _stock_for_default(module: nn.Module) -> Any:
     """The diffusers processor an attnkit processor on ``module`` stands for: the one it
     replaced, or the module's standard one (for a processor given at construction, or one
     that replaced a user's own); None where attnkit cannot tell."""
-    stock = binding.stock_of(module)
-    if stock is not None and not binding.is_attnkit(stock) and not binding.is_foreign(stock):
+    stock = stock_of(module)
+    if stock is not None and not is_attnkit(stock) and not binding.is_foreign(stock):
         return stock
     return binding.standard_of(module)
 
@@ -81,17 +82,17 @@ def set_default_attn_processor(original, model: nn.Module, *args, **kwargs):
     swapped = []
     for module in model.modules():
         proc = module.__dict__.get("processor", module._modules.get("processor"))
-        if proc is None or not binding.is_attnkit(proc) or not hasattr(module, "set_processor"):
+        if proc is None or not is_attnkit(proc) or not hasattr(module, "set_processor"):
             continue
         stock = _stock_for_default(module)
         if stock is not None:
             swapped.append((module, proc))
-            module.set_processor(stock)
+            getattr(module, "set_processor")(stock)
     try:
         return original(model, *args, **kwargs)
     except BaseException:
         for module, proc in swapped:
-            module.set_processor(proc)
+            getattr(module, "set_processor")(proc)
         raise
 
 
@@ -102,15 +103,15 @@ def _after_set(model: nn.Module, ours: list, kept: list) -> None:
     for proc in ours:
         routes, kept_names, served, named = {}, {}, {}, {}
         for name, module in model.named_modules():
-            serve = module.__dict__.get(binding.SERVE)
+            serve = module.__dict__.get(SERVE)
             if serve is None or serve[0] is not proc:
                 continue
             name = name or type(model).__name__
             names[id(module)] = name
-            module.__dict__[binding.NAME] = name
+            module.__dict__[NAME] = name
             route = serve[3]
             routes[name] = route
-            stock = binding.stock_of(module)
+            stock = stock_of(module)
             kept_names[name] = type(stock if stock is not None else module).__name__
             named[name] = module
             served[name] = module
@@ -182,7 +183,7 @@ def unreached_by_dispatch(
         if route.kind in ("protocol", "sdpa", "forward"):
             missed[name] = _HOW[route.kind].format(route.reason.split()[0])
         elif context and route.kind == "dispatch":
-            own = getattr(binding.current_processor(module), "_attention_backend", None)
+            own = getattr(current_processor(module), "_attention_backend", None) if module is not None else None
             value = str(getattr(own, "value", own))
             if own is not None and not value.startswith(diffusers_backend.PREFIX):
                 missed[name] = f"its processor names its own backend ({value!r}, set_attention_backend)"
@@ -208,7 +209,7 @@ def _served_already(module: nn.Module | None) -> bool:
     """Whether attnkit already serves ``module`` (set_attn_processor or apply before)."""
     if module is None:
         return False
-    return binding.is_attnkit(binding.current_processor(module)) or METHODS in module.__dict__
+    return is_attnkit(current_processor(module)) or METHODS in module.__dict__
 
 
 # -- with attention_backend("attnkit"): the first call of each model ----------------------------

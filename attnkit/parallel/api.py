@@ -23,10 +23,12 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .agree import _KV_MODES, BIAS_SHARDINGS, _exchange, _prepare  # noqa: F401  (BIAS_SHARDINGS is part of the API)
+from .agree import _exchange
+from .arguments import BIAS_SHARDINGS, _prepare  # noqa: F401  (BIAS_SHARDINGS is part of the API)
 from .comm import ContextParallelError, all_reduce_max, finish_together
 from .local import accum_dtype, math_attention, recenter_masked_rows
 from .ring import RingAttention, RingJob, RingSchedule
+from .rows import _KV_MODES
 from .ulysses import HeadsToSeq, SeqToHeads, gather_bias
 
 logger = logging.getLogger("attnkit.parallel")

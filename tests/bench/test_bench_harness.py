@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import attnkit
-from attnkit.bench import markdown, plots, published, report
+from attnkit.bench import markdown, markdown_sd, plots, published, report
 from attnkit.bench.context import Context
 from attnkit.bench.measure import STATUS_FAILED, STATUS_OK, STATUS_OOM, Config, classify_error, measure_interleaved
 from attnkit.bench.models import LoopTiming, build_model, denoise, make_conditioning
@@ -76,7 +76,7 @@ def test_table1_has_a_row_per_processor(tiny):
     assert t["speedup_vs_vanilla"]["vanilla"] == pytest.approx(1.0)
     for name in ("xformers", "flash_attn", "triton"):
         assert t["cells"][name]["status"] == "n/a" and t["cells"][name]["reason"]
-    md = markdown.render_table1(t, {"device_name": "cpu"})
+    md = markdown_sd.render_table1(t, {"device_name": "cpu"})
     header = md.splitlines()[3]
     for name in CPU_NAMES + ["triton"]:
         assert name in header
@@ -101,7 +101,7 @@ def test_failing_processor_is_reported_in_its_cell(tiny, monkeypatch):
     assert t["cells"]["sliced"]["status"] == STATUS_FAILED
     assert t["cells"]["sliced"]["reason"] == "RuntimeError: kernel exploded"
     assert t["cells"]["vanilla"]["status"] == t["cells"]["sdpa"]["status"] == STATUS_OK
-    assert "failed: RuntimeError: kernel exploded" in markdown.render_table1(t, {"device_name": "cpu"})
+    assert "failed: RuntimeError: kernel exploded" in markdown_sd.render_table1(t, {"device_name": "cpu"})
 
 
 def test_interleaving_alternates_and_excludes_warmup():
@@ -149,7 +149,7 @@ def test_out_of_memory_ends_the_sweep_cleanly(tiny, monkeypatch):
     assert [e["batch"] for e in run["batches"]] == [1, 2, 4, 8]
     assert run["batches"][1]["cells"]["vanilla"]["status"] == STATUS_OOM
     assert "xformers" in run["not_available"]
-    md = markdown.render_table3(out, {})
+    md = markdown_sd.render_table3(out, {})
     assert "out of memory" in md and "OOM at 2" in md
 
 
@@ -273,7 +273,7 @@ def test_published_row_is_shown_beside_ours():
             "steady_state_skips_first_steps": 5,
         },
     }
-    md = markdown.render_table1(t, {"device_name": "NVIDIA A10G"})
+    md = markdown_sd.render_table1(t, {"device_name": "NVIDIA A10G"})
     assert "published: NVIDIA A10G" in md and "8.88" in md and "15.6 (x1.76)" in md
 
 
@@ -345,7 +345,7 @@ def test_ladder_rows_and_plot(tiny, tmp_path):
     assert rows[f"{cl} + torch.compile"]["status"] == "skipped" and rows[f"{cl} + xformers"]["status"] == "n/a"
     assert rows[f"{cl} + torch.compile + sdpa"]["reason"] == "compile off (--compile)"
     assert all(r["seconds_median"] > 0 for r in t["rows"] if r["status"] == STATUS_OK)
-    md = markdown.render_table2(t, {})
+    md = markdown_sd.render_table2(t, {})
     assert "original (fp32): 9.50 s" in md and "memory efficient attention: 2.63 s" in md
     # the CUDA-graph rows are not applicable on the CPU: said once, for all of them
     assert md.count("CUDA graphs need CUDA") == 1
@@ -403,7 +403,7 @@ def test_ladder_compiled_rows_time_apart_profile_attention_and_match_eager(tiny)
         assert 0 < _share(compiled, "attention_kernels") < 1
         assert compiled["check"]["matches"] is True and compiled["check"]["relative"] <= compiled["check"]["tolerance"]
         assert graphs["status"] == "n/a" and "CUDA graphs need CUDA" in graphs["reason"]
-    md = markdown.render_table2(t, {})
+    md = markdown_sd.render_table2(t, {})
     assert "| first call s | attention: processor calls | attention kernels | compiled vs eager |" in md
     assert "(fullgraph)" in md and "matches (max rel. diff" in md
     fastest = next(line for line in md.splitlines() if line.startswith("Fastest row of each processor"))
@@ -442,7 +442,7 @@ def test_a_failing_compile_is_a_row_that_says_why(tiny, monkeypatch, fail_always
     assert eager["status"] == STATUS_OK
     assert compiled["compile"]["fullgraph"] is False
     assert compiled["compile"]["fullgraph_error"] == "RuntimeError: graph break in forward"
-    md = markdown.render_table2(t, {})
+    md = markdown_sd.render_table2(t, {})
     if fail_always:
         assert compiled["status"] == STATUS_FAILED
         assert compiled["reason"] == "RuntimeError: inductor exploded at codegen time"
@@ -461,7 +461,7 @@ def test_a_compiled_row_that_differs_from_eager_says_so(tiny, monkeypatch):
     t = ladder(_ctx(tiny, ["sdpa"], compile=True, ladder_rows=("compile",)))
     (row,) = t["rows"]
     assert row["check"]["matches"] is False and row["check"]["max_abs"] == pytest.approx(1.0, rel=1e-2)
-    assert "DIFFERS" in markdown.render_table2(t, {})
+    assert "DIFFERS" in markdown_sd.render_table2(t, {})
 
 
 def test_an_interrupt_keeps_what_was_measured():
@@ -582,7 +582,7 @@ def test_a_spent_budget_still_measures_the_headline_pair(tiny):
     for name in ("vanilla", "sliced"):
         assert cells[name]["status"] == "skipped" and cells[name]["reason"] == "time budget", cells[name]
         assert cells[name]["samples"] == 0 and cells[name]["it_per_s"] == []
-    md = markdown.render_table1(t, {"device_name": "cpu"})
+    md = markdown_sd.render_table1(t, {"device_name": "cpu"})
     assert "skipped (time budget)" in md and "best vs vanilla" in md
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.bench import markdown
+from attnkit.bench import markdown_dit
 from attnkit.bench.context import Context
-from attnkit.bench.dit import attention_modules, build_transformer, transformer_table
+from attnkit.bench.dit import attention_modules, transformer_table
+from attnkit.bench.dit_model import build_transformer
 from attnkit.bench.presets import ROUTE_1, TransformerPreset
 
 pytest.importorskip("triton")
@@ -63,6 +64,6 @@ def test_the_int8_row_is_timed_and_says_how_far_it_is_from_exact():
     check = cell["check"]
     assert check["lossy"] and check["finite"] and 0 < check["relative"] < 0.05, check
     assert "set_attention_backend('attnkit')" in check["against"]
-    md = markdown.render_table5(table, {"device_name": "cpu"})
+    md = markdown_dit.render_table5(table, {"device_name": "cpu"})
     assert "lossy: max rel. diff" in md and "attnkit_int8" in md
     assert all(module.processor is proc for module, proc in stock.items())

@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from attnkit.bench import markdown, plots
+from attnkit.bench import markdown, markdown_dit, markdown_sd, plots
 from attnkit.bench.measure import Config, Deadline, measure_interleaved, ranking, separated
 from attnkit.bench.models import LoopTiming
 from attnkit.bench.published import LADDER_TITAN_RTX
@@ -79,7 +79,7 @@ def test_cells_hold_exactly_the_samples_the_table_counts():
     )
     dicts = {n: c.to_dict() for n, c in cells.items()}
     assert all(d["samples"] == len(d["it_per_s"]) == len(d["seconds"]) == 2 for d in dicts.values()), dicts
-    md = markdown.render_table1(_table1(dicts), {"device_name": "cpu"})
+    md = markdown_sd.render_table1(_table1(dicts), {"device_name": "cpu"})
     rows = [line for line in md.splitlines() if line.startswith("| auto |")]
     assert rows and rows[0].split(" | ")[2] == "2", rows
     assert "median of its n samples" in md and "up to 5 rounds" in md
@@ -106,11 +106,11 @@ def test_the_table_flags_a_spread_wider_than_the_difference():
         "sdpa": _cell("sdpa", [1.1, 1.5, 1.4]),
         "vanilla": _cell("vanilla", [0.5, 0.52, 0.51]),
     }
-    md = markdown.render_table1(_table1(cells), {"device_name": "cpu"})
+    md = markdown_sd.render_table1(_table1(cells), {"device_name": "cpu"})
     assert "x2.75 (sdpa; auto x2.35 within noise)" in md, md
     assert "Fastest first: sdpa 1.40 ≈ auto 1.20 > vanilla 0.51" in md, md
     one_each = {"auto": _cell("auto", [1.10]), "sdpa": _cell("sdpa", [1.40]), "vanilla": _cell("vanilla", [1.0])}
-    md = markdown.render_table1(_table1(one_each), {"device_name": "cpu"})
+    md = markdown_sd.render_table1(_table1(one_each), {"device_name": "cpu"})
     assert "(sdpa; auto x1.10: one sample, not established)" in md, md
     assert "sdpa 1.40 ? auto 1.10 ? vanilla 1.00" in md and "spread is unknown" in md, md
     assert ranking({"a": [2.0, 2.2], "b": [2.1, 2.3], "c": [1.0, 1.1]}, "{:.1f}".format) == "b 2.2 ≈ a 2.1 > c 1.1"
@@ -342,7 +342,7 @@ def test_plots_mark_a_ratio_within_noise_as_the_tables_do():
         "sdpa": _cell("sdpa", [2.0, 2.1]),
     }
     t1 = _table1(cells)
-    md = markdown.render_table1(t1, {"device_name": "cpu"})
+    md = markdown_sd.render_table1(t1, {"device_name": "cpu"})
     assert "| auto | 1.15 | 2 |" in md and "| x1.05 (within noise) |" in md, md
     assert "1.15 (x1.05, within noise)" in md and "2.10 (x1.91) |" in md, md
     fig = plots.plot_it_per_s(plt, t1, "cpu")
@@ -353,7 +353,7 @@ def test_plots_mark_a_ratio_within_noise_as_the_tables_do():
 
     # the ladder: bf16 within noise of fp32, channels_last beyond it
     t2 = _ladder([_steps("fp32", [2.0, 2.2]), _steps("bf16", [1.9, 2.1]), _steps("bf16 + channels_last", [1.0, 1.1])])
-    md = markdown.render_table2(t2, {})
+    md = markdown_sd.render_table2(t2, {})
     assert "| bf16 | 2.100 | 2 | 1.900–2.100 | x1.05 (within noise) |" in md, md
     assert "| bf16 + channels_last | 1.100 | 2 | 1.000–1.100 | x2.00 |" in md, md
     fig = plots.plot_ladder(plt, t2, "cpu")
@@ -366,7 +366,7 @@ def test_plots_mark_a_ratio_within_noise_as_the_tables_do():
 
     # table 5: stock against native
     t5 = _transformer({"native": _steps("native", [0.19, 0.2, 0.21]), "stock": _steps("stock", [0.2, 0.205, 0.22])})
-    md = markdown.render_table5(t5, {})
+    md = markdown_dit.render_table5(t5, {})
     assert "| x1.02 (within noise) | x1.00 |" in md, md
     fig = plots.plot_transformers(plt, t5, "cpu")
     assert [t.get_text() for t in fig.axes[0].texts][1] == "0.205 s (x1.025 of native, within noise, n=3)"
@@ -427,7 +427,7 @@ def test_no_speedup_over_vanilla_is_promised_where_vanilla_was_not_measured():
     assert not any("x" in t.get_text().split("n=")[-1] for t in ax.texts)
     assert "vanilla: skipped (time budget)" in ax.get_xlabel()
     plt.close(fig)
-    md = markdown.render_table1(t1, {"device_name": "cpu"})
+    md = markdown_sd.render_table1(t1, {"device_name": "cpu"})
     assert "(xN) = speedup over vanilla" not in md
     assert "no speedup over vanilla (vanilla not measured: skipped (time budget))" in md, md
 
@@ -445,7 +445,7 @@ def test_the_ladder_names_its_unmeasured_steps_once_per_reason_in_table_and_plot
         _steps(f"{cl} + sliced", [], "skipped", "time budget"),
     ]
     t2 = _ladder(rows)
-    md = markdown.render_table2(t2, {})
+    md = markdown_sd.render_table2(t2, {})
     table = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| step")]
     assert [line.split(" | ")[0][2:] for line in table] == ["fp32", "bf16", cl], table  # no empty rows
     expected = [

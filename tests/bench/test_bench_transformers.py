@@ -13,9 +13,11 @@ import json
 import pytest
 import torch
 
-from attnkit.bench import markdown
+from attnkit.bench import markdown_dit
 from attnkit.bench.context import Context
-from attnkit.bench.dit import SETTINGS, attention_modules, build_transformer, transformer_table
+from attnkit.bench.dit import attention_modules, transformer_table
+from attnkit.bench.dit_model import build_transformer
+from attnkit.bench.dit_settings import SETTINGS
 from attnkit.bench.models import load_config
 from attnkit.bench.presets import ROUTE_1, ROUTE_2, TransformerPreset, get_preset
 
@@ -141,7 +143,7 @@ def test_every_column_is_measured_or_says_why(family, one_thread):
     assert all(module.processor is proc for module, proc in stock.items())
     assert all(getattr(p, "_attention_backend", None) is None for p in stock.values())
     assert _active_backend() == active
-    md = markdown.render_table5(table, {"device_name": "cpu"})
+    md = markdown_dit.render_table5(table, {"device_name": "cpu"})
     assert f"### 5. Transformer forward per step: tiny {family}" in md
     assert "Target: attnkit at most x1.02 of diffusers' native per step." in md
 
@@ -202,7 +204,7 @@ def test_the_compiled_row_is_measured_and_matches_eager_or_says_why(compile_, on
     cells = table["models"][0]["cells"]
     assert list(cells) == names
     row = cells["attnkit + torch.compile"]
-    md = markdown.render_table5(table, {"device_name": "cpu"})
+    md = markdown_dit.render_table5(table, {"device_name": "cpu"})
     if not compile_:
         assert row["status"] == "skipped" and row["reason"] == "compile off (--compile)"
         assert "skipped (compile off (--compile))" in md

@@ -20,7 +20,7 @@ from attnkit.backends import AttentionCall, Backend, BackendUnavailable, DeviceI
 from attnkit.backends import base as backends_base
 from attnkit.backends.sdpa import SDPABackend
 from attnkit.choose import auto as chooser_module
-from attnkit.choose import policy
+from attnkit.choose import policy, record_rules
 from attnkit.choose.policy import CANDIDATES, LAST_RESORT, PRIORITIES, choose, hardware_class, walk
 from attnkit.testing import make_bias
 
@@ -370,7 +370,7 @@ RECORDED = [
 def _recorded_id(case):
     device, dtype, d, mask, grad, lengths, expected = case
     return (
-        f"{policy.device_folder(device.name)}-sm{''.join(map(str, device.capability))}-{str(dtype)[6:]}-d{d}-"
+        f"{record_rules.device_folder(device.name)}-sm{''.join(map(str, device.capability))}-{str(dtype)[6:]}-d{d}-"
         f"{mask}-{lengths['m']}x{lengths['n']}{'-grad' if grad else ''}-{expected}"
     )
 
@@ -385,13 +385,13 @@ def test_record_rules_decide_where_they_measured(device, dtype, d, mask, grad, l
     order = list(table)
     if expected == "triton":
         # the kernel moves just ahead of SDPA; what the record did not measure keeps its place
-        (rule,) = policy.rules_for(c)
+        (rule,) = record_rules.rules_for(c)
         assert order == ["flash_attn3", "flash_attn", "triton", "sdpa", "xformers", "sliced", "vanilla"]
-        assert policy.rule_source(rule) in policy.describe_call(c)
-        assert (ROOT / policy.rule_source(rule).split("#")[0]).is_file()
+        assert record_rules.rule_source(rule) in policy.describe_call(c)
+        assert (ROOT / record_rules.rule_source(rule).split("#")[0]).is_file()
     else:
         assert order == list(PRIORITIES[hardware_class(device)].order)
-        assert policy.rules_for(c) == () and "[record:" not in policy.describe_call(c)
+        assert record_rules.rules_for(c) == () and "[record:" not in policy.describe_call(c)
 
 
 def test_a_gpu_without_a_record_keeps_todays_order_for_every_call():
@@ -416,7 +416,7 @@ def test_a_rule_never_picks_what_cannot_run():
     # flags the records never measured: no rule
     for flags in (dict(lse=True), dict(deterministic=True), dict(causal=True)):
         c = AttentionCall(H100, torch.float16, 128, 4608, 4608, 2, 24, "key_padding", packages=ALL, **flags)
-        assert policy.rules_for(c) == (), flags
+        assert record_rules.rules_for(c) == (), flags
 
 
 def test_an_order_given_by_the_caller_is_walked_as_given():
@@ -429,10 +429,13 @@ def test_an_order_given_by_the_caller_is_walked_as_given():
 def test_order_for_names_the_record_of_each_rule_that_moved_a_backend():
     c = call(H100, torch.float16, 128, "key_padding", False, ALL, **FLUX)
     name, order = policy.order_for(c)
-    (rule,) = policy.rules_for(c)
-    assert name == "sm_90 + " + policy.describe_rule(rule)
-    assert policy.describe_rule(rule) == f"triton ahead of sdpa: {rule.ratio:.2f}x in {policy.rule_source(rule)}"
-    assert policy.rule_source(rule) == "bench/results/nvidia-h100-80gb-hbm3/" + rule.record
+    (rule,) = record_rules.rules_for(c)
+    assert name == "sm_90 + " + record_rules.describe_rule(rule)
+    assert (
+        record_rules.describe_rule(rule)
+        == f"triton ahead of sdpa: {rule.ratio:.2f}x in {record_rules.rule_source(rule)}"
+    )
+    assert record_rules.rule_source(rule) == "bench/results/nvidia-h100-80gb-hbm3/" + rule.record
     assert order.index("triton") < order.index("sdpa")
     assert policy.order_for(call(H100, **FLUX)) == ("sm_90", PRIORITIES["sm_90"].order)
 
@@ -443,7 +446,7 @@ def test_auto_explain_names_the_record_behind_its_choice(monkeypatch):
     text = proc.explain(c)
     head = text.splitlines()[0]
     assert "-> triton" in head and "bench/results/nvidia-h100-80gb-hbm3/timing/timing.json#18" in head, text
-    assert f"{policy.rules_for(c)[0].ratio:.2f}x" in head
+    assert f"{record_rules.rules_for(c)[0].ratio:.2f}x" in head
     proc, _ = described_auto(monkeypatch, H100_PCIE, ALL)
     text = proc.explain(call(H100_PCIE, torch.float16, 128, "key_padding", False, ALL, **FLUX))
     assert "-> sdpa" in text.splitlines()[0] and "record" not in text

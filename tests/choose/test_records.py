@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.choose import policy, records
+from attnkit.choose import record_rules, records
 from tools.records import generate as gen
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_a_withdrawn_measurement_makes_no_rule_and_is_named():
 
 def test_record_folders_are_named_as_the_library_names_devices():
     for folder, gpu in records.GPUS.items():
-        assert gen.device_folder(gpu.name) == policy.device_folder(gpu.name) == folder
+        assert gen.device_folder(gpu.name) == record_rules.device_folder(gpu.name) == folder
 
 
 # -- the generator on records made up for the test ------------------------------------------

@@ -214,9 +214,9 @@ def test_info_names_the_record_behind_each_default_tile():
 
 
 def test_the_launcher_names_a_gpus_record_as_the_records_do():
-    from attnkit.choose import policy
+    from attnkit.choose import record_rules
     from attnkit.kernels import devices
 
     for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-80GB"):
-        assert devices.record_folder(name) == policy.device_folder(name) == gen.device_folder(name)
+        assert devices.record_folder(name) == record_rules.device_folder(name) == gen.device_folder(name)
     assert devices.record_folder("NVIDIA H100 80GB HBM3") == H100

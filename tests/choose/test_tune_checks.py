@@ -19,7 +19,7 @@ from diffusers.models.attention_processor import Attention
 
 import attnkit
 from attnkit.backends.sdpa import SDPABackend
-from attnkit.choose import tune_check, tuning
+from attnkit.choose import tune_cache, tune_check
 from attnkit.choose.auto import AUTO_OPTIONS
 from attnkit.choose.fixed import run_backend
 from attnkit.choose.policy import CANDIDATES
@@ -112,7 +112,7 @@ def call(proc, inputs, **flags):
 
 
 def entry_of(path):
-    ((key, entry),) = tuning.read_raw(path).items()
+    ((key, entry),) = tune_cache.read_raw(path).items()
     return key, entry
 
 
@@ -349,7 +349,7 @@ def test_the_cache_keeps_both_figures(seed, tmp_path, clock, monkeypatch):
     assert entry["ms"] == pytest.approx({"sdpa": 1.0, "vanilla": 1 / 1.3})
     assert entry["gain"] == pytest.approx({"vanilla": 0.3}, abs=1e-6)
     assert entry["diff"]["sliced"] == "differs" and 0.0 <= entry["diff"]["vanilla"] <= 1.0
-    assert tuning.read_cache(path, CANDIDATES)[0] == {key: entry}  # a usable entry
+    assert tune_cache.read_cache(path, CANDIDATES)[0] == {key: entry}  # a usable entry
 
     # read back by a new processor: nothing run, nothing timed, the same decision and figures
     monkeypatch.setattr(tune_check, "time_rounds", _no_timing)
@@ -402,7 +402,7 @@ def test_an_entry_without_trustworthy_figures_is_tuned_again(seed, tmp_path, clo
     proc = tuned(path, clock, vanilla=Fake(clock, "vanilla", 1 / 1.3, wrong=scaled))
     call(proc, qkv())
     assert proc.decisions[0].how == "tuned" and proc.decisions[0].backend == "sdpa"
-    raw = tuning.read_raw(path)
+    raw = tune_cache.read_raw(path)
     assert raw["another"] == {"backend": "flash_attn4", "ms": {}}
     entry = next(v for k, v in raw.items() if k != "another")
     assert (

@@ -21,7 +21,7 @@ from diffusers.models.attention_processor import Attention
 
 import attnkit
 from attnkit.backends import AttentionCall
-from attnkit.choose import _files, tune_check, tuning
+from attnkit.choose import _files, tune_cache, tune_check
 from attnkit.choose.policy import CANDIDATES
 from attnkit.testing import assert_close_to_reference, make_bias, make_qkv
 
@@ -57,9 +57,9 @@ def warnings_of(caplog):
 
 def test_default_cache_path_honours_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert tuning.default_cache_path() == tmp_path / "attnkit" / "autotune.json"
+    assert tune_cache.default_cache_path() == tmp_path / "attnkit" / "autotune.json"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert tuning.default_cache_path() == Path(os.path.expanduser("~")) / ".cache" / "attnkit" / "autotune.json"
+    assert tune_cache.default_cache_path() == Path(os.path.expanduser("~")) / ".cache" / "attnkit" / "autotune.json"
 
 
 def test_tune_times_candidates_and_round_trips(seed, tmp_path, monkeypatch):
@@ -70,7 +70,7 @@ def test_tune_times_candidates_and_round_trips(seed, tmp_path, monkeypatch):
     assert record.how == "tuned" and set(record.ms) == {"sdpa", "vanilla"} and record.priority == "sdpa"
     # vanilla only by the margin (tests/choose/test_tune_checks.py times fake backends)
     assert record.backend == ("vanilla" if record.gain["vanilla"] >= tune_check.DEFAULT_MARGIN else "sdpa")
-    entries, others = tuning.read_cache(path, CANDIDATES)
+    entries, others = tune_cache.read_cache(path, CANDIDATES)
     assert others == 0 and len(entries) == 1
     ((key, entry),) = entries.items()
     assert "mask=key_padding" in key and entry["backend"] == record.backend
@@ -131,7 +131,7 @@ def test_a_file_that_is_not_a_cache_is_moved_aside(seed, tmp_path, caplog, conte
     assert "cannot use the tuning cache" in warnings[0]
     assert "moved to" in warnings[1] and "tune.json.bad" in warnings[1]
     assert (tmp_path / "tune.json.bad").read_bytes() == original  # kept, byte for byte
-    entries, others = tuning.read_cache(path, CANDIDATES)  # rewritten, valid
+    entries, others = tune_cache.read_cache(path, CANDIDATES)  # rewritten, valid
     assert len(entries) == 3 and others == 0
 
 
@@ -147,20 +147,20 @@ def test_an_earlier_bad_file_is_not_overwritten(seed, tmp_path):
 def test_entries_this_version_cannot_use_are_kept(seed, tmp_path, caplog):
     path = tmp_path / "tune.json"
     q, k, v, _ = qkv()
-    key = tuning.cache_key(AttentionCall.from_tensors(q, k, v))
+    key = tune_cache.cache_key(AttentionCall.from_tensors(q, k, v))
     foreign = {
         "newer": {"backend": "flash_attn4", "ms": {"flash_attn4": 0.1}},  # a newer attnkit's backend
         "odd": {"backend": "sdpa", "ms": {"sdpa": "fast"}},
     }
     path.write_text(json.dumps({"version": 1, "entries": {**foreign, key: {"backend": "xformers", "ms": {}}}}))
-    entries, others = tuning.read_cache(path, CANDIDATES)
+    entries, others = tune_cache.read_cache(path, CANDIDATES)
     assert list(entries) == [key] and others == 2
     proc = tuned(path)
     with caplog.at_level(logging.INFO, logger="attnkit"):
         run(proc)
     # xformers cannot run on this CPU: re-tuned, and the unusable entries are still there
     assert proc.decisions[0].backend in ("sdpa", "vanilla") and proc.decisions[0].how == "tuned"
-    raw = tuning.read_raw(path)
+    raw = tune_cache.read_raw(path)
     assert raw["newer"] == foreign["newer"] and raw["odd"] == foreign["odd"]
     assert raw[key]["backend"] in ("sdpa", "vanilla")
 
@@ -186,7 +186,7 @@ def test_writes_go_through_a_symlink(seed, tmp_path):
     link.symlink_to(real)
     run(tuned(link))
     assert link.is_symlink() and os.readlink(link) == str(real)
-    assert len(tuning.read_cache(real, CANDIDATES)[0]) == 1
+    assert len(tune_cache.read_cache(real, CANDIDATES)[0]) == 1
 
 
 def test_the_mode_is_kept(seed, tmp_path):
@@ -195,7 +195,7 @@ def test_the_mode_is_kept(seed, tmp_path):
     path.chmod(0o644)
     run(tuned(path))
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
-    assert len(tuning.read_cache(path, CANDIDATES)[0]) == 1
+    assert len(tune_cache.read_cache(path, CANDIDATES)[0]) == 1
 
 
 def test_a_read_only_file_is_left_alone_with_one_warning(seed, tmp_path, caplog):
@@ -241,7 +241,7 @@ def test_another_users_file_keeps_its_owner_and_group(seed, tmp_path):
     lock = tmp_path / "tune.json.lock"
     if lock.exists():  # filelock keeps it on POSIX
         assert (lock.stat().st_uid, lock.stat().st_gid) == (4321, 4322)
-    assert len(tuning.read_cache(path, CANDIDATES)[0]) == 1
+    assert len(tune_cache.read_cache(path, CANDIDATES)[0]) == 1
 
 
 def _within(seconds, fn, fifo=None):
@@ -326,10 +326,10 @@ def test_a_fifo_that_appears_after_the_check_is_not_waited_on(tmp_path, monkeypa
         "open",
         lambda p, flags, *a: (opened.append(p) if os.fspath(p) == os.fspath(path) else None) or real_open(p, flags, *a),
     )
-    with pytest.raises(tuning.NotRegularFile, match="FIFO"):
-        _within(10, lambda: tuning.read_raw(path), fifo=path)
+    with pytest.raises(tune_cache.NotRegularFile, match="FIFO"):
+        _within(10, lambda: tune_cache.read_raw(path), fifo=path)
     assert opened, "the FIFO was refused before the open: the open's own safeguards went untested"
-    assert _within(10, lambda: tuning.read_cache(path, CANDIDATES), fifo=path) == ({}, 0)
+    assert _within(10, lambda: tune_cache.read_cache(path, CANDIDATES), fifo=path) == ({}, 0)
     assert stat.S_ISFIFO(os.lstat(path).st_mode)
 
 
@@ -374,7 +374,7 @@ def test_os_devnull_is_left_untouched(seed, caplog, monkeypatch):
 
         return move
 
-    real_lock = tuning._lock
+    real_lock = tune_cache._lock
 
     def lock(path):
         if os.path.realpath(path).startswith(devnull):
@@ -383,7 +383,7 @@ def test_os_devnull_is_left_untouched(seed, caplog, monkeypatch):
 
     monkeypatch.setattr(os, "replace", guarded(real_replace))
     monkeypatch.setattr(os, "rename", guarded(real_rename))
-    monkeypatch.setattr(tuning, "_lock", lock)
+    monkeypatch.setattr(tune_cache, "_lock", lock)
     neighbours = {devnull + suffix: os.path.lexists(devnull + suffix) for suffix in (".bad", ".lock")}
     before = os.stat(devnull)
     _left_alone_with_one_warning(os.devnull, "character device", caplog)
@@ -406,7 +406,7 @@ def test_unwritable_folder_warns_once_and_still_runs(seed, tmp_path, caplog):
 
 def _writer(path, worker, count):
     for i in range(count):
-        tuning.update_cache(path, {f"w{worker}-{i}": {"backend": "sdpa", "ms": {"sdpa": float(i)}}}, CANDIDATES)
+        tune_cache.update_cache(path, {f"w{worker}-{i}": {"backend": "sdpa", "ms": {"sdpa": float(i)}}}, CANDIDATES)
 
 
 def test_concurrent_writers_do_not_corrupt_the_cache(tmp_path):
@@ -418,7 +418,7 @@ def test_concurrent_writers_do_not_corrupt_the_cache(tmp_path):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    entries, others = tuning.read_cache(path, CANDIDATES)
+    entries, others = tune_cache.read_cache(path, CANDIDATES)
     assert others == 0
     assert set(entries) == {f"w{w}-{i}" for w in range(4) for i in range(15)}
     assert not [p for p in path.parent.iterdir() if p.suffix == ".tmp"]
@@ -427,9 +427,9 @@ def test_concurrent_writers_do_not_corrupt_the_cache(tmp_path):
 _KILLED_WRITER = r"""
 import os, sys, time, tempfile
 from pathlib import Path
-from attnkit.choose import tuning
+from attnkit.choose import tune_cache
 path = Path(sys.argv[1])
-fd, tmp = tempfile.mkstemp(prefix=tuning._tmp_prefix(path), suffix=".tmp", dir=path.parent)
+fd, tmp = tempfile.mkstemp(prefix=tune_cache._tmp_prefix(path), suffix=".tmp", dir=path.parent)
 os.write(fd, b'{"version": 1, "entries": {"half": ')
 print(tmp, flush=True)
 time.sleep(60)
@@ -443,19 +443,19 @@ def test_temporary_files_of_a_killed_writer_are_removed(tmp_path):
         tmp = Path(child.stdout.readline().strip())
         assert tmp.exists()
         # while its writer lives, the file is someone's work in progress: kept
-        tuning.update_cache(path, {"a": {"backend": "sdpa", "ms": {}}}, CANDIDATES)
+        tune_cache.update_cache(path, {"a": {"backend": "sdpa", "ms": {}}}, CANDIDATES)
         assert tmp.exists()
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(30)
-    tuning.update_cache(path, {"b": {"backend": "sdpa", "ms": {}}}, CANDIDATES)
+    tune_cache.update_cache(path, {"b": {"backend": "sdpa", "ms": {}}}, CANDIDATES)
     assert not tmp.exists()
-    assert set(tuning.read_cache(path, CANDIDATES)[0]) == {"a", "b"}
+    assert set(tune_cache.read_cache(path, CANDIDATES)[0]) == {"a", "b"}
 
 
 def test_the_lock_works_on_every_os():
     """filelock, not fcntl: the lock is not POSIX-only."""
     import inspect
 
-    assert "fcntl" not in inspect.getsource(tuning)
+    assert "fcntl" not in inspect.getsource(tune_cache)
     from filelock import FileLock  # noqa: F401  (a declared dependency)

@@ -100,9 +100,9 @@ def _route(model, route: str, monkeypatch):
     elif route == "set_attn_processor":
         model.set_attn_processor(attnkit.auto())
     elif route == "attention_backend":
-        from attnkit.diffusers import backend as diffusers_backend
+        from attnkit.diffusers import backend_call
 
-        monkeypatch.setattr(diffusers_backend._HOLDERS["attnkit"], "chooser", None)
+        monkeypatch.setattr(backend_call._HOLDERS["attnkit"], "chooser", None)
         return attention_backend("attnkit")
     else:
         raise AssertionError(route)

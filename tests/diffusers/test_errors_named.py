@@ -14,7 +14,7 @@ import torch
 from diffusers.models.attention_processor import Attention
 
 import attnkit
-from attnkit import info
+from attnkit import info_model
 from attnkit.__main__ import main
 from attnkit.backends import BackendUnavailable, get_backend
 
@@ -154,7 +154,7 @@ def test_every_name_suggested_works_with_model(capsys):
     _assert_clear(err, "no-such-model")
     assert "no such file or folder, nor a config shipped with attnkit" in err
     names = _suggested(err)
-    assert set(MODEL_NAMES) <= set(names) and names == info.shipped_models()
+    assert set(MODEL_NAMES) <= set(names) and names == info_model.shipped_models()
     for name in names:
         rc, out, err = _info_model(capsys, name)
         assert rc == 0 and err == "" and re.match(r"\w+: \d+ attention modules", out), (name, out, err)

@@ -21,7 +21,7 @@ import torch
 
 import attnkit
 from attnkit.diffusers import backend as diffusers_backend
-from attnkit.diffusers import hooks
+from attnkit.diffusers import hooks, hooks_base
 from tests.zoo._zoo import BY_ID
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ _SCRIPT = textwrap.dedent(
     active0 = d._AttentionBackendRegistry._active_backend
     s0 = snapshot()
     import attnkit
-    from attnkit.diffusers import hooks
+    from attnkit.diffusers import hooks, hooks_methods
     from tests.zoo._zoo import BY_ID
     s1 = snapshot()
     changed = diff(s0, s1)
@@ -86,8 +86,8 @@ _SCRIPT = textwrap.dedent(
         obj = vars(sys.modules[mod]).get(cls_name)
         item = vars(obj).get(attr) if isinstance(obj, type) and attr else None
         fn = getattr(item, "__func__", item)
-        wrapped[key] = bool(getattr(fn, "_attnkit_wrapped", False) or fn is hooks._watching_call
-                            or fn is hooks._subclass_hook)
+        wrapped[key] = bool(getattr(fn, "_attnkit_wrapped", False) or fn is hooks_methods._watching_call
+                            or fn is hooks_methods._subclass_hook)
     out["import"] = {"changed": changed, "wrapped": wrapped,
                      "names": sorted(set(s1["enum"]) - set(s0["enum"])),
                      "registry": sorted(set(s1["registry"]) - set(s0["registry"]))}
@@ -218,7 +218,7 @@ def test_status_on_this_diffusers():
 # -- in this process: uninstall() with models served, and install() again ----------------------
 @pytest.fixture
 def reinstall():
-    registry = hooks._dispatch._AttentionBackendRegistry
+    registry = hooks_base._dispatch._AttentionBackendRegistry
     active = registry._active_backend
     yield active
     registry.set_active_backend(active)  # model.set_attention_backend sets diffusers' process-wide one too
@@ -240,7 +240,7 @@ def test_a_name_in_use_stays_and_is_said(seed, reinstall):
         served = case.run(model, inputs)
         assert dict(hooks.uninstall()).get("attnkit") == "diffusers' process-wide backend"
         hooks.install()
-        hooks._dispatch._AttentionBackendRegistry.set_active_backend(reinstall)
+        hooks_base._dispatch._AttentionBackendRegistry.set_active_backend(reinstall)
         stayed = dict(hooks.uninstall())
         assert stayed.get("attnkit") == "a processor's backend (set_attention_backend)", stayed
         assert "attnkit_sdpa" not in hooks.attnkit_names()  # a name nothing uses left

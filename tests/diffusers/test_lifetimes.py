@@ -19,6 +19,7 @@ import torch
 
 import attnkit
 from attnkit.diffusers import backend as diffusers_backend
+from attnkit.diffusers import backend_call
 from tests.zoo._zoo import BY_ID
 
 CYCLES = 20
@@ -32,7 +33,7 @@ def _no_forced_backend(monkeypatch):
 def _plans_of(chooser) -> list:
     """The dispatch route's plans made for ``chooser`` (its registered name's holder)."""
     member = diffusers_backend._MEMBERS.get(chooser)
-    holder = diffusers_backend._HOLDERS.get(member.value) if member is not None else None
+    holder = backend_call._HOLDERS.get(member.value) if member is not None else None
     return list(holder.plans.values()) if holder is not None else []
 
 

@@ -1,7 +1,8 @@
 """The README's Layout section describes the tree as it is: every path it names exists,
 and it names every module and subpackage of attnkit/ and every top-level folder; every
 package folder under attnkit/ has its own line, and that line names each of its modules
-(by its stem, as a word of the description)."""
+(by its stem, as a word of the description). And no module outside the kernels is over
+MODULE_LINES lines: one that grows past it is split by job, with its own line here."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _tracked() -> set[str]:
         out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
         return {p for p in out.decode().split("\0") if p and (ROOT / p).is_file()}
     except (OSError, subprocess.CalledProcessError):
-        skip = {"__pycache__", ".git", ".venv", ".pytest_cache", "build"}
+        skip = {"__pycache__", ".git", ".venv", ".pytest_cache", ".mypy_cache", ".ruff_cache", "build"}
         return {
             str(p.relative_to(ROOT))
             for p in ROOT.rglob("*")
@@ -94,3 +95,20 @@ def test_every_attnkit_package_has_a_line_naming_each_of_its_modules():
         words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", lines[folder]))
         unnamed += [f"{folder}{stem}.py" for stem in sorted(stems) if stem != "__init__" and stem not in words]
     assert not unnamed, f"the README's Layout line of each package does not name: {unnamed}"
+
+
+# The most lines a module outside attnkit/kernels/ has (after ruff format). The kernels
+# are read top to bottom as one file per operation (../shared/STYLE.md) and are exempt.
+MODULE_LINES = 450
+
+
+def test_no_module_outside_the_kernels_is_over_the_line_limit():
+    over = {}
+    for path in sorted((ROOT / "attnkit").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[:2] == ("attnkit", "kernels"):
+            continue
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MODULE_LINES:
+            over[str(rel)] = lines
+    assert not over, f"over {MODULE_LINES} lines, split each by job (and name the new modules in the Layout): {over}"

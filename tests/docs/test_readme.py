@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from attnkit.backends import limits_table
-from attnkit.choose.policy import priority_table, rules_table
+from attnkit.choose.policy import priority_table
+from attnkit.choose.record_rules import rules_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -25,7 +26,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
     [
         (README, "limits-table", limits_table, "attnkit.backends.limits_table()"),
         (AUTO_DOC, "priority-table", priority_table, "attnkit.choose.policy.priority_table()"),
-        (README, "records-table", rules_table, "attnkit.choose.policy.rules_table()"),
+        (README, "records-table", rules_table, "attnkit.choose.record_rules.rules_table()"),
     ],
     ids=["limits", "priorities", "records"],
 )

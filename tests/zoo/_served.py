@@ -322,13 +322,13 @@ def test_attention_backend_context_says_what_it_does_not_reach(case, caplog):
     from diffusers.models.attention_dispatch import attention_backend
 
     from attnkit.diffusers import backend as diffusers_backend
-    from attnkit.diffusers import wrappers
+    from attnkit.diffusers import backend_call, wrappers
 
     model = case.build(SEED)
     modules = dict(model.named_modules())
     routes = attnkit.plan(model).routes
     attention = [modules[name] for name in routes]
-    holder = diffusers_backend._HOLDERS[diffusers_backend.PREFIX]
+    holder = backend_call._HOLDERS[diffusers_backend.PREFIX]
     chooser = holder.get()
     holder.plans.clear()  # a signature served before would skip the counting below
     counts = _count_calls_per_module(types.SimpleNamespace(chooser=chooser), attention)

@@ -1,0 +1,145 @@
+"""auto(lossy="int8"): the lossy backend first where it can serve a call, under its quality
+guard (:mod:`attnkit.choose.guard`); the exact walk serves everything else.
+
+With ``lossy=`` set (and no backend forced by ATTNKIT_BACKEND) this path runs before the
+exact decision on every eager call and keeps its own state (per signature, whether int8
+can serve it; per module and signature, the guard's figures). It is a mixin of its own so
+that the AutoChooser's body stays the exact walk: a chooser without ``lossy=`` never
+enters it, and where the guard falls back it hands the call to the chooser's exact
+decision (``_decisions``, ``_decide``), which it only reads.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .._text import describe_exception, describe_module
+from ..backends import AttentionCall, Backend, Signature
+from .fixed import run_backend
+from .guard import GuardState, compare, sample_inputs, sample_rows
+from .policy import describe_call, installed_packages
+
+logger = logging.getLogger("attnkit")
+
+
+class Lossy:
+    """The AutoChooser's lossy backend and its guard (a mixin: it reads the chooser's
+    ``lossy``, ``guard``, ``_lossy_backend``, ``_lossy_reasons``, ``_guards``, its exact
+    decisions and its warn-once notes, all set by the chooser's constructor)."""
+
+    # No lossy backend: what a chooser pickled before these options existed unpickles as.
+    lossy: str | None = None
+    guard: dict | None = None
+    # Set by the AutoChooser's constructor; declared here, without a value, for the type checker.
+    _lossy_backend: Backend | Exception | None
+    _lossy_reasons: dict[Signature, tuple[str, ...]]
+    _guards: dict[tuple[int, Signature], GuardState]
+
+    def _lossy(self) -> Backend | Exception:
+        if self._lossy_backend is None:
+            try:
+                from ..backends.int8 import Int8Backend  # see tests/test_import_graph.py's LAZY_ALLOWED
+
+                self._lossy_backend = Int8Backend()
+            except Exception as exc:  # noqa: BLE001 - said as the reason it cannot serve
+                self._lossy_backend = exc
+        return self._lossy_backend
+
+    def _lossy_attention(self, who, sig, args):
+        """The lossy backend's output for this call, under the guard; None where it does
+        not serve the call (it cannot, or the guard fell back for this module and
+        signature): the exact path then serves it."""
+        reasons = self._lossy_reasons.get(sig)
+        if reasons is None:
+            backend = self._lossy()
+            if isinstance(backend, Exception):
+                reasons = (f"the int8 backend could not be loaded: {describe_exception(backend)}",)
+            else:
+                reasons = tuple(backend.not_supported_reasons(AttentionCall.from_signature(sig, installed_packages())))
+            self._lossy_reasons[sig] = reasons
+        if reasons:
+            return None
+        # Keyed by the caller object (a module, or the dispatch route's one caller): its
+        # name is made once, not on every call of the hot path.
+        state = self._guards.get((id(who), sig))
+        if state is None:
+            state = self._guards.setdefault(
+                (id(who), sig), GuardState(describe_module(who), describe_call(AttentionCall.from_signature(sig)))
+            )
+        if state.fallen_back:
+            return None
+        module = state.module
+        q, k, v, attn_bias, scale, upcast, causal_offset, _, _ = args
+        try:
+            out = run_backend(self._lossy_backend, *args)
+        except Exception as exc:  # noqa: BLE001 - the exact path serves it, and says why once
+            state.fallen_back = True
+            self._warn_once(
+                ("lossy", module, sig),
+                "attnkit: the int8 backend failed on %s (%s): %s; that module "
+                "runs exactly for this call signature from now on",
+                module,
+                state.call,
+                describe_exception(exc),
+            )
+            return None
+        state.calls += 1
+        if self.guard is None or not state.due(self.guard["every"]):
+            return out
+        exact = self._decisions.get(sig) or self._decide(sig, who, args)
+        rows = sample_rows(q.shape[2], self.guard["rows"], q.device)
+        q_s, bias_s = sample_inputs(q, k, v, attn_bias, causal_offset, rows)
+        reference = run_backend(exact, q_s, k, v, bias_s, scale, upcast, None, 0.0, False)
+        error, cosine = compare(out.index_select(2, rows), reference)
+        state.checks += 1
+        state.error, state.cosine = error, cosine
+        state.worst_error = max(state.worst_error, error)
+        state.history.append((state.calls, error, cosine))
+        if error <= self.guard["max_error"] and cosine >= self.guard["min_cosine"]:
+            return out
+        state.fallen_back = True
+        logger.warning(
+            "attnkit: int8 attention in %s [%s] measured a relative L2 error of %.3g and a cosine of %.6f on %d "
+            "sampled query rows (call %d), beyond the guard's %.3g / %.6f: that module runs %s exactly for this "
+            "call signature from now on, this call included (processor.explain() lists every module's figures)",
+            module,
+            state.call,
+            error,
+            cosine,
+            len(rows),
+            state.calls,
+            self.guard["max_error"],
+            self.guard["min_cosine"],
+            exact.name,
+        )
+        return run_backend(exact, *args)
+
+    def guard_states(self) -> list[GuardState]:
+        """Every module and call signature the lossy backend served, with its guard's
+        figures and state."""
+        return list(getattr(self, "_guards", {}).values())
+
+    def _describe_lossy(self) -> str:
+        g = self.guard
+        head = (
+            "  lossy backend int8 (LOSSY: INT8 query-key products) first where it can serve a call, "
+            + (
+                "without a quality guard"
+                if g is None
+                else f"under the quality guard: {g['rows']} sampled query rows checked exactly on the first call of "
+                f"each module and signature and one in {g['every']} after, falling back past a relative L2 "
+                f"error of {g['max_error']:g} or a cosine below {g['min_cosine']:g}"
+            )
+            + "; inside torch.compile graphs the exact backends serve every call"
+        )
+        lines = [head]
+        for sig, reasons in self._lossy_reasons.items():
+            if reasons:
+                lines.append(
+                    f"    int8 cannot serve {describe_call(AttentionCall.from_signature(sig))}: {'; '.join(reasons)}"
+                )
+        lines += [f"    {state.describe()}" for state in self._guards.values()]
+        return "\n".join(lines)
+
+
+__all__ = ["Lossy"]
