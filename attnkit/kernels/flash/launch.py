@@ -114,7 +114,9 @@ def _autotune_enabled() -> bool:
 # candidates), built on first use: each has its own candidates and its own cache of best configs. The tuner is keyed
 # by the exact lengths, but consulted only for the first call of a length bucket (the
 # lengths rounded up to powers of two, _Launch.bucket): its choice is kept per bucket in
-# attnkit_chosen, and later signatures of the bucket settle on it without tuning.
+# attnkit_chosen, and later signatures of the bucket settle on it without tuning. Bounded
+# by the shipped tile lists (one wrapper a list at most); never stale: a wrapper is what
+# its key names, and a plan built under ATTNKIT_TRITON_AUTOTUNE=0 does not use one.
 _TUNERS: dict[tuple, object] = {}
 _TUNERS_LOCK = threading.Lock()
 
@@ -191,7 +193,7 @@ def recorded_tile(
     """The rule of tile_records.py (generated from the GPU records) that makes another
     shipped candidate this call's default on its GPU, or None: a GPU, list or length
     without one keeps the shipped order, and so does every call with
-    ATTNKIT_TILE_RECORDS=0 (read when a call signature is first met: bench/gpu_tiles.py
+    ATTNKIT_TILE_RECORDS=0 (in every plan_key, read when a plan is built: bench/gpu_tiles.py
     times the shipped defaults with it, so that a record measures them against the
     autotuner's choices)."""
     if lengths is None or os.environ.get("ATTNKIT_TILE_RECORDS", "1") in ("0", ""):
@@ -777,14 +779,46 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride()[:3]
 
 
-# Launch plans, one per call signature (shapes, strides, dtypes, devices, the 16-byte
-# alignment of each input, the bias's layout, scale, causality, the module switches
-# above): everything of a call but its tensors, built on its first call. A model calls
-# a few signatures over and over; a stream of new ones (lengths that change every call)
-# starts the table afresh past _PLAN_LIMIT. ATTNKIT_TRITON_AUTOTUNE is read when a plan
-# is built: set it before the first call (clear_plans() makes later calls read it again).
+# Launch plans, one per call signature (plan_key: every tensor's shape, strides, dtype,
+# device and 16-byte alignment, the call's other arguments, and switches()): everything of
+# a call but its tensors, built on its first call. Stale only if something a plan is
+# built from is left out of plan_key. A model calls a few signatures over and over; a
+# stream of new ones (lengths that change every call) starts the table afresh past
+# _PLAN_LIMIT, the bound of every table keyed by plan_key.
 _PLANS: dict[tuple, object] = {}
 _PLAN_LIMIT = 4096
+
+
+def switches() -> tuple:
+    """What a launch is built from besides its call: the module switches (the
+    interpreter's, set by tests) and the two environment variables read when a plan is
+    built (ATTNKIT_TRITON_AUTOTUNE, ATTNKIT_TILE_RECORDS). In every plan_key: a change of
+    one is a new plan, never one built under the old value."""
+    env = os.environ
+    return (
+        INTERPRET,
+        INTERPRET_ARCH,
+        INTERPRET_SHIPPED_TILES,
+        INTERPRET_GPU,
+        POISON_OUTPUTS,
+        env.get("ATTNKIT_TRITON_AUTOTUNE", "1"),
+        env.get("ATTNKIT_TILE_RECORDS", "1"),
+    )
+
+
+def _tensor_key(t: Optional[torch.Tensor]):
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
+
+
+def plan_key(kind: str, tensors: tuple, *arguments) -> tuple:
+    """The one way attnkit's kernels key what they keep per call (the launch plans, the
+    checks of a call's inputs and of its shared memory): ``kind``, then each tensor's
+    shape, strides, dtype, device and 16-byte alignment (None for an absent one), the
+    call's other ``arguments`` (hashable), and switches(). A new input a launch depends
+    on is a tensor or an argument here, or a switch; nothing else is read."""
+    return (kind, tuple(map(_tensor_key, tensors)), arguments, switches())
 
 
 def clear_plans() -> None:
@@ -799,12 +833,6 @@ def _plan(key: tuple, build):
             _PLANS.clear()
         plan = _PLANS[key] = build()
     return plan
-
-
-def _bias_key(attn_bias: Optional[torch.Tensor]):
-    if attn_bias is None:
-        return None
-    return attn_bias.shape, attn_bias.stride(), attn_bias.dtype, attn_bias.data_ptr() & 15
 
 
 _FWD_STRIDES = (
@@ -900,29 +928,7 @@ def _forward_impl(
     with a bias and empty without one (see _attn_fwd; None instead of empty if not
     placeholders): the natural LSE is lse_shift + lse * ln(2). out_lo, only if store_lo
     and the dtype is 16-bit (else None), is what rounding out lost, with out's strides."""
-    key = (
-        "fwd",
-        q.shape,
-        k.shape,
-        q.stride(),
-        k.stride(),
-        v.stride(),
-        q.dtype,
-        q.device,
-        q.data_ptr() & 15,
-        k.data_ptr() & 15,
-        v.data_ptr() & 15,
-        None if attn_bias is None else _bias_key(attn_bias),
-        scale,
-        allow_tf32,
-        store_lo,
-        causal,
-        causal_offset,
-        INTERPRET,
-        INTERPRET_ARCH,
-        INTERPRET_SHIPPED_TILES,
-        POISON_OUTPUTS,
-    )
+    key = plan_key("fwd", (q, k, v, attn_bias), scale, allow_tf32, store_lo, causal, causal_offset)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(key, lambda: _ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset))
@@ -1104,38 +1110,14 @@ def _backward_impl(
         # d LSE / d bias = 1 for a bias added to a whole row; dlse is that gradient times ln(2).
         row = (dlse.to(torch.float32) * LOG2E).unsqueeze(-1)  # (B, H, M, 1)
         return dq, dk, dv, row.sum_to_size(attn_bias.shape).to(attn_bias.dtype).contiguous()
-    key = (
+    key = plan_key(
         "bwd",
-        q.shape,
-        k.shape,
-        q.stride(),
-        k.stride(),
-        v.stride(),
-        do.stride(),
-        out.stride(),
-        q.dtype,
-        do.dtype,
-        q.device,
-        q.data_ptr() & 15,
-        k.data_ptr() & 15,
-        v.data_ptr() & 15,
-        do.data_ptr() & 15,
-        out.data_ptr() & 15,
-        lse.stride(),
-        lse.data_ptr() & 15,
-        shift.data_ptr() & 15,
-        None if out_lo is None else (out_lo.stride(), out_lo.data_ptr() & 15),
-        _bias_key(attn_bias),
-        dlse is not None,
+        (do, q, k, v, out, lse, shift, out_lo, attn_bias, dlse),
         bias_grad,
         scale,
         allow_tf32,
         causal,
         causal_offset,
-        INTERPRET,
-        INTERPRET_ARCH,
-        INTERPRET_SHIPPED_TILES,
-        POISON_OUTPUTS,
     )
     plan = _PLANS.get(key)
     if plan is None:

@@ -229,8 +229,9 @@ def _eager_flash() -> type:
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-# Input signatures (shapes, dtypes, devices, the bias's kind) that passed _check_inputs:
-# their checks do not run again. Bounded like the launch plans.
+# The calls whose inputs passed _check_inputs (keyed by launch.plan_key: the checks read
+# shapes, dtypes and devices, all in it): their checks do not run again. Never stale: a
+# key holds everything the checks read. Bounded like the launch plans.
 _CHECKED: set = set()
 
 
@@ -242,21 +243,9 @@ def _prepare(q, k, v, attn_bias, scale):
         sig = None  # traced once per graph; symbolic shapes do not hash
     else:
         try:
-            sig = (
-                q.shape,
-                k.shape,
-                v.shape,
-                q.dtype,
-                k.dtype,
-                v.dtype,
-                q.device,
-                k.device,
-                v.device,
-                launch.INTERPRET,
-                None if attn_bias is None else (attn_bias.shape, attn_bias.dtype, attn_bias.device),
-            )
-        except AttributeError:
-            sig = None  # not tensors: the checks say so
+            sig = launch.plan_key("checked", (q, k, v, attn_bias))
+        except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+            sig = None  # not tensors (the checks say so), or tensors without storage
     if sig is None or sig not in _CHECKED:
         _check_inputs(q, k, v, attn_bias)
         if sig is not None:
@@ -385,14 +374,8 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     cannot launch (devices.NEEDS)."""
     if q.device.type != "cuda":
         return
-    key = (
-        q.device,
-        q.dtype,
-        q.shape,
-        None if attn_bias is None else (attn_bias.shape, attn_bias.stride()),
-        causal,
-        grads,
-    )
+    # of q, what the check reads (its device, dtype and shape)
+    key = launch.plan_key("shared memory", (attn_bias,), q.device, q.dtype, tuple(q.shape), causal, grads)
     if key in _SHARED_MEMORY_OK:
         return
     problem = devices.shared_memory_problem(
@@ -410,8 +393,9 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     _SHARED_MEMORY_OK.add(key)
 
 
-# The calls _check_shared_memory passed (device, dtype, shapes, bias layout, causal,
-# backward): a capability does not change, so neither does the answer.
+# The calls _check_shared_memory passed (keyed by launch.plan_key: q's device, dtype and
+# shape, the bias's layout, causality and the backward): a device's capability does not
+# change, so neither does the answer. Bounded like the launch plans.
 _SHARED_MEMORY_OK: set = set()
 
 

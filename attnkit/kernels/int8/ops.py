@@ -84,25 +84,7 @@ def int8_attention(
         attn_bias = fo._float32_bias(attn_bias)  # the int8 kernel reads float32 biases only
     if q.numel() == 0:
         return torch.empty_like(q)
-    key = (
-        "int8",
-        q.shape,
-        k.shape,
-        q.stride(),
-        k.stride(),
-        v.stride(),
-        q.dtype,
-        q.device,
-        v.data_ptr() & 15,
-        None if attn_bias is None else fl._bias_key(attn_bias),
-        scale,
-        causal,
-        causal_offset,
-        fl.INTERPRET,
-        fl.INTERPRET_ARCH,
-        fl.INTERPRET_SHIPPED_TILES,
-        fl.POISON_OUTPUTS,
-    )
+    key = fl.plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset)
     plan = fl._PLANS.get(key)
     if plan is None:
         plan = fl._plan(key, lambda: _Int8Plan(q, k, v, attn_bias, causal, causal_offset))
