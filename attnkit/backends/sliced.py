@@ -16,7 +16,7 @@ from .vanilla import (
     flatten_bias,
     flatten_heads,
     math_attention_with_lse,
-    prepare_bias,
+    math_bias,
 )
 
 
@@ -60,7 +60,7 @@ class SlicedBackend(Backend):
         b, h, m, d = q.shape
         scale = d**-0.5 if scale is None else scale
         q3, k3, v3 = flatten_heads(q), flatten_heads(k), flatten_heads(v)
-        attn_bias, dead = prepare_bias(attn_bias, q.dtype, upcast)
+        attn_bias, dead = math_bias(attn_bias, q.dtype, upcast)
         bias = flatten_bias(attn_bias, b, h)
         out = torch.empty(b * h, m, v.shape[-1], dtype=q.dtype, device=q.device)
         for start, end in self._slices(b, h):

@@ -103,9 +103,10 @@ def math_attention_with_lse(
     return out.to(q.dtype), lse.squeeze(-1)
 
 
-def prepare_bias(attn_bias, dtype: torch.dtype, upcast: bool):
-    """The bias in the dtype the scores are computed in (float32 when upcast widens half
-    inputs), and the rows the cast cannot keep (see narrow_bias)."""
+def math_bias(attn_bias, dtype: torch.dtype, upcast: bool):
+    """The bias of the math backends (vanilla, sliced) in the dtype their scores are
+    computed in (float32 when upcast widens half inputs), and the rows the cast cannot keep
+    (see narrow_bias). Not diffusers' mask made a bias (protocol.prepare_bias)."""
     if attn_bias is None:
         return None, None
     if upcast and dtype in (torch.float16, torch.bfloat16):
@@ -151,7 +152,7 @@ class VanillaBackend(Backend):
     def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False, *, causal_offset=None, dropout_p=0.0):
         b, h, m, d = q.shape
         scale = d**-0.5 if scale is None else scale
-        attn_bias, dead = prepare_bias(attn_bias, q.dtype, upcast)
+        attn_bias, dead = math_bias(attn_bias, q.dtype, upcast)
         out = bmm_attention(
             flatten_heads(q),
             flatten_heads(k),
