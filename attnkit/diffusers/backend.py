@@ -126,10 +126,10 @@ _FREED: list[str] = []
 
 
 def _freed(value: str) -> None:
-    """A registered chooser was freed: its plans go now, its name at the next _sweep."""
+    """A registered chooser was freed: its served calls go now, its name at the next _sweep."""
     holder = _HOLDERS.get(value)
     if holder is not None:
-        holder.plans = {}
+        holder.served = {}
     _FREED.append(value)
 
 

@@ -1,6 +1,6 @@
 """What an attnkit backend name runs when diffusers' ``dispatch_attention_fn`` calls it:
 the holder of the name's chooser (made on first use, or held weakly), the backend
-function (:func:`attention`), and the plan that serves a call signature it has served
+function (:func:`attention`), and the served call (_ServedCall) that runs a call signature it has served
 before directly. The names themselves are registered by :mod:`attnkit.diffusers.backend`.
 
 What the backend function takes: diffusers' (B, S, H, D) tensors, as views (no copy);
@@ -58,16 +58,16 @@ class _ChooserHolder:
     traces the lock or the chooser's constructor, and the graph reads the built chooser
     (one guard on it, as after an eager call)."""
 
-    __slots__ = ("name", "factory", "_strong", "_weak", "plans")
+    __slots__ = ("name", "factory", "_strong", "_weak", "served")
 
     def __init__(self, name: str, factory: Callable[[], Any] | None, chooser: Any = None) -> None:
         self.name, self.factory = name, factory
         self._strong: Any = None
         # a weak reference, or _gone once a weakly held chooser is replaced by None
         self._weak: Callable[[], Any] | None = weakref.ref(chooser) if chooser is not None else None
-        # the plain call's plans, per call signature (see attention); made for the chooser
+        # the plain call's served calls, per call signature (see attention); made for the chooser
         # held now, and dropped when another is set
-        self.plans: dict[tuple, _Plan] = {}
+        self.served: dict[tuple, _ServedCall] = {}
 
     @property
     def chooser(self):
@@ -77,7 +77,7 @@ class _ChooserHolder:
     @chooser.setter
     def chooser(self, chooser) -> None:
         with _LOCK:
-            self.plans = {}
+            self.served = {}
             if self._weak is None:
                 self._strong = chooser
             else:
@@ -169,13 +169,13 @@ def attention(
         )
     # The plain call (no causal mask, dropout, LSE or context parallelism): once a call
     # signature has been served, its backend is kept per signature and called directly
-    # (see _Plan); the first call of each signature goes the whole way, checks and all.
+    # (see _ServedCall); the first call of each signature goes the whole way, checks and all.
     mask_key = None
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
             return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
         mask_key = (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.requires_grad)
-    plan_key = (
+    call_key = (
         query.shape,
         key.shape,
         value.shape,
@@ -186,15 +186,15 @@ def attention(
         torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
         torch.are_deterministic_algorithms_enabled(),
     )
-    plans = _holder.plans
-    plan = plans.get(plan_key)
+    served = _holder.served
+    plan = served.get(call_key)
     if plan is not None:
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
         bias = None if attn_mask is None else plan.bias_of(attn_mask, q.dtype)
         try:
             return plan.backend.forward(q, k, v, bias, scale, False).transpose(1, 2)
         except Exception:  # noqa: BLE001  (the whole way now: auto()'s fall-back, or the error as it is)
-            plans.pop(plan_key, None)
+            served.pop(call_key, None)
             return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
     out = _attend(
         chooser,
@@ -208,14 +208,14 @@ def attention(
         enable_gqa,
         False,
         None,
-        record=(plans, plan_key),
+        record=(served, call_key),
     )
     return out
 
 
-class _Plan:
+class _ServedCall:
     """What a served call signature of the plain call runs: the backend its holder's
-    chooser decided (a holder drops its plans when its chooser is replaced), and how its
+    chooser decided (a holder drops its served calls when its chooser is replaced), and how its
     mask becomes the bias that backend takes (the view the checks made of it, and whether
     it is a boolean mask to turn into 0 / -inf). It holds no chooser, so that a chooser
     the registry holds weakly is freed with its models. The checks of
@@ -248,7 +248,7 @@ class _Plan:
         return bias
 
 
-PLANS_MAX = 1024  # call signatures kept per backend name; more (shapes that never repeat) start again
+SERVED_MAX = 1024  # call signatures kept per backend name; more (shapes that never repeat) start again
 
 
 def _attend(
@@ -296,11 +296,11 @@ def _attend(
     if record is not None and not expanded and resolved is not None:
         backend = resolved(signature(q, k, v, bias))
         if backend is not None:
-            plans, plan_key = record
-            if len(plans) >= PLANS_MAX:
+            plans, call_key = record
+            if len(plans) >= SERVED_MAX:
                 plans.clear()
             mask_shape = None if attn_mask is None or bias.shape == attn_mask.shape else tuple(bias.shape)
-            plans[plan_key] = _Plan(backend, mask_shape, attn_mask is not None and attn_mask.dtype == torch.bool)
+            plans[call_key] = _ServedCall(backend, mask_shape, attn_mask is not None and attn_mask.dtype == torch.bool)
     return out.transpose(1, 2)
 
 

@@ -113,7 +113,7 @@ def _plan_of(name, q, k, v, mask=None):
         torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
         torch.are_deterministic_algorithms_enabled(),
     )
-    return _holder(name).plans.get(key)
+    return _holder(name).served.get(key)
 
 
 def test_a_planned_signature_keeps_every_check(seed):

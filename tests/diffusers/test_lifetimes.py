@@ -34,7 +34,7 @@ def _plans_of(chooser) -> list:
     """The dispatch route's plans made for ``chooser`` (its registered name's holder)."""
     member = diffusers_backend._MEMBERS.get(chooser)
     holder = backend_call._HOLDERS.get(member.value) if member is not None else None
-    return list(holder.plans.values()) if holder is not None else []
+    return list(holder.served.values()) if holder is not None else []
 
 
 def _cycle(case_id: str, route: str) -> dict[str, list[weakref.ref]]:

@@ -330,7 +330,7 @@ def test_attention_backend_context_says_what_it_does_not_reach(case, caplog):
     attention = [modules[name] for name in routes]
     holder = backend_call._HOLDERS[diffusers_backend.PREFIX]
     chooser = holder.get()
-    holder.plans.clear()  # a signature served before would skip the counting below
+    holder.served.clear()  # a signature served before would skip the counting below
     counts = _count_calls_per_module(types.SimpleNamespace(chooser=chooser), attention)
     ran = _modules_that_run(model, attention)
     try:
@@ -344,7 +344,7 @@ def test_attention_backend_context_says_what_it_does_not_reach(case, caplog):
     finally:
         for name in ("attention", "resolved"):
             chooser.__dict__.pop(name, None)
-        holder.plans.clear()
+        holder.served.clear()
     assert not wrappers.watching(), "attnkit's model-call watcher outlived the context"
     again = [m for m in after[len(first) :] if f"modules of {type(model).__name__} (" in m]
     assert not again, f"a second call of the model warned again: {again}"
