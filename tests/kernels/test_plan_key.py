@@ -1,8 +1,9 @@
-"""launch.plan_key: the one key of what the kernels keep per call (the launch plans of the
-exact and int8 kernels, the input checks, the shared-memory checks). Every tensor's
-shape, strides, dtype, device and alignment, the call's arguments, the interpreter's
-switches and the two environment variables a plan is built from are in it: a change of
-any of them is a new plan, never one built under the old value."""
+"""launch.call_key and plan_key: the one key of what the kernels keep per call (the launch
+plans of the exact and int8 kernels by plan_key; the input and shared-memory checks by
+call_key). Every tensor's shape, strides, dtype, device and alignment, the call's
+arguments, and for a plan the interpreter's switches and the two environment variables a
+plan is built from are in it: a change of any of them is a new plan, never one built
+under the old value."""
 
 from __future__ import annotations
 

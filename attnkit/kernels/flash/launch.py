@@ -784,7 +784,7 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
 # a call but its tensors, built on its first call. Stale only if something a plan is
 # built from is left out of plan_key. A model calls a few signatures over and over; a
 # stream of new ones (lengths that change every call) starts the table afresh past
-# _PLAN_LIMIT, the bound of every table keyed by plan_key.
+# _PLAN_LIMIT, the bound of every table keyed by plan_key or call_key.
 _PLANS: dict[tuple, object] = {}
 _PLAN_LIMIT = 4096
 
@@ -812,13 +812,19 @@ def _tensor_key(t: Optional[torch.Tensor]):
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
 
 
+def call_key(kind: str, tensors: tuple, *arguments) -> tuple:
+    """The one way attnkit's kernels key what they keep per call: ``kind``, then each
+    tensor's shape, strides, dtype, device and 16-byte alignment (None for an absent
+    one), and the call's other ``arguments`` (hashable). The checks of a call's inputs
+    and of its shared memory are kept by it (they read no switch but those they pass as
+    arguments); a launch plan by plan_key()."""
+    return (kind, tuple(map(_tensor_key, tensors)), arguments)
+
+
 def plan_key(kind: str, tensors: tuple, *arguments) -> tuple:
-    """The one way attnkit's kernels key what they keep per call (the launch plans, the
-    checks of a call's inputs and of its shared memory): ``kind``, then each tensor's
-    shape, strides, dtype, device and 16-byte alignment (None for an absent one), the
-    call's other ``arguments`` (hashable), and switches(). A new input a launch depends
+    """The key of a launch plan: call_key() and switches(). A new input a launch depends
     on is a tensor or an argument here, or a switch; nothing else is read."""
-    return (kind, tuple(map(_tensor_key, tensors)), arguments, switches())
+    return (*call_key(kind, tensors, *arguments), switches())
 
 
 def clear_plans() -> None:

@@ -229,8 +229,8 @@ def _eager_flash() -> type:
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-# The calls whose inputs passed _check_inputs (keyed by launch.plan_key: the checks read
-# shapes, dtypes and devices, all in it): their checks do not run again. Never stale: a
+# The calls whose inputs passed _check_inputs (keyed by launch.call_key: the checks read
+# shapes, dtypes, devices and whether Triton's interpreter runs, all in it): their checks do not run again. Never stale: a
 # key holds everything the checks read. Bounded like the launch plans.
 _CHECKED: set = set()
 
@@ -243,7 +243,7 @@ def _prepare(q, k, v, attn_bias, scale):
         sig = None  # traced once per graph; symbolic shapes do not hash
     else:
         try:
-            sig = launch.plan_key("checked", (q, k, v, attn_bias))
+            sig = launch.call_key("checked", (q, k, v, attn_bias), launch.INTERPRET)
         except (AttributeError, TypeError, RuntimeError, NotImplementedError):
             sig = None  # not tensors (the checks say so), or tensors without storage
     if sig is None or sig not in _CHECKED:
@@ -258,7 +258,11 @@ def _prepare(q, k, v, attn_bias, scale):
         scale = float(scale)
         if not math.isfinite(scale):
             raise ValueError(f"scale={scale} must be finite")
-    if attn_bias is not None and _bias_form(q, k, attn_bias, _needs_grad(q, k, v, attn_bias)).to_float32:
+    if (
+        attn_bias is not None
+        and attn_bias.dtype != torch.float32  # a float32 bias is read as it is: no decision to make per call
+        and _bias_form(q, k, attn_bias, _needs_grad(q, k, v, attn_bias)).to_float32
+    ):
         # Every bias but "full16" is read in float32, the bias type the rest of the static
         # report compiles and the shipped tiles are chosen for: a 16-bit bias pointer
         # changes the compiled code (on sm_90 the key-padding tile at head dim 128 then
@@ -375,7 +379,7 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     if q.device.type != "cuda":
         return
     # of q, what the check reads (its device, dtype and shape)
-    key = launch.plan_key("shared memory", (attn_bias,), q.device, q.dtype, tuple(q.shape), causal, grads)
+    key = launch.call_key("shared memory", (attn_bias,), q.device, q.dtype, tuple(q.shape), causal, grads)
     if key in _SHARED_MEMORY_OK:
         return
     problem = devices.shared_memory_problem(
@@ -393,7 +397,7 @@ def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], cau
     _SHARED_MEMORY_OK.add(key)
 
 
-# The calls _check_shared_memory passed (keyed by launch.plan_key: q's device, dtype and
+# The calls _check_shared_memory passed (keyed by launch.call_key: q's device, dtype and
 # shape, the bias's layout, causality and the backward): a device's capability does not
 # change, so neither does the answer. Bounded like the launch plans.
 _SHARED_MEMORY_OK: set = set()
