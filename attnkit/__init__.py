@@ -4,7 +4,7 @@ pipe.unet.set_attn_processor(attnkit.auto())
 """
 
 from . import (
-    _moved,
+    moved_paths,
     testing,  # noqa: E402  (attnkit.testing.reference_attention)
 )
 from .backends import AttentionCall, BackendUnavailable, DeviceInfo, get_backend
@@ -31,7 +31,7 @@ _hooks.install()
 
 __version__ = "0.1.0"
 
-_moved.install()  # attnkit.chooser, attnkit.routes, ...: the module paths before choose/ and diffusers/
+moved_paths.install()  # attnkit.chooser, attnkit.routes, ...: the module paths before choose/ and diffusers/
 
 __all__ = [
     "AttentionCall",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnkit
-from attnkit import _moved
+from attnkit import moved_paths
 from attnkit.testing import assert_close_to_reference, make_qkv
 
 # attnkit.auto(), auto(order=("vanilla", "sdpa")), SDPAProcessor() and VanillaProcessor(),
@@ -19,10 +19,10 @@ from attnkit.testing import assert_close_to_reference, make_qkv
 OLD_PICKLE = Path(__file__).parent / "data" / "processors-0.1.0-741c76e.pkl"
 
 
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
+@pytest.mark.parametrize("old", sorted(moved_paths.MOVED))
 def test_every_old_name_imports_from_its_old_path(old):
     module = importlib.import_module(old)
-    for home, names in _moved.MOVED[old].items():
+    for home, names in moved_paths.MOVED[old].items():
         new = importlib.import_module(home)
         for name in names:
             assert getattr(module, name) is getattr(new, name), f"{old}.{name}"

@@ -75,13 +75,13 @@ class DeviceInfo:
 
     @staticmethod
     def of(device: torch.device) -> "DeviceInfo":
-        return _device_info(device.type, device.index)
+        return device_info(device.type, device.index)
 
 
 _DEVICE_CACHE: dict[tuple[str, int | None], DeviceInfo] = {}
 
 
-def _device_info(kind: str, index: int | None) -> DeviceInfo:
+def device_info(kind: str, index: int | None) -> DeviceInfo:
     key = (kind, index)
     info = _DEVICE_CACHE.get(key)
     if info is None:
@@ -205,7 +205,7 @@ class AttentionCall:
 
     @staticmethod
     def from_signature(sig: Signature, packages: Mapping[str, str | None] | None = None) -> "AttentionCall":
-        device = _device_info(sig.device_type, sig.device_index)
+        device = device_info(sig.device_type, sig.device_index)
         return AttentionCall(
             device,
             sig.dtype,

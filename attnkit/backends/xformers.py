@@ -87,7 +87,7 @@ _OP_CAPS = {
 OP_NAMES = tuple(_OP_CAPS)
 
 
-def _import_xops():
+def import_xops():
     try:
         import xformers.ops as xops
     except Exception as e:  # ImportError, or a broken build raising at import
@@ -103,7 +103,7 @@ def _resolve_op(op: Any):
     """An op name -> the xformers (forward, backward) operator pair."""
     if op is None or not isinstance(op, str):
         return op
-    xops = _import_xops()
+    xops = import_xops()
     if op == "cutlass":
         return xops.MemoryEfficientAttentionCutlassOp
     if op == "flash":
@@ -157,7 +157,7 @@ class XFormersBackend(Backend):
 
     def forward(self, q, k, v, attn_bias=None, scale=None, upcast=False):
         # upcast: xformers keeps scores and softmax in float32 on chip already.
-        xops = _import_xops()
+        xops = import_xops()
         if self.op is not None and self._resolved is None:
             self._resolved = _resolve_op(self.op)
         b, h, m, d = q.shape

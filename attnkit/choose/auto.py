@@ -105,6 +105,9 @@ class AutoChooser(Lossy, Tuned, ChooserBase):
     """The decision behind :func:`auto`: per signature, the first backend of the walk."""
 
     _dropped = 0  # what a chooser pickled before DECISIONS_MAX has
+    # The signatures a chooser keeps decisions for (DECISIONS_MAX; a test sets a chooser's
+    # own smaller bound on the instance).
+    decisions_max = DECISIONS_MAX
 
     def __init__(
         self,
@@ -264,13 +267,13 @@ class AutoChooser(Lossy, Tuned, ChooserBase):
     def _make_room(self, *tables: dict) -> None:
         """Under LOCK: drop the oldest signature of ``tables`` when they hold DECISIONS_MAX."""
         first = tables[0]
-        if len(first) < DECISIONS_MAX:
+        if len(first) < self.decisions_max:
             return
         oldest = next(iter(first))
         for table in tables:
             table.pop(oldest, None)
         self._dropped += 1
-        if len(self._warned) >= 4 * DECISIONS_MAX:
+        if len(self._warned) >= 4 * self.decisions_max:
             self._warned.clear()
 
     def _warn_once(self, what, msg, *args) -> None:

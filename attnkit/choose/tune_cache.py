@@ -4,7 +4,7 @@ Timing a signature's candidates costs several runs of each, so what was measured
 written down once and every later process reads it instead; the tuning itself (the Tuned
 mixin of :mod:`attnkit.choose.tuning`) only asks this module for an entry and hands it a
 new one. The careful file operations underneath (non-blocking opens, owner and mode kept)
-are in :mod:`attnkit.choose._files`.
+are in :mod:`attnkit.choose.cache_files`.
 
 The file (``$XDG_CACHE_HOME/attnkit/autotune.json``, ``~/.cache/...`` by default) is
 shared by every process on the machine and may be shared between attnkit versions, so:
@@ -52,7 +52,7 @@ import torch
 
 from ..backends import AttentionCall
 from ..backends.base import dtype_name
-from ._files import (  # noqa: F401  (CacheNotWritten and NotRegularFile: raised to this module's callers)
+from .cache_files import (  # noqa: F401  (CacheNotWritten and NotRegularFile: raised to this module's callers)
     CacheNotWritten,
     NotRegularFile,
     _free_name,
@@ -60,8 +60,8 @@ from ._files import (  # noqa: F401  (CacheNotWritten and NotRegularFile: raised
     _not_regular,
     _pid_alive,
     _read_bytes,
-    _refuse_special,
     _umask,
+    refuse_special,
 )
 
 CACHE_VERSION = 1
@@ -155,7 +155,7 @@ def _lock_path(path: Path) -> str:
     return str(path) + ".lock"
 
 
-def _lock(path: Path):
+def lock(path: Path):
     from filelock import FileLock
 
     return FileLock(_lock_path(path), timeout=LOCK_TIMEOUT_S)
@@ -198,10 +198,10 @@ def update_cache(path: str | os.PathLike, entries: Mapping[str, dict], known: Ma
     link = Path(path)
     # before the folder or the lock is touched: for cache_path=os.devnull, no /dev/null.lock
     with contextlib.suppress(FileNotFoundError):
-        _refuse_special(link)
+        refuse_special(link)
     target = Path(os.path.realpath(link))  # write through a symlink, never replace it
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(target):
+    with lock(target):
         _remove_stale_tmp(target)
         st = None
         try:
@@ -220,7 +220,7 @@ def update_cache(path: str | os.PathLike, entries: Mapping[str, dict], known: Ma
             if not e.foreign:
                 raise CacheNotWritten(f"{link}: {e}; it is left as it is") from e
             bad = _free_name(target.with_name(target.name + ".bad"))
-            _refuse_special(target)  # only a regular file is ever moved aside
+            refuse_special(target)  # only a regular file is ever moved aside
             os.replace(target, bad)
             notes.append(f"{link} was not a tuning cache ({e}); it was moved to {bad}")
             st, document = None, {}
@@ -238,7 +238,7 @@ def update_cache(path: str | os.PathLike, entries: Mapping[str, dict], known: Ma
             os.chmod(tmp, st.st_mode & 0o7777 if st is not None else 0o666 & ~_umask())
             # the last look before the replace: a FIFO or folder made meanwhile is not replaced
             with contextlib.suppress(FileNotFoundError):
-                _refuse_special(target)
+                refuse_special(target)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):

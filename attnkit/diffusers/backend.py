@@ -42,9 +42,9 @@ from ..errors import DiffusersBackendUnavailable
 from ..masks import expand_kv_heads
 from . import hooks_base, hooks_registry
 from .backend_call import (
-    _HOLDERS,
     _LOCK,
     DISPATCH_WHO,
+    HOLDERS,
     KNOWN_ARGS,
     _ChooserHolder,
     _make_chooser,
@@ -57,9 +57,18 @@ logger = logging.getLogger("attnkit")
 
 PREFIX = hooks_base.PREFIX
 
-_dispatch = hooks_base._dispatch
+diffusers_dispatch = hooks_base.diffusers_dispatch
 # why diffusers' registry cannot be used on this diffusers, or None
 PROBLEM: str | None = hooks_registry.check_registry()
+
+
+def recheck() -> str | None:
+    """Check diffusers' registry again and return :data:`PROBLEM` (checked once, when
+    this module is imported): for a process that changed diffusers after importing
+    attnkit (tests that stand in for another diffusers)."""
+    global PROBLEM
+    PROBLEM = hooks_registry.check_registry()
+    return PROBLEM
 
 
 def problem() -> str | None:
@@ -107,7 +116,7 @@ def _register(value: str, chooser_factory: Callable[[], Any] | None, chooser: An
     with _LOCK:
 
         def entry():
-            holder = _HOLDERS[value] = _ChooserHolder(value, chooser_factory, chooser)
+            holder = HOLDERS[value] = _ChooserHolder(value, chooser_factory, chooser)
             fn = functools.partial(attention, _holder=holder)
             functools.update_wrapper(fn, attention)
             return fn
@@ -127,7 +136,7 @@ _FREED: list[str] = []
 
 def _freed(value: str) -> None:
     """A registered chooser was freed: its served calls go now, its name at the next _sweep."""
-    holder = _HOLDERS.get(value)
+    holder = HOLDERS.get(value)
     if holder is not None:
         holder.served = {}
     _FREED.append(value)
@@ -150,7 +159,7 @@ def _unregister(value: str) -> None:
     while it is diffusers' process-wide backend, whose calls then say what happened."""
     with _LOCK:
         if hooks_registry.remove_backend(value):
-            _HOLDERS.pop(value, None)
+            HOLDERS.pop(value, None)
 
 
 def forget_name(value: str) -> None:
@@ -158,10 +167,10 @@ def forget_name(value: str) -> None:
     the chooser that routed to it are forgotten; the chooser gets a new name if it is
     routed to again."""
     with _LOCK:
-        _HOLDERS.pop(value, None)
-        for chooser, member in list(_MEMBERS.items()):
+        HOLDERS.pop(value, None)
+        for chooser, member in list(MEMBERS.items()):
             if member.value == value:
-                _MEMBERS.pop(chooser, None)
+                MEMBERS.pop(chooser, None)
 
 
 def member_for(processor) -> Any:
@@ -172,14 +181,14 @@ def member_for(processor) -> Any:
     :func:`lease`), and when the chooser is freed its name leaves the registry."""
     chooser = processor.chooser
     with _LOCK:
-        member = _MEMBERS.get(chooser)
+        member = MEMBERS.get(chooser)
         if member is None:
-            member = _MEMBERS[chooser] = _register(f"{PREFIX}_{next(_COUNTER)}", None, chooser)
+            member = MEMBERS[chooser] = _register(f"{PREFIX}_{next(_COUNTER)}", None, chooser)
     return member
 
 
 # chooser -> its registered name (weak keys: a copied or unpickled chooser gets its own)
-_MEMBERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+MEMBERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
 class Lease:
@@ -208,8 +217,8 @@ def prepare(name: str) -> None:
     calls it), so that torch.compile never meets its lazy creation while tracing."""
     if problem() is not None:
         return
-    member = _dispatch.AttentionBackendName._value2member_map_.get(name)
-    fn = _dispatch._AttentionBackendRegistry._backends.get(member) if member is not None else None
+    member = diffusers_dispatch.AttentionBackendName._value2member_map_.get(name)
+    fn = diffusers_dispatch._AttentionBackendRegistry._backends.get(member) if member is not None else None
     holder = getattr(fn, "keywords", {}).get("_holder")
     if holder is not None:
         holder.get()
@@ -247,6 +256,7 @@ def register_defaults() -> None:
 __all__ = [
     "DISPATCH_WHO",
     "PROBLEM",
+    "recheck",
     "DiffusersBackendUnavailable",
     "Lease",
     "attention",

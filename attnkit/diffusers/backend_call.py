@@ -111,13 +111,13 @@ def _gone():
 
 
 # registered name -> its holder, for _make_chooser (a trace-time constant takes a string)
-_HOLDERS: dict[str, _ChooserHolder] = {}
+HOLDERS: dict[str, _ChooserHolder] = {}
 
 
 def _make_chooser(name: str) -> bool:
     """Run by torch.compile while tracing, in plain Python: make the chooser behind the
     registered name ``name`` if it is not made yet."""
-    _HOLDERS[name].get()
+    HOLDERS[name].get()
     return True
 
 

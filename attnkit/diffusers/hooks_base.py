@@ -22,10 +22,10 @@ TESTED = "0.35 to 0.42"
 
 try:
     import diffusers
-    from diffusers.models import attention_dispatch as _dispatch
+    from diffusers.models import attention_dispatch as diffusers_dispatch
     from diffusers.models import attention_processor as _ap
 except Exception as exc:  # diffusers missing or broken: every hook says so at first use
-    diffusers = _dispatch = _ap = None  # type: ignore[assignment]  # the optional import's idiom
+    diffusers = diffusers_dispatch = _ap = None  # type: ignore[assignment]  # the optional import's idiom
     IMPORT_PROBLEM: str | None = f"diffusers could not be imported ({type(exc).__name__}: {exc})"
 else:
     IMPORT_PROBLEM = None

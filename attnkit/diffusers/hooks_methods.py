@@ -22,11 +22,11 @@ from .hooks_base import (
     WRAPPED,
     Hook,
     _ap,
-    _dispatch,
     _handler,
     _needs,
     _replace,
     _restore,
+    diffusers_dispatch,
 )
 from .hooks_registry import check_registry
 
@@ -184,7 +184,7 @@ def _check_active_backend() -> str | None:
     problem = check_registry()
     if problem is not None:
         return problem
-    current = _dispatch._AttentionBackendRegistry.__dict__.get("set_active_backend")
+    current = diffusers_dispatch._AttentionBackendRegistry.__dict__.get("set_active_backend")
     if not isinstance(current, classmethod) or not inspect.isfunction(current.__func__):
         return "_AttentionBackendRegistry.set_active_backend is not a classmethod"
     return None
@@ -216,7 +216,7 @@ def watching() -> bool:
 
 
 def _install_active_backend() -> None:
-    registry = _dispatch._AttentionBackendRegistry
+    registry = diffusers_dispatch._AttentionBackendRegistry
     original = registry.__dict__["set_active_backend"].__func__
 
     @functools.wraps(original)

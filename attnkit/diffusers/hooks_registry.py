@@ -12,7 +12,7 @@ import gc
 import inspect
 from typing import Any, Callable
 
-from .hooks_base import _LOCK, IMPORT_PROBLEM, PREFIX, TESTED, Hook, _dispatch, _handler, diffusers_version
+from .hooks_base import _LOCK, IMPORT_PROBLEM, PREFIX, TESTED, Hook, _handler, diffusers_dispatch, diffusers_version
 
 
 # backend names: the enum's members and the registry's entries --------------------------------------
@@ -20,8 +20,8 @@ def check_registry() -> str | None:
     """What attnkit relies on in diffusers' private registry, or what changed (None: all there)."""
     if IMPORT_PROBLEM is not None:
         return IMPORT_PROBLEM
-    names = getattr(_dispatch, "AttentionBackendName", None)
-    registry = getattr(_dispatch, "_AttentionBackendRegistry", None)
+    names = getattr(diffusers_dispatch, "AttentionBackendName", None)
+    registry = getattr(diffusers_dispatch, "_AttentionBackendRegistry", None)
     missing = []
     if not (isinstance(names, type) and issubclass(names, enum.Enum) and issubclass(names, str)):
         missing.append("AttentionBackendName (a str Enum)")
@@ -35,7 +35,7 @@ def check_registry() -> str | None:
         for attr, kind in (("_backends", dict), ("_constraints", dict), ("_supported_arg_names", dict)):
             if not isinstance(getattr(registry, attr, None), kind):
                 missing.append(f"_AttentionBackendRegistry.{attr} ({kind.__name__})")
-    dispatch = getattr(_dispatch, "dispatch_attention_fn", None)
+    dispatch = getattr(diffusers_dispatch, "dispatch_attention_fn", None)
     if dispatch is None:
         missing.append("dispatch_attention_fn")
     else:
@@ -69,7 +69,7 @@ def add_backend(value: str, make_entry: Callable[[], Callable], supported: froze
                 f"attnkit's backend names are not installed in diffusers ({why}); "
                 "attnkit.diffusers.hooks.install() puts them back"
             )
-        names = _dispatch.AttentionBackendName
+        names = diffusers_dispatch.AttentionBackendName
         member = names._value2member_map_.get(value)
         if member is None:
             member = str.__new__(names, value)
@@ -80,7 +80,7 @@ def add_backend(value: str, make_entry: Callable[[], Callable], supported: froze
             names._member_map_[member._name_] = member
             names._value2member_map_[value] = member
             names._member_names_.append(member._name_)
-        registry = _dispatch._AttentionBackendRegistry
+        registry = diffusers_dispatch._AttentionBackendRegistry
         if member in registry._backends:
             return member, False
         registry._backends[member] = make_entry()
@@ -95,12 +95,12 @@ def add_backend(value: str, make_entry: Callable[[], Callable], supported: froze
 def in_use(value: str) -> str | None:
     """Why the attnkit name ``value`` must stay in diffusers' registry (None: it may go):
     it is the process-wide backend, or a live processor names it."""
-    if _dispatch is None:
+    if diffusers_dispatch is None:
         return None
-    member = _dispatch.AttentionBackendName._value2member_map_.get(value)
+    member = diffusers_dispatch.AttentionBackendName._value2member_map_.get(value)
     if member is None:
         return None
-    if getattr(_dispatch._AttentionBackendRegistry, "_active_backend", None) is member:
+    if getattr(diffusers_dispatch._AttentionBackendRegistry, "_active_backend", None) is member:
         return "diffusers' process-wide backend"
     for holder in gc.get_referrers(member):
         if isinstance(holder, dict) and holder.get("_attention_backend") is member:
@@ -112,11 +112,11 @@ def remove_backend(value: str, keep_active: bool = True) -> bool:
     """Take the attnkit name ``value`` out of diffusers' registry and enum; with
     ``keep_active``, not while it is diffusers' process-wide backend. Returns whether it
     was taken out."""
-    if _dispatch is None:
+    if diffusers_dispatch is None:
         return False
     with _LOCK:
-        names = _dispatch.AttentionBackendName
-        registry = _dispatch._AttentionBackendRegistry
+        names = diffusers_dispatch.AttentionBackendName
+        registry = diffusers_dispatch._AttentionBackendRegistry
         member = names._value2member_map_.get(value)
         if member is None:
             return False
@@ -136,9 +136,11 @@ def remove_backend(value: str, keep_active: bool = True) -> bool:
 
 def attnkit_names() -> list[str]:
     """Every attnkit name in diffusers' registry."""
-    if _dispatch is None or check_registry() is not None:
+    if diffusers_dispatch is None or check_registry() is not None:
         return []
-    return [m.value for m in list(_dispatch._AttentionBackendRegistry._backends) if str(m.value).startswith(PREFIX)]
+    return [
+        m.value for m in list(diffusers_dispatch._AttentionBackendRegistry._backends) if str(m.value).startswith(PREFIX)
+    ]
 
 
 _STAYED: list[tuple[str, str]] = []  # (name, why) the last uninstall() left in the registry

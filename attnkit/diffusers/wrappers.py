@@ -224,7 +224,7 @@ def first_call_under_context(model: nn.Module) -> None:
 
 
 watching = hooks.watching
-install_backend_warning = hooks.install  # its name in attnkit.apply before this module (attnkit/_moved.py)
+install_backend_warning = hooks.install  # its name in attnkit.apply before this module (attnkit/moved_paths.py)
 
 # what attnkit.diffusers.hooks calls from diffusers' functions (hooks.install() puts them in place)
 hooks.connect(

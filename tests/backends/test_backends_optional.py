@@ -190,7 +190,7 @@ def processor_views(b, h, m, n, d, dtype, dv=None):
 def test_xformers_preparation_meets_xformers_rules(seed, monkeypatch, mask, d, n):
     import attnkit.backends.xformers as xmod
 
-    monkeypatch.setattr(xmod, "_import_xops", lambda: _FakeXops)
+    monkeypatch.setattr(xmod, "import_xops", lambda: _FakeXops)
     b, h, m = 2, 3, 24
     dtype = torch.float32
     q, k, v = processor_views(b, h, m, n, d, dtype)

@@ -89,10 +89,8 @@ def test_decision_is_cached_per_signature_and_logged_once(seed, caplog):
 def test_decisions_are_bounded_oldest_first(seed, monkeypatch):
     """A process whose shapes never repeat keeps DECISIONS_MAX signatures: the oldest
     go first, explain() says how many went, and one that comes back is decided again."""
-    from attnkit.choose import auto as auto_module
-
-    monkeypatch.setattr(auto_module, "DECISIONS_MAX", 3)
     proc = attnkit.auto()
+    proc.chooser.decisions_max = 3  # this chooser's own bound (AutoChooser.decisions_max: DECISIONS_MAX)
     attn = module()
     attn.set_processor(proc)
     lengths = [4, 5, 6, 7, 8]

@@ -144,7 +144,7 @@ class Described(Backend):
 def described_auto(monkeypatch, device: DeviceInfo, packages, **options):
     """auto() as it behaves on ``device`` with ``packages`` installed: the processor's own
     code path, with the description of the CPU device and the package snapshot replaced."""
-    monkeypatch.setattr(backends_base, "_device_info", lambda kind, index: device)
+    monkeypatch.setattr(backends_base, "device_info", lambda kind, index: device)
     monkeypatch.setattr(chooser_module, "installed_packages", lambda: dict(packages))
     ran: list[str] = []
     stand_ins = {}

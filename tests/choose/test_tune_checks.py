@@ -4,7 +4,7 @@ priority choice only when its median gain over interleaved rounds reaches tune_m
 cache file keeps both figures and an entry without them is tuned again.
 
 Timing is made deterministic: the backends below are SDPA at a cost of their own on a
-clock of the test's (tune_check._clock), so no assertion rests on real wall-clock time.
+clock of the test's (tune_check.clock), so no assertion rests on real wall-clock time.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Fake(SDPABackend):
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(tune_check, "_clock", clock)
+    monkeypatch.setattr(tune_check, "clock", clock)
     return clock
 
 

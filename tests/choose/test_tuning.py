@@ -21,7 +21,7 @@ from diffusers.models.attention_processor import Attention
 
 import attnkit
 from attnkit.backends import AttentionCall
-from attnkit.choose import _files, tune_cache, tune_check
+from attnkit.choose import cache_files, tune_cache, tune_check
 from attnkit.choose.policy import CANDIDATES
 from attnkit.testing import assert_close_to_reference, make_bias, make_qkv
 
@@ -318,11 +318,11 @@ def test_a_fifo_that_appears_after_the_check_is_not_waited_on(tmp_path, monkeypa
     os.mkfifo(path)
     # The check saw a file: patched where _read_bytes calls it (a patch elsewhere would
     # leave the real check to refuse the FIFO before the open, and test nothing).
-    monkeypatch.setattr(_files, "_refuse_special", lambda p: None)
+    monkeypatch.setattr(cache_files, "refuse_special", lambda p: None)
     opened = []
     real_open = os.open
     monkeypatch.setattr(
-        _files.os,
+        cache_files.os,
         "open",
         lambda p, flags, *a: (opened.append(p) if os.fspath(p) == os.fspath(path) else None) or real_open(p, flags, *a),
     )
@@ -374,7 +374,7 @@ def test_os_devnull_is_left_untouched(seed, caplog, monkeypatch):
 
         return move
 
-    real_lock = tune_cache._lock
+    real_lock = tune_cache.lock
 
     def lock(path):
         if os.path.realpath(path).startswith(devnull):
@@ -383,7 +383,7 @@ def test_os_devnull_is_left_untouched(seed, caplog, monkeypatch):
 
     monkeypatch.setattr(os, "replace", guarded(real_replace))
     monkeypatch.setattr(os, "rename", guarded(real_rename))
-    monkeypatch.setattr(tune_cache, "_lock", lock)
+    monkeypatch.setattr(tune_cache, "lock", lock)
     neighbours = {devnull + suffix: os.path.lexists(devnull + suffix) for suffix in (".bad", ".lock")}
     before = os.stat(devnull)
     _left_alone_with_one_warning(os.devnull, "character device", caplog)

@@ -102,7 +102,7 @@ def _route(model, route: str, monkeypatch):
     elif route == "attention_backend":
         from attnkit.diffusers import backend_call
 
-        monkeypatch.setattr(backend_call._HOLDERS["attnkit"], "chooser", None)
+        monkeypatch.setattr(backend_call.HOLDERS["attnkit"], "chooser", None)
         return attention_backend("attnkit")
     else:
         raise AssertionError(route)

@@ -281,20 +281,26 @@ def test_attention_backend_context_manager(seed, restore_active_backend):
 
 def test_an_incompatible_diffusers_is_named(monkeypatch):
     """If diffusers' registry changed, the check says which diffusers and what."""
-    monkeypatch.setattr(diffusers_backend._dispatch, "_AttentionBackendRegistry", types.SimpleNamespace())
     from attnkit.diffusers import hooks
 
-    problem = hooks.check_registry()
-    import diffusers
+    before = diffusers_backend.PROBLEM
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(diffusers_backend.diffusers_dispatch, "_AttentionBackendRegistry", types.SimpleNamespace())
+            problem = hooks.check_registry()
+            import diffusers
 
-    assert f"diffusers {diffusers.__version__}" in problem and "_AttentionBackendRegistry._backends" in problem
-    monkeypatch.setattr(diffusers_backend, "PROBLEM", problem)
-    with pytest.raises(diffusers_backend.DiffusersBackendUnavailable, match="changed the attention registry"):
-        diffusers_backend.require()
-    # apply() then keeps the dispatch processors and says why
-    case = BY_ID["FluxTransformer2DModel"]
-    applied = attnkit.apply(case.build(0), attnkit.auto())
-    assert all(not r.served and "changed the attention registry" in r.reason for r in applied.routes.values())
+            assert f"diffusers {diffusers.__version__}" in problem and "_AttentionBackendRegistry._backends" in problem
+            assert diffusers_backend.recheck() == problem
+            with pytest.raises(diffusers_backend.DiffusersBackendUnavailable, match="changed the attention registry"):
+                diffusers_backend.require()
+            # apply() then keeps the dispatch processors and says why
+            case = BY_ID["FluxTransformer2DModel"]
+            applied = attnkit.apply(case.build(0), attnkit.auto())
+            assert all(not r.served and "changed the attention registry" in r.reason for r in applied.routes.values())
+    finally:
+        diffusers_backend.recheck()  # diffusers as it is again
+    assert diffusers_backend.PROBLEM == before
 
 
 def test_processor_arguments_cover_every_diffusers_processor():

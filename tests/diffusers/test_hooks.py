@@ -218,7 +218,7 @@ def test_status_on_this_diffusers():
 # -- in this process: uninstall() with models served, and install() again ----------------------
 @pytest.fixture
 def reinstall():
-    registry = hooks_base._dispatch._AttentionBackendRegistry
+    registry = hooks_base.diffusers_dispatch._AttentionBackendRegistry
     active = registry._active_backend
     yield active
     registry.set_active_backend(active)  # model.set_attention_backend sets diffusers' process-wide one too
@@ -240,7 +240,7 @@ def test_a_name_in_use_stays_and_is_said(seed, reinstall):
         served = case.run(model, inputs)
         assert dict(hooks.uninstall()).get("attnkit") == "diffusers' process-wide backend"
         hooks.install()
-        hooks_base._dispatch._AttentionBackendRegistry.set_active_backend(reinstall)
+        hooks_base.diffusers_dispatch._AttentionBackendRegistry.set_active_backend(reinstall)
         stayed = dict(hooks.uninstall())
         assert stayed.get("attnkit") == "a processor's backend (set_attention_backend)", stayed
         assert "attnkit_sdpa" not in hooks.attnkit_names()  # a name nothing uses left

@@ -32,8 +32,8 @@ def _no_forced_backend(monkeypatch):
 
 def _plans_of(chooser) -> list:
     """The dispatch route's plans made for ``chooser`` (its registered name's holder)."""
-    member = diffusers_backend._MEMBERS.get(chooser)
-    holder = backend_call._HOLDERS.get(member.value) if member is not None else None
+    member = diffusers_backend.MEMBERS.get(chooser)
+    holder = backend_call.HOLDERS.get(member.value) if member is not None else None
     return list(holder.served.values()) if holder is not None else []
 
 

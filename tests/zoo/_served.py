@@ -328,7 +328,7 @@ def test_attention_backend_context_says_what_it_does_not_reach(case, caplog):
     modules = dict(model.named_modules())
     routes = attnkit.plan(model).routes
     attention = [modules[name] for name in routes]
-    holder = backend_call._HOLDERS[diffusers_backend.PREFIX]
+    holder = backend_call.HOLDERS[diffusers_backend.PREFIX]
     chooser = holder.get()
     holder.served.clear()  # a signature served before would skip the counting below
     counts = _count_calls_per_module(types.SimpleNamespace(chooser=chooser), attention)

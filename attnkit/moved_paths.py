@@ -145,7 +145,7 @@ MOVED: dict[str, dict[str, tuple[str, ...]]] = {
         ),
     },
     "attnkit.tuning": {
-        "attnkit.choose._files": ("CacheNotWritten", "NotRegularFile"),
+        "attnkit.choose.cache_files": ("CacheNotWritten", "NotRegularFile"),
         "attnkit.choose.tune_cache": (
             "CACHE_VERSION",
             "CacheError",

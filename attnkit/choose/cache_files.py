@@ -44,7 +44,7 @@ def _not_regular(path: str | os.PathLike, mode: int) -> NotRegularFile | None:
     )
 
 
-def _refuse_special(path: str | os.PathLike) -> None:
+def refuse_special(path: str | os.PathLike) -> None:
     """Raise NotRegularFile if ``path`` exists and is not a regular file, judged by
     ``os.stat`` (a symlink by what it points to), without opening it: opening a FIFO waits
     for a writer and opening a device may act on it. FileNotFoundError if there is none."""
@@ -53,7 +53,7 @@ def _refuse_special(path: str | os.PathLike) -> None:
         raise refusal
 
 
-# O_NONBLOCK: a FIFO that appeared after _refuse_special does not wait for a writer
+# O_NONBLOCK: a FIFO that appeared after refuse_special does not wait for a writer
 # (fstat then refuses it); O_NOCTTY: a terminal never becomes ours. Both absent on
 # Windows, which needs O_BINARY instead to read the bytes as they are.
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
@@ -61,7 +61,7 @@ _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY
 
 def _read_bytes(path: str | os.PathLike) -> bytes:
     """The bytes of ``path`` if it is a regular file; NotRegularFile otherwise."""
-    _refuse_special(path)
+    refuse_special(path)
     fd = os.open(path, _READ_FLAGS)
     with os.fdopen(fd, "rb") as fh:
         refusal = _not_regular(path, os.fstat(fd).st_mode)
