@@ -69,8 +69,8 @@ def _torch_dtype(name):
 
 
 def _fa():
-    """The host side of the flash-attention kernels (tile lists, POISON_OUTPUTS)."""
-    return importlib.import_module("attnkit.kernels.flash.launch")
+    """Which tile serves a flash kernel's launch (its tile lists: configs_for)."""
+    return importlib.import_module("attnkit.kernels.flash.select")
 
 
 def list_lengths(lists: str, dt: str, D: int, variant: str, causal: bool, loads: str) -> dict:
@@ -133,28 +133,22 @@ def run_job(job: dict) -> dict:
     from attnkit.kernels import flash_attention_with_lse
     from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, torch_math_attention
 
-    fa = _fa()
     dev = torch.device(job.get("device", "cuda"))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     dt = _torch_dtype(job["dtype"])
     D, variant, causal, index = job["D"], job["variant"], job["causal"], job["index"]
     used = set()
-    orig_configs, orig_arch = fa.configs_for, fa.arch_of
+    launcher = importlib.import_module("attnkit.kernels.launcher")
 
-    def configs_for(kernel, head_dim, dtype, arch="sm90", variant="none", causal=False, tma=False):
-        cands = orig_configs(kernel, head_dim, dtype, arch, variant, causal, tma)
-        if not cands:
-            return cands
+    def one_candidate(kernel, cands, tma):
         c = cands[index % len(cands)]
         used.add(f"{kernel}:{'tma' if tma else 'ptr'}:{c}")
         return (c,)
 
-    fa.configs_for = configs_for
-    fa.arch_of = lambda device: job["lists"]
-    fa.POISON_OUTPUTS = True
-    # Launch plans are built on a signature's first call, with the tile lists and target
-    # of that moment: each job forces its own, so it starts (and leaves) without plans.
-    fa.clear_plans()
+    # Launch plans are keyed by the settings: each job's candidate, target and poisoned
+    # outputs make plans of their own.
+    forced = launcher.override(candidates=one_candidate, arch=job["lists"], poison_outputs=True)
+    forced.__enter__()
     rec = dict(job, checks=[], tiles=[], error=None)
     try:
         B, H = 2, 2
@@ -222,8 +216,8 @@ def run_job(job: dict) -> dict:
         rec["error"] = f"{type(e).__name__}: {str(e)[:600]}"
         rec["trace"] = traceback.format_exc()[-1500:]
     finally:
-        fa.configs_for, fa.arch_of = orig_configs, orig_arch
-        fa.clear_plans()
+        forced.__exit__(None, None, None)
+        launcher.clear_plans()  # they hold this job's candidate: none is served again
     rec["tiles"] = sorted(used)
     rec["ok"] = rec["error"] is None and all(c["ok"] for c in rec["checks"])
     return rec
@@ -352,8 +346,9 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
     # Autotuning off times the shipped defaults, not a GPU's recorded ones
     # (attnkit/kernels/tile_records.py): a record compares the two.
     os.environ["ATTNKIT_TILE_RECORDS"] = "0"
-    # Both switches are read when a launch plan is built: the plans of the other setting go.
-    _fa().clear_plans()
+    # Both switches are in every plan's key (launcher.settings()): the plans of the other
+    # setting are not served; forgotten here to free them.
+    importlib.import_module("attnkit.kernels.launcher").clear_plans()
     deadline = time.time() + seconds
     rows = []
     todo = timing_cases(cases)

@@ -68,7 +68,9 @@ class Recorder:
             self.tensors = sum(1 for v in packed if hasattr(v, "data_ptr") or hasattr(v, "base"))
 
 
-def _install_recorder(launch) -> list:
+def _install_recorder(launcher) -> list:
+    """Triton's launches replaced by Recorders for the rest of the process (settings
+    launch_through: the first launch of each plan returns one, which later launches run)."""
     recorders = []
 
     def record(fn, grid, kwargs):
@@ -76,8 +78,13 @@ def _install_recorder(launch) -> list:
         recorders.append(Recorder(jit))
         return recorders[-1]
 
-    launch._launch_triton = record
+    global _FORCED
+    _FORCED = launcher.override(launch_through=record)  # kept referenced: see _large_offsets
+    _FORCED.__enter__()
     return recorders
+
+
+_FORCED = None
 
 
 def _timed(fns: dict, rounds: int, calls: int, sync) -> dict:
@@ -103,12 +110,11 @@ def measure(device: str = "cpu", rounds: int = 15, calls: int = 200) -> dict:
     interpreter must have been switched on before attnkit.kernels was imported."""
     import torch
 
-    from attnkit.kernels import flash_attention
-    from attnkit.kernels.flash import launch
+    from attnkit.kernels import flash_attention, launcher
 
     dev = torch.device(device)
-    recorders = _install_recorder(launch) if dev.type == "cpu" else None
-    if dev.type == "cpu" and not launch.INTERPRET:
+    recorders = _install_recorder(launcher) if dev.type == "cpu" else None
+    if dev.type == "cpu" and not launcher.INTERPRETED:
         raise RuntimeError("on the CPU, run with TRITON_INTERPRET=1 set before attnkit is imported")
     B, H, M, N, D = SHAPE
     torch.manual_seed(0)

@@ -38,9 +38,9 @@ def _interpreting() -> bool:
     Triton fixes this when the kernels are defined, so once they are imported their
     module's flag is the truth; before that, the environment variable is.
     """
-    mod = sys.modules.get("attnkit.kernels.flash.launch")
+    mod = sys.modules.get("attnkit.kernels.launcher")
     if mod is not None:
-        return bool(mod.INTERPRET)
+        return bool(mod.INTERPRETED)
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

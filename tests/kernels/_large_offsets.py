@@ -15,7 +15,7 @@ not. So every tensor here is a small problem laid out in a sparse storage of abo
   passes 2**31 for the last batch and head;
 * a row stride of 2**25 + 16 and lengths past 64 rows, so that the start of the third
   32-row tile (64 * stride) passes 2**31, while offsets inside a tile stay below it
-  (the kernels keep those 32-bit by design, see flash_attention._addressable).
+  (the kernels keep those 32-bit by design, see flash/launch.py, addressable).
 
 q, k, v, dO and a full bias are read this way, and the output, dQ, dK and dV written this
 way (the allocator of the kernels' outputs is replaced by one that returns such views).
@@ -42,6 +42,7 @@ from attnkit.testing import (  # noqa: E402
 
 fl = importlib.import_module("attnkit.kernels.flash.launch")
 fo = importlib.import_module("attnkit.kernels.flash.ops")
+launcher = importlib.import_module("attnkit.kernels.launcher")
 
 STRIDE_B = 2**30 + 64
 STRIDE_H = 2**30 + 128
@@ -64,7 +65,7 @@ def sparse(shape, dtype, row_stride=STRIDE_ROW, fill=None):
 
 
 def main() -> int:
-    if not fl.INTERPRET:
+    if not launcher.INTERPRETED:
         print("needs TRITON_INTERPRET=1 (CPU tensors)", file=sys.stderr)
         return 2
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -75,14 +76,19 @@ def main() -> int:
     do = sparse((B, H, M, D), dtype)
     bias = sparse((B, H, M, N), torch.float32, row_stride=N)  # only b, h offsets are huge
     for t in (q, k, v):
-        assert fl._addressable(t), "the views must reach the kernels as they are"
+        assert fl.addressable(t), "the views must reach the kernels as they are"
 
     # Outputs (O, dQ, dK, dV) in the same kind of layout, poisoned with NaN.
-    fl._new_like = (
+    allocate = (
         lambda t, **kw: sparse(tuple(t.shape), t.dtype, fill=float("nan"))
         if t.dim() == 4
         else torch.full_like(t, float("nan"), **kw)
     )
+    # For the rest of this process (kept referenced: a context manager collected early
+    # would restore the settings).
+    global _FORCED
+    _FORCED = launcher.override(allocate=allocate, poison_outputs=True)
+    _FORCED.__enter__()
 
     q.requires_grad_()
     k.requires_grad_()
@@ -106,6 +112,8 @@ def main() -> int:
     print("ok: forward and backward with offsets beyond 2**31 elements")
     return 0
 
+
+_FORCED = None
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,6 @@
-"""The kernel tests spy on the launcher (which tile, which kernel, which arguments):
-each starts without launch plans, so that its first call of a signature builds one."""
+"""The kernel tests watch the launcher (which tile, which kernel, which arguments:
+launcher.recording()): each starts without launch plans, so that its first call of a
+signature builds one."""
 
 import pytest
 
@@ -7,10 +8,10 @@ import pytest
 @pytest.fixture(autouse=True)
 def _fresh_launch_plans():
     try:
-        from attnkit.kernels.flash import launch
+        from attnkit.kernels import launcher
     except ImportError:  # no triton: the tests that need it skip themselves
         yield
         return
-    launch.clear_plans()
+    launcher.clear_plans()
     yield
-    launch.clear_plans()
+    launcher.clear_plans()

@@ -28,31 +28,58 @@ from attnkit.kernels import flash_attention, flash_attention_with_lse  # noqa: E
 fk = importlib.import_module("attnkit.kernels.flash.kernels")
 fl = importlib.import_module("attnkit.kernels.flash.launch")
 fo = importlib.import_module("attnkit.kernels.flash.ops")
+select = importlib.import_module("attnkit.kernels.flash.select")
+launcher = importlib.import_module("attnkit.kernels.launcher")
+BIAS_16BIT_ALIGN = importlib.import_module("attnkit.kernels.bias_form").BIAS_16BIT_ALIGN
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
-def poison(monkeypatch):
+def poison():
     """Every buffer a kernel writes starts as NaN: an unwritten element fails the test."""
-    monkeypatch.setattr(fl, "POISON_OUTPUTS", True)
+    with launcher.override(poison_outputs=True):
+        yield
+
+
+class _Seen:
+    """What each attention launch got since the last clear(): (kernel, Bias dtype, BIAS,
+    BIAS_ALIGN), read from the launches launcher.recording() saw."""
+
+    def __init__(self, launches: list):
+        self.launches = launches
+
+    def _rows(self) -> list:
+        return [
+            (x.kernel, x.arguments["Bias"].dtype, x.arguments["BIAS"], x.arguments["BIAS_ALIGN"])
+            for x in self.launches
+            if x.kernel not in ("delta", "lengths")
+        ]
+
+    def __eq__(self, other) -> bool:
+        return self._rows() == list(other)
+
+    def __iter__(self):
+        return iter(self._rows())
+
+    def __getitem__(self, i):
+        return self._rows()[i]
+
+    def __len__(self) -> int:
+        return len(self._rows())
+
+    def __repr__(self) -> str:
+        return repr(self._rows())
+
+    def clear(self) -> None:
+        self.launches.clear()
 
 
 @pytest.fixture
-def seen(monkeypatch):
-    """What each attention launch got: (kernel, Bias dtype, BIAS, BIAS_ALIGN)."""
-    out = []
-    real = fl._run
-
-    def spy(launch, tensors):
-        if launch.kernel not in ("delta", "lengths"):
-            args = launch.arguments(tensors)
-            out.append((launch.kernel, args["Bias"].dtype, args["BIAS"], args["BIAS_ALIGN"]))
-        return real(launch, tensors)
-
-    monkeypatch.setattr(fl, "_run", spy)
-    return out
+def seen():
+    with launcher.recording() as launches:
+        yield _Seen(launches)
 
 
 def _qkv(dt, B=2, H=2, M=33, N=48, D=64, requires_grad=False):
@@ -71,7 +98,7 @@ def test_a_16_bit_full_bias_is_read_as_it_is_and_gives_the_converted_bias_bits(d
     bias = torch.randn(SHAPES[shape], dtype=dt, device=DEVICE) * 2
     bias[..., 5] = float("-inf")  # a masked key in every row
     out = flash_attention(q, k, v, bias)
-    assert seen == [("fwd", dt, fk.FULL_BIAS, fl.BIAS_16BIT_ALIGN)]
+    assert seen == [("fwd", dt, fk.FULL_BIAS, BIAS_16BIT_ALIGN)]
     seen.clear()
     converted = flash_attention(q, k, v, bias.float())
     assert seen[0][1] == torch.float32
@@ -137,39 +164,29 @@ def test_a_call_that_needs_gradients_converts_it(seen, seed):
 
 
 def test_the_launcher_refuses_a_16_bit_bias_it_cannot_read(seed):
-    """launch._forward_impl is reached through ops, which converts such a bias; called
+    """launch.forward is reached through ops, which converts such a bias; called
     directly with one, it says so instead of running with a false alignment hint."""
     q, k, v = _qkv(torch.float16, N=47)
     bias = torch.randn(2, 2, 33, 47, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="cannot be read as it is: convert it to float32"):
-        fl._forward_impl(q, k, v, bias, 0.125, False)
+        fl.forward(q, k, v, bias, 0.125, False)
 
 
 @pytest.mark.parametrize("arch,d", [("sm90", 128), ("sm90", 80), ("sm80", 160), ("sm80", 64)])
-def test_the_shipped_full16_tiles_run(arch, d, monkeypatch, seed):
+def test_the_shipped_full16_tiles_run(arch, d, seed):
     """The default tile each target ships for the full16 variant (its own list: on sm_90
     at head dim 128 the float32 bias's M128-N128 spills with a 16-bit bias), run in the
     interpreter, causal too, against float64."""
-    monkeypatch.setattr(fl, "INTERPRET_SHIPPED_TILES", True)
-    monkeypatch.setattr(fl, "INTERPRET_ARCH", arch)
-    ran = []
-    real = fl._kernel_for
-
-    def spy(kernel, *args):
-        fn, cfg = real(kernel, *args)
-        ran.append((kernel, args[3], cfg))
-        return fn, cfg
-
-    monkeypatch.setattr(fl, "_kernel_for", spy)
     M, N = 150, 140
     q, k, v = testing.make_qkv(1, 2, M, N, d, torch.float16, layout="bnhd", device=DEVICE)
     bias = torch.randn(1, 2, M, N, dtype=torch.float16, device=DEVICE)
     for causal in (False, True):
-        ran.clear()
-        out = flash_attention(q, k, v, bias, causal=causal, causal_offset=N - M if causal else 0)
+        with launcher.override(shipped_tiles=True, arch=arch), launcher.recording() as launches:
+            out = flash_attention(q, k, v, bias, causal=causal, causal_offset=N - M if causal else 0)
         tma = arch == "sm90"
-        shipped = fl.configs_for("fwd", d, torch.float16, arch, "full16", causal, tma)[0]
-        assert ran == [("fwd", "full16", shipped)]
+        c = select.configs_for("fwd", d, torch.float16, arch, "full16", causal, tma)[0]
+        ran = [(x.kernel, x.description["variant"], x.description["tile"]) for x in launches]
+        assert ran == [("fwd", "full16", (c.block_m, c.block_n, c.num_warps, c.num_stages, c.reload))]
         full = bias.float() + causal_bias(M, N, N - M).to(DEVICE) if causal else bias
         assert_close_to_reference(out, q, k, v, full)
 
@@ -177,7 +194,7 @@ def test_the_shipped_full16_tiles_run(arch, d, monkeypatch, seed):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
 def test_torch_compile_reads_it_as_eager_does(aligned, backend, seen, seed):
-    """Traced, the bias has no address: _prepare decides on its layout, and the op's
+    """Traced, the bias has no address: ops.prepare decides on its layout, and the op's
     body, which gets the real tensor, converts one whose address is not aligned."""
     torch._dynamo.reset()
     q, k, v = _qkv(torch.float16)

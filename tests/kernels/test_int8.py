@@ -198,14 +198,14 @@ def test_the_quantised_head_dim_pieces(d, pieces):
     assert sum(pieces) >= d and all(p == 0 or (p >= 32 and p & (p - 1) == 0 and p <= 256) for p in pieces)
 
 
-def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(monkeypatch, seed):
-    """The int8 call goes through the exact kernel's launch plans (flash/launch.py): the
-    second call of a signature launches the kernel Triton compiled, with every argument
-    in its declared order. The interpreted kernel run from that argument list gives the
-    bits Triton's own launch gives (key padding and causal, so the lengths pass runs too)."""
+def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(seed):
+    """The int8 call goes through attnkit's launcher as the exact kernel does: the second
+    call of a signature launches the kernel Triton compiled, with every argument in its
+    declared order. The interpreted kernel run from that argument list gives the bits
+    Triton's own launch gives (key padding and causal, so the lengths pass runs too)."""
     import types
 
-    import attnkit.kernels.flash.launch as fl
+    from attnkit.kernels import launcher
 
     ran = []
 
@@ -221,9 +221,8 @@ def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(monkeyp
     bias = testing.make_bias("key_padding", 2, 2, 37, 45, torch.float32, device=DEVICE)
     with torch.no_grad():
         want = int8_attention(q, k, v, bias, causal=True, causal_offset=8)
-        fl.clear_plans()
-        monkeypatch.setattr(fl, "_launch_triton", interpreted)
-        got = [int8_attention(q, k, v, bias, causal=True, causal_offset=8) for _ in range(2)]
+        with launcher.override(launch_through=interpreted):
+            got = [int8_attention(q, k, v, bias, causal=True, causal_offset=8) for _ in range(2)]
     assert sorted(ran) == ["_attn_fwd_int8", "_key_lengths_kernel"]  # the second call's, direct
     assert all(torch.equal(g, want) for g in got)
 
@@ -238,22 +237,22 @@ def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(monkeyp
         ("sm80", 320, "full", False),
     ],
 )
-def test_each_targets_int8_tile_runs(arch, d, kind, causal, monkeypatch, seed):
+def test_each_targets_int8_tile_runs(arch, d, kind, causal, seed):
     """The tile each target ships for a head dim and bias (int8/ops.py's TILES, what the
     static report's int8 rows compile), run in the interpreter instead of its small tile,
     against float64 on the dequantised inputs, as the tight check above."""
-    import attnkit.kernels.flash.launch as fl
+    from attnkit.kernels import launcher
     from attnkit.kernels.int8 import ops
 
-    monkeypatch.setattr(fl, "INTERPRET_SHIPPED_TILES", True)
-    monkeypatch.setattr(fl, "INTERPRET_ARCH", arch)
     M, N = 150, 140
     q, k, v = testing.make_qkv(1, 2, M, N, d, torch.float16, layout="bnhd", device=DEVICE)
     bias = testing.make_bias(kind, 1, 2, M, N, torch.float32, device=DEVICE)
     off = N - M if causal else 0
-    with torch.no_grad():
+    with torch.no_grad(), launcher.override(shipped_tiles=True, arch=arch), launcher.recording() as launches:
         out = int8_attention(q, k, v, bias, causal=causal, causal_offset=off)
-    (plan,) = [p for p in fl._PLANS.values() if isinstance(p, ops._Int8Plan)]
+    (launch,) = [x for x in launches if x.kernel == "int8"]
     variant = {"none": "none", "key_padding": "keypad", "full": "full"}[kind]
-    assert plan.tile == ops.tile_for(arch, d, variant)
+    bm, bn, warps, stages = ops.tile_for(arch, d, variant)
+    assert launch.description["tile_name"] == f"M{bm}-N{bn}-w{warps}-s{stages}"
+    assert launch.description["variant"] == variant
     _assert_matches_its_quantised_inputs(out, q, k, v, _full_mask(bias, M, N, causal, off))

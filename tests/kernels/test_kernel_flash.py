@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import math
 import os
 import subprocess
@@ -52,18 +53,31 @@ tl = pytest.importorskip("triton.language")
 from attnkit.kernels import flash_attention, flash_attention_with_lse  # noqa: E402
 from attnkit.kernels.limits import MAX_HEAD_DIM  # noqa: E402
 
+launcher = importlib.import_module("attnkit.kernels.launcher")
 fk = importlib.import_module("attnkit.kernels.flash.kernels")
-fl = importlib.import_module("attnkit.kernels.flash.launch")
+plans = importlib.import_module("attnkit.kernels.flash.launch")  # the forward and backward plans
 fo = importlib.import_module("attnkit.kernels.flash.ops")
+select = importlib.import_module("attnkit.kernels.flash.select")
+TileConfig = importlib.import_module("attnkit.kernels.flash.tile_config").TileConfig
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
-def poison(monkeypatch):
+def poison():
     """Every buffer a kernel writes starts as NaN: an unwritten element fails the test."""
-    monkeypatch.setattr(fl, "POISON_OUTPUTS", True)
+    with launcher.override(poison_outputs=True):
+        yield
+
+
+PASSES = ("delta", "lengths")  # the passes before the attention kernels
+
+
+def attention_launches(seen: list) -> list:
+    """The attention kernels' launches of a recording (launcher.recording()), without the
+    delta and key-lengths passes before them."""
+    return [x for x in seen if x.kernel not in PASSES]
 
 
 # -- inputs ----------------------------------------------------------------------------
@@ -186,15 +200,15 @@ def test_gradients_match_reference(case, seed):
 
 
 @pytest.mark.parametrize("case", [GRAD_CASES[2], GRAD_CASES[6]], ids=case_id)
-def test_reload_variant_matches_reference(case, monkeypatch, seed):
+def test_reload_variant_matches_reference(case, seed):
     """The tile variant that reloads its loop-invariant operands each iteration (shipped
     for large head dims) computes the same, forward and backward."""
-    monkeypatch.setattr(fl, "INTERPRET_CONFIG", fl.TileConfig(32, 16, 4, 1, reload=True))
-    q, k, v, bias = build(case, B=1)
-    assert_close_to_reference(flash_attention(q, k, v, bias), q, k, v, bias)
-    for name, g, r, tol in grads_and_tolerances(case, B=1):
-        err = rel_error(g, r)
-        assert err <= tol, f"d{name}: relative error {err:.3e} > tolerance {tol:.3e}"
+    with launcher.override(interpret_tile=TileConfig(32, 16, 4, 1, reload=True)):
+        q, k, v, bias = build(case, B=1)
+        assert_close_to_reference(flash_attention(q, k, v, bias), q, k, v, bias)
+        for name, g, r, tol in grads_and_tolerances(case, B=1):
+            err = rel_error(g, r)
+            assert err <= tol, f"d{name}: relative error {err:.3e} > tolerance {tol:.3e}"
 
 
 def test_gradients_keep_input_layout(seed):
@@ -266,33 +280,22 @@ def test_bias_gradient_with_few_keys_per_row_beats_plain_torch(dtype, seed):
         assert err <= limit, f"{name}: relative error {err:.3e} > {limit:.3e} (plain torch: {torch_err:.3e})"
 
 
-def test_forward_residual_is_kept_only_for_a_16_bit_backward(monkeypatch, seed):
+def test_forward_residual_is_kept_only_for_a_16_bit_backward(seed):
     """The forward writes its rounding residual only when autograd will need it and the
     output is 16-bit; the residual is what rounding lost: out + out_lo is the fp32 result."""
-    seen = []
-    real = fl._run
-
-    def spy(launch, tensors):
-        if launch.kernel in ("delta", "lengths"):  # the passes before the attention kernels
-            return real(launch, tensors)
-        kernel, args = launch.kernel, launch.arguments(tensors)
-        if kernel.startswith("fwd"):
-            seen.append((kernel, args["STORE_LO"]))
-        return real(launch, tensors)
-
-    monkeypatch.setattr(fl, "_run", spy)
     for dtype, grad, expected in (
         ("fp16", True, ("fwd_lo", True)),
         ("fp16", False, ("fwd", False)),
         ("fp32", True, ("fwd", False)),
     ):
-        seen.clear()
         q, k, v = make_qkv(1, 2, 20, 30, 40, DTYPES[dtype], requires_grad=grad)
-        flash_attention(q, k, v)
-        assert seen == [expected], (dtype, grad)
+        with launcher.recording() as seen:
+            flash_attention(q, k, v)
+        forwards = [(x.kernel, x.arguments["STORE_LO"]) for x in attention_launches(seen) if x.kernel.startswith("fwd")]
+        assert forwards == [expected], (dtype, grad)
 
     q, k, v = make_qkv(1, 2, 20, 30, 40, torch.bfloat16)
-    out, _, _, lo = fl._forward_impl(q, k, v, None, 40**-0.5, False, store_lo=True)
+    out, _, _, lo = plans.forward(q, k, v, None, 40**-0.5, False, store_lo=True)
     assert lo.stride() == out.stride() and lo.dtype == out.dtype
     # At most half a unit in the last place of out: the output is rounded to nearest
     # (on a GPU, and here through tests/kernels/_interpreter_rounding.py).
@@ -336,37 +339,28 @@ def test_bias_gradient_of_row_biases_and_through_the_lse(seed):
         assert err < 1e-5, (shape, err)
 
 
-def test_bias_gradient_is_written_by_one_kernel_and_only_when_needed(monkeypatch, seed):
+def test_bias_gradient_is_written_by_one_kernel_and_only_when_needed(seed):
     """dS is written for the bias only when the bias requires a gradient: summed over the
     queries by the dK/dV kernel for a key-padding-like bias, whole by the dQ kernel
     otherwise (each with its own tile candidates)."""
-    seen = []
-    real = fl._run
-
-    def spy(launch, tensors):
-        if launch.kernel in ("delta", "lengths"):  # the passes before the attention kernels
-            return real(launch, tensors)
-        kernel, args = launch.kernel, launch.arguments(tensors)
-        if not kernel.startswith("fwd"):
-            seen.append((kernel, args["BIAS_GRAD"]))
-        return real(launch, tensors)
-
-    monkeypatch.setattr(fl, "_run", spy)
     for kind, grad, expected in (
         ("full", False, [("dkdv", False), ("dq", False)]),
         ("full", True, [("dkdv", False), ("dq_dbias", True)]),
         ("keypad", True, [("dkdv_dbias", True), ("dq", False)]),
     ):
-        seen.clear()
         q, k, v, bias = build(("fp32", 40, 20, 30, kind, "fp32", "bhnd"), requires_grad=True)
         bias.requires_grad_(grad)
-        out = flash_attention(q, k, v, bias)
-        torch.autograd.grad(out.sum(), (q, k, v, bias) if grad else (q, k, v))
-        assert seen == expected, (kind, grad)
+        with launcher.recording() as seen:
+            out = flash_attention(q, k, v, bias)
+            torch.autograd.grad(out.sum(), (q, k, v, bias) if grad else (q, k, v))
+        backward = [
+            (x.kernel, x.arguments["BIAS_GRAD"]) for x in attention_launches(seen) if not x.kernel.startswith("fwd")
+        ]
+        assert backward == expected, (kind, grad)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_a_16_bit_bias_reaches_a_differentiated_call_as_float32(dtype, monkeypatch, seed):
+def test_a_16_bit_bias_reaches_a_differentiated_call_as_float32(dtype, seed):
     """The backward kernels, and the forward with a key-padding bias, are compiled (and
     their tiles chosen, by the static report) for a float32 bias: a 16-bit pointer
     compiles to other code, which on sm_90 needed more shared memory than the GPU has
@@ -374,24 +368,14 @@ def test_a_16_bit_bias_reaches_a_differentiated_call_as_float32(dtype, monkeypat
     bias in the model's dtype, as diffusers passes it, is converted first, and its
     gradient comes back in its own dtype (tests/kernels/test_bias16.py: the inference
     forward reads a full one as it is)."""
-    biases = []
-    real = fl._run
-
-    def spy(launch, tensors):
-        if launch.kernel in ("delta", "lengths"):  # the passes before the attention kernels
-            return real(launch, tensors)
-        kernel, args = launch.kernel, launch.arguments(tensors)
-        biases.append((kernel, args["Bias"].dtype))
-        return real(launch, tensors)
-
-    monkeypatch.setattr(fl, "_run", spy)
     dt = DTYPES[dtype]
     for kind in ("key_padding", "full"):
         q, k, v = make_qkv(2, 2, 33, 47, 128, dt, requires_grad=True)
         bias = testing.make_bias(kind, 2, 2, 33, 47, dt, device=DEVICE).requires_grad_(kind == "full")
-        biases.clear()
-        out = flash_attention(q, k, v, bias)
-        grads = torch.autograd.grad(out, (q, k, v, bias) if kind == "full" else (q, k, v), torch.randn_like(out))
+        with launcher.recording() as seen:
+            out = flash_attention(q, k, v, bias)
+            grads = torch.autograd.grad(out, (q, k, v, bias) if kind == "full" else (q, k, v), torch.randn_like(out))
+        biases = [(x.kernel, x.arguments["Bias"].dtype) for x in attention_launches(seen)]
         assert {kernel.split("_")[0] for kernel, _ in biases} == {"fwd", "dkdv", "dq"}
         assert all(b == torch.float32 for _, b in biases), biases
         assert_close_to_reference(out.detach(), q.detach(), k.detach(), v.detach(), bias.detach())
@@ -400,24 +384,11 @@ def test_a_16_bit_bias_reaches_a_differentiated_call_as_float32(dtype, monkeypat
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bool"])
-def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, monkeypatch, seed):
+def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, seed):
     """A (B, 1, 1, N) key mask expanded to (B, H, M, N) is a stride-0 view. Converting it
     with .to() wrote it out in full: M times the memory (4 GB for Flux's 2 x 24 x 4608^2)
     and a full bias to the kernels, which then skip no tiles. It must reach them as the
     same broadcast view in float32, as a key bias, with the same answer."""
-    seen = []
-    real = fl._run
-
-    def spy(launch, tensors):
-        if launch.kernel in ("delta", "lengths"):  # the passes before the attention kernels
-            return real(launch, tensors)
-        kernel, args = launch.kernel, launch.arguments(tensors)
-        bias = args["Bias"]
-        variant = {fk.KEY_BIAS: "keypad", fk.FULL_BIAS: "full"}.get(args["BIAS"], "none")
-        seen.append((kernel, variant, bias.dtype, bias.untyped_storage().nbytes()))
-        return real(launch, tensors)
-
-    monkeypatch.setattr(fl, "_run", spy)
     B, H, M, N, D = 2, 3, 40, 70, 64
     q, k, v = make_qkv(B, H, M, N, D, torch.float16)
     lengths = torch.randint(1, N + 1, (B,))
@@ -428,8 +399,11 @@ def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, monkeypatch
         mask = key_padding_bias(keep, torch.float16, dims=2).to(DEVICE)
     expanded = mask[:, None, None, :].expand(B, H, M, N)
     assert expanded.stride()[1:3] == (0, 0)
-    out = flash_attention(q, k, v, expanded)
-    ((kernel, variant, bias_dtype, nbytes),) = seen
+    with launcher.recording() as seen:
+        out = flash_attention(q, k, v, expanded)
+    ((kernel, args),) = [(x.kernel, x.arguments) for x in attention_launches(seen)]
+    variant = {fk.KEY_BIAS: "keypad", fk.FULL_BIAS: "full"}.get(args["BIAS"], "none")
+    bias_dtype, nbytes = args["Bias"].dtype, args["Bias"].untyped_storage().nbytes()
     assert (kernel, variant, bias_dtype) == ("fwd", "keypad", torch.float32)
     assert nbytes <= B * N * 4, f"the converted mask holds {nbytes} bytes: it was written out in full"
     ref_bias = key_padding_bias(keep)
@@ -454,17 +428,17 @@ def test_an_expanded_16_bit_bias_that_needs_its_gradient_gets_one_per_element(se
 
 
 @pytest.mark.cuda
-def test_a_16_bit_key_padding_mask_runs_on_the_gpu_at_every_band(monkeypatch, seed):
+def test_a_16_bit_key_padding_mask_runs_on_the_gpu_at_every_band(seed):
     """Found on an H200: an fp16 key-padding mask (Flux's variable-length text) at head
     dims 128-256 stopped the default sm_90 forward tile with OutOfResources (296,000 bytes
     of shared memory). The default tile of every band, forward and backward."""
-    monkeypatch.setenv("ATTNKIT_TRITON_AUTOTUNE", "0")
-    for D in (40, 64, 80, 128, 160, 256, 320, 512):
-        q, k, v = make_qkv(2, 2, 130, 300, D, torch.float16, requires_grad=True)
-        bias = testing.make_bias("key_padding", 2, 2, 130, 300, torch.float16, device=DEVICE)
-        out = flash_attention(q, k, v, bias)
-        assert_close_to_reference(out.detach(), q.detach(), k.detach(), v.detach(), bias)
-        assert_grads_close_to_reference(flash_attention, q.detach(), k.detach(), v.detach(), bias)
+    with launcher.override(autotune=False):
+        for D in (40, 64, 80, 128, 160, 256, 320, 512):
+            q, k, v = make_qkv(2, 2, 130, 300, D, torch.float16, requires_grad=True)
+            bias = testing.make_bias("key_padding", 2, 2, 130, 300, torch.float16, device=DEVICE)
+            out = flash_attention(q, k, v, bias)
+            assert_close_to_reference(out.detach(), q.detach(), k.detach(), v.detach(), bias)
+            assert_grads_close_to_reference(flash_attention, q.detach(), k.detach(), v.detach(), bias)
 
 
 def test_eager_inference_skips_the_ops_dispatch_and_gives_the_same_answer(monkeypatch, seed):
@@ -474,8 +448,8 @@ def test_eager_inference_skips_the_ops_dispatch_and_gives_the_same_answer(monkey
     from torch.utils.flop_counter import FlopCounterMode
 
     calls = []
-    real = fo._flash_forward_op
-    monkeypatch.setattr(fo, "_flash_forward_op", lambda *a: calls.append(1) or real(*a))
+    real = fo.forward_op
+    monkeypatch.setattr(fo, "forward_op", lambda *a: calls.append(1) or real(*a))
     q, k, v = make_qkv(1, 2, 20, 30, 64, torch.float32)
     bias = testing.make_bias("full", 1, 2, 20, 30, torch.float32, device=DEVICE)
     with torch.no_grad():
@@ -537,9 +511,9 @@ def test_eager_training_skips_both_ops_and_gives_the_ops_bits(monkeypatch, seed,
         return [out.detach(), lse.detach(), *torch.autograd.grad(loss, leaves)]
 
     ops = []
-    real_fwd, real_bwd = fo._flash_forward_op, fo._flash_backward_op
-    monkeypatch.setattr(fo, "_flash_forward_op", lambda *a: ops.append("fwd") or real_fwd(*a))
-    monkeypatch.setattr(fo, "_flash_backward_op", lambda *a: ops.append("bwd") or real_bwd(*a))
+    real_fwd, real_bwd = fo.forward_op, fo.backward_op
+    monkeypatch.setattr(fo, "forward_op", lambda *a: ops.append("fwd") or real_fwd(*a))
+    monkeypatch.setattr(fo, "backward_op", lambda *a: ops.append("bwd") or real_bwd(*a))
     eager = run()
     assert ops == []
     through_ops = run(through_ops=True)
@@ -608,7 +582,7 @@ def test_fully_masked_rows_give_zeros(dtype, seed):
 # -- bf16 in the interpreter -------------------------------------------------------------
 
 
-@pytest.mark.skipif(not fl.INTERPRET, reason="about Triton's interpreter")
+@pytest.mark.skipif(not launcher.INTERPRETED, reason="about Triton's interpreter")
 def test_interpreter_bf16_dot_still_needs_emulation():
     """Why EMULATE_BF16 exists (see the module docstring). If a Triton release fixes
     the interpreter, this skips: the emulation can then go."""
@@ -618,7 +592,7 @@ def test_interpreter_bf16_dot_still_needs_emulation():
         r = tl.arange(0, 16)
         a = tl.load(a_ptr + r[:, None] * 16 + r[None, :])
         b = tl.load(b_ptr + r[:, None] * 16 + r[None, :])
-        c = fk._dot(a, b, tl.zeros([16, 16], dtype=tl.float32), "tf32", EMULATE)
+        c = fk.SHARED["dot"](a, b, tl.zeros([16, 16], dtype=tl.float32), "tf32", EMULATE)
         tl.store(c_ptr + r[:, None] * 16 + r[None, :], c)
 
     a, b = torch.randn(16, 16, dtype=torch.bfloat16), torch.randn(16, 16, dtype=torch.bfloat16)
@@ -661,7 +635,7 @@ def _same_bf16(a, b):
     )
 
 
-@pytest.mark.skipif(not fl.INTERPRET, reason="about Triton's interpreter")
+@pytest.mark.skipif(not launcher.INTERPRETED, reason="about Triton's interpreter")
 def test_interpreter_converts_fp32_to_bf16_as_a_gpu_does(seed):
     """tests/kernels/_interpreter_rounding.py is in effect: a kernel's fp32 -> bf16 conversion in
     the interpreter gives torch's bits (round to nearest, ties to even, which is what
@@ -674,7 +648,7 @@ def test_interpreter_converts_fp32_to_bf16_as_a_gpu_does(seed):
     assert _same_bf16(_to_bf16_in_a_kernel(x), want)
 
 
-@pytest.mark.skipif(not fl.INTERPRET, reason="about Triton's interpreter")
+@pytest.mark.skipif(not launcher.INTERPRETED, reason="about Triton's interpreter")
 def test_interpreter_still_truncates_to_bf16(monkeypatch, seed):
     """Why tests/kernels/_interpreter_rounding.py exists. If a Triton release rounds correctly,
     this skips: the patch can then go."""
@@ -693,26 +667,27 @@ def test_interpreter_still_truncates_to_bf16(monkeypatch, seed):
 
 
 def test_bf16_emulation_is_interpreter_only():
-    """The launcher asks for emulation only under the interpreter."""
-    seen = {}
-
-    def fake_launch(launch, tensors):
-        seen[launch.kernel] = launch.arguments(tensors).get("EMULATE_BF16")
-
+    """The launcher asks for emulation only under the interpreter. (The plans' launches
+    go to a stand-in of Triton's launch, which runs nothing; one built as on a GPU,
+    interpret=False, takes sm_90's fixed default tile.)"""
     q, k, v = make_qkv(1, 1, 4, 4, 16, torch.bfloat16)
-    mp = pytest.MonkeyPatch()
-    try:
-        mp.setattr(fl, "_run", fake_launch)
-        mp.setattr(fl, "INTERPRET", False)
-        fl._forward_impl(q, k, v, None, 0.25, False)
-        assert seen["fwd"] is False
-        mp.setattr(fl, "INTERPRET", True)
-        fl._forward_impl(q, k, v, None, 0.25, False)
-        assert seen["fwd"] is True
-        fl._forward_impl(q.half(), k.half(), v.half(), None, 0.25, False)
-        assert seen["fwd"] is False
-    finally:
-        mp.undo()
+
+    def emulated(interpret: bool, *qkv) -> bool:
+        nowhere = launcher.override(
+            interpret=interpret,
+            arch="sm90",
+            autotune=False,
+            launch_through=lambda fn, grid, kwargs: None,
+        )
+        with nowhere, launcher.recording() as seen:
+            plans.forward(*qkv, None, 0.25, False)
+        ((kernel, args),) = [(x.kernel, x.arguments) for x in seen]
+        assert kernel == "fwd"
+        return args["EMULATE_BF16"]
+
+    assert emulated(False, q, k, v) is False
+    assert emulated(True, q, k, v) is True
+    assert emulated(True, q.half(), k.half(), v.half()) is False
 
 
 # -- refusals ----------------------------------------------------------------------------
@@ -755,11 +730,33 @@ def test_bad_inputs_raise_value_error(message, make, kwargs):
         flash_attention(*make(), **kwargs)
 
 
-def test_cpu_without_interpreter_is_refused(monkeypatch):
-    monkeypatch.setattr(fl, "INTERPRET", False)
-    q = torch.randn(1, 1, 4, 16)
-    with pytest.raises(ValueError, match="runs on CUDA; on the CPU it runs only under TRITON_INTERPRET=1"):
-        flash_attention(q, q, q)
+def _in_a_process(code: str, interpret: bool) -> str:
+    """What `code` prints, run by this Python in a process of its own, under Triton's
+    interpreter or not: TRITON_INTERPRET is read when the kernels are defined
+    (launcher.INTERPRETED), so no process switches it once they are."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    repo = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_cpu_without_interpreter_is_refused():
+    """CPU tensors, in a process without Triton's interpreter (_in_a_process)."""
+    refusal = _in_a_process(
+        "import torch\n"
+        "from attnkit.kernels import flash_attention\n"
+        "q = torch.randn(1, 1, 4, 16)\n"
+        "try:\n"
+        "    flash_attention(q, q, q)\n"
+        "except ValueError as e:\n"
+        "    print('ValueError:', e)\n",
+        interpret=False,
+    )
+    assert refusal.startswith("ValueError:")
+    assert "runs on CUDA; on the CPU it runs only under TRITON_INTERPRET=1" in refusal
 
 
 def test_empty_query_batch():
@@ -803,7 +800,7 @@ def test_installed_as_attnkit_kernels_and_nothing_named_kernels(tmp_path):
 # -- the backend -------------------------------------------------------------------------
 
 
-def test_backend_reasons_and_forward(monkeypatch, seed):
+def test_backend_reasons_and_forward(seed):
     from attnkit.backends import AttentionCall, DeviceInfo, get_backend
     from attnkit.backends import triton as tb
 
@@ -816,33 +813,39 @@ def test_backend_reasons_and_forward(monkeypatch, seed):
     t4 = DeviceInfo("cuda", (7, 5), "T4")
     assert backend.not_supported_reasons(AttentionCall(t4, torch.float16, 64)) == ["compute capability 7.5 < 8.0"]
 
+    # A CPU call: refused without Triton's interpreter, judged as a GPU's under it; one of
+    # the two here, the other in a process of its own (_in_a_process).
     cpu_call = AttentionCall(DeviceInfo("cpu"), torch.float16, 40)
-    monkeypatch.setattr(fl, "INTERPRET", False)
-    assert backend.not_supported_reasons(cpu_call) == [tb.CPU_REASON]
-    monkeypatch.setattr(fl, "INTERPRET", True)
-    assert backend.not_supported_reasons(cpu_call) == []
-    monkeypatch.undo()
-    monkeypatch.setattr(fl, "POISON_OUTPUTS", True)
+    reasons = {False: [tb.CPU_REASON], True: []}
+    assert backend.not_supported_reasons(cpu_call) == reasons[launcher.INTERPRETED]
+    elsewhere = _in_a_process(
+        "import json, torch\n"
+        "import attnkit.kernels  # the kernels defined: their launcher's INTERPRETED is the truth\n"
+        "from attnkit.backends import AttentionCall, DeviceInfo, get_backend\n"
+        "call = AttentionCall(DeviceInfo('cpu'), torch.float16, 40)\n"
+        "print(json.dumps(get_backend('triton').not_supported_reasons(call)))\n",
+        interpret=not launcher.INTERPRETED,
+    )
+    assert json.loads(elsewhere.splitlines()[-1]) == reasons[not launcher.INTERPRETED]
 
     q, k, v, bias = build(("fp16", 40, 20, 30, "keypad", "fp16", "bnhd"))
     out = backend.forward(q, k, v, bias, upcast=True)
     assert_close_to_reference(out, q, k, v, bias)
 
 
-def test_backend_tf32_option_reaches_the_kernel(monkeypatch):
+def test_backend_tf32_option_reaches_the_kernel():
     from attnkit.backends import get_backend
 
-    seen = {}
-
-    def fake_launch(launch, tensors):
-        seen[launch.kernel] = launch.arguments(tensors).get("PRECISION")
-
-    monkeypatch.setattr(fl, "_run", fake_launch)
     q = torch.randn(1, 1, 4, 16, device=DEVICE)
-    get_backend("triton").forward(q, q, q)
-    assert seen["fwd"] == "ieee"  # fp32 is exact fp32 unless asked
-    get_backend("triton", allow_tf32=True).forward(q, q, q)
-    assert seen["fwd"] == "tf32"
+
+    def precision(backend) -> str:
+        with launcher.recording() as seen:
+            backend.forward(q, q, q)
+        (fwd,) = [x for x in seen if x.kernel == "fwd"]
+        return fwd.arguments["PRECISION"]
+
+    assert precision(get_backend("triton")) == "ieee"  # fp32 is exact fp32 unless asked
+    assert precision(get_backend("triton", allow_tf32=True)) == "tf32"
 
 
 # -- 64-bit offsets ----------------------------------------------------------------------
@@ -864,18 +867,22 @@ def test_views_a_tile_cannot_address_are_compacted(seed):
     """A row stride so large that one tile's rows span 2**31 elements would overflow the
     kernels' 32-bit in-tile offsets: such a view is copied to a compact layout first
     (and nothing else is)."""
-    rows = fl._MAX_TILE_ROWS
+    rows = select.MAX_TILE_ROWS
     q, k, v = make_qkv(1, 2, 5, 6, 16, torch.float32)
-    assert fl._addressable(q)
+    assert plans.addressable(q)
     row_stride = 2**31 // (rows - 1) + 1
     huge = torch.empty(4 * row_stride + 32, device=DEVICE).as_strided(
         q.shape, (16, 16, row_stride, 1)
     )  # lazily allocated
     huge.copy_(q)
-    assert not fl._addressable(huge)
-    assert fl._kernel_layout(huge).is_contiguous()
-    assert fl._kernel_layout(q) is q
-    assert_close_to_reference(flash_attention(huge, k, v), q, k, v)
+    assert not plans.addressable(huge)
+    with launcher.recording() as seen:
+        out = flash_attention(huge, k, v)
+        flash_attention(q, k, v)
+    compacted, as_it_is = (x.arguments["Q"] for x in seen if x.kernel == "fwd")
+    assert compacted is not huge and compacted.is_contiguous() and torch.equal(compacted, q)
+    assert as_it_is is q
+    assert_close_to_reference(out, q, k, v)
 
 
 # -- on a GPU ----------------------------------------------------------------------------

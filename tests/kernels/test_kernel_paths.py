@@ -24,18 +24,32 @@ import types
 import pytest
 import torch
 
-from attnkit.testing import EPSILON, make_bias, make_qkv, reference_attention, rel_error, torch_math_attention
+from attnkit.testing import (
+    EPSILON,
+    assert_close_to_reference,
+    make_bias,
+    make_qkv,
+    reference_attention,
+    rel_error,
+    torch_math_attention,
+)
 from tests._masks import additive, causal_bias
 
 triton = pytest.importorskip("triton")
 
 from attnkit.kernels import flash_attention, flash_attention_with_lse  # noqa: E402
 
-fk = importlib.import_module("attnkit.kernels.flash.kernels")
-fl = importlib.import_module("attnkit.kernels.flash.launch")
-fo = importlib.import_module("attnkit.kernels.flash.ops")
-ftc = importlib.import_module("attnkit.kernels.flash.tile_config")
+launcher = importlib.import_module("attnkit.kernels.launcher")
+devices = importlib.import_module("attnkit.kernels.devices")
 limits = importlib.import_module("attnkit.kernels.limits")
+fk = importlib.import_module("attnkit.kernels.flash.kernels")
+plans = importlib.import_module("attnkit.kernels.flash.launch")  # the forward and backward plans
+fo = importlib.import_module("attnkit.kernels.flash.ops")
+select = importlib.import_module("attnkit.kernels.flash.select")
+ftc = importlib.import_module("attnkit.kernels.flash.tile_config")
+tiles = importlib.import_module("attnkit.kernels.flash.tiles")
+TensorDescriptor = importlib.import_module("triton.tools.tensor_descriptor").TensorDescriptor
+TileConfig = ftc.TileConfig
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -45,9 +59,19 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def poison(monkeypatch):
+def poison():
     """Every buffer a kernel writes starts as NaN: an unwritten element fails the test."""
-    monkeypatch.setattr(fl, "POISON_OUTPUTS", True)
+    with launcher.override(poison_outputs=True):
+        yield
+
+
+PASSES = ("delta", "lengths")  # the passes before the attention kernels
+
+
+def attention_launches(seen: list) -> list:
+    """The attention kernels' launches of a recording (launcher.recording()), without the
+    delta and key-lengths passes before them."""
+    return [x for x in seen if x.kernel not in PASSES]
 
 
 def check(q, k, v, bias=None, scale=None, causal=False, offset=0, grads=True, bias_grad=False):
@@ -175,23 +199,17 @@ def test_causal_arguments_are_checked():
         flash_attention(q, k, v, causal=1)
 
 
-def test_an_offset_that_hides_nothing_is_no_mask(monkeypatch, seed):
+def test_an_offset_that_hides_nothing_is_no_mask(seed):
     """Offsets beyond the last key mean every key is visible: the unmasked kernel runs;
     offsets before the first row mean none is, and every row is empty."""
-    seen = []
-    real = fl._run
-
-    def spy(launch, tensors):
-        if launch.kernel not in ("delta", "lengths"):  # the passes before the attention kernels
-            seen.append(launch.arguments(tensors)["CAUSAL"])
-        return real(launch, tensors)
-
-    monkeypatch.setattr(fl, "_run", spy)
     q, k, v = make_qkv(1, 2, 20, 30, 16, torch.float32)
-    out = flash_attention(q, k, v, causal=True, causal_offset=10**12)
-    assert seen == [False] and rel_error(out, reference_attention(q, k, v)) < 1e-5
-    out = flash_attention(q, k, v, causal=True, causal_offset=-(10**12))
-    assert seen == [False, True] and torch.all(out == 0)
+    with launcher.recording() as seen:
+        out = flash_attention(q, k, v, causal=True, causal_offset=10**12)
+    assert [x.arguments["CAUSAL"] for x in attention_launches(seen)] == [False]
+    assert rel_error(out, reference_attention(q, k, v)) < 1e-5
+    with launcher.recording() as seen:
+        out = flash_attention(q, k, v, causal=True, causal_offset=-(10**12))
+    assert [x.arguments["CAUSAL"] for x in attention_launches(seen)] == [True] and torch.all(out == 0)
 
 
 # -- head dims up to 512 -----------------------------------------------------------------
@@ -213,21 +231,30 @@ def test_large_head_dims(dt, d, causal, seed):
 
 def test_key_padding_lengths_and_plain_flags():
     """The launcher measures each (batch, head)'s length (one past its last key that is
-    not -inf) and whether the bias is 0 before it (a mask: nothing to load)."""
+    not -inf) and whether the bias is 0 before it (a mask: nothing to load): the bias's
+    layout (bias_layout) makes it a key bias, and its lengths launch (key_lengths)
+    measures it."""
     B, H, M, N = 3, 2, 5, 10
     bias = torch.zeros(B, 1, 1, N)
     bias[0, ..., 7:] = float("-inf")  # a mask: length 7
     bias[1, ..., 3] = float("-inf")  # a hole: length 10, not plain
     bias[2] = float("-inf")  # nothing visible: length 0
-    q = torch.randn(B, H, M, 16)
-    _, _, lens, plain, sl, constexprs, variant = fl._bias_args(bias, q, (B, H, M, N))
+    _, _, sl, constexprs, variant = plans.bias_layout(bias, (B, H, M, N))
     assert variant == "keypad" and constexprs["BIAS"] == fk.KEY_BIAS
+    lens, plain = plans.key_lengths(bias, N)
     assert lens[:, 0].tolist() == [7, 10, 0] and plain[:, 0].tolist() == [1, 0, 1]
     assert sl == (lens.stride(0), 0)  # broadcast over heads
     bias[0, ..., 2] = 0.5  # a value: the bias must be loaded
-    _, _, lens, plain, *_ = fl._bias_args(bias, q, (B, H, M, N))
+    lens, plain = plans.key_lengths(bias, N)
     assert plain[:, 0].tolist() == [0, 0, 1]
-    _, _, _, _, _, constexprs, variant = fl._bias_args(torch.zeros(B, H, M, N), q, (B, H, M, N))
+    # A call's forward gets those lengths and flags, with those strides.
+    q, kv = torch.randn(B, H, M, 16), torch.randn(B, H, N, 16)
+    with launcher.recording() as seen:
+        flash_attention(q, kv, kv, bias)
+    (fwd,) = attention_launches(seen)
+    assert torch.equal(fwd.arguments["Lens"], lens) and torch.equal(fwd.arguments["Plain"], plain)
+    assert (fwd.arguments["stride_lb"], fwd.arguments["stride_lh"]) == sl
+    _, _, _, constexprs, variant = plans.bias_layout(torch.zeros(B, H, M, N), (B, H, M, N))
     assert variant == "full" and constexprs["BIAS"] == fk.FULL_BIAS
 
 
@@ -270,92 +297,82 @@ def test_key_padding_bias_gradient(seed):
 # -- TMA and pointer loads ---------------------------------------------------------------
 
 
-def _spy_tma(monkeypatch):
-    seen = []
-    real = fl._run
-
-    def spy(launch, tensors):
-        if launch.kernel in ("delta", "lengths"):  # the passes before the attention kernels
-            return real(launch, tensors)
-        kernel, args = launch.kernel, launch.arguments(tensors)
-        seen.append((kernel, args["TMA"]))
-        return real(launch, tensors)
-
-    monkeypatch.setattr(fl, "_run", spy)
-    return seen
+def _tma_of(seen: list) -> list:
+    """(kernel, TMA loads) of each attention kernel's launch in a recording."""
+    return [(x.kernel, x.description["tma"]) for x in attention_launches(seen)]
 
 
-def test_tma_where_aligned_pointers_elsewhere(monkeypatch, seed):
+def test_tma_where_aligned_pointers_elsewhere(seed):
     """On sm_90 the streamed tiles come through tensor descriptors when every tensor is
     16-byte aligned; a 200-byte row (head dim 100 in fp16), an odd offset, fp32 inputs
     or sm_80 take pointers. The interpreter runs the same launcher path either way, and
     both give the same bits."""
-    seen = _spy_tma(monkeypatch)
     q, k, v = make_qkv(1, 2, 40, 70, 64, torch.float16, layout="bnhd")
     for t in (q, k, v):
         t.requires_grad_()
-    out = flash_attention(q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-    assert seen == [("fwd_lo", True), ("dkdv", True), ("dq", True)]
-    seen.clear()
-    monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm80")
-    out_ptr = flash_attention(q, k, v)
-    grads_ptr = torch.autograd.grad(out_ptr, (q, k, v), torch.ones_like(out))
-    assert seen == [("fwd_lo", False), ("dkdv", False), ("dq", False)]
+    with launcher.recording() as seen:
+        out = flash_attention(q, k, v)
+        grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert _tma_of(seen) == [("fwd_lo", True), ("dkdv", True), ("dq", True)]
+    with launcher.override(arch="sm80"), launcher.recording() as seen:
+        out_ptr = flash_attention(q, k, v)
+        grads_ptr = torch.autograd.grad(out_ptr, (q, k, v), torch.ones_like(out))
+    assert _tma_of(seen) == [("fwd_lo", False), ("dkdv", False), ("dq", False)]
     assert torch.equal(out, out_ptr) and all(torch.equal(a, b) for a, b in zip(grads, grads_ptr))
-    monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm90")
 
-    seen.clear()
     q, k, v = make_qkv(1, 2, 40, 70, 100, torch.float16)
-    check(q, k, v, grads=False)
-    assert seen == [("fwd", False)]
-    seen.clear()
+    with launcher.recording() as seen:
+        check(q, k, v, grads=False)
+    assert _tma_of(seen) == [("fwd", False)]
     storage = torch.randn(1 + 2 * 70 * 64, dtype=torch.float16)
     k_odd = storage[1:].view(1, 2, 70, 64)  # 2 bytes past a 16-byte boundary
     q, _, v = make_qkv(1, 2, 40, 70, 64, torch.float16)
-    check(q, k_odd, v, grads=False)
-    assert seen == [("fwd", False)]
-    seen.clear()
-    check(*make_qkv(1, 2, 40, 70, 64, torch.float32), grads=False)
-    assert seen == [("fwd", False)]
+    with launcher.recording() as seen:
+        check(q, k_odd, v, grads=False)
+    assert _tma_of(seen) == [("fwd", False)]
+    with launcher.recording() as seen:
+        check(*make_qkv(1, 2, 40, 70, 64, torch.float32), grads=False)
+    assert _tma_of(seen) == [("fwd", False)]
 
 
-def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(monkeypatch, seed):
+def test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma(seed):
     """Where a call has no spill-free pointer tile on sm_90 (a full bias at some head
-    dims), the misaligned tensors are copied into aligned buffers (rows padded to 16
-    bytes) and the TMA path runs; the results are those of the aligned call."""
-    seen = _spy_tma(monkeypatch)
-    real = fl.configs_for
-    monkeypatch.setattr(
-        fl, "configs_for", lambda *a, **kw: () if not (a[6] if len(a) > 6 else kw.get("tma")) else real(*a, **kw)
-    )
+    dims; here every list keeps its TMA tiles only, through a candidates filter), the
+    misaligned tensors are copied into aligned buffers (rows padded to 16 bytes) and the
+    TMA path runs; the results are those of the aligned call."""
     storage = torch.randn(1 + 2 * 70 * 100, dtype=torch.float16)
     k_odd = storage[1:].view(1, 2, 70, 100)  # 200-byte rows, 2 bytes off: no descriptor can read it
     q, _, v = make_qkv(1, 2, 40, 70, 100, torch.float16)
     bias = make_bias("full", 1, 2, 40, 70)
-    check(q, k_odd, v, bias)
-    assert seen == [("fwd_lo", True), ("dkdv", True), ("dq", True)]
-    assert fl._tma_ok(fl._tma_copy(k_odd)) and torch.equal(fl._tma_copy(k_odd), k_odd)
+    tma_only = launcher.override(candidates=lambda kernel, cands, tma: cands if tma else ())
+    with tma_only, launcher.recording() as seen:
+        check(q, k_odd, v, bias)
+    assert _tma_of(seen) == [("fwd_lo", True), ("dkdv", True), ("dq", True)]
+    assert plans.tma_ok(plans.tma_copy(k_odd)) and torch.equal(plans.tma_copy(k_odd), k_odd)
 
 
 # -- the shipped tiles of each bias variant ----------------------------------------------
 
 
-def _shipped_tiles(monkeypatch, arch: str) -> dict:
+def _shipped_tiles(arch: str):
     """Make the interpreter run the default tile `arch` ships for each call (instead of
-    its own small tile); returns the dict that records, per kernel, the tile it ran."""
-    monkeypatch.setattr(fl, "INTERPRET_SHIPPED_TILES", True)
-    monkeypatch.setattr(fl, "INTERPRET_ARCH", arch)
-    seen = {}
-    real = fl._kernel_for
+    its own small tile), inside a with block."""
+    return launcher.override(shipped_tiles=True, arch=arch)
 
-    def spy(kernel, *args):
-        fn, cfg = real(kernel, *args)
-        seen[kernel] = cfg
-        return fn, cfg
 
-    monkeypatch.setattr(fl, "_kernel_for", spy)
-    return seen
+def _tile(c) -> tuple:
+    """A TileConfig as Launch.describe() gives a launch's tile: (BLOCK_M, BLOCK_N,
+    num_warps, num_stages, RELOAD); its register cap is no option of the interpreter."""
+    return (c.block_m, c.block_n, c.num_warps, c.num_stages, c.reload)
+
+
+def _tiles_ran(seen: list) -> dict:
+    """The tile each attention kernel of a recording ran, by kernel (every launch of a
+    kernel the same one)."""
+    ran = {}
+    for x in attention_launches(seen):
+        assert ran.setdefault(x.kernel, x.description["tile"]) == x.description["tile"], x.kernel
+    return ran
 
 
 @pytest.mark.parametrize(
@@ -367,39 +384,40 @@ def _shipped_tiles(monkeypatch, arch: str) -> dict:
         ("sm90", "full", 320, True),
     ],
 )
-def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad, monkeypatch, seed):
+def test_shipped_fp32_backward_tiles_at_large_head_dims(arch, kind, d, bias_grad, seed):
     """The exact-fp32 backward lists above head dim 256 ship 16-row tiles on 8 warps, with
     and without reloading the held tiles, per variant and causality: run each call with
     the default its target ships (every head-dim piece and gradient launch), causal, in
     the interpreter, against float64."""
     variant = {"none": "none", "key_padding": "keypad", "full": "full"}[kind]
-    seen = _shipped_tiles(monkeypatch, arch)
     M, N = 37, 45  # more than two 16-row tiles, ending inside one
     q, k, v = make_qkv(1, 1, M, N, d, torch.float32, layout="bnhd")
     bias = make_bias(kind, 1, 1, M, N, torch.float32)
-    check(q, k, v, bias, causal=True, offset=N - M, bias_grad=bias_grad)
+    with _shipped_tiles(arch), launcher.recording() as seen:
+        check(q, k, v, bias, causal=True, offset=N - M, bias_grad=bias_grad)
+    ran = _tiles_ran(seen)
     # Above 256 the backward runs once per head-dim piece (dK/dV once per gradient too); a
     # full bias's gradient comes with the first dQ launch.
-    assert {"fwd", "dkdv", "dq"} <= set(seen) and bias_grad == ("dq_dbias" in seen)
-    for kernel, cfg in seen.items():
-        assert cfg == fl.configs_for(kernel, d, torch.float32, arch, variant, True, False)[0], kernel
+    assert {"fwd", "dkdv", "dq"} <= set(ran) and bias_grad == ("dq_dbias" in ran)
+    for kernel, tile in ran.items():
+        assert tile == _tile(select.configs_for(kernel, d, torch.float32, arch, variant, True, False)[0]), kernel
 
 
 @pytest.mark.parametrize("d,bias_grad", [(320, True), (512, False), (512, True)])
-def test_sm80_causal_backward_with_key_padding_runs_its_three_stage_tiles(d, bias_grad, monkeypatch, seed):
+def test_sm80_causal_backward_with_key_padding_runs_its_three_stage_tiles(d, bias_grad, seed):
     """sm_80's 16-bit causal dK/dV with key padding at head dims 320 and 512 ships
     three-stage tiles without reloading the held K and V (the two-stage ones spilled;
     A100 only: kernels/devices.py refuses these backward calls on 99 KiB GPUs): run each
     with that tile in the interpreter, the key-summed bias gradient too, against float64."""
     kernel = "dkdv_dbias" if bias_grad else "dkdv"
-    tile = fl.configs_for(kernel, d, torch.float16, "sm80", "keypad", True, False)[0]
+    tile = select.configs_for(kernel, d, torch.float16, "sm80", "keypad", True, False)[0]
     assert (tile.num_stages, tile.reload) == (3, False)
-    seen = _shipped_tiles(monkeypatch, "sm80")
     M, N = 37, 45  # two 32-query tiles, the second ragged; the causal diagonal crosses them
     q, k, v = make_qkv(1, 1, M, N, d, torch.float16, layout="bnhd")
     bias = make_bias("key_padding", 1, 1, M, N, torch.float32)
-    check(q, k, v, bias, causal=True, offset=N - M, bias_grad=bias_grad)
-    assert seen[kernel] == tile
+    with _shipped_tiles("sm80"), launcher.recording() as seen:
+        check(q, k, v, bias, causal=True, offset=N - M, bias_grad=bias_grad)
+    assert _tiles_ran(seen)[kernel] == _tile(tile)
 
 
 @pytest.mark.parametrize(
@@ -413,21 +431,21 @@ def test_sm80_causal_backward_with_key_padding_runs_its_three_stage_tiles(d, bia
         ("sm80", "full"),
     ],
 )
-def test_each_variant_runs_its_own_default_tiles(arch, kind, monkeypatch, seed):
+def test_each_variant_runs_its_own_default_tiles(arch, kind, seed):
     """Each bias variant has its own candidate lists (a tile that spills with a full
     bias still serves the others): run the kernels with the default tile the target
     ships for the call's variant (up to 128 x 128), causal too, in the interpreter."""
     variant = {"none": "none", "key_padding": "keypad", "perhead": "keypad", "full": "full"}[kind]
-    tiles = {
-        kernel: fl.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0]
+    shipped = {
+        kernel: _tile(select.configs_for(kernel, 64, torch.float16, arch, variant, True, arch == "sm90")[0])
         for kernel in ("fwd_lo", "dkdv", "dq")
     }
-    seen = _shipped_tiles(monkeypatch, arch)
     M, N = 150, 140  # crosses a 128-row tile and ends inside one
     q, k, v = make_qkv(1, 2, M, N, 64, torch.float16, layout="bnhd")
     bias = make_bias(kind, 1, 2, M, N, torch.float32)
-    check(q, k, v, bias, causal=True, offset=N - M)
-    assert seen == tiles
+    with _shipped_tiles(arch), launcher.recording() as seen:
+        check(q, k, v, bias, causal=True, offset=N - M)
+    assert _tiles_ran(seen) == shipped
 
 
 def test_every_call_has_a_tile():
@@ -437,55 +455,56 @@ def test_every_call_has_a_tile():
     tensors are not aligned for TMA and whose list has no pointer tile copies them into
     aligned buffers: test_misaligned_inputs_without_a_pointer_tile_are_copied_for_tma)."""
     missing = []
-    for arch in fl.ARCHS:
+    for arch in select.ARCHS:
         for kernel in fk.KERNELS:
             variants = ("keypad", "full") if kernel.endswith("dbias") else ("none", "keypad", "full")
             dtypes = (torch.float16, torch.bfloat16) if kernel == "fwd_lo" else (torch.float16, torch.float32)
             for dtype in dtypes:
-                for band in fl._BANDS:
+                for band in limits.BANDS:
                     for d in {band, max(8, band - 24)}:
                         for variant in variants:
                             for causal in (False, True):
                                 loads = (True, False) if arch == "sm90" and dtype != torch.float32 else (False,)
                                 if not any(
-                                    fl.configs_for(kernel, d, dtype, arch, variant, causal, tma) for tma in loads
+                                    select.configs_for(kernel, d, dtype, arch, variant, causal, tma) for tma in loads
                                 ):
                                     missing.append((arch, kernel, str(dtype), d, variant, causal))
     assert not missing, missing
 
 
-def test_a_tiles_register_cap_reaches_the_compiler(monkeypatch):
+def test_a_tiles_register_cap_reaches_the_compiler():
     """A tile with a register cap (TileConfig.maxnreg) is compiled with it on a GPU, fixed
     or autotuned: the cap is what keeps some 8-warp tiles from spilling, and the inspector
     compiles with it. The interpreter has no such option and gets none."""
-    cap = fl.TileConfig(16, 16, 8, 2, maxnreg=255)
+    cap = TileConfig(16, 16, 8, 2, maxnreg=255)
     assert str(cap) == "M16-N16-w8-s2-reg255"
     calls = []
-    monkeypatch.setattr(fl, "_launch_triton", lambda fn, grid, kwargs: calls.append(kwargs))
     tensors = {"Q": torch.randn(1), **{n: None for n in ("KD0", "KD1", "VD0", "VD1")}}
     for interpret in (False, True):
-        monkeypatch.setattr(fl, "INTERPRET", interpret)
-        launch = fl._Launch(
-            "fwd", fl.KERNELS["fwd"], fl.KERNELS["fwd"], cap, {"CAUSAL": False, "TMA": False}, 40, "BLOCK_M", 1, 1
-        )
-        fl._run(launch, tensors)
+        with launcher.override(interpret=interpret, launch_through=lambda fn, grid, kwargs: calls.append(kwargs)):
+            fwd = fk.KERNELS["fwd"]
+            launch = select.tile_launch(
+                "fwd", fwd, cap, {"CAUSAL": False, "TMA": False}, 40, "BLOCK_M", 1, 1, cuda=False
+            )
+            launcher.run(launch, tensors)
     assert calls[0]["maxnreg"] == 255 and calls[0]["num_warps"] == 8
     assert "maxnreg" not in calls[1]
-    # Autotuned: each candidate's triton.Config carries its own cap.
-    monkeypatch.undo()
-    monkeypatch.setattr(fl, "INTERPRET", False)
-    monkeypatch.setattr(fl, "_TUNERS", {})
-    monkeypatch.setitem(fl.CONFIGS["sm90"]["fwd"]["32bit"], 64, (fl.TileConfig(16, 16, 4, 1), cap))
-    tuner, fixed = fl._kernel_for("fwd", 64, torch.float32, torch.device("cpu"), "none", False, False)
+    # Autotuned (a list of two candidates, the second capped, through a candidates
+    # filter): each candidate's triton.Config carries its own cap.
+    two = (TileConfig(16, 16, 4, 1), cap)
+    with launcher.override(interpret=False, arch="sm90", autotune=True, candidates=lambda kernel, cands, tma: two):
+        tuner, fixed = select.kernel_for("fwd", 64, torch.float32, torch.device("cpu"), "none", False, False)
     assert fixed is None and [c.maxnreg for c in tuner.configs] == [None, 255]
 
 
 def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeypatch):
     """flash_attention refuses, before the forward, a call whose default tiles (the
     backward's, when gradients will be needed) need more shared memory than the GPU has
-    (devices.NEEDS): not a forward that runs and a backward that cannot launch."""
+    (devices.NEEDS): not a forward that runs and a backward that cannot launch. It runs
+    when the forward's launch plan is built (a plan is the proof its call passed)."""
     seen = []
-    monkeypatch.setattr(fo, "_check_shared_memory", lambda q, bias, causal, grads: seen.append((causal, grads)))
+    monkeypatch.setattr(plans, "check_shared_memory", lambda q, bias, causal, grads: seen.append((causal, grads)))
+    launcher.clear_plans()
     q, k, v = make_qkv(1, 1, 8, 8, 16, torch.float32, requires_grad=True)
     flash_attention(q, k, v, causal=True)
     with torch.no_grad():
@@ -493,14 +512,14 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeyp
     assert seen == [(True, True), (False, False)]
     monkeypatch.undo()
     # On an RTX 4090 (compute capability 8.9), with a table entry for the key-padding dQ:
-    monkeypatch.setattr(fl.devices, "NEEDS", {("sm80", "dq", "32bit", 512, "keypad", False): 132_160})
+    monkeypatch.setattr(devices, "NEEDS", {("sm80", "dq", "32bit", 512, "keypad", False): 132_160})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
     gpu_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(1, 2, 16, 512), dtype=torch.float32)
     keypad = torch.zeros(1, 1, 1, 32)
     with pytest.raises(ValueError, match=r"backward \(dq\) at head dim 512 .* needs 132,160 B"):
-        fo._check_shared_memory(gpu_q, keypad, False, True)
-    fo._check_shared_memory(gpu_q, keypad, False, False)  # the forward alone fits
-    fo._check_shared_memory(gpu_q, torch.zeros(16, 32), False, True)  # a full bias: not in the table
+        plans.check_shared_memory(gpu_q, keypad, False, True)
+    plans.check_shared_memory(gpu_q, keypad, False, False)  # the forward alone fits
+    plans.check_shared_memory(gpu_q, torch.zeros(16, 32), False, True)  # a full bias: not in the table
     # Every broadcast shape is judged as the launcher runs it (found on an H200: a scalar
     # bias raised "numel: integer multiplication overflow" here): a bias that does not
     # vary over the queries is a key bias, whatever its rank.
@@ -512,39 +531,37 @@ def test_a_call_the_gpus_shared_memory_cannot_hold_raises_before_it_runs(monkeyp
         (torch.zeros(1, 16, 32)[:, :1].expand(1, 16, 32), "keypad"),
         (torch.zeros(16, 32), "full"),
     ):
-        assert fl._bias_args(bias, torch.zeros(1, 2, 16, 512), (1, 2, 16, 32))[-1] == variant
+        assert plans.bias_layout(bias, (1, 2, 16, 32))[-1] == variant
         if variant == "keypad":
             with pytest.raises(ValueError, match="needs 132,160 B"):
-                fo._check_shared_memory(gpu_q, bias, False, True)
+                plans.check_shared_memory(gpu_q, bias, False, True)
         else:
-            fo._check_shared_memory(gpu_q, bias, False, True)
+            plans.check_shared_memory(gpu_q, bias, False, True)
 
 
-def test_every_list_builds_its_autotuner(monkeypatch):
+def test_every_list_builds_its_autotuner():
     """On a GPU with autotuning on (the default), a call whose list has more than one
     candidate runs through a triton.autotune wrapper: build each one, as a GPU would on
     first use (Triton checks its key against the kernel's arguments), with one candidate
     per entry of the list."""
-    monkeypatch.setattr(fl, "INTERPRET", False)
-    monkeypatch.setattr(fl, "_TUNERS", {})
     built = 0
-    for arch in fl.ARCHS:
-        monkeypatch.setattr(fl, "INTERPRET_ARCH", arch)
-        for kernel in fk.KERNELS:
-            for dtype in (torch.float16, torch.float32):
-                for band in fl.CONFIGS[arch][kernel][fl._width(dtype)]:  # no fp32 fwd_lo
-                    for variant in ftc.VARIANTS:
-                        for causal in (False, True):
-                            for tma in (False, True):
-                                cands = fl.configs_for(kernel, band, dtype, arch, variant, causal, tma)
-                                if len(cands) < 2:
-                                    continue
-                                tuner, fixed = fl._kernel_for(
-                                    kernel, band, dtype, torch.device("cpu"), variant, causal, tma
-                                )
-                                assert fixed is None and len(tuner.configs) == len(cands)
-                                assert {"HEAD_DIM", "CAUSAL", "PRECISION"} <= set(tuner.keys)
-                                built += 1
+    for arch in select.ARCHS:
+        with launcher.override(interpret=False, arch=arch, autotune=True):
+            for kernel in fk.KERNELS:
+                for dtype in (torch.float16, torch.float32):
+                    for band in tiles.CONFIGS[arch][kernel][select.width(dtype)]:  # no fp32 fwd_lo
+                        for variant in ftc.VARIANTS:
+                            for causal in (False, True):
+                                for tma in (False, True):
+                                    cands = select.configs_for(kernel, band, dtype, arch, variant, causal, tma)
+                                    if len(cands) < 2:
+                                        continue
+                                    tuner, fixed = select.kernel_for(
+                                        kernel, band, dtype, torch.device("cpu"), variant, causal, tma
+                                    )
+                                    assert fixed is None and len(tuner.configs) == len(cands)
+                                    assert {"HEAD_DIM", "CAUSAL", "PRECISION"} <= set(tuner.keys)
+                                    built += 1
     assert built > 100
 
 
@@ -554,20 +571,21 @@ def test_each_head_dim_is_tuned_over_its_own_candidates(monkeypatch):
     head dim of the band came first: a tuner made for head dim 40 must not serve 64 with
     40's list. (Today's tables give such head dims one candidate each, which needs no
     tuner; a band with two lists of several is set up here.)"""
-    monkeypatch.setattr(fl, "INTERPRET", False)
-    monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm90")
-    monkeypatch.setattr(fl, "_TUNERS", {})
-    T = fl.TileConfig
+    T = TileConfig
     low = (T(64, 64, 4, 3, dims=(1, 48)), T(32, 64, 4, 2, dims=(1, 48)))
     high = (T(128, 64, 8, 2, dims=(49, 64)), T(64, 32, 4, 2, dims=(49, 64)), T(32, 32, 4, 2, dims=(49, 64)))
-    monkeypatch.setitem(fl.CONFIGS["sm90"]["fwd"]["16bit"], 64, low + high)
-    for d, want in ((40, low), (64, high), (48, low), (56, high)):
-        tuner, fixed = fl._kernel_for("fwd", d, torch.float16, torch.device("cpu"), "none", False, False)
-        assert fixed is None
-        assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuner.configs] == [
-            (c.block_m, c.block_n, c.num_warps, c.num_stages) for c in want
-        ], d
-    assert len(fl._TUNERS) == 2  # one tuner per list, shared by the head dims it serves
+    monkeypatch.setitem(tiles.CONFIGS["sm90"]["fwd"]["16bit"], 64, low + high)
+    tuners = {}
+    with launcher.override(interpret=False, arch="sm90", autotune=True):
+        for d, want in ((40, low), (64, high), (48, low), (56, high)):
+            tuner, fixed = select.kernel_for("fwd", d, torch.float16, torch.device("cpu"), "none", False, False)
+            assert fixed is None
+            assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuner.configs] == [
+                (c.block_m, c.block_n, c.num_warps, c.num_stages) for c in want
+            ], d
+            tuners[d] = tuner
+    # One tuner per list, shared by the head dims it serves.
+    assert tuners[40] is tuners[48] and tuners[64] is tuners[56] and tuners[40] is not tuners[64]
 
 
 # -- huge finite masks -------------------------------------------------------------------
@@ -697,87 +715,134 @@ class _Compiled:
         self.launches.append(("compiled", (g0, g1, g2), dict(zip(self.src.fn.arg_names, values))))
 
 
-def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen(monkeypatch):
+def _on_a_gpu(cands: tuple, twin):
+    """(settings, state): settings under which plans are built as on an sm_90 GPU with
+    autotuning on, over the list cands (a candidates filter gives it to every call), so
+    that a launch's first call goes through the autotuner select.kernel_for makes of
+    it; and a stand-in for Triton's launch (launch_through) that runs that autotuner as
+    `twin` (Triton's own autotuner over the same candidates, made by the test with
+    select.tuner_of) and leaves twin's choice on it (best_config), as Triton's run of
+    it would. A launch of the plain forward kernel goes to state.plain(fn, grid,
+    kwargs); the autotuners launched are kept in state.tuners."""
+    state = types.SimpleNamespace(tuners=[], plain=None)
+
+    def through(fn, grid, kwargs):
+        if fn is fk.KERNELS["fwd"]:
+            return state.plain(fn, grid, kwargs)
+        state.tuners.append(fn)
+        compiled = twin[grid](**kwargs)
+        fn.best_config = twin.best_config
+        return compiled
+
+    settings = launcher.override(
+        interpret=False,
+        arch="sm90",
+        autotune=True,
+        candidates=lambda kernel, found, tma: cands,
+        launch_through=through,
+    )
+    return settings, state
+
+
+def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen():
     """With autotuning on, the first call of a signature goes through Triton's autotuner;
     later calls launch the compiled kernel of its choice directly, every argument in its
-    declared place (grid, block sizes, lengths, constexprs), with no pre-launch hook; a
-    call of another signature (a length, causality, head dim, dtype or bias dtype) goes
-    back to the tuner first. The tuner is Triton's own (fl._make_tuner), made to choose
-    without timing (its pruning keeps one candidate); the kernel under it, which cannot
-    run on the CPU, is a stand-in that returns a recording compiled kernel."""
+    declared place (grid, block sizes, lengths, constexprs), with no pre-launch hook (the
+    first of them checked against Triton's own launch of the same call); a call of
+    another signature (a length, causality, head dim, dtype or bias dtype) goes back to
+    the tuner first. The plans are built as on a GPU (_on_a_gpu), their tuner run as
+    Triton's own autotuner (select.tuner_of), made to choose without timing (its pruning
+    keeps one candidate); the kernel under it, which cannot run on the CPU, is a
+    stand-in that returns a recording compiled kernel, and Triton's launch of the plain
+    kernel is recorded, not run."""
     launches, hooked = [], []
-    cands = (fl.TileConfig(64, 64, 4, 3), fl.TileConfig(32, 16, 8, 2))
-    tuner = fl._make_tuner(
+    fwd = fk.KERNELS["fwd"]
+    cands = (TileConfig(64, 64, 4, 3), TileConfig(32, 16, 8, 2))
+    twin = select.tuner_of(
         "fwd", cands, prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]}
     )
 
     class Kernel:
-        arg_names = fl.KERNELS["fwd"].arg_names
+        arg_names = fwd.arg_names
 
         def run(self, *args, grid, warmup, **kw):
             launches.append(("tuner", grid(kw) if callable(grid) else grid, kw))
-            return _Compiled(fl.KERNELS["fwd"], launches)
+            return _Compiled(fwd, launches)
 
-    tuner.fn = Kernel()
-    for config in tuner.configs:  # record the pre-launch hook of the tile that runs
+    twin.fn = Kernel()
+    for config in twin.configs:  # record the pre-launch hook of the tile that runs
         real = config.pre_hook
         config.pre_hook = lambda nargs, _real=real: hooked.append(nargs["BLOCK_M"]) or _real(nargs)
-    monkeypatch.setattr(fl, "_kernel_for", lambda *a: (tuner, None))
+    settings, gpu = _on_a_gpu(cands, twin)
+    gpu.plain = lambda fn, grid, kwargs: launches.append(("triton", grid, kwargs)) or _Compiled(fn, launches)
 
     def call(dtype=torch.float16, m=100, causal=False, head_dim=64, bias_dtype=None):
         q = torch.randn(2, 3, m, head_dim, dtype=dtype)
         bias = None if bias_dtype is None else torch.zeros(2, 3, m, m, dtype=bias_dtype)
-        fl._forward_impl(q, q, q, bias, 0.125, False, causal=causal)
+        plans.forward(q, q, q, bias, 0.125, False, causal=causal)
 
-    call()
-    call()
-    assert [x[0] for x in launches] == ["tuner", "compiled"]
-    assert launches[0][1] == launches[1][1] == (4, 3, 2)  # cdiv(100 rows, 32), heads, batch
-    direct = launches[1][2]
-    assert (direct["BLOCK_M"], direct["BLOCK_N"], direct["RELOAD"]) == (32, 16, False)
-    assert (direct["HEAD_DIM"], direct["M"], direct["N"], direct["H"]) == (64, 100, 100, 3)
-    assert direct["sm_scale"] == 0.125 and direct["Q"].shape == (2, 3, 100, 64)
-    # What a call without a bias or a residual does not read is passed as None (the
-    # descriptors are there: 16-bit inputs on the interpreter's sm_90 stream through TMA).
-    assert all(
-        direct[n] is None for n in ("Bias", "Lens", "Plain", "LseShift", "OutLo", "stride_bb", "stride_bm", "stride_lb")
-    )
-    assert direct["TMA"] and direct["KD0"] is not None
-    assert hooked == [32]  # the tuner runs the tile's hook; a direct launch needs none
-    for other in (
-        dict(m=300),
-        dict(causal=True),
-        dict(head_dim=48),
-        dict(dtype=torch.bfloat16),
-        dict(bias_dtype=torch.float32),
-    ):
-        call(**other)
-        call(**other)
-        assert [x[0] for x in launches[-2:]] == ["tuner", "compiled"], other
-    # Another length in a tuned length bucket (100 and 110 round up to 128) runs the
-    # tuner's choice for the bucket without tuning again.
-    seen = len(launches)
-    real = []
-    monkeypatch.setattr(fl, "_launch_triton", lambda fn, grid, kwargs: real.append((fn, grid, kwargs)))
-    call(m=110)
-    assert launches[seen:] == [] and len(real) == 1
-    assert real[0][0] is fl.KERNELS["fwd"] and real[0][1] == (4, 3, 2)  # cdiv(110, 32)
-    assert (real[0][2]["BLOCK_M"], real[0][2]["BLOCK_N"], real[0][2]["num_warps"]) == (32, 16, 8)
+    with settings:
+        call()
+        call()
+        # The second call: the direct launch, then Triton's launch of the same call that
+        # checks it (its first direct launch).
+        assert [x[0] for x in launches] == ["tuner", "compiled", "triton"]
+        assert launches[0][1] == launches[1][1] == launches[2][1] == (4, 3, 2)  # cdiv(100 rows, 32), heads, batch
+        direct, checked = launches[1][2], launches[2][2]
+        assert (direct["BLOCK_M"], direct["BLOCK_N"], direct["RELOAD"]) == (32, 16, False)
+        assert (direct["HEAD_DIM"], direct["M"], direct["N"], direct["H"]) == (64, 100, 100, 3)
+        assert direct["sm_scale"] == 0.125 and direct["Q"].shape == (2, 3, 100, 64)
+        # What a call without a bias or a residual does not read is passed as None (the
+        # descriptors are there: 16-bit inputs on sm_90 stream through TMA).
+        assert all(
+            direct[n] is None
+            for n in ("Bias", "Lens", "Plain", "LseShift", "OutLo", "stride_bb", "stride_bm", "stride_lb")
+        )
+        assert direct["TMA"] and direct["KD0"] is not None
+        # Triton's launch that checks it is passed the same values by name.
+        for name, value in direct.items():
+            if name not in checked:
+                continue  # an argument left at its default
+            if isinstance(value, (torch.Tensor, TensorDescriptor)):
+                assert checked[name] is value, name
+            else:
+                assert checked[name] == value, name
+        assert hooked == [32]  # the tuner runs the tile's hook; a direct launch needs none
+        for other in (
+            dict(m=300),
+            dict(causal=True),
+            dict(head_dim=48),
+            dict(dtype=torch.bfloat16),
+            dict(bias_dtype=torch.float32),
+        ):
+            call(**other)
+            call(**other)
+            assert [x[0] for x in launches[-3:]] == ["tuner", "compiled", "triton"], other
+        # Another length in a tuned length bucket (100 and 110 round up to 128) runs the
+        # tuner's choice for the bucket without tuning again: through Triton's launch of
+        # the plain kernel, with the tile chosen.
+        seen, tuned = len(launches), len(gpu.tuners)
+        call(m=110)
+    assert [x[0] for x in launches[seen:]] == ["triton"] and len(gpu.tuners) == tuned
+    _, grid, kwargs = launches[seen]
+    assert grid == (4, 3, 2)  # cdiv(110, 32)
+    assert (kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"]) == (32, 16, 8)
 
 
-def test_a_bucket_met_by_two_threads_at_once_is_tuned_once(monkeypatch):
+def test_a_bucket_met_by_two_threads_at_once_is_tuned_once():
     """Two signatures of one length bucket (M = 100 and 110 round up to 128), first called
     at once from two threads: the second waits for the first's tuning and runs its
     choice; it is not tuned again over its exact lengths (which may choose otherwise)
-    while the bucket keeps the first choice."""
+    while the bucket keeps the first choice. (Plans built as on a GPU: _on_a_gpu.)"""
     import threading
     import time
 
-    monkeypatch.setattr(fl, "INTERPRET", False)
-    monkeypatch.setattr(fl, "INTERPRET_ARCH", "sm90")
-    cands = (fl.TileConfig(64, 64, 4, 3), fl.TileConfig(32, 16, 8, 2))
+    fwd = fk.KERNELS["fwd"]
+    # A list of its own (not the previous test's): the tuner select.kernel_for makes of it
+    # is this test's alone.
+    cands = (TileConfig(64, 64, 4, 2), TileConfig(32, 16, 8, 3))
     # "Timing" that picks another tile for each exact length.
-    tuner = fl._make_tuner(
+    twin = select.tuner_of(
         "fwd",
         cands,
         prune_configs_by={
@@ -787,7 +852,7 @@ def test_a_bucket_met_by_two_threads_at_once_is_tuned_once(monkeypatch):
     ran, tuned, started = {}, [], threading.Event()
 
     class Kernel:
-        arg_names = fl.KERNELS["fwd"].arg_names
+        arg_names = fwd.arg_names
 
         def run(self, *args, grid, warmup, **kw):
             tuned.append(kw["M"])
@@ -795,72 +860,70 @@ def test_a_bucket_met_by_two_threads_at_once_is_tuned_once(monkeypatch):
             if kw["M"] == 100:
                 started.set()
                 time.sleep(0.3)  # the other thread meets the bucket meanwhile
-            return _Compiled(fl.KERNELS["fwd"], [])
+            return _Compiled(fwd, [])
 
     def plain(fn, grid, kwargs):
         ran.setdefault(kwargs["M"], []).append(kwargs["BLOCK_M"])
-        return _Compiled(fl.KERNELS["fwd"], [])
+        return _Compiled(fn, [])
 
-    tuner.fn = Kernel()
-    monkeypatch.setattr(fl, "_kernel_for", lambda *a: (tuner, None))
-    monkeypatch.setattr(
-        fl, "_launch_triton", lambda fn, grid, kwargs: fn[grid](**kwargs) if fn is tuner else plain(fn, grid, kwargs)
-    )
+    twin.fn = Kernel()
+    settings, gpu = _on_a_gpu(cands, twin)
+    gpu.plain = plain
 
     def call(m):
         q = torch.randn(1, 1, m, 64, dtype=torch.float16)
-        fl._forward_impl(q, q, q, None, 0.125, False)
+        plans.forward(q, q, q, None, 0.125, False)
 
-    first = threading.Thread(target=call, args=(100,))
-    first.start()
-    assert started.wait(10)
-    second = threading.Thread(target=call, args=(110,))
-    second.start()
-    first.join()
-    second.join()
+    with settings:
+        first = threading.Thread(target=call, args=(100,))
+        first.start()
+        assert started.wait(10)
+        second = threading.Thread(target=call, args=(110,))
+        second.start()
+        first.join()
+        second.join()
     assert tuned == [100] and ran == {100: [64], 110: [64]}
+    (tuner,) = gpu.tuners
     assert [c.kwargs["BLOCK_M"] for c in tuner.attnkit_chosen.values()] == [64]
 
 
-def test_a_direct_launch_passes_every_argument_in_its_place(monkeypatch, seed):
+def test_a_direct_launch_passes_every_argument_in_its_place(seed):
     """The direct launch's argument list, run by the interpreted kernel itself (each value
     bound to the name at its place), gives the bits that Triton's own launch gives:
     forward and backward, with a key-padding mask, TMA descriptors (16-bit, sm_90) and
-    causality, over two calls of each signature (the second one direct)."""
+    causality, over three calls of each signature (the second direct, checked against
+    Triton's own launch of the same call; the third direct alone)."""
 
     def interpreted(fn, grid, kwargs):
         fn[grid](**kwargs)
-        jit = fn  # the interpreter launches the kernels themselves (no autotuner)
-        compiled = _Compiled(jit, [])
-        compiled.run = lambda g0, g1, g2, stream, f, m, lm, e, x, *values: ran.append(jit.fn.__name__) or jit[
-            (g0, g1, g2)
-        ](**dict(zip(jit.arg_names, values)))
+        compiled = _Compiled(fn, [])  # the interpreter launches the kernels themselves (no autotuner)
+
+        def run(g0, g1, g2, stream, f, m, lm, e, x, *values):
+            ran.append((fn.fn.__name__, compiled))
+            fn[(g0, g1, g2)](**dict(zip(fn.arg_names, values)))
+
+        compiled.run = run
         return compiled
 
     results, ran, tma = [], [], []
     for direct in (False, True):
-        if direct:
-            monkeypatch.setattr(fl, "_launch_triton", interpreted)
-        torch.manual_seed(seed)
-        q, k, v = make_qkv(2, 2, 37, 45, 40, torch.float16, layout="bnhd", requires_grad=True)
-        bias = make_bias("key_padding", 2, 2, 37, 45, torch.float32)
-        for _ in range(2):
-            out = flash_attention(q, k, v, bias, causal=True, causal_offset=8)
-            grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-            results.append((out, *grads))
-        tma.append([p.streams.tma for p in fl._PLANS.values() if isinstance(p, fl._ForwardPlan)])
-        fl.clear_plans()
-    # The second calls: the forward, the backward's three passes, and a key-lengths pass for each.
-    assert sorted(ran) == [
-        "_attn_bwd_delta",
-        "_attn_bwd_dkdv",
-        "_attn_bwd_dq",
-        "_attn_fwd",
-        "_key_lengths_kernel",
-        "_key_lengths_kernel",
-    ]
-    assert tma == [[True], [True]]
-    for later in results[1:]:  # Triton's second call, then the direct path's first and second
+        with launcher.override(launch_through=interpreted if direct else None), launcher.recording() as seen:
+            torch.manual_seed(seed)
+            q, k, v = make_qkv(2, 2, 37, 45, 40, torch.float16, layout="bnhd", requires_grad=True)
+            bias = make_bias("key_padding", 2, 2, 37, 45, torch.float32)
+            for _ in range(3):
+                out = flash_attention(q, k, v, bias, causal=True, causal_offset=8)
+                grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+                results.append((out, *grads))
+        tma.append([x.description["tma"] for x in seen if x.kernel.startswith("fwd")])
+        launcher.clear_plans()
+    # The second and third calls: the forward, the backward's three passes, and a
+    # key-lengths pass for each; every compiled kernel's direct launch checked, and agreed.
+    once = ["_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_fwd", "_key_lengths_kernel"]
+    assert sorted(name for name, _ in ran) == sorted(2 * (once + ["_key_lengths_kernel"]))
+    assert all(launcher.direct_checked(compiled) is True for _, compiled in ran)
+    assert tma == [[True] * 3, [True] * 3]
+    for later in results[1:]:  # Triton's later calls, then the direct path's three
         for x, y in zip(results[0], later):
             assert torch.equal(x, y)
     assert all(torch.isfinite(x).all() for r in results for x in r)
@@ -875,9 +938,9 @@ _READ_ALWAYS = {
 
 
 @pytest.mark.parametrize("case", ["none", "keypad", "full", "full-grad", "fp16-tma"])
-def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
+def test_a_launch_passes_only_what_its_kernel_reads(seed, case):
     """Arguments a launch does not read are passed as None, which Triton compiles as
-    constants and its launcher does not pack (launch.absent_arguments): no bias, no key
+    constants and its launcher does not pack (abi.absent_arguments): no bias, no key
     lengths, no row shift, no residual, no descriptors without TMA, no bias gradient
     for a kernel that does not write one. What a launch passes is what its kernel
     reads: its results match float64 (the kernels run, interpreted, with those Nones)."""
@@ -892,7 +955,6 @@ def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
             )
         )
 
-    monkeypatch.setattr(fl, "_launch_triton", recorded)
     dtype = torch.float16 if case == "fp16-tma" else torch.float32
     grad = case in ("full-grad", "fp16-tma")
     q, k, v = make_qkv(2, 2, 37, 45, 40, dtype, requires_grad=grad)
@@ -901,11 +963,12 @@ def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
         bias = make_bias("key_padding", 2, 2, 37, 45, torch.float32)
     elif case.startswith("full"):
         bias = torch.randn(2, 2, 37, 45, requires_grad=grad)
-    out = flash_attention(q, k, v, bias)
-    ref = reference_attention(q, k, v, bias)
-    assert rel_error(out, ref) < 2 * max(rel_error(torch_math_attention(q, k, v, bias), ref), EPSILON[dtype])
-    if grad:
-        torch.autograd.grad(out, (q, k, v) + ((bias,) if bias is not None else ()), torch.randn_like(out))
+    with launcher.override(launch_through=recorded):
+        out = flash_attention(q, k, v, bias)
+        ref = reference_attention(q, k, v, bias)
+        assert rel_error(out, ref) < 2 * max(rel_error(torch_math_attention(q, k, v, bias), ref), EPSILON[dtype])
+        if grad:
+            torch.autograd.grad(out, (q, k, v) + ((bias,) if bias is not None else ()), torch.randn_like(out))
     extra = {
         "none": set(),
         "keypad": {"Bias", "Lens", "Plain", "LseShift"},
@@ -935,9 +998,9 @@ def test_a_launch_passes_only_what_its_kernel_reads(monkeypatch, seed, case):
 
 def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
     """flash_attention's up-front shared-memory check (which runs only on a GPU) reads the
-    bias variant from the bias's shape and strides (bias_form, through _table_variant);
-    it must be the variant _bias_args gives the kernels, one query row and expanded views
-    included."""
+    bias variant from the bias's shape and strides (bias_form, through table_variant);
+    it must be the variant bias_layout gives the kernels, one query row and expanded
+    views included."""
     B, H, N = 2, 3, 7
     for M in (1, 5):
         q = torch.empty(B, H, M, 8)
@@ -953,12 +1016,12 @@ def test_the_shared_memory_check_looks_up_the_variant_the_launcher_runs(seed):
             torch.randn(B, H, N, M).transpose(-1, -2),
         ]
         for bias in biases:
-            launched = fl._bias_args(bias, q, (B, H, M, N))[-1]
-            assert fo._table_variant(q, bias) == launched, (M, tuple(bias.shape), bias.stride())
-    assert fo._table_variant(q, None) == "none"
+            launched = plans.bias_layout(bias, (B, H, M, N))[-1]
+            assert plans.table_variant(q, bias) == launched, (M, tuple(bias.shape), bias.stride())
+    assert plans.table_variant(q, None) == "none"
 
 
-def test_plans_built_by_racing_threads_launch_what_one_thread_does(monkeypatch, seed):
+def test_plans_built_by_racing_threads_launch_what_one_thread_does(seed):
     """Threads that meet the same call signatures at once (a pipeline served from a
     thread pool) build and settle plans concurrently: every direct launch gets the grid
     and the arguments (all but the tensors) that one thread alone gets. The launches are
@@ -973,7 +1036,7 @@ def test_plans_built_by_racing_threads_launch_what_one_thread_does(monkeypatch, 
         def run(g0, g1, g2, stream, f, m, lm, e, x, *values):
             args = dict(zip(fn.arg_names, values))
             fixed = tuple(
-                sorted((n, v) for n, v in args.items() if not isinstance(v, (torch.Tensor, fl.TensorDescriptor)))
+                sorted((n, v) for n, v in args.items() if not isinstance(v, (torch.Tensor, TensorDescriptor)))
             )
             with lock:
                 launches.append((fn.fn.__name__, (g0, g1, g2), fixed))
@@ -981,7 +1044,6 @@ def test_plans_built_by_racing_threads_launch_what_one_thread_does(monkeypatch, 
         compiled.run = run
         return compiled
 
-    monkeypatch.setattr(fl, "_launch_triton", recorded)
     cases = []
     for m, n, d, dt in ((20, 30, 40, torch.float16), (33, 47, 64, torch.float32), (20, 30, 40, torch.bfloat16)):
         q, k, v = make_qkv(1, 2, m, n, d, dt)
@@ -991,14 +1053,41 @@ def test_plans_built_by_racing_threads_launch_what_one_thread_does(monkeypatch, 
         for _ in range(20):
             flash_attention(*case)
 
-    for case in cases:
-        run(case)
-    alone = set(launches)
-    launches.clear()
-    fl.clear_plans()
-    threads = [threading.Thread(target=run, args=(case,)) for case in cases for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with launcher.override(launch_through=recorded):
+        for case in cases:
+            run(case)
+        alone = set(launches)
+        launches.clear()
+        launcher.clear_plans()
+        threads = [threading.Thread(target=run, args=(case,)) for case in cases for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     assert len(launches) > len(cases) * 3 * 19 and set(launches) == alone
+
+
+def test_a_call_plan_is_the_proof_of_its_checks():
+    """An eager call is checked once per signature: its call plan (keyed by the inputs as
+    given, the bias before its float32 conversion) exists only for a call that passed
+    the checks, so a refused call is refused every time and leaves no plan; a bool
+    mask's call plan then serves its converted copy's launch plan, and the answer is
+    the same every call."""
+    launcher.clear_plans()
+    q, k, v = make_qkv(1, 2, 8, 8, 16, torch.float16)
+    bad = torch.ones(1, 2, 8, 7, dtype=torch.bool)  # 7 keys for 8
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not broadcastable"):
+            flash_attention(q, k, v, bad)
+        with pytest.raises(ValueError, match="must be finite"):
+            flash_attention(q, k, v, scale=float("nan"))
+    assert launcher.plan_count() == 0
+    mask = torch.rand(1, 1, 1, 8) > 0.3
+    mask[..., 0] = True
+    with torch.no_grad():
+        first = flash_attention(q, k, v, mask)
+        built = launcher.plan_count()
+        again = flash_attention(q, k, v, mask)
+    assert built == 2 and launcher.plan_count() == 2, "the call's plan and its forward's, built once"
+    assert torch.equal(first, again)
+    assert_close_to_reference(first, q, k, v, additive(mask, torch.float32))

@@ -1,7 +1,8 @@
 """FlashAttention-2 in Triton: softmax(q k^T * scale + attn_bias) v without an M x N matrix.
 
-This module holds the @triton.jit code only; flash/tiles.py the tile lists, flash/launch.py
-the host code that launches the kernels, flash/ops.py the custom ops, their autograd and
+This module holds the @triton.jit code only; flash/tiles.py the tile lists, flash/abi.py
+their calling convention, flash/select.py and flash/launch.py the host code that launches
+them (through attnkit/kernels/launcher.py), flash/ops.py the custom ops, their autograd and
 the public functions. The static report (tools/static_report) keys its rows by a hash
 of this module's code (comments and docstrings left out): edit host code elsewhere.
 
@@ -1870,3 +1871,17 @@ DESCRIPTORS = {
 }
 for _k in ("fwd_lo", "dkdv_dbias", "dq_dbias"):
     DESCRIPTORS[_k] = DESCRIPTORS[_k.split("_")[0]]
+
+# The device functions the int8 forward (attnkit/kernels/int8/kernels.py) shares with these
+# kernels, by public names: the same @triton.jit functions.
+SHARED = dict(
+    causal_keep=_causal_keep,
+    dot=_dot,
+    key_bias_info=_key_bias_info,
+    load_bias=_load_bias,
+    load_pieces=_load_pieces,
+    load_tile=_load_tile,
+    row_range=_row_range,
+    store_pieces=_store_pieces,
+    zeros_pieces=_zeros_pieces,
+)

@@ -5,7 +5,7 @@ mask: the kernels then never load it). Ten torch operations did this before, som
 70 us of host time per call on a GPU, more than the attention of a small call.
 
 Not an attention kernel: a reduction over the bias's keys, launched through the same
-launch plans (launch._Launch) as the attention kernels, so after its first call it is a
+launch plans (launcher.Launch) as the attention kernels, so after its first call it is a
 direct launch of a compiled kernel. The static report does not compile it.
 """
 

@@ -13,12 +13,13 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ...masks import hidden_to_bias
-from .. import devices
+from .. import launcher
 from ..bias_form import BiasForm, bias_form
+from ..launcher import INTERPRETED
 from ..limits import input_problems
 from . import launch
 from .kernels import LN2
-from .launch import _backward_impl, _forward_impl
+from .select import MAX_TILE_ROWS
 
 # =====================================================================================
 # torch.library ops: opaque to torch.compile (no graph break), with fake implementations
@@ -27,7 +28,7 @@ from .launch import _backward_impl, _forward_impl
 
 
 @torch.library.custom_op("attnkit::flash_attention_forward", mutates_args=())
-def _flash_forward_op(
+def forward_op(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -39,7 +40,7 @@ def _flash_forward_op(
     causal_offset: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, lse_shift, out_lo): the natural LSE is lse_shift + lse * ln(2) (see
-    _forward_impl); lse_shift is empty without a bias, out_lo an empty placeholder
+    launch.forward); lse_shift is empty without a bias, out_lo an empty placeholder
     unless store_lo (16-bit only). The row statistics are differentiable only through
     that sum, the one way this module combines them."""
     return _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
@@ -48,45 +49,15 @@ def _flash_forward_op(
 def _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
     # Here rather than in the Python wrappers: torch.compile traces those, and runs this.
     if attn_bias is not None and attn_bias.dtype != torch.float32 and _bias_form(q, k, attn_bias, store_lo).to_float32:
-        # A 16-bit bias that _prepare kept on its layout while traced (no address then),
+        # A 16-bit bias that prepare kept on its layout while traced (no address then),
         # whose real tensor is not aligned for reading it as it is; or the op called
         # for a forward that a backward will follow (store_lo), which reads float32.
-        attn_bias = _float32_bias(attn_bias)
-    _check_shared_memory(q, attn_bias, causal, store_lo)
-    out, lse, shift, out_lo = _forward_impl(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+        attn_bias = float32_bias(attn_bias)
+    out, lse, shift, out_lo = launch.forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
     return out, lse, shift, (q.new_empty(0) if out_lo is None else out_lo)
 
 
-def _forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
-    """The forward op, or, where nothing needs the op's dispatch, its body: eager calls
-    (not traced by torch.compile, no dispatch mode such as a FLOP counter or fake
-    tensors, no torch.func transform, plain tensors) skip torch.library's dispatch, most
-    of the host time of a small call (measured on a CPU: about half of the launcher's
-    own time). Inference runs the body; training (store_lo: a gradient to record) runs
-    _eager_flash(), the same body and backward in a plain autograd.Function, whose backward
-    skips the backward op's dispatch too. A diffusion model's denoising loop is the
-    first case, fine-tuning at small shapes the second."""
-    if (
-        type(q) is torch.Tensor
-        and type(k) is torch.Tensor
-        and type(v) is torch.Tensor
-        and (attn_bias is None or type(attn_bias) is torch.Tensor)
-        and not torch.compiler.is_compiling()
-        and _get_current_dispatch_mode() is None
-        and not torch._C._are_functorch_transforms_active()
-    ):
-        if not store_lo:
-            # The body without the op's placeholders (an empty LSE shift without a bias,
-            # an empty residual), which nothing here reads.
-            _check_shared_memory(q, attn_bias, causal, False)
-            return _forward_impl(
-                q, k, v, attn_bias, scale, allow_tf32, False, causal, causal_offset, placeholders=False
-            )
-        return _eager_flash().apply(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
-    return _flash_forward_op(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
-
-
-@_flash_forward_op.register_fake
+@forward_op.register_fake
 def _(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
     B, H, M, _ = q.shape
     out_lo = torch.empty_like(q) if store_lo and q.dtype != torch.float32 else q.new_empty(0)
@@ -95,7 +66,7 @@ def _(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
 
 
 @torch.library.custom_op("attnkit::flash_attention_backward", mutates_args=())
-def _flash_backward_op(
+def backward_op(
     do: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -122,7 +93,7 @@ def _flash_backward_op(
 def _backward_body(
     do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal, causal_offset
 ):
-    dq, dk, dv, dbias = _backward_impl(
+    dq, dk, dv, dbias = launch.backward(
         do,
         q,
         k,
@@ -142,7 +113,7 @@ def _backward_body(
     return dq, dk, dv, (q.new_empty(0) if dbias is None else dbias)
 
 
-@_flash_backward_op.register_fake
+@backward_op.register_fake
 def _(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal, causal_offset):
     dbias = (
         torch.empty(attn_bias.shape, dtype=attn_bias.dtype, device=attn_bias.device)
@@ -166,7 +137,7 @@ def _backward(ctx, dout, dlse, _dshift, _dout_lo, run=None):
     # The LSE is lse_shift + lse * ln(2): dlse (of the base-2 part) carries its whole
     # gradient, and _dshift is the same gradient again. run: the backward op (default)
     # or its body (_EagerFlash).
-    run = _flash_backward_op if run is None else run
+    run = backward_op if run is None else run
     q, k, v, attn_bias, out, lse, shift, out_lo = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
@@ -191,13 +162,13 @@ def _backward(ctx, dout, dlse, _dshift, _dout_lo, run=None):
     return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None
 
 
-_flash_forward_op.register_autograd(_backward, setup_context=_setup_context)
+forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @functools.lru_cache(maxsize=None)
 def _eager_flash() -> type:
     """_EagerFlash: the forward op with its autograd formula (_setup_context, _backward),
-    without torch.library's dispatch, for eager training (see _forward). The same body
+    without torch.library's dispatch, for eager training (see _attention). The same body
     runs both ways, so both give the same bits. Gradients of outputs nothing used stay
     None (the op's generated Function fills them with zeros: same results, more work).
     Made on first use, so that importing the kernels defines no autograd.Function. Its
@@ -229,46 +200,98 @@ def _eager_flash() -> type:
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-# The calls whose inputs passed _check_inputs (keyed by launch.call_key: the checks read
-# shapes, dtypes, devices and whether Triton's interpreter runs, all in it): their checks do not run again. Never stale: a
-# key holds everything the checks read. Bounded like the launch plans.
-_CHECKED: set = set()
-
-
-def _prepare(q, k, v, attn_bias, scale):
-    """Check the inputs (ValueError naming the limit and the value; once per input
-    signature) and normalise attn_bias (bool -> additive float, converted once here)
-    and scale."""
-    if torch.compiler.is_compiling():
-        sig = None  # traced once per graph; symbolic shapes do not hash
-    else:
-        try:
-            sig = launch.call_key("checked", (q, k, v, attn_bias), launch.INTERPRET)
-        except (AttributeError, TypeError, RuntimeError, NotImplementedError):
-            sig = None  # not tensors (the checks say so), or tensors without storage
-    if sig is None or sig not in _CHECKED:
-        _check_inputs(q, k, v, attn_bias)
-        if sig is not None:
-            if len(_CHECKED) >= launch._PLAN_LIMIT:
-                _CHECKED.clear()
-            _CHECKED.add(sig)
-    if scale is None:
-        scale = q.shape[3] ** -0.5  # symbolic under torch.compile(dynamic=True); finite anyway
-    else:
-        scale = float(scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"scale={scale} must be finite")
-    if (
-        attn_bias is not None
-        and attn_bias.dtype != torch.float32  # a float32 bias is read as it is: no decision to make per call
-        and _bias_form(q, k, attn_bias, _needs_grad(q, k, v, attn_bias)).to_float32
-    ):
-        # Every bias but "full16" is read in float32, the bias type the rest of the static
-        # report compiles and the shipped tiles are chosen for: a 16-bit bias pointer
-        # changes the compiled code (on sm_90 the key-padding tile at head dim 128 then
-        # needs 296,000 bytes of shared memory, above the GPU's 232,448).
-        attn_bias = _float32_bias(attn_bias)
+def prepare(q, k, v, attn_bias, scale):
+    """Check the inputs (ValueError naming the limit and the value) and normalise
+    attn_bias (bool -> additive float, converted once here) and scale. Eager calls check
+    once per signature instead (CallPlan)."""
+    _check_inputs(q, k, v, attn_bias)
+    scale = _scale(q, scale)
+    if attn_bias is not None and _to_float32(q, k, attn_bias, _needs_grad(q, k, v, attn_bias)):
+        attn_bias = float32_bias(attn_bias)
     return attn_bias, scale
+
+
+def _scale(q, scale) -> float:
+    if scale is None:
+        return q.shape[3] ** -0.5  # symbolic under torch.compile(dynamic=True); finite anyway
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale={scale} must be finite")
+    return scale
+
+
+def _to_float32(q, k, attn_bias: torch.Tensor, needs_grad: bool) -> bool:
+    """Whether the bias is read as a float32 copy: every bias but "full16" is, the bias
+    type the rest of the static report compiles and the shipped tiles are chosen for: a
+    16-bit bias pointer changes the compiled code (on sm_90 the key-padding tile at head
+    dim 128 then needs 296,000 bytes of shared memory, above the GPU's 232,448). A
+    float32 bias is read as it is: no decision to make."""
+    return attn_bias.dtype != torch.float32 and _bias_form(q, k, attn_bias, needs_grad).to_float32
+
+
+class CallPlan:
+    """What an eager call of flash_attention decides before its launch plan, once per
+    signature (launcher.plan_key of the call as given: the bias before conversion): its
+    inputs passed the checks (a plan exists only for a call that did), its scale, whether
+    its bias is converted to float32, and, for inference, the forward's launch plan (the
+    converted bias's layout follows from the given one's, so one key serves both)."""
+
+    __slots__ = ("scale", "to_float32", "inference")
+
+    def __init__(self, q, k, v, attn_bias, scale, needs_grad):
+        _check_inputs(q, k, v, attn_bias)
+        self.scale = _scale(q, scale)
+        self.to_float32 = attn_bias is not None and _to_float32(q, k, attn_bias, needs_grad)
+        self.inference = None
+
+
+def _eager(q, k, v, attn_bias) -> bool:
+    """Whether nothing needs the op's dispatch: plain tensors, not traced by
+    torch.compile, no dispatch mode (a FLOP counter, fake tensors), no torch.func
+    transform. Such calls skip torch.library's dispatch, most of the host time of a
+    small call (measured on a CPU: about half of the launcher's own time)."""
+    return (
+        type(q) is torch.Tensor
+        and type(k) is torch.Tensor
+        and type(v) is torch.Tensor
+        and (attn_bias is None or type(attn_bias) is torch.Tensor)
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+def _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset) -> tuple:
+    """(out, lse, lse_shift, has_bias) of a public call: the checks, the bias's
+    conversion and the forward. An eager call (_eager) goes through its CallPlan:
+    inference runs the forward's body, training (a gradient to record: store_lo) runs
+    _eager_flash(), the same body and backward in a plain autograd.Function whose
+    backward skips the backward op's dispatch too (a diffusion model's denoising loop is
+    the first case, fine-tuning at small shapes the second). Any other call runs the
+    ops."""
+    causal, causal_offset = check_causal(causal, causal_offset)
+    allow_tf32 = bool(allow_tf32)
+    if _eager(q, k, v, attn_bias):
+        needs_grad = _needs_grad(q, k, v, attn_bias)
+        key = launcher.plan_key("call", (q, k, v, attn_bias), scale, allow_tf32, causal, causal_offset, needs_grad)
+        cp = launcher.cached_plan(key)
+        if cp is None:
+            cp = launcher.plan(key, lambda: CallPlan(q, k, v, attn_bias, scale, needs_grad))
+        bias = float32_bias(attn_bias) if cp.to_float32 else attn_bias
+        if not needs_grad:
+            fp = cp.inference
+            if fp is None:
+                fp = cp.inference = launch.forward_plan(
+                    q, k, v, bias, cp.scale, allow_tf32, False, causal, causal_offset
+                )
+            out, lse, shift, _ = fp(q, k, v, bias, False)
+        else:
+            out, lse, shift, _ = _eager_flash().apply(q, k, v, bias, cp.scale, allow_tf32, True, causal, causal_offset)
+        return out, lse, shift, bias is not None
+    bias, scale = prepare(q, k, v, attn_bias, scale)
+    needs_grad = _needs_grad(q, k, v, attn_bias)
+    out, lse, shift, _ = forward_op(q, k, v, bias, scale, allow_tf32, needs_grad, causal, causal_offset)
+    return out, lse, shift, bias is not None
 
 
 def _bias_form(q, k, attn_bias: Optional[torch.Tensor], needs_grad: bool) -> BiasForm:
@@ -283,7 +306,7 @@ def _bias_form(q, k, attn_bias: Optional[torch.Tensor], needs_grad: bool) -> Bia
         (*q.shape[:3], k.shape[2]),
         q_dtype=q.dtype,
         needs_grad=needs_grad,
-        max_tile_rows=launch._MAX_TILE_ROWS,
+        max_tile_rows=MAX_TILE_ROWS,
     )
 
 
@@ -314,7 +337,7 @@ def _check_inputs(q, k, v, attn_bias) -> None:
     problems = input_problems(D, batch=B, heads=H, q_len=M, kv_len=N)
     if problems:
         raise ValueError("; ".join(problems))
-    if q.device.type != "cuda" and not (launch.INTERPRET and q.device.type == "cpu"):
+    if q.device.type != "cuda" and not (INTERPRETED and q.device.type == "cpu"):
         raise ValueError(
             f"device={q.device.type}: the triton flash attention runs on CUDA; on the CPU it runs "
             f"only under TRITON_INTERPRET=1 (set before attnkit.kernels is imported), for debugging"
@@ -340,7 +363,7 @@ def _check_inputs(q, k, v, attn_bias) -> None:
             raise ValueError(f"attn_bias.dtype={attn_bias.dtype}: expected an additive float bias or a bool mask")
 
 
-def _float32_bias(bias: torch.Tensor) -> torch.Tensor:
+def float32_bias(bias: torch.Tensor) -> torch.Tensor:
     """A bool mask (True = attend, as in torch's scaled_dot_product_attention) or a 16-bit
     bias as an additive float32 bias, its broadcast dims kept broadcast: .to() would write
     an expanded (stride 0) dim out in full, which turns a (B, 1, 1, N) key mask expanded to
@@ -371,49 +394,7 @@ def _needs_grad(q, k, v, attn_bias) -> bool:
     )
 
 
-def _check_shared_memory(q: torch.Tensor, attn_bias: Optional[torch.Tensor], causal: bool, grads: bool) -> None:
-    """ValueError, before anything runs, where this GPU has less shared memory per block
-    than the call's default tiles need, the backward's included if it will run (grads;
-    the forward op's store_lo): rather than a forward that runs and a backward that
-    cannot launch (devices.NEEDS)."""
-    if q.device.type != "cuda":
-        return
-    # of q, what the check reads (its device, dtype and shape)
-    key = launch.call_key("shared memory", (attn_bias,), q.device, q.dtype, tuple(q.shape), causal, grads)
-    if key in _SHARED_MEMORY_OK:
-        return
-    problem = devices.shared_memory_problem(
-        torch.cuda.get_device_capability(q.device),
-        q.dtype,
-        q.shape[3],
-        (_table_variant(q, attn_bias),),
-        causal,
-        grads,
-    )
-    if problem:
-        raise ValueError(problem)
-    if len(_SHARED_MEMORY_OK) >= launch._PLAN_LIMIT:
-        _SHARED_MEMORY_OK.clear()
-    _SHARED_MEMORY_OK.add(key)
-
-
-# The calls _check_shared_memory passed (keyed by launch.call_key: q's device, dtype and
-# shape, the bias's layout, causality and the backward): a device's capability does not
-# change, so neither does the answer. Bounded like the launch plans.
-_SHARED_MEMORY_OK: set = set()
-
-
-def _table_variant(q: torch.Tensor, attn_bias: Optional[torch.Tensor]) -> str:
-    """The bias's variant in the device table ("none", "keypad" or "full"; its query
-    stride alone decides it, not its values, dtype or the number of keys)."""
-    if attn_bias is None:
-        return "none"
-    own = attn_bias.reshape((1,) * (4 - attn_bias.dim()) + tuple(attn_bias.shape))
-    form = bias_form(own, (*q.shape[:3], own.shape[3]), q_dtype=q.dtype, needs_grad=True, max_tile_rows=1)
-    return form.table_variant
-
-
-def _check_causal(causal, causal_offset) -> tuple[bool, int]:
+def check_causal(causal, causal_offset) -> tuple[bool, int]:
     if causal is False and type(causal_offset) is int and causal_offset == 0:
         return False, 0  # the common call, in one test
     if not isinstance(causal, bool):
@@ -445,13 +426,9 @@ def flash_attention_with_lse(
     results over disjoint key sets combine exactly through it (ring / context-parallel
     attention). Arguments as in flash_attention.
     """
-    causal, causal_offset = _check_causal(causal, causal_offset)
-    attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, lse, shift, _ = _forward(
-        q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias), causal, causal_offset
-    )
+    out, lse, shift, has_bias = _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset)
     lse = lse * LN2
-    return out, (lse + shift if attn_bias is not None else lse)
+    return out, (lse + shift if has_bias else lse)
 
 
 def flash_attention(
@@ -482,9 +459,4 @@ def flash_attention(
     skipped, not computed. Returns q's dtype and layout. A query row that sees no key
     (all masked, or a negative offset) outputs zeros.
     """
-    causal, causal_offset = _check_causal(causal, causal_offset)
-    attn_bias, scale = _prepare(q, k, v, attn_bias, scale)
-    out, _, _, _ = _forward(
-        q, k, v, attn_bias, scale, bool(allow_tf32), _needs_grad(q, k, v, attn_bias), causal, causal_offset
-    )
-    return out
+    return _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset)[0]

@@ -26,17 +26,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..flash.kernels import (
-    _causal_keep,
-    _dot,
-    _key_bias_info,
-    _load_bias,
-    _load_pieces,
-    _load_tile,
-    _row_range,
-    _store_pieces,
-    _zeros_pieces,
-)
+from ..flash.kernels import SHARED
+
+# The exact kernels' device functions (flash/kernels.py's SHARED), under the names the code
+# below calls them by.
+_causal_keep = SHARED["causal_keep"]
+_dot = SHARED["dot"]
+_key_bias_info = SHARED["key_bias_info"]
+_load_bias = SHARED["load_bias"]
+_load_pieces = SHARED["load_pieces"]
+_load_tile = SHARED["load_tile"]
+_row_range = SHARED["row_range"]
+_store_pieces = SHARED["store_pieces"]
+_zeros_pieces = SHARED["zeros_pieces"]
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: read inside @triton.jit code
 

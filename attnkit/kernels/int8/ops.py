@@ -19,8 +19,12 @@ from typing import Optional
 
 import torch
 
+from .. import launcher
 from ..flash import launch as fl
 from ..flash import ops as fo
+from ..flash import select
+from ..flash.abi import COMPILE_OPTIONS, absent_arguments, align, causal_args
+from ..launcher import Launch, new_like, plan_key, run, settings
 from .kernels import _attn_fwd_int8
 from .quant import qk_pieces, quantize_qk
 
@@ -29,9 +33,9 @@ from .quant import qk_pieces, quantize_qk
 # the fastest-looking tile that compiles without spilling for every variant and causality
 # of its band. Head dims above 128 hold more of V's and the output's columns per query
 # row, so fewer rows; at 384 on sm_90 with a bias even 16 x 32 spills (the report lists
-# it). Under the interpreter the exact kernel's small tile (INTERPRET_CONFIG), so that
-# tests cross tiles, unless launch.INTERPRET_SHIPPED_TILES. Launched through the exact
-# kernel's launch plans (flash/launch.py: _PLANS, _Launch, _run).
+# it). Under the interpreter the exact kernel's small tile (select.INTERPRET_TILE), so that
+# tests cross tiles, unless settings().shipped_tiles. Launched through attnkit's launcher
+# (launcher.py: its plans, Launch and run), as the exact kernel.
 # (target or None for both, largest head dim, bias variants, (block_m, block_n, warps, stages))
 TILES = (
     ("sm90", 128, ("none", "keypad"), (64, 64, 4, 2)),
@@ -78,44 +82,46 @@ def int8_attention(
 ) -> torch.Tensor:
     """softmax(q8 k8^T (dequantised) + attn_bias) v: see the module docstring."""
     _check(q, k, v, attn_bias)
-    causal, causal_offset = fo._check_causal(causal, causal_offset)
-    attn_bias, scale = fo._prepare(q, k, v, attn_bias, scale)
+    causal, causal_offset = fo.check_causal(causal, causal_offset)
+    attn_bias, scale = fo.prepare(q, k, v, attn_bias, scale)
     if attn_bias is not None and attn_bias.dtype != torch.float32:
-        attn_bias = fo._float32_bias(attn_bias)  # the int8 kernel reads float32 biases only
+        attn_bias = fo.float32_bias(attn_bias)  # the int8 kernel reads float32 biases only
     if q.numel() == 0:
         return torch.empty_like(q)
-    key = fl.plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset)
-    plan = fl._PLANS.get(key)
-    if plan is None:
-        plan = fl._plan(key, lambda: _Int8Plan(q, k, v, attn_bias, causal, causal_offset))
-    return plan(q, k, v, attn_bias, scale)
+    key = plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset)
+    found = launcher.cached_plan(key)
+    if found is None:
+        found = launcher.plan(key, lambda: Int8Plan(q, k, v, attn_bias, causal, causal_offset))
+    return found(q, k, v, attn_bias, scale)
 
 
-class _Int8Plan:
+class Int8Plan:
     """Everything of an int8 call but its tensors, settled on a signature's first call
-    (as the exact kernel's launch plans, flash/launch.py: the same table, the same
-    _Launch and _run, so later calls launch the compiled kernel directly)."""
+    (as the exact kernel's launch plans: the same table, Launch and run, so later calls
+    launch the compiled kernel directly)."""
 
     def __init__(self, q, k, v, attn_bias, causal, causal_offset):
+        self.s = s = settings()  # those of plan_key: the plan's calls allocate under them
         B, H, M, D = q.shape
         N = k.shape[2]
         self.n = N
-        out = fl._new_like(q)
-        self.copy_v = not fl._addressable(v)
+        out = new_like(q, self.s)
+        self.copy_v = not fl.addressable(v)
         v = v.contiguous() if self.copy_v else v
-        self.o_in_place = fl._addressable(out)
+        self.o_in_place = fl.addressable(out)
         o = out if self.o_in_place else torch.empty(out.shape, device="meta")
-        compact, sb, sl, bias_constexprs, variant = fl._bias_layout(attn_bias, (B, H, M, N))
+        compact, sb, sl, bias_constexprs, variant = fl.bias_layout(attn_bias, (B, H, M, N))
         self.bias_compact = compact
-        self.lengths = fl._lengths_launch(attn_bias, N) if variant == "keypad" else None
-        causal, off = fl._causal_args(causal, causal_offset, M, N)
-        d0, d1 = fl._pieces(D)
+        self.lengths = fl.lengths_launch(attn_bias, N) if variant == "keypad" else None
+        causal, off = causal_args(causal, causal_offset, M, N)
+        d0, d1 = select.pieces(D)
         self.dq0, self.dq1 = qk_pieces(D)
-        align = fl._align(*v.stride()[:3], *o.stride()[:3])
-        if fl.INTERPRET and not fl.INTERPRET_SHIPPED_TILES:
-            bm, bn, warps, stages = fl.INTERPRET_CONFIG.block_m, fl.INTERPRET_CONFIG.block_n, 4, 1
+        alignment = align(*v.stride()[:3], *o.stride()[:3])
+        if s.interpret and not s.shipped_tiles:
+            tile = s.interpret_tile or select.INTERPRET_TILE
+            bm, bn, warps, stages = tile.block_m, tile.block_n, 4, 1
         else:
-            bm, bn, warps, stages = tile_for(fl.arch_of(q.device), D, variant)
+            bm, bn, warps, stages = tile_for(select.arch_of(q.device), D, variant)
         self.tile = (bm, bn, warps, stages)
         static = dict(zip(_STRIDES, (*v.stride()[:3], *sb, *sl, *o.stride()[:3])))
         static.update(
@@ -131,40 +137,48 @@ class _Int8Plan:
             BLOCK_M=bm,
             BLOCK_N=bn,
             CAUSAL=causal,
-            ALIGN=align,
-            EMULATE_BF16=fl.INTERPRET and q.dtype == torch.bfloat16,
+            ALIGN=alignment,
+            EMULATE_BF16=s.interpret and q.dtype == torch.bfloat16,
             **bias_constexprs,
         )
-        static.update(fl.absent_arguments(_attn_fwd_int8, static))
+        static.update(absent_arguments(_attn_fwd_int8, static))
         # The tile in static (the kernel has no RELOAD, which a TileConfig's launch passes).
-        options = {} if fl.INTERPRET else {"num_warps": warps, "num_stages": stages, **fl._COMPILE_OPTIONS}
-        self.launch = fl._Launch(
+        options = {} if s.interpret else {"num_warps": warps, "num_stages": stages, **COMPILE_OPTIONS}
+        self.variant = variant
+        kernel = _attn_fwd_int8
+        self.launch = Launch(
             "int8",
-            _attn_fwd_int8,
-            _attn_fwd_int8,
-            None,
+            kernel,
+            kernel,
             static,
             M,
             "BLOCK_M",
             B,
             H,
+            meta={},
             options=options,
             cuda=q.device.type == "cuda",
+            variant=variant,
+            tile_name=f"M{bm}-N{bn}-w{warps}-s{stages}",
         )
 
+    def describe(self) -> list[dict]:
+        """Its launch (Launch.describe)."""
+        return [self.launch.describe()]
+
     def __call__(self, q, k, v, attn_bias, scale):
-        out = fl._new_like(q)
+        out = new_like(q, self.s)
         # The scale folds into qs, of either sign: the scores are taken in natural units.
         q8, qs, k8, ks, _ = quantize_qk(q, k, scale)
         if self.copy_v:
             v = v.contiguous()
-        o = out if self.o_in_place else fl._new_like(out, memory_format=torch.contiguous_format)
+        o = out if self.o_in_place else new_like(out, self.s, memory_format=torch.contiguous_format)
         tensors = dict(Q8=q8, K8=k8, QS=qs, KS=ks, V=v, Out=o)  # the bias's only with a bias (absent_arguments)
         if attn_bias is not None:
             tensors["Bias"] = attn_bias.contiguous() if self.bias_compact else attn_bias
             if self.lengths is not None:
-                tensors["Lens"], tensors["Plain"] = fl._key_lengths(attn_bias, self.n, self.lengths)
-        fl._run(self.launch, tensors)
+                tensors["Lens"], tensors["Plain"] = fl.key_lengths(attn_bias, self.n, self.lengths)
+        run(self.launch, tensors)
         if o is not out:
             out.copy_(o)
         return out
