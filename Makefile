@@ -40,9 +40,10 @@ bench-kernels: $(VENV)/.setup-test
 # The static performance report of the Triton kernel (no GPU needed; tools/static_report,
 # not installed): compiles every shipped configuration for sm_80 and sm_90, writes
 # bench/results/static/, fails on spills, duplicated work or an instr/score above its
-# budget. Resumed by source key: a row is recompiled only when the code it is compiled
-# from (the kernels, limits.py, the SASS analysis, the tool's compile functions) or its
-# own tile changed, so a comment, a host-code edit or a new tile recompiles nothing else;
+# budget. Resumed by source key, then by code key: a row is recompiled only when the code
+# it compiles to (Triton's IR, the target, the options, the SASS analysis) or its own
+# tile changed, so a comment, a host-code edit, a new tile or a refactor that compiles
+# to the same code recompiles nothing else (Triton's front end checks the code: minutes);
 # a killed run resumes from bench/results/static/rows.partial.jsonl. From nothing: 3 to 4
 # hours on two cores; Ctrl-C or SIGTERM still writes a report, marked partial.
 inspect: $(VENV)/.setup-test

@@ -305,9 +305,11 @@ def _copy_tree(root) -> str:
     """The files source_key() reads (and ops.py), copied under root."""
     for rel in (
         "attnkit/kernels/bias_form.py",
+        "attnkit/kernels/flash/abi.py",
         "attnkit/kernels/flash/kernels.py",
         "attnkit/kernels/flash/launch.py",
         "attnkit/kernels/flash/ops.py",
+        "attnkit/kernels/flash/select.py",
         "attnkit/kernels/int8/kernels.py",
         "attnkit/kernels/int8/quant.py",
         "attnkit/kernels/limits.py",
@@ -333,10 +335,11 @@ def _edit(root, rel: str, old: str, new: str) -> None:
 
 def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     """source_key() hashes the code a row is compiled from: a comment or a docstring
-    edited in kernels.py, or host code edited (ops.py; launch.py outside _align and
-    _COMPILE_OPTIONS), keeps every row; a code edit of the kernels, of _align, of the
-    compile options, of limits.py, of sass.py or of a row function makes them stale.
-    A row function moved to another module of the tool keeps the key."""
+    edited in kernels.py or abi.py, or host code edited (ops.py, launch.py, select.py),
+    keeps every row; a code edit of the kernels, of their calling convention (abi.py:
+    align, the compile options), of limits.py, of sass.py or of a row function changes it
+    (build.code_key then decides which rows compile to other code). A row function moved
+    to another module of the tool keeps the key."""
     from tools.static_report import key as sk
 
     def key_after(rel, old, new):
@@ -346,7 +349,8 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
 
     base = sk.source_key(_copy_tree(tmp_path / "base"))
     assert base == sk.source_key()
-    kernels, launch = "attnkit/kernels/flash/kernels.py", "attnkit/kernels/flash/launch.py"
+    kernels, abi = "attnkit/kernels/flash/kernels.py", "attnkit/kernels/flash/abi.py"
+    launch, select = "attnkit/kernels/flash/launch.py", "attnkit/kernels/flash/select.py"
     assert key_after(kernels, '"""FlashAttention-2 in Triton', '"""FlashAttention 2 in Triton') == base  # docstring
     assert (
         key_after(
@@ -357,13 +361,20 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
         == base
     )
     assert key_after("attnkit/kernels/flash/ops.py", "import torch", "import torch\n\nX = 1") == base
-    assert key_after(launch, 'INTERPRET_ARCH = "sm90"', 'INTERPRET_ARCH = "sm80"') == base  # other host code
-    assert key_after(launch, '"""The largest power of two', '"""The greatest power of two') == base  # _align's doc
+    assert (
+        key_after(select, "INTERPRET_TILE = TileConfig(32, 32, 4, 1)", "INTERPRET_TILE = TileConfig(16, 16, 4, 1)")
+        == base
+    )
+    assert (
+        key_after(launch, "block = 16 if settings().interpret else 64", "block = 32 if settings().interpret else 64")
+        == base
+    )
+    assert key_after(abi, '"""The largest power of two', '"""The greatest power of two') == base  # align's doc
     assert (
         key_after(kernels, "NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 2", "NO_BIAS, KEY_BIAS, FULL_BIAS = 0, 1, 3") != base
     )
-    assert key_after(launch, "    a = 16\n", "    a = 8\n") != base  # _align
-    assert key_after(launch, '{"enable_fp_fusion": True}', '{"enable_fp_fusion": False}') != base
+    assert key_after(abi, "    a = 16\n", "    a = 8\n") != base  # align
+    assert key_after(abi, '{"enable_fp_fusion": True}', '{"enable_fp_fusion": False}') != base
     assert key_after("attnkit/kernels/limits.py", "BANDS = (64,", "BANDS = (32, 64,") != base
     # The alignment a 16-bit bias is compiled at is in the key; the rest of bias_form.py is host code.
     bias_form = "attnkit/kernels/bias_form.py"
@@ -379,7 +390,7 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     assert key_after("tools/static_report/sass.py", "import re\n", "import os\nimport re\n") != base
     assert (
         key_after(
-            "tools/static_report/compile.py", "res.seconds = time.time() - t0", "res.seconds = time.time() - t0 + 1"
+            "tools/static_report/build.py", "res.seconds = time.time() - t0", "res.seconds = time.time() - t0 + 1"
         )
         != base
     )  # compile_job
@@ -413,10 +424,10 @@ def test_another_triton_makes_every_row_stale(monkeypatch):
 
 
 def test_everything_a_row_reads_of_the_flash_package_is_in_the_key():
-    """The row functions read the kernels module (fk: hashed whole, so what they read
-    must be defined there, not imported into it) and, of the launcher (fl), only the
-    helpers hashed by name (_ROW_HELPERS: _align, _COMPILE_OPTIONS, ...)."""
-    from attnkit.kernels.flash import kernels
+    """The row functions read the kernels module (fk) and their calling convention (fl:
+    flash/abi.py), both hashed whole, so what they read must be defined there, not
+    imported into them."""
+    from attnkit.kernels.flash import abi, kernels
     from tools.static_report import key as sk
 
     read = {"fk": set(), "fl": set()}
@@ -430,14 +441,14 @@ def test_everything_a_row_reads_of_the_flash_package_is_in_the_key():
                     for x in ast.walk(n):
                         if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id in read:
                             read[x.value.id].add(x.attr)
-    assert read["fl"] and read["fl"] <= {name for name, _ in sk._ROW_HELPERS}, read["fl"]
-    with open(kernels.__file__) as f:
-        tree = ast.parse(f.read())
-    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    for n in tree.body:
-        if isinstance(n, (ast.Assign, ast.AnnAssign)):
-            defined |= sk._assigned(n)
-    assert read["fk"] and read["fk"] <= defined, read["fk"] - defined
+    for alias, module in (("fk", kernels), ("fl", abi)):
+        with open(module.__file__) as f:
+            tree = ast.parse(f.read())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        for n in tree.body:
+            if isinstance(n, (ast.Assign, ast.AnnAssign)):
+                defined |= sk._assigned(n)
+        assert read[alias] and read[alias] <= defined, (alias, read[alias] - defined)
 
 
 def test_a_row_is_kept_across_a_budget_change_and_dropped_with_its_tile(tmp_path):

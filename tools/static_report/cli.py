@@ -15,7 +15,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from . import __doc__ as _DOC
-from .compile import SMEM_LIMIT, Job, Result, _flash, compile_job
+from .build import code_job, compile_job
+from .compile import SMEM_LIMIT, Job, Result
 from .jobs import ARCHS, BIASES, DTYPES, HEAD_DIMS, KERNELS, jobs_for
 from .key import source_key
 from .reference import compile_reference
@@ -27,6 +28,7 @@ from .store import (
     resumable_reference,
     resumable_rows,
     retire_checkpoint,
+    rows_by_code,
     source_state,
     write_report,
 )
@@ -106,7 +108,8 @@ def main(argv=None) -> int:
         action="store_true",
         help="keep the rows of the report already in the output folder and of its checkpoint "
         f"({CHECKPOINT}, a killed run's) compiled from this source key (the same kernels and "
-        "analysis) and the same tile, and compile only the rest",
+        "analysis) and the same tile, or from another source key where the row's job builds to "
+        "the same code (Triton's front end, a few hundredths of a second a row), and compile only the rest",
     )
     ap.add_argument(
         "--render",
@@ -121,8 +124,9 @@ def main(argv=None) -> int:
     if args.render:
         print("wrote " + " and ".join(render(args.render)))
         return 0
-    _, fl = _flash()
-    if fl.INTERPRET:
+    from attnkit.kernels.launcher import INTERPRETED
+
+    if INTERPRETED:
         # The kernels were defined for Triton's interpreter; compile them in a fresh
         # interpreter-free process instead.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -155,12 +159,17 @@ def main(argv=None) -> int:
     elif args.resume:
         kept, why = resumable_rows(out_dir, jobs, key)
         print(f"resuming: {len(kept)} of {len(jobs)} rows kept ({why})")
+    by_code = _check_codes(out_dir, jobs, kept, args.jobs) if args.resume and out_dir else {}
+    kept.update(by_code)
     todo = [j for j in jobs if j not in kept]
     source = source_state()
     checkpoint = None
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         checkpoint = open(os.path.join(out_dir, CHECKPOINT), "a")
+        for r in by_code.values():  # kept under this key now: a killed run keeps them too
+            checkpoint.write(json.dumps(dict(_record(r), key=key), separators=(",", ":")) + "\n")
+        checkpoint.flush()
 
     print(
         f"{len(jobs)} compilations ({args.jobs} at a time); * = default config; c = causal; "
@@ -236,14 +245,54 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def _check_codes(out_dir: str, jobs: list[Job], kept: dict, workers: int) -> dict:
+    """{job: Result} of the rows of out_dir compiled from another source key whose job
+    this checkout builds to the same code key (build.code_key: the same Triton IR,
+    target, options and analysis): the same figures, kept without compiling. Also fills
+    in the code key of kept rows that have none (a report from before code keys: the
+    same source key builds the same code). Triton's front end only, a few hundredths of
+    a second a row."""
+    candidates = rows_by_code(out_dir, [j for j in jobs if j not in kept])
+    unkeyed = [j for j, r in kept.items() if not r.code]
+    todo = list(candidates) + unkeyed
+    if not todo:
+        return {}
+    print(
+        f"checking {len(candidates)} rows of another source key by the code they build to "
+        f"(Triton's front end only)" + (f"; and the code key of {len(unkeyed)} kept rows" if unkeyed else ""),
+        flush=True,
+    )
+    t0 = time.time()
+    same = {}
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        codes = pool.map(code_job, todo, chunksize=16) if pool else map(code_job, todo)
+        for i, (j, code) in enumerate(zip(todo, codes), 1):
+            if j in kept:
+                kept[j].code = code
+            elif code and code == candidates[j].code:
+                same[j] = candidates[j]
+            if i % 500 == 0 and i < len(todo):
+                print(_progress(i, len(todo), t0, "checked"), file=sys.stderr, flush=True)
+    finally:
+        if pool:
+            pool.shutdown()
+    print(
+        f"by code: {len(same)} of {len(candidates)} rows kept (the same code), "
+        f"{len(candidates) - len(same)} to compile ({time.time() - t0:.0f} s)",
+        flush=True,
+    )
+    return same
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _progress(done: int, total: int, t0: float) -> str:
+def _progress(done: int, total: int, t0: float, what: str = "compiled") -> str:
     """done/total, and the minutes left at this run's pace (the slowest rows come last)."""
     left = (time.time() - t0) / done * (total - done) / 60
-    return f"[{done}/{total} compiled, at least ~{left:.0f} min left]"
+    return f"[{done}/{total} {what}, at least ~{left:.0f} min left]"
 
 
 if __name__ == "__main__":

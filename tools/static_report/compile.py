@@ -1,9 +1,10 @@
 """One row of the static report: a tile configuration compiled for its target, its cubin
-read (Job, compile_job, analyse, Result, and the figures they gate on).
+read (Job, analyse, Result, and the figures they gate on).
 
-The functions and classes named in store._ROW_FUNCTIONS are found by name in this
-package and hashed into the source key (store.source_key): a change of their code makes
-every row stale; a comment or a docstring does not.
+What a row is compiled from, its code key and compile_job are in build.py. The functions
+and classes named in key._ROW_FUNCTIONS are found by name in this package and hashed into
+the source key (key.source_key): a change of their code makes every row stale; a comment
+or a docstring does not.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import re
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 from attnkit.kernels import devices, limits
@@ -103,6 +103,9 @@ class Result:
     sass_digest: str = ""  # of the instruction text (addresses and encodings left out)
     seconds: float = 0.0
     error: str = ""
+    # What the figures are a function of (build.code_key): the kernel's Triton IR, its
+    # target, compile options and analysis; "" for a row compiled before code keys.
+    code: str = ""
 
     @property
     def exp_limit(self) -> float:
@@ -181,49 +184,6 @@ def shared_memory_needs(results) -> dict:
     return needs
 
 
-def _flash():
-    """(kernels, launch): the Triton code of the flash-attention kernels and its host side."""
-    from attnkit.kernels.flash import kernels, launch
-
-    return kernels, launch
-
-
-def _int8():
-    """(kernels, quant): the Triton code of the int8 forward and its quantisation's
-    head-dim split (qk_pieces)."""
-    from attnkit.kernels.int8 import kernels, quant
-
-    return kernels, quant
-
-
-def _tool(name: str) -> str:
-    import triton
-
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-
-
-_PTR = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
-_INTS = ("H", "M", "N", "OFF")
-
-
-def _signature(fn, dtype: str, pointer_types: dict[str, str], descriptors: dict[str, str]) -> dict[str, str]:
-    sig = {}
-    for p in fn.params:
-        if p.is_constexpr:
-            sig[p.name] = "constexpr"
-        elif p.name in descriptors:
-            sig[p.name] = descriptors[p.name]
-        elif p.name in pointer_types:
-            sig[p.name] = pointer_types[p.name]
-        elif p.name in ("qk_scale", "sm_scale"):
-            sig[p.name] = "fp32"
-        elif p.name[0].isupper() and p.name not in _INTS:
-            sig[p.name] = _PTR[dtype]  # Q, K, V, Out, DO, DQ, DK, DV, placeholders
-        else:
-            sig[p.name] = "i32"
-    return sig
-
-
 def _compile(src, arch: int, warps: int, stages: int, options: dict):
     import triton
     from triton.backends.compiler import GPUTarget
@@ -231,6 +191,12 @@ def _compile(src, arch: int, warps: int, stages: int, options: dict):
     return triton.compile(
         src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages, **options}
     )
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
 def _read_cubin(kernel) -> tuple[str, str]:
@@ -304,134 +270,4 @@ def analyse(
     res.mma_duplication = loop.mma_flops(warps) / needed if res.matrix != "fma" else 1.0
     flops = TENSOR_FLOPS_PER_CLOCK[res.job.arch] if res.matrix != "fma" else float("nan")
     res.tensor_limit = (wide * 2 * padded + 2 * int8_padded / INT8_RATE) * ISSUE_PER_CLOCK / flops
-    return res
-
-
-def compile_job(job: Job) -> Result:
-    """Compile one configuration for its target and read its cubin."""
-    os.environ.pop("TRITON_INTERPRET", None)
-    from triton.compiler import ASTSource
-
-    fk, fl = _flash()
-    res = Result(job)
-    t0 = time.time()
-    if job.kernel == "int8":
-        return _compile_int8(job, res, fk, fl, t0)
-    try:
-        fn = fk.KERNELS[job.kernel]
-        d0, d1 = limits.split_head_dim(job.head_dim)
-        bm, bn, warps, stages, reload = job.config
-        base = job.kernel.split("_")[0]
-        descriptors = {}
-        if job.tma:
-            t = _PTR[job.dtype][1:]
-            for names, rows_key in fk.DESCRIPTORS[job.kernel]:
-                rows = bm if rows_key == "BLOCK_M" else bn
-                for name in names:
-                    width = d1 if name.endswith("1") and d1 else d0
-                    descriptors[name] = f"tensordesc<{t}[1,1,{rows},{width}]>"
-        # "full16": a full bias in the inputs' 16-bit dtype, read as it is, at the least
-        # alignment the launcher reads one at (BIAS_16BIT_ALIGN); every other bias in float32.
-        bias16 = job.bias == "full16"
-        pointer_types = {
-            "Bias": _PTR[job.dtype] if bias16 else "*fp32",
-            "Lse": "*fp32",
-            "LseShift": "*fp32",
-            "Delta": "*fp32",
-            "DBias": "*fp32",
-            "Lens": "*i32",
-            "Plain": "*i32",
-        }
-        sig = _signature(fn, job.dtype, pointer_types, descriptors)
-        constexprs = dict(
-            HEAD_DIM=job.head_dim,
-            D0=d0,
-            D1=d1,
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            RELOAD=bool(reload),
-            BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS, "full16": fk.FULL_BIAS}[job.bias],
-            CAUSAL=job.causal,
-            TMA=job.tma,
-            # A (B, N, H, D) layout: head stride D, row stride H * D.
-            ALIGN=fl._align(job.head_dim),
-            BIAS_ALIGN=fl.BIAS_16BIT_ALIGN if bias16 else 1,
-            BIAS_CONTIG=True,
-            PRECISION="tf32" if job.dtype != "fp32" else "ieee",
-            EMULATE_BF16=False,
-        )
-        if base == "fwd":
-            constexprs["STORE_LO"] = job.kernel == "fwd_lo"
-            constexprs["WARP_SPEC"] = job.warp_specialize
-        else:
-            constexprs["BIAS_GRAD"] = job.kernel in DBIAS_KERNELS
-            constexprs["PIECE"] = job.piece
-            if base == "dkdv":
-                constexprs["GRADS"] = job.grads
-        # The arguments the launcher passes as None for this launch: constants, as Triton
-        # compiles them at run time.
-        for name in fl.absent_arguments(fn, constexprs):
-            sig[name] = "constexpr"
-            constexprs[name] = None
-        # Pointers are 16-byte aligned (torch allocations are); Triton's runtime
-        # specialises them the same way.
-        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name].startswith("*")}
-        options = {**fl._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}
-        kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, options)
-        exp_least = 1.0 + (1.0 / bn if base == "fwd" else 0.0)
-        analyse(res, kernel, warps, bm * bn, d0 + d1, MATMULS[job.kernel], exp_least)
-    except Exception as e:  # noqa: BLE001 - any failure is a failed configuration
-        msg = str(e).strip().splitlines()
-        res.error = f"compile failed: {type(e).__name__}: {msg[0] if msg else ''}"[:200]
-    res.seconds = time.time() - t0
-    return res
-
-
-def _compile_int8(job: Job, res: Result, fk, fl, t0: float) -> Result:
-    """compile_job for the int8 forward (attnkit/kernels/int8/kernels.py): q8 and k8
-    int8, their scales and a bias float32, V and the output 16-bit; pointer loads only."""
-    from triton.compiler import ASTSource
-
-    ik, iq = _int8()
-    try:
-        fn = ik._attn_fwd_int8
-        d0, d1 = limits.split_head_dim(job.head_dim)
-        dq0, dq1 = iq.qk_pieces(job.head_dim)
-        bm, bn, warps, stages, _ = job.config
-        pointer_types = {
-            "Q8": "*i8",
-            "K8": "*i8",
-            "QS": "*fp32",
-            "KS": "*fp32",
-            "Bias": "*fp32",
-            "Lens": "*i32",
-            "Plain": "*i32",
-        }
-        sig = _signature(fn, job.dtype, pointer_types, {})
-        constexprs = dict(
-            HEAD_DIM=job.head_dim,
-            D0=d0,
-            D1=d1,
-            DQ0=dq0,
-            DQ1=dq1,
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS}[job.bias],
-            CAUSAL=job.causal,
-            ALIGN=fl._align(job.head_dim),
-            BIAS_ALIGN=1,
-            BIAS_CONTIG=True,
-            EMULATE_BF16=False,
-        )
-        for name in fl.absent_arguments(fn, constexprs):  # passed as None: constants
-            sig[name] = "constexpr"
-            constexprs[name] = None
-        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(fn.params) if sig[p.name].startswith("*")}
-        options = {**fl._COMPILE_OPTIONS, **({"maxnreg": job.maxnreg} if job.maxnreg else {})}
-        kernel = _compile(ASTSource(fn, sig, constexprs, attrs), job.arch, warps, stages, options)
-        analyse(res, kernel, warps, bm * bn, d0 + d1, MATMULS[job.kernel], 1.0 + 1.0 / bn, int8_padded=dq0 + dq1)
-    except Exception as e:  # noqa: BLE001 - any failure is a failed configuration
-        msg = str(e).strip().splitlines()
-        res.error = f"compile failed: {type(e).__name__}: {msg[0] if msg else ''}"[:200]
-    res.seconds = time.time() - t0
     return res

@@ -3,7 +3,8 @@ launch) rows it compiles, from the shipped tile lists or --config, and in what o
 
 from __future__ import annotations
 
-from .compile import DBIAS_KERNELS, Job, _flash
+from .build import _select
+from .compile import DBIAS_KERNELS, Job
 
 HEAD_DIMS = (40, 64, 80, 96, 128, 160, 256, 320, 384, 512)
 DTYPES = ("fp16", "bf16", "fp32")
@@ -45,7 +46,7 @@ def _variants(kernel: str, dtype: str, arch: int, biases, causals) -> list[tuple
 
 def launches(kernel: str, head_dim: int) -> list[tuple[int, str]]:
     """(PIECE, GRADS) of each launch of a kernel at a head dim (attnkit/kernels/flash/
-    launch.py, _backward_impl): above 256 the backward runs once per head-dim piece, dK/dV also once
+    launch.py, BackwardPlan): above 256 the backward runs once per head-dim piece, dK/dV also once
     per gradient; the bias gradient comes with the first dK (or dQ) launch."""
     if kernel.startswith("fwd") or kernel == "int8" or head_dim <= 256:
         return [(-1, "dkdv")]
@@ -63,7 +64,7 @@ def jobs_for(
 ) -> list[Job]:
     import torch
 
-    _, fl = _flash()
+    fl = _select()
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     jobs = []
     for kernel in kernels:

@@ -1,17 +1,24 @@
-"""What keys a row of the static report: source_key(), a hash of the code every row is
-compiled and analysed from, and compile_spec(), what one row is compiled from besides
-that code (its tile and variant).
+"""What keys a row of the static report. Two keys, a fast one and an exact one:
 
-A row is kept by --resume while both are the same: a comment, a docstring, a line moved,
-an edit of the launcher's other host code (ops.py, launch.py outside _align,
-_COMPILE_OPTIONS and absent_arguments, bias_form.py outside BIAS_16BIT_ALIGN; int8/ops.py, int8/quant.py outside qk_pieces) or
-of the tile table (tiles.py) keeps every other row; an edit of the kernels' code (flash/
-and int8/kernels.py), of the head-dim split (limits.py), of the SASS analysis (sass.py) or of
-the functions that compile and read a row (_ROW_FUNCTIONS, found by name in any module
-of tools/static_report, so they may move between its modules) makes every row stale.
-Not in the key: the module-level constants those functions read (MATMULS, SMEM_LIMIT,
-... in compile.py) and triton's own files beyond its version: after editing one, rerun
-without --resume.
+* source_key(): a hash of the code every row is compiled and analysed from. A row is kept
+  by --resume while it is the same: a comment, a docstring, a line moved, an edit of the
+  launcher's other host code (launcher.py, flash/ops.py, launch.py, select.py, bias_form.py
+  outside BIAS_16BIT_ALIGN; int8/ops.py, int8/quant.py outside qk_pieces) or of the tile
+  table (tiles.py) keeps every row, with nothing run. An edit of the kernels' code
+  (flash/kernels.py and int8/kernels.py), of their calling convention (flash/abi.py,
+  hashed whole), of the head-dim split
+  (limits.py), of the SASS analysis (sass.py, key.ANALYSIS) or of the functions that
+  build, compile and read a row (_ROW_FUNCTIONS, found by name in any module of
+  tools/static_report, so they may move between its modules) changes it.
+* build.code_key(): a hash of what one row's figures are a function of: the Triton IR of
+  its kernel (Triton's front end, a few hundredths of a second a row), its target,
+  options and analysis. Where the source key changed, --resume keeps each row whose job
+  this checkout builds to the row's code key, and compiles only the rest: a refactor of
+  the kernels' source that compiles to the same code (a helper moved to another module,
+  a variable renamed outside the kernels) costs minutes, not a recompilation.
+
+compile_spec() is what a row is compiled from besides the code (its tile and variant).
+Not in either key: triton's own files beyond its version.
 """
 
 from __future__ import annotations
@@ -27,14 +34,22 @@ from .compile import Job
 # tool that compile and read a row. A row is kept (--resume) while this key is the same.
 _ROW_MODULES = (
     "attnkit/kernels/flash/kernels.py",
+    "attnkit/kernels/flash/abi.py",
     "attnkit/kernels/int8/kernels.py",
     "attnkit/kernels/limits.py",
     "tools/static_report/sass.py",
 )
 _ROW_FUNCTIONS = (
     "compile_job",
-    "_compile_int8",
+    "source_of",
+    "_flash_source",
+    "_int8_source",
     "_int8",
+    "Build",
+    "_front",
+    "code_key",
+    "code_hash",
+    "analysis_key",
     "analyse",
     "_read_cubin",
     "_compile",
@@ -43,20 +58,18 @@ _ROW_FUNCTIONS = (
     "Result",
     "Job",
 )
-# The host helpers that compile_job reads (the arguments a launch passes as None are
-# compiled as constants; the alignment a 16-bit bias is read at), each with the module it
-# lives in, in the order they are hashed. A helper not found there is an error: a moved
-# helper is moved here too, never silently left out of the key.
-_ROW_HELPERS = (
-    ("_ABSENT", "attnkit/kernels/flash/launch.py"),
-    ("absent_arguments", "attnkit/kernels/flash/launch.py"),
-    ("_COMPILE_OPTIONS", "attnkit/kernels/flash/launch.py"),
-    ("BIAS_16BIT_ALIGN", "attnkit/kernels/bias_form.py"),
-    ("_align", "attnkit/kernels/flash/launch.py"),
-)
+# The host helpers a row's build reads outside the modules above (the alignment a 16-bit
+# bias is read at), each with the module it lives in, in the order they are hashed. A
+# helper not found there is an error: a moved helper is moved here too, never silently
+# left out of the key. (The flash kernels' calling convention, flash/abi.py, is hashed
+# whole: _ROW_MODULES.)
+_ROW_HELPERS = (("BIAS_16BIT_ALIGN", "attnkit/kernels/bias_form.py"),)
 # The host helper of attnkit/kernels/int8/quant.py that compile_job reads (the int8 head-dim
 # split); the rest of that module is host code.
 _INT8_HELPERS = ("qk_pieces",)
+# What reads a compiled kernel into a row's figures, besides sass.py (hashed whole): these
+# definitions, found by name in any module of the tool (analysis_definitions).
+ANALYSIS = ("analyse", "_read_cubin", "_tool", "Result", "TENSOR_FLOPS_PER_CLOCK", "INT8_RATE", "ISSUE_PER_CLOCK")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -134,7 +147,27 @@ def source_key(root: str = _ROOT) -> str:
         raise RuntimeError(f"source_key: {sorted(missing)} not found in tools/static_report")
     for name in _ROW_FUNCTIONS:
         h.update(found[name].encode())
+    # The constants the analysis reads (ANALYSIS): what the code key holds, this key holds.
+    h.update(analysis_definitions(here).encode())
     return h.hexdigest()[:16]
+
+
+def analysis_definitions(here: str) -> str:
+    """The definitions named in ANALYSIS, each found once in the tool's modules (in
+    ``here``), in ANALYSIS's order: moving one to another module keeps the text."""
+    found: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name)) as f:
+                tree = _code(f.read())
+            for wanted in ANALYSIS:
+                found.setdefault(wanted, []).extend(_named(tree, (wanted,)))
+    wrong = [n for n in ANALYSIS if len(found.get(n, ())) != 1]
+    if wrong:
+        raise RuntimeError(
+            f"static report: {wrong} not defined exactly once in tools/static_report: update key.ANALYSIS"
+        )
+    return "".join(found[n][0] for n in ANALYSIS)
 
 
 def compile_spec(job: Job) -> tuple:

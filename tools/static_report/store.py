@@ -260,9 +260,9 @@ def render(out_dir: str) -> tuple[str, str]:
 # -- resuming ----------------------------------------------------------------------------
 
 
-def _read_rows(path: str, key: str) -> dict:
+def _read_rows(path: str, key: str | None) -> dict:
     """compile_spec -> record of the rows of a report (report.json, either layout) or a
-    checkpoint (jsonl) compiled from this source key."""
+    checkpoint (jsonl) compiled from this source key (None: from any)."""
     if not os.path.exists(path):
         return {}
     rows = []
@@ -276,7 +276,7 @@ def _read_rows(path: str, key: str) -> dict:
     else:
         record = read_record(os.path.dirname(path), os.path.basename(path)[: -len(".json")])
         rows = [dict(r, key=r.get("key", record.get("source_key"))) for r in record.get("rows", [])]
-    return {compile_spec(_from_record(r).job): r for r in rows if r.get("key") == key}
+    return {compile_spec(_from_record(r).job): r for r in rows if key is None or r.get("key") == key}
 
 
 def resumable_rows(out_dir: str, jobs: list[Job], key: str) -> tuple[dict, str]:
@@ -293,6 +293,23 @@ def resumable_rows(out_dir: str, jobs: list[Job], key: str) -> tuple[dict, str]:
             r.job = j
             kept[j] = r
     return kept, f"{len(found)} rows compiled from source key {key} in {out_dir}"
+
+
+def rows_by_code(out_dir: str, jobs: list[Job]) -> dict:
+    """{job: Result} of the rows an earlier run in out_dir compiled, from any source key,
+    that carry a code key (build.code_key): each is kept where this checkout builds its
+    job to the same code key (cli checks), with this run's budget and default. The
+    checkpoint's row wins over the report's: it is the later."""
+    found = _read_rows(os.path.join(out_dir, "report.json"), None)
+    found.update(_read_rows(os.path.join(out_dir, CHECKPOINT), None))
+    out = {}
+    for j in jobs:
+        rec = found.get(compile_spec(j))
+        if rec is not None and rec.get("code") and not rec.get("error"):
+            r = _from_record(rec)
+            r.job = j
+            out[j] = r
+    return out
 
 
 def retire_checkpoint(out_dir: str, results: list[Result], key: str) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
 
-from .compile import Job, _flash, compile_job
+from .build import _select, compile_job
+from .compile import Job
 
 
 def check_warp_specialization(jobs: int) -> list[dict]:
@@ -15,7 +16,7 @@ def check_warp_specialization(jobs: int) -> list[dict]:
     compile: whether this Triton specialises anything on Hopper."""
     import torch
 
-    _, fl = _flash()
+    fl = _select()
     pairs = []
     for d in (64, 128):
         c = fl.configs_for("fwd", d, torch.float16, "sm90", "none")[0]
