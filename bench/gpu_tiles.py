@@ -344,7 +344,7 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
     case it cut is marked "interrupted" and what the autotuner chose so far still follows."""
     os.environ["ATTNKIT_TRITON_AUTOTUNE"] = "1" if autotune else "0"
     # Autotuning off times the shipped defaults, not a GPU's recorded ones
-    # (attnkit/kernels/tile_records.py): a record compares the two.
+    # (attnkit/kernels/tile_rules.py): a record compares the two.
     os.environ["ATTNKIT_TILE_RECORDS"] = "0"
     # Both switches are in every plan's key (launcher.settings()): the plans of the other
     # setting are not served; forgotten here to free them.

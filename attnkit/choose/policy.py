@@ -12,7 +12,7 @@ laptop. :func:`choose`, auto()'s per-call decision, its fallback, its compile-ti
 choice, ``explain()`` and ``attnkit info`` all go through :func:`walk`.
 
 A GPU with a committed record (``bench/results/<gpu>/``, matched by device name and
-compute capability) also has rules generated from it (:mod:`attnkit.choose.records`,
+compute capability) also has rules generated from it (:mod:`attnkit.choose.gpu_rules`,
 ``python -m tools.records``): where the record measured attnkit's Triton kernel ahead
 of SDPA for a class of calls (key-padding mask, fp16, head dim 128 on the H100, ...),
 :func:`walk` moves it ahead of SDPA in the hardware class's order for calls of that

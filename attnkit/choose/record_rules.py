@@ -1,6 +1,6 @@
 """The rules generated from the committed GPU records, and how they apply to one call.
 
-:mod:`attnkit.choose.records` (written by ``python -m tools.records``) holds, per GPU
+:mod:`attnkit.choose.gpu_rules` (written by ``python -m tools.records``) holds, per GPU
 record under ``bench/results/<gpu>/``, the classes of calls where attnkit's Triton kernel
 was measured ahead of SDPA. A rule holds only on the GPU that was recorded (the same
 device name and compute capability, nothing nearer) and only for calls of the class it
@@ -18,10 +18,10 @@ from typing import Sequence
 
 from ..backends import AttentionCall, DeviceInfo
 from ..backends.base import dtype_name
-from . import records
+from . import gpu_rules
 
 RECORDS_DIR = "bench/results"
-Rule = records.Rule
+Rule = gpu_rules.Rule
 
 
 def device_folder(name: str) -> str:
@@ -32,13 +32,13 @@ def device_folder(name: str) -> str:
 
 
 def record_of(device: DeviceInfo) -> str | None:
-    """The record folder of ``device`` (a key of ``records.GPUS``), or None: the same
+    """The record folder of ``device`` (a key of ``gpu_rules.GPUS``), or None: the same
     device name and the same compute capability, nothing nearer (an H100 PCIe is not
     the H100 SXM that was recorded)."""
     if device.type != "cuda" or not device.name or device.capability is None:
         return None
     folder = device_folder(device.name)
-    gpu = records.GPUS.get(folder)
+    gpu = gpu_rules.GPUS.get(folder)
     if gpu is None or tuple(device.capability) != tuple(gpu.capability):
         return None
     return folder
@@ -67,7 +67,7 @@ def rules_for(call: AttentionCall) -> tuple[Rule, ...]:
     folder = record_of(call.device)
     if folder is None:
         return ()
-    return tuple(r for r in records.RULES if r.gpu == folder and covers(r, call))
+    return tuple(r for r in gpu_rules.RULES if r.gpu == folder and covers(r, call))
 
 
 def rule_source(rule: Rule) -> str:
@@ -104,8 +104,8 @@ def rules_table() -> str:
         "| GPU | capability | calls | order | measured (SDPA time / triton time) | record (least) |",
         "|---|---|---|---|---|---|",
     ]
-    for rule in records.RULES:
-        gpu = records.GPUS[rule.gpu]
+    for rule in gpu_rules.RULES:
+        gpu = gpu_rules.GPUS[rule.gpu]
         calls = (
             f"{rule.dtype}, head dim {rule.head_dim}, mask {rule.mask}"
             f"{', causal' if rule.causal else ''}, {'forward and backward' if rule.grad else 'forward'}, "

@@ -67,7 +67,7 @@ class Settings:
         None: torch.empty_like.
     autotune: ATTNKIT_TRITON_AUTOTUNE (default on): the autotuner times a list's candidates.
     tile_records: ATTNKIT_TILE_RECORDS (default on): a GPU's recorded default tile serves.
-    tile_rules: the GPU records' tile rules (None: attnkit/kernels/tile_records.py's
+    tile_rules: the GPU records' tile rules (None: attnkit/kernels/tile_rules.py's
         TILE_RULES; tests give made-up ones).
     launch_through: a stand-in for Triton's own launch, (fn, grid, kwargs) -> compiled
         kernel or None (tests); None: Triton's.

@@ -337,7 +337,7 @@ def test_unknown_names_are_refused():
         attnkit.auto(backends={"sdpa": object()})
 
 
-# -- rules from the GPU records (attnkit/choose/records.py) --------------------------------
+# -- rules from the GPU records (attnkit/choose/gpu_rules.py) --------------------------------
 H200 = DeviceInfo("cuda", (9, 0), "NVIDIA H200")
 H100_PCIE = DeviceInfo("cuda", (9, 0), "NVIDIA H100 PCIe")  # sm_90, but no record of its own
 FLUX = dict(m=4608, n=4608)  # FLUX.1 at 1024x1024: 4096 image tokens and 512 of text

@@ -22,7 +22,7 @@ from attnkit.kernels import flash_attention  # noqa: E402
 
 launcher = importlib.import_module("attnkit.kernels.launcher")
 select = importlib.import_module("attnkit.kernels.flash.select")
-tr = importlib.import_module("attnkit.kernels.tile_records")
+tr = importlib.import_module("attnkit.kernels.tile_rules")
 TileConfig = importlib.import_module("attnkit.kernels.flash.tile_config").TileConfig
 
 

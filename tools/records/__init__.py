@@ -1,6 +1,6 @@
 """The per-GPU backend preferences auto() takes from the committed GPU records.
 
-    python -m tools.records            # writes attnkit/choose/records.py and attnkit/kernels/tile_records.py
+    python -m tools.records            # writes attnkit/choose/gpu_rules.py and attnkit/kernels/tile_rules.py
     python -m tools.records --check    # exits 1 if either is not what the records give
 
 Inputs, all under ``bench/results/<gpu>/`` (one folder per device, named after
@@ -26,7 +26,7 @@ a causal call, a shorter one, or another GPU gets no rule.
 :data:`WITHDRAWN` lists measurements that no longer describe the code, each with why;
 the generated module names them in its header.
 
-Default tiles per GPU (``attnkit/kernels/tile_records.py``, the same command):
+Default tiles per GPU (``attnkit/kernels/tile_rules.py``, the same command):
 where a ``timing.json`` logs the autotuner's choices (``gpu_tiles.py``'s "autotuner
 choices" row) and times a case both with autotuning off (the shipped default tile) and on
 (the choice), in the same run, with the choice at least :data:`THRESHOLD` times as fast,

@@ -19,7 +19,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import devices, limits
 from ..launcher import INTERPRETED, Launch, make_tuner, settings
-from ..tile_records import TILE_RULES
+from ..tile_rules import TILE_RULES
 from .abi import COMPILE_OPTIONS, TUNE_KEY
 from .kernels import DESCRIPTORS, KERNELS
 from .tile_config import TileConfig
@@ -118,7 +118,7 @@ def recorded_tile(
     tma: bool,
     lengths: Optional[tuple] = None,
 ):
-    """The rule of tile_records.py (generated from the GPU records) that makes another
+    """The rule of tile_rules.py (generated from the GPU records) that makes another
     shipped candidate this call's default on its GPU, or None: a GPU, list or length
     without one keeps the shipped order, and so does every call with
     ATTNKIT_TILE_RECORDS=0 (settings().tile_records: bench/gpu_tiles.py times the shipped
@@ -190,7 +190,7 @@ def kernel_for(
     lengths: Optional[tuple] = None,
 ):
     """(callable kernel, fixed tile or None): the autotuner, or the plain kernel with its
-    default tile (the GPU's recorded one where tile_records.py has a rule for the call's
+    default tile (the GPU's recorded one where tile_rules.py has a rule for the call's
     list and lengths (M, N), else the list's first)."""
     s = settings()
     arch = arch_of(device)

@@ -1,4 +1,4 @@
-"""The launcher runs a GPU's recorded default tile (attnkit/kernels/tile_records.py)
+"""The launcher runs a GPU's recorded default tile (attnkit/kernels/tile_rules.py)
 where a rule covers the call: that GPU, the list, the dtype, lengths at least the rule's;
 everything else keeps the shipped default, and ATTNKIT_TILE_RECORDS=0 turns the rules off.
 In the interpreter the GPU is launcher.settings().gpu and the target settings().arch."""
@@ -19,7 +19,7 @@ from attnkit.kernels import flash_attention  # noqa: E402
 
 launcher = importlib.import_module("attnkit.kernels.launcher")
 select = importlib.import_module("attnkit.kernels.flash.select")
-tr = importlib.import_module("attnkit.kernels.tile_records")
+tr = importlib.import_module("attnkit.kernels.tile_rules")
 
 H100 = "nvidia-h100-80gb-hbm3"
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""attnkit/choose/records.py is generated from the committed GPU records (tools/records,
+"""attnkit/choose/gpu_rules.py is generated from the committed GPU records (tools/records,
 `python -m tools.records`): the file in the tree is what the generator writes, its rules
 carry the figures the records' READMEs state, and the generator makes a rule only where a
 record measured the kernel ahead, for the class it measured."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.choose import record_rules, records
+from attnkit.choose import gpu_rules, record_rules
 from tools.records import generate as gen
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,13 +21,13 @@ H100, H200 = "nvidia-h100-80gb-hbm3", "nvidia-h200"
 def test_the_module_is_what_the_generator_writes():
     text = gen.OUTPUT.read_text()
     assert text == gen.generate(), (
-        "attnkit/choose/records.py differs from what the records under bench/results give: run "
+        "attnkit/choose/gpu_rules.py differs from what the records under bench/results give: run "
         "`python -m tools.records` (never edit it by hand)"
     )
 
 
 def test_check_fails_on_a_hand_edit(tmp_path, capsys):
-    copy = tmp_path / "records.py"
+    copy = tmp_path / "gpu_rules.py"
     copy.write_text(gen.OUTPUT.read_text())
     assert gen.main(["--check", "--file", str(copy)]) == 0
     copy.write_text(copy.read_text().replace("1.841", "1.9", 1))
@@ -36,7 +36,7 @@ def test_check_fails_on_a_hand_edit(tmp_path, capsys):
 
 
 def _rule(gpu, mask, d, grad):
-    found = [r for r in records.RULES if (r.gpu, r.mask, r.head_dim, r.grad) == (gpu, mask, d, grad)]
+    found = [r for r in gpu_rules.RULES if (r.gpu, r.mask, r.head_dim, r.grad) == (gpu, mask, d, grad)]
     assert len(found) == 1, f"{gpu} {mask} D={d} grad={grad}: {found}"
     return found[0]
 
@@ -73,23 +73,23 @@ def test_rules_carry_the_figures_of_the_records(gpu, mask, d, grad, figures):
 
 
 def test_no_rule_where_a_record_measured_the_kernel_behind_or_did_not_measure():
-    by_class = {(r.gpu, r.mask, r.head_dim, r.grad) for r in records.RULES}
+    by_class = {(r.gpu, r.mask, r.head_dim, r.grad) for r in gpu_rules.RULES}
     assert (H200, "none", 512, False) not in by_class  # the H200 timed the VAE at 0.77
     assert (H100, "none", 128, False) not in by_class  # 0.75
     assert (H100, "bias", 128, False) not in by_class  # the full bias, 0.34
     assert (H100, "none", 512, True) not in by_class  # the VAE's backward was not timed
-    assert all(r.dtype == "float16" for r in records.RULES)  # only fp16 was timed
-    assert all(r.ratio >= records.THRESHOLD for r in records.RULES)
+    assert all(r.dtype == "float16" for r in gpu_rules.RULES)  # only fp16 was timed
+    assert all(r.ratio >= gpu_rules.THRESHOLD for r in gpu_rules.RULES)
 
 
 def test_a_withdrawn_measurement_makes_no_rule_and_is_named():
     # the H200's full 16-bit bias ran at 1.13 before every bias became float32
-    assert not [r for r in records.RULES if r.gpu == H200 and r.mask == "bias"]
+    assert not [r for r in gpu_rules.RULES if r.gpu == H200 and r.mask == "bias"]
     assert "nvidia-h200/tiles-43e61c8/timing.json#13 (d128 full bias, 1.128)" in gen.OUTPUT.read_text()
 
 
 def test_record_folders_are_named_as_the_library_names_devices():
-    for folder, gpu in records.GPUS.items():
+    for folder, gpu in gpu_rules.GPUS.items():
         assert gen.device_folder(gpu.name) == record_rules.device_folder(gpu.name) == folder
 
 
@@ -186,7 +186,7 @@ def test_info_names_the_record_behind_each_rule_that_changes_a_choice(monkeypatc
     h100 = DeviceInfo("cuda", (9, 0), "NVIDIA H100 80GB HBM3")
     data = info.record_rules(h100, AutoChooser(), ALL)
     assert data["record"] == "bench/results/nvidia-h100-80gb-hbm3"
-    assert len(data["rules"]) == len([r for r in records.RULES if r.gpu == H100]) > 0
+    assert len(data["rules"]) == len([r for r in gpu_rules.RULES if r.gpu == H100]) > 0
     for row in data["rules"]:
         assert (row["backend"], row["without_rule"], row["changed"]) == ("triton", "sdpa", True), row
         assert (ROOT / row["source"].split("#")[0]).is_file()
@@ -211,8 +211,8 @@ def test_auto_names_the_rule_in_the_order_it_walked(monkeypatch):
     from attnkit.choose.auto import AutoChooser
 
     monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
-    rule = next(r for r in records.RULES if r.gpu == H100 and not r.grad)
-    h100 = DeviceInfo("cuda", (9, 0), records.GPUS[H100].name)
+    rule = next(r for r in gpu_rules.RULES if r.gpu == H100 and not r.grad)
+    h100 = DeviceInfo("cuda", (9, 0), gpu_rules.GPUS[H100].name)
     assert rule.dtype == "float16", rule.dtype  # the records timed fp16
     call = AttentionCall(
         device=h100, dtype=torch.float16, head_dim=rule.head_dim, q_len=rule.min_q, kv_len=rule.min_kv, mask=rule.mask

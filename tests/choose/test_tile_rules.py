@@ -1,4 +1,4 @@
-"""attnkit/kernels/tile_records.py, the default tiles per GPU, is generated from the
+"""attnkit/kernels/tile_rules.py, the default tiles per GPU, is generated from the
 committed GPU records (`python -m tools.records`): where a record timed a case with the
 shipped default tile and with the autotuner's choice, in the same run, and the choice was
 ahead by the threshold, the choice becomes that GPU's default for the lists the case ran,
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit.kernels import limits, tile_records
+from attnkit.kernels import limits, tile_rules
 from attnkit.kernels.flash.tiles import CONFIGS
 from tools.records import generate as gen
 
@@ -21,27 +21,27 @@ H100 = "nvidia-h100-80gb-hbm3"
 
 def test_the_module_is_what_the_generator_writes():
     assert gen.TILE_OUTPUT.read_text() == gen.generate_tiles(), (
-        "attnkit/kernels/tile_records.py differs from what the records under bench/results give: run "
+        "attnkit/kernels/tile_rules.py differs from what the records under bench/results give: run "
         "`python -m tools.records` (never edit it by hand)"
     )
 
 
 def test_check_fails_on_a_hand_edit(tmp_path, capsys):
-    records, tiles = tmp_path / "records.py", tmp_path / "tile_records.py"
+    records, tiles = tmp_path / "gpu_rules.py", tmp_path / "tile_rules.py"
     records.write_text(gen.OUTPUT.read_text())
     tiles.write_text(gen.TILE_OUTPUT.read_text())
     args = ["--check", "--file", str(records), "--tiles-file", str(tiles)]
     assert gen.main(args) == 0
     tiles.write_text(tiles.read_text().replace("M128-N64-w8-s3", "M64-N64-w4-s2", 1))
     assert gen.main(args) == 1
-    assert "tile_records.py is not what the records" in capsys.readouterr().out
+    assert "tile_rules.py is not what the records" in capsys.readouterr().out
 
 
 def test_every_rule_names_a_shipped_candidate_that_serves_its_list():
     """So the static report compiles every recorded default (it compiles every shipped
     candidate), and `replaces` is the list's default today."""
-    assert tile_records.TILE_RULES
-    for r in tile_records.TILE_RULES:
+    assert tile_rules.TILE_RULES
+    for r in tile_rules.TILE_RULES:
         cands = [
             c
             for c in CONFIGS[r.target][r.kernel][r.width][r.band]
@@ -49,7 +49,7 @@ def test_every_rule_names_a_shipped_candidate_that_serves_its_list():
         ]
         names = [str(c) for c in cands if c.dims is None or c.dims[0] <= limits.padded_head_dim(r.band) <= c.dims[1]]
         assert r.tile in names and names[0] == r.replaces != r.tile, r
-        assert r.gain >= tile_records.THRESHOLD
+        assert r.gain >= tile_rules.THRESHOLD
 
 
 def test_the_h100_rules_carry_the_records_figures():
@@ -58,7 +58,7 @@ def test_the_h100_rules_carry_the_records_figures():
     backward 3.161 against 2.781 ms. Head dim 128's autotuned forward was slower (1.306
     against 1.250 ms): no rule there."""
     rows = json.loads((ROOT / "bench" / "results" / H100 / "timing" / "timing.json").read_text())
-    by = {(r.kernel, r.band): r for r in tile_records.TILE_RULES if r.gpu == H100}
+    by = {(r.kernel, r.band): r for r in tile_rules.TILE_RULES if r.gpu == H100}
     assert set(by) == {("fwd", 64), ("fwd_lo", 64), ("dkdv", 64), ("dq", 64)}
     fwd = by["fwd", 64]
     assert (fwd.tile, fwd.replaces, fwd.min_q, fwd.min_kv, fwd.dtype) == (
@@ -72,7 +72,7 @@ def test_the_h100_rules_carry_the_records_figures():
     off = next(r for r in rows if r["case"] == row["case"] and r.get("autotune") is False)
     assert row["autotune"] is True and round(off["attnkit_ms"] / row["attnkit_ms"], 3) == fwd.gain == 1.318
     assert by["dkdv", 64].gain == by["dq", 64].gain == by["fwd_lo", 64].gain == 1.137
-    assert not [r for r in tile_records.TILE_RULES if r.band == 128]
+    assert not [r for r in tile_rules.TILE_RULES if r.band == 128]
 
 
 # -- the generator on records made up for the test ------------------------------------------
@@ -203,7 +203,7 @@ def test_info_names_the_record_behind_each_default_tile():
 
     data = info.record_rules(DeviceInfo("cuda", (9, 0), "NVIDIA H100 80GB HBM3"), AutoChooser(), {})
     rows = data["tiles"]
-    assert len(rows) == len([r for r in tile_records.TILE_RULES if r.gpu == H100]) == 4
+    assert len(rows) == len([r for r in tile_rules.TILE_RULES if r.gpu == H100]) == 4
     text = info.report({**info.collect(), "records": data})
     for row in rows:
         assert (ROOT / row["source"].split("#")[0]).is_file()
