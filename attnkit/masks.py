@@ -13,6 +13,9 @@ argument they gave), formatted only when a mask is refused.
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import torch
 
 from ._text import describe_module
@@ -47,14 +50,43 @@ def to_additive_bias(
     The messages are format strings: ``{shape}`` (the mask's), ``{full}``, ``{dtype}``
     and ``{who}`` (:func:`~attnkit._text.describe_module` of ``who``).
     """
+    shaped = _broadcast(mask, full, key_padding, shape_error, who)
+    return _converted(mask, shaped, dtype, full, dtype_error, who)
+
+
+def route_bias(
+    mask: torch.Tensor,
+    dtype: torch.dtype,
+    full: tuple[int, ...] | None = None,
+    *,
+    key_padding: bool = False,
+    shape_error: str = SHAPE_ERROR,
+    dtype_error: str = DTYPE_ERROR,
+    who=None,
+) -> torch.Tensor | None:
+    """:func:`to_additive_bias` for a route's call, or None, once the shape is checked,
+    for a mask that attends to every key (:func:`hides_nothing`): the call is the same
+    without it, and auto() may choose a mask-free kernel."""
+    shaped = _broadcast(mask, full, key_padding, shape_error, who)
+    if hides_nothing(mask):
+        return None
+    return _converted(mask, shaped, dtype, full, dtype_error, who)
+
+
+def _broadcast(mask, full, key_padding, shape_error, who) -> torch.Tensor:
+    if full is None:
+        return mask
     given = mask
-    if full is not None:
-        if key_padding and mask.dim() == 2 and mask.shape[0] == full[0] and mask.shape[1] == full[-1]:
-            mask = mask[:, None, None, :]
-        if mask.dim() > len(full) or any(got not in (1, want) for got, want in zip(mask.shape[::-1], full[::-1])):
-            raise ValueError(_say(shape_error, given, full, who))
-        while mask.dim() < len(full):
-            mask = mask.unsqueeze(0)
+    if key_padding and mask.dim() == 2 and mask.shape[0] == full[0] and mask.shape[1] == full[-1]:
+        mask = mask[:, None, None, :]
+    if mask.dim() > len(full) or any(got not in (1, want) for got, want in zip(mask.shape[::-1], full[::-1])):
+        raise ValueError(_say(shape_error, given, full, who))
+    while mask.dim() < len(full):
+        mask = mask.unsqueeze(0)
+    return mask
+
+
+def _converted(given, mask, dtype, full, dtype_error, who) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return keep_to_bias(mask, dtype)
     if not mask.is_floating_point():
@@ -89,6 +121,52 @@ def keep_to_bias(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # (dtype, device) -> (0, -inf) as 0-dim tensors, for keep_to_bias
 _ENDS: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def hides_nothing(mask) -> bool:
+    """Whether a mask attends to every key: a boolean mask all True, or an additive float
+    mask all zero. Such a mask is dropped by the routes (the call is the same without
+    it), so auto() may choose a mask-free kernel. Checked once per mask object (one host
+    sync) and kept while the tensor is not changed in place (its version counter).
+
+    False, with nothing read, for what cannot be checked once: under torch.compile, a
+    tensor subclass or a fake or meta tensor, a mask that needs a gradient (its gradient
+    is owed), an inference-mode tensor (it has no version counter, so an in-place change
+    could not be seen), and an empty mask."""
+    if torch.compiler.is_compiling():  # first: nothing below is read while traced
+        return False
+    if (
+        type(mask) is not torch.Tensor
+        or mask.requires_grad
+        or mask.is_inference()
+        or mask.device.type == "meta"
+        or mask.numel() == 0
+    ):
+        return False
+    version = mask._version
+    seen = _SEEN.get(id(mask))
+    if seen is not None and seen[0]() is mask and seen[1] == version:
+        return seen[2]
+    if mask.dtype == torch.bool:
+        answer = bool(mask.all())
+    elif mask.is_floating_point():
+        answer = not bool(mask.any())  # -0.0 is zero too
+    else:
+        return False  # refused by the conversion, with its message
+    key = id(mask)
+    _SEEN[key] = (weakref.ref(mask, functools.partial(_forget, key)), version, answer)
+    return answer
+
+
+def _forget(key: int, _ref) -> None:
+    _SEEN.pop(key, None)
+
+
+# id(mask) -> (a weak reference to the mask, its version counter when checked, the
+# answer): holds no mask, and an entry leaves with its mask, so the table is bounded by
+# the masks alive; stale once the mask changes in place (a new version), and keyed by
+# identity (a tensor's == is elementwise).
+_SEEN: dict[int, tuple] = {}
 
 
 def _say(template: str, mask: torch.Tensor, full, who) -> str:

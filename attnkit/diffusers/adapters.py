@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .._text import Caller
-from ..masks import expand_kv_heads, to_additive_bias
+from ..masks import expand_kv_heads, route_bias
 
 SDPA = "scaled_dot_product_attention"
 
@@ -111,7 +111,7 @@ def sdpa_call(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale
     bias = None
     if attn_mask is not None:
         bias = sdpa_mask(attn_mask, tuple(query.shape[:-1]) + (key.shape[-2],), q.dtype)
-        bias = _as_4d(bias) if bias.dim() != 4 else bias
+        bias = _as_4d(bias) if bias is not None and bias.dim() != 4 else bias
     out = chooser.attention(
         who or SDPA_WHO, q, k, v, bias, scale, False, causal_offset=0 if is_causal else None, dropout_p=float(dropout_p)
     )
@@ -129,12 +129,15 @@ def _as_4d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-3], *x.shape[-2:])
 
 
-def sdpa_mask(attn_mask: torch.Tensor, full: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def sdpa_mask(attn_mask: torch.Tensor, full: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
     """An SDPA attn_mask (bool True = attend, or additive) as an additive bias, checked to
-    broadcast to ``full`` = (..., L, S) from the right; broadcast dims keep size 1."""
+    broadcast to ``full`` = (..., L, S) from the right; broadcast dims keep size 1. None
+    for a mask that hides nothing (masks.route_bias)."""
     if not isinstance(attn_mask, torch.Tensor):
         raise ValueError(f"attn_mask is a {type(attn_mask).__name__}; scaled_dot_product_attention takes a tensor")
-    mask = to_additive_bias(attn_mask, dtype, full, shape_error=_SDPA_SHAPE_ERROR, dtype_error=_SDPA_DTYPE_ERROR)
+    mask = route_bias(attn_mask, dtype, full, shape_error=_SDPA_SHAPE_ERROR, dtype_error=_SDPA_DTYPE_ERROR)
+    if mask is None:
+        return None  # it hides nothing
     # Leading dims beyond (B, H) are folded into B for a float mask; a boolean one keeps them
     # (as before attnkit.masks: _as_4d folds it without expanding it first).
     if len(full) > 4 and attn_mask.dtype != torch.bool:

@@ -24,7 +24,7 @@ from .._text import Caller
 from ..backends import signature
 from ..choose._compile import is_compiling
 from ..errors import DiffusersBackendUnavailable, UnsupportedModule
-from ..masks import expand_kv_heads, keep_to_bias, to_additive_bias
+from ..masks import expand_kv_heads, hides_nothing, keep_to_bias, route_bias
 from .context_parallel import context_parallel
 
 DISPATCH_WHO = "through dispatch_attention_fn"
@@ -170,27 +170,14 @@ def attention(
     # The plain call (no causal mask, dropout, LSE or context parallelism): once a call
     # signature has been served, its backend is kept per signature and called directly
     # (see _ServedCall); the first call of each signature goes the whole way, checks and all.
-    mask_key = None
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
-        mask_key = (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.requires_grad)
-    call_key = (
-        query.shape,
-        key.shape,
-        value.shape,
-        query.dtype,
-        query.device,
-        mask_key,
-        enable_gqa,
-        torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
-        torch.are_deterministic_algorithms_enabled(),
-    )
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
+    call_key = served_key(query, key, value, attn_mask, enable_gqa)
     served = _holder.served
     plan = served.get(call_key)
     if plan is not None:
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-        bias = None if attn_mask is None else plan.bias_of(attn_mask, q.dtype)
+        bias = None if attn_mask is None or plan.drops_mask else plan.bias_of(attn_mask, q.dtype)
         try:
             return plan.backend.forward(q, k, v, bias, scale, False).transpose(1, 2)
         except Exception:  # noqa: BLE001  (the whole way now: auto()'s fall-back, or the error as it is)
@@ -213,6 +200,33 @@ def attention(
     return out
 
 
+def served_key(query, key, value, attn_mask: torch.Tensor | None, enable_gqa: bool) -> tuple:
+    """The key of a plain call's served call: the shapes, dtypes and devices of q, k, v
+    and the mask, whether the mask hides nothing (masks.hides_nothing: then it is served
+    as no mask), enable_gqa, whether a gradient is needed and torch's deterministic mode:
+    everything the first call's checks and decision read."""
+    mask_key = None
+    if attn_mask is not None:
+        mask_key = (
+            attn_mask.shape,
+            attn_mask.dtype,
+            attn_mask.device,
+            attn_mask.requires_grad,
+            hides_nothing(attn_mask),
+        )
+    return (
+        query.shape,
+        key.shape,
+        value.shape,
+        query.dtype,
+        query.device,
+        mask_key,
+        enable_gqa,
+        torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
+        torch.are_deterministic_algorithms_enabled(),
+    )
+
+
 class _ServedCall:
     """What a served call signature of the plain call runs: the backend its holder's
     chooser decided (a holder drops its served calls when its chooser is replaced), and how its
@@ -229,10 +243,11 @@ class _ServedCall:
     version). Not for a mask that needs a gradient (each forward builds its own graph)
     or an inference tensor (it has no version counter)."""
 
-    __slots__ = ("backend", "mask_shape", "keep_mask", "last", "__weakref__")
+    __slots__ = ("backend", "mask_shape", "keep_mask", "drops_mask", "last", "__weakref__")
 
-    def __init__(self, backend, mask_shape, keep_mask: bool) -> None:
+    def __init__(self, backend, mask_shape, keep_mask: bool, drops_mask: bool = False) -> None:
         self.backend, self.mask_shape, self.keep_mask = backend, mask_shape, keep_mask
+        self.drops_mask = drops_mask  # a mask that hides nothing: the backend runs without it
         self.last: tuple[weakref.ReferenceType[torch.Tensor], int, torch.Tensor] | None = None
 
     def bias_of(self, attn_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -299,8 +314,11 @@ def _attend(
             plans, call_key = record
             if len(plans) >= SERVED_MAX:
                 plans.clear()
-            mask_shape = None if attn_mask is None or bias.shape == attn_mask.shape else tuple(bias.shape)
-            plans[call_key] = _ServedCall(backend, mask_shape, attn_mask is not None and attn_mask.dtype == torch.bool)
+            mask_shape = (
+                None if attn_mask is None or bias is None or bias.shape == attn_mask.shape else tuple(bias.shape)
+            )
+            keep_mask = attn_mask is not None and attn_mask.dtype == torch.bool
+            plans[call_key] = _ServedCall(backend, mask_shape, keep_mask, attn_mask is not None and bias is None)
     return out.transpose(1, 2)
 
 
@@ -333,7 +351,8 @@ def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
     """diffusers' attn_mask as an additive bias broadcastable to (B, H, M, N), read as
     diffusers' native backend reads it: a 2-D (B, N) mask is key padding; any other
     mask broadcasts to (B, H, M, N) from the right, as torch SDPA broadcasts it; True
-    (or 0.0) = attend. Never expanded in memory."""
+    (or 0.0) = attend. Never expanded in memory. None for a mask that hides nothing
+    (masks.route_bias)."""
     if attn_mask is None:
         return None
     if not isinstance(attn_mask, torch.Tensor):
@@ -349,4 +368,4 @@ def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
             f"shape (batch={b}, keys={n}) or broadcastable to (batch, heads, queries={m}, keys), boolean "
             "(True = attend) or additive float (torch.as_tensor turns a list or a numpy array into one)"
         )
-    return to_additive_bias(attn_mask, q.dtype, (*q.shape[:3], k.shape[-2]), key_padding=True)
+    return route_bias(attn_mask, q.dtype, (*q.shape[:3], k.shape[-2]), key_padding=True)

@@ -12,7 +12,7 @@ from torch import nn
 
 from .._text import describe_module
 from ..errors import UnsupportedModule
-from ..masks import to_additive_bias
+from ..masks import hides_nothing, to_additive_bias
 
 APPLY_HINT = (
     "attnkit.apply(model, processor) keeps this module's own processor and serves only its "
@@ -111,7 +111,8 @@ def prepare_bias(
     Accepts what diffusers produces and users pass: (B, N) key padding, (B|1, 1|M, N)
     as from the UNet's encoder_attention_mask, (B*H, 1|M, N) as after
     prepare_attention_mask, and (B|1, H|1, 1|M, N). Never expanded in memory: broadcast
-    dims keep size 1. Boolean masks (True = attend) become 0 / -inf once, here.
+    dims keep size 1. Boolean masks (True = attend) become 0 / -inf once, here. None for
+    a mask that hides nothing (masks.hides_nothing: the call is the same without it).
     """
     if mask is None:
         return None
@@ -151,6 +152,8 @@ def prepare_bias(
             f"(batch, keys), (batch, 1 or queries, keys), (batch*heads, 1 or queries, keys) "
             f"or (batch, heads, 1 or queries, keys)"
         )
+    if hides_nothing(mask):  # checked on the mask given: the same object every layer and step
+        return None
     return to_additive_bias(mask.reshape(b0, h0, m0, kv_len), dtype, dtype_error=_DTYPE_ERROR, who=attn)
 
 

@@ -23,6 +23,7 @@ from diffusers.models.attention_dispatch import (
 
 import attnkit
 from attnkit.diffusers import backend as diffusers_backend
+from attnkit.diffusers.backend_call import served_key
 from attnkit.diffusers.protocol import PROCESSOR_ARGUMENTS
 from attnkit.errors import UnsupportedModule
 from attnkit.testing import assert_close_to_reference, reference_attention, rel_error
@@ -101,18 +102,7 @@ def test_backend_matches_native_and_float64(seed, mask_kind):
 
 def _plan_of(name, q, k, v, mask=None):
     """The plan a plain call of these tensors runs, or None."""
-    mask_key = None if mask is None else (mask.shape, mask.dtype, mask.device, mask.requires_grad)
-    key = (
-        q.shape,
-        k.shape,
-        v.shape,
-        q.dtype,
-        q.device,
-        mask_key,
-        False,
-        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        torch.are_deterministic_algorithms_enabled(),
-    )
+    key = served_key(q, k, v, mask, False)
     return _holder(name).served.get(key)
 
 
