@@ -256,3 +256,32 @@ def test_each_targets_int8_tile_runs(arch, d, kind, causal, seed):
     assert launch.description["tile_name"] == f"M{bm}-N{bn}-w{warps}-s{stages}"
     assert launch.description["variant"] == variant
     _assert_matches_its_quantised_inputs(out, q, k, v, _full_mask(bias, M, N, causal, off))
+
+
+def test_an_int8_call_plan_is_the_proof_of_its_checks():
+    """As the exact kernel's: an eager int8 call is checked once per signature (its call
+    plan exists only for a call that passed, whether it needs a gradient in the key), so
+    a refused call is refused every time and leaves no plan; a bool mask's call plan holds
+    its float32 copy's launch plan, and the answer is the same every call."""
+    from attnkit.kernels import launcher
+
+    launcher.clear_plans()
+    q, k, v = testing.make_qkv(1, 2, 16, 16, 32, torch.float16)
+    qg = q.clone().requires_grad_()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="forward only"):
+            int8_attention(qg, k, v)
+        with pytest.raises(ValueError, match="float16 or bfloat16"):
+            int8_attention(q.float(), k.float(), v.float())
+    assert launcher.plan_count() == 0
+    keep = torch.rand(1, 1, 1, 16) > 0.3
+    keep[..., 0] = True
+    with torch.no_grad():
+        first = int8_attention(q, k, v, keep)
+        built = launcher.plan_count()
+        again = int8_attention(q, k, v, keep)
+        assert built == 2 and launcher.plan_count() == 2, "the call's plan and its launch plan, built once"
+        assert torch.equal(first, again)
+        # Refused under autograd, though the same tensors passed under no_grad.
+        with torch.enable_grad(), pytest.raises(ValueError, match="forward only"):
+            int8_attention(qg, k, v, keep)

@@ -245,7 +245,7 @@ class CallPlan:
         self.inference = None
 
 
-def _eager(q, k, v, attn_bias) -> bool:
+def eager_call(q, k, v, attn_bias) -> bool:
     """Whether nothing needs the op's dispatch: plain tensors, not traced by
     torch.compile, no dispatch mode (a FLOP counter, fake tensors), no torch.func
     transform. Such calls skip torch.library's dispatch, most of the host time of a
@@ -263,7 +263,7 @@ def _eager(q, k, v, attn_bias) -> bool:
 
 def _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset) -> tuple:
     """(out, lse, lse_shift, has_bias) of a public call: the checks, the bias's
-    conversion and the forward. An eager call (_eager) goes through its CallPlan:
+    conversion and the forward. An eager call (eager_call) goes through its CallPlan:
     inference runs the forward's body, training (a gradient to record: store_lo) runs
     _eager_flash(), the same body and backward in a plain autograd.Function whose
     backward skips the backward op's dispatch too (a diffusion model's denoising loop is
@@ -271,7 +271,7 @@ def _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset) -> 
     ops."""
     causal, causal_offset = check_causal(causal, causal_offset)
     allow_tf32 = bool(allow_tf32)
-    if _eager(q, k, v, attn_bias):
+    if eager_call(q, k, v, attn_bias):
         needs_grad = _needs_grad(q, k, v, attn_bias)
         key = launcher.plan_key("call", (q, k, v, attn_bias), scale, allow_tf32, causal, causal_offset, needs_grad)
         cp = launcher.cached_plan(key)

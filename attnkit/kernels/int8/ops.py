@@ -81,18 +81,51 @@ def int8_attention(
     causal_offset: int = 0,
 ) -> torch.Tensor:
     """softmax(q8 k8^T (dequantised) + attn_bias) v: see the module docstring."""
-    _check(q, k, v, attn_bias)
     causal, causal_offset = fo.check_causal(causal, causal_offset)
-    attn_bias, scale = fo.prepare(q, k, v, attn_bias, scale)
-    if attn_bias is not None and attn_bias.dtype != torch.float32:
-        attn_bias = fo.float32_bias(attn_bias)  # the int8 kernel reads float32 biases only
+    if not fo.eager_call(q, k, v, attn_bias):
+        _check(q, k, v, attn_bias)
+        attn_bias, scale = fo.prepare(q, k, v, attn_bias, scale)
+        if attn_bias is not None and attn_bias.dtype != torch.float32:
+            attn_bias = fo.float32_bias(attn_bias)
+        if q.numel() == 0:
+            return torch.empty_like(q)
+        return _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset)(q, k, v, attn_bias, scale)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, attn_bias))
+    key = plan_key("int8 call", (q, k, v, attn_bias), scale, causal, causal_offset, needs_grad)
+    call = launcher.cached_plan(key)
+    if call is None:
+        call = launcher.plan(key, lambda: Int8Call(q, k, v, attn_bias, scale))
+    bias = fo.float32_bias(attn_bias) if call.to_float32 else attn_bias  # the kernel reads float32 biases only
     if q.numel() == 0:
         return torch.empty_like(q)
+    found = call.launch
+    if found is None:
+        found = call.launch = _launch_plan(q, k, v, bias, call.scale, causal, causal_offset)
+    return found(q, k, v, bias, call.scale)
+
+
+class Int8Call:
+    """What an eager int8 call decides before its launch plan, once per signature
+    (launcher.plan_key of the call as given, whether it needs a gradient included): it
+    passed the checks (a plan exists only for a call that did), its scale, whether its
+    bias is converted to float32, and its launch plan (the converted bias's layout
+    follows from the given one's): one key per call, as flash's CallPlan."""
+
+    __slots__ = ("scale", "to_float32", "launch")
+
+    def __init__(self, q, k, v, attn_bias, scale):
+        _check(q, k, v, attn_bias)
+        _, self.scale = fo.prepare(q, k, v, attn_bias, scale)
+        self.to_float32 = attn_bias is not None and attn_bias.dtype != torch.float32
+        self.launch = None
+
+
+def _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset) -> "Int8Plan":
     key = plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset)
     found = launcher.cached_plan(key)
     if found is None:
         found = launcher.plan(key, lambda: Int8Plan(q, k, v, attn_bias, causal, causal_offset))
-    return found(q, k, v, attn_bias, scale)
+    return found
 
 
 class Int8Plan:
