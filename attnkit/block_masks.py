@@ -1,0 +1,126 @@
+"""FlexAttention BlockMasks computed exactly in eager mode, in memory linear in the tokens.
+
+A ``torch.nn.attention.flex_attention.BlockMask`` says, per query block, which key blocks
+are visited: ``full_kv_*`` blocks are seen whole, ``kv_*`` blocks through ``mask_mod``
+(evaluated on those blocks only), every other block is hidden. That is what compiled
+FlexAttention computes. Its eager path does not: it materialises the whole (M, N) score
+matrix, and it ignores the block lists of a mask built without a ``mask_mod`` (as
+Kandinsky 5's NABLA builds it), so an eager model would attend to every key.
+
+:func:`block_mask_attention` computes the BlockMask's meaning with torch operations, one
+query block at a time against only the key blocks it visits: its scores hold
+(B, H, query block, visited keys), never (M, N), and autograd differentiates it (eager
+FlexAttention has no CPU backward). A query row that sees no key gives zeros, as the
+Triton kernel and FlexAttention give.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.func import vmap
+
+
+def block_mask_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_mask,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale, over the keys ``block_mask`` shows each row) v.
+
+    q: (B, H, M, D); k, v: (B, H, N, D) and (B, H, N, Dv). block_mask: a FlexAttention
+    BlockMask for M queries and N keys (its seq_lengths), batch and heads B and H or 1.
+    scale defaults to D ** -0.5. Returns (B, H, M, Dv) in q's dtype."""
+    b, h, m, d = q.shape
+    n = k.shape[2]
+    if tuple(block_mask.seq_lengths) != (m, n):
+        raise ValueError(
+            f"the BlockMask is for {block_mask.seq_lengths[0]} queries and {block_mask.seq_lengths[1]} keys, "
+            f"the call has {m} queries and {n} keys: build the mask for the call's lengths"
+        )
+    qb, kb = _block_size(block_mask.BLOCK_SIZE)
+    scale = d**-0.5 if scale is None else float(scale)
+    lists = _visits(block_mask, b, h)
+    n_blocks = -(-n // kb)
+    pad = n_blocks * kb - n
+    kp = torch.nn.functional.pad(k, (0, 0, 0, pad)) if pad else k
+    vp = torch.nn.functional.pad(v, (0, 0, 0, pad)) if pad else v
+    kp = kp.reshape(b, h, n_blocks, kb, d)
+    vp = vp.reshape(b, h, n_blocks, kb, v.shape[-1])
+    mask_mod = block_mask.mask_mod
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32  # 16-bit inputs: float32 scores
+    outs = []
+    for i in range(-(-m // qb)):
+        rows = slice(i * qb, min(m, (i + 1) * qb))
+        blocks, partial, count = (t[:, :, i] for t in lists)  # (B, H, S), (B, H, S), (B, H)
+        width = int(count.max()) if count.numel() else 0
+        qi = q[:, :, rows]
+        if width == 0:
+            outs.append(torch.zeros(*qi.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device))
+            continue
+        blocks, partial = blocks[..., :width], partial[..., :width]
+        take = blocks.clamp(0, n_blocks - 1).long()
+        gather = take[..., None, None]
+        ks = torch.gather(kp, 2, gather.expand(-1, -1, -1, kb, d)).reshape(b, h, width * kb, d)
+        vs = torch.gather(vp, 2, gather.expand(-1, -1, -1, kb, v.shape[-1])).reshape(b, h, width * kb, -1)
+        kv_idx = (take[..., None] * kb + torch.arange(kb, device=q.device)).reshape(b, h, width * kb)
+        slot = torch.arange(width, device=q.device)
+        listed = (slot < count[..., None]).repeat_interleave(kb, dim=-1)  # (B, H, S*kb)
+        seen = (listed & (kv_idx < n))[:, :, None, :]  # (B, H, 1, S*kb)
+        q_idx = torch.arange(rows.start, rows.stop, device=q.device)
+        if mask_mod is not None and bool(partial.any()):
+            inner = _evaluate(mask_mod, b, h, q_idx, kv_idx.clamp(max=n - 1))  # (B, H, rows, S*kb)
+            keep = ~partial.repeat_interleave(kb, dim=-1)[:, :, None, :] | inner
+            seen = seen & keep
+        scores = (qi.to(work) @ ks.to(work).transpose(-1, -2)) * scale
+        scores = scores.masked_fill(~seen, -math.inf)
+        best = scores.amax(-1, keepdim=True)
+        best = torch.where(torch.isfinite(best), best, torch.zeros_like(best)).detach()
+        p = torch.exp(scores - best)
+        total = p.sum(-1, keepdim=True)
+        p = p / torch.where(total > 0, total, torch.ones_like(total))
+        outs.append((p @ vs.to(work)).to(q.dtype))
+    return torch.cat(outs, dim=2)
+
+
+def _block_size(size) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    return int(size[0]), int(size[1])
+
+
+def _visits(block_mask, b: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per (batch, head, query block): the key blocks visited (partial ones first, then
+    full ones, padded), whether each is partial, and how many: (B, H, Q, S) x2, (B, H, Q)."""
+    num, idx = block_mask.kv_num_blocks, block_mask.kv_indices
+    full_num, full_idx = block_mask.full_kv_num_blocks, block_mask.full_kv_indices
+    if full_num is None:
+        full_num = torch.zeros_like(num)
+        full_idx = idx[..., :0]
+    shape = (b, h, num.shape[-1])
+    num, full_num = num.expand(shape).long(), full_num.expand(shape).long()
+    idx = idx.expand(*shape, idx.shape[-1]).long()
+    full_idx = full_idx.expand(*shape, full_idx.shape[-1]).long()
+    width = idx.shape[-1] + full_idx.shape[-1]
+    slot = torch.arange(width, device=num.device)
+    # Partial slots 0..num-1 from idx, then full ones from full_idx.
+    from_partial = slot < num[..., None]
+    j = (slot - num[..., None]).clamp(min=0, max=max(full_idx.shape[-1] - 1, 0))
+    partial_pick = torch.gather(idx, -1, slot.clamp(max=idx.shape[-1] - 1).expand(*shape, width))
+    full_pick = torch.gather(full_idx, -1, j) if full_idx.shape[-1] else torch.zeros_like(partial_pick)
+    blocks = torch.where(from_partial, partial_pick, full_pick)
+    return blocks, from_partial, num + full_num
+
+
+def _evaluate(mask_mod, b: int, h: int, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    """mask_mod at every (batch, head, query, visited key): (B, H, rows, S), bool. vmapped
+    as FlexAttention evaluates it (a mask_mod may index tensors with its arguments)."""
+    fn = vmap(mask_mod, in_dims=(None, None, None, 0))  # keys
+    fn = vmap(fn, in_dims=(None, None, 0, None))  # queries
+    fn = vmap(fn, in_dims=(None, 0, None, 0))  # heads: each its own visited keys
+    fn = vmap(fn, in_dims=(0, None, None, 0))  # batch
+    device = q_idx.device
+    return fn(torch.arange(b, device=device), torch.arange(h, device=device), q_idx, kv_idx).to(torch.bool)
