@@ -1,16 +1,19 @@
 """The quality guard of a lossy backend: for each module and call signature, the first call
-and then one call in ``every`` compute a sample of query rows exactly as well, and compare
-them with the lossy result. Above the thresholds, that module falls back to the exact
-backend for that signature: this call's output is computed again exactly, and one warning
-names the layer and the figures. ``explain()`` shows every module's measured error and
-state.
+and then one call in ``every`` compute some query rows exactly as well, and compare them
+with the lossy result: ``rows`` spread evenly, and the ``risky_rows`` that quantisation
+disturbs most (a token of one wide channel, large scores: risky_rows()), where a few
+corrupted tokens hide that an even sample would average away. Each row is judged: past
+``max_row_error`` for the worst checked row, ``max_error`` over all of them, or below
+``min_cosine``, that module falls back to the exact backend for that signature: this
+call's output is computed again exactly, and one warning names the layer and the
+figures. ``explain()`` shows every module's measured errors and state.
 
     auto(lossy="int8")                                   # the defaults below
     auto(lossy="int8", guard={"every": 16, "max_error": 0.02})
     auto(lossy="int8", guard=False)                      # no checks (not recommended)
 
-The check costs one exact attention over ``rows`` query rows (against all keys) and one
-host synchronisation (reading the two figures), on checked calls only: with the defaults,
+The check costs one exact attention over ``rows + risky_rows`` query rows (against all
+keys) and one host synchronisation (reading the figures), on checked calls only: with the defaults,
 the first call of each module and signature and one in 64 after it. The other calls run
 the lossy backend alone, with no synchronisation. The thresholds are a safety net for
 failures, not a tuning of accuracy: the int8 kernel's relative error on well-behaved
@@ -26,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-DEFAULTS = {"every": 64, "rows": 32, "max_error": 0.05, "min_cosine": 0.998}
+DEFAULTS = {"every": 64, "rows": 32, "risky_rows": 16, "max_error": 0.05, "max_row_error": 0.2, "min_cosine": 0.998}
 
 
 def guard_options(guard: Any) -> dict | None:
@@ -44,8 +47,11 @@ def guard_options(guard: Any) -> dict | None:
     for name in ("every", "rows"):
         if not isinstance(out[name], int) or isinstance(out[name], bool) or out[name] < 1:
             raise ValueError(f"guard {name}={out[name]!r}: use a positive int")
-    if not (isinstance(out["max_error"], (int, float)) and out["max_error"] > 0):
-        raise ValueError(f"guard max_error={out['max_error']!r}: use a positive number (relative L2 error)")
+    if not isinstance(out["risky_rows"], int) or isinstance(out["risky_rows"], bool) or out["risky_rows"] < 0:
+        raise ValueError(f"guard risky_rows={out['risky_rows']!r}: use an int >= 0")
+    for name in ("max_error", "max_row_error"):
+        if not (isinstance(out[name], (int, float)) and out[name] > 0):
+            raise ValueError(f"guard {name}={out[name]!r}: use a positive number (relative L2 error)")
     if not (isinstance(out["min_cosine"], (int, float)) and -1 <= out["min_cosine"] <= 1):
         raise ValueError(f"guard min_cosine={out['min_cosine']!r}: use a number in [-1, 1]")
     return out
@@ -59,11 +65,12 @@ class GuardState:
     call: str
     calls: int = 0
     checks: int = 0
-    error: float | None = None  # relative L2 error of the last check
+    error: float | None = None  # relative L2 error of the last check, over its rows
     cosine: float | None = None
+    row_error: float | None = None  # the last check's worst row: its relative L2 error
     worst_error: float = 0.0
     fallen_back: bool = False
-    history: list = field(default_factory=list)  # (call number, error, cosine) of each check
+    history: list = field(default_factory=list)  # (call number, error, cosine, worst row error) of each check
 
     def due(self, every: int) -> bool:
         return self.checks == 0 or self.calls % every == 0
@@ -73,8 +80,8 @@ class GuardState:
         figures = (
             "not checked yet"
             if self.error is None
-            else f"relative L2 error {self.error:.3g}, cosine {self.cosine:.6f} (worst error {self.worst_error:.3g}"
-            f" over {self.checks} check(s))"
+            else f"worst row's relative L2 error {self.row_error:.3g}, overall {self.error:.3g}, cosine "
+            f"{self.cosine:.6f} (worst overall error {self.worst_error:.3g} over {self.checks} check(s))"
         )
         return f"{self.module} [{self.call}]: {state} after {self.calls} call(s); {figures}"
 
@@ -84,6 +91,30 @@ def sample_rows(m: int, rows: int, device) -> torch.Tensor:
     if m <= rows:
         return torch.arange(m, device=device)
     return torch.linspace(0, m - 1, rows, device=device).round().long().unique()
+
+
+def risky_rows(q: torch.Tensor, k: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``count`` query rows whose scores int8 quantisation disturbs most, on the
+    device (no host synchronisation): per-token quantisation perturbs a score q.k by
+    about step(q) * |k| + |q| * step(k), where a token's step is its largest magnitude
+    over 127; a row of one wide channel (a large step against its norm) or of large
+    scores ranks high. The highest over the batch and heads ranks each row."""
+    m = q.shape[2]
+    count = min(count, m)
+    if count == 0:
+        return torch.zeros(0, dtype=torch.long, device=q.device)
+    qf, kf = q.detach().float(), k.detach().float()
+    k_step = kf.abs().amax(-1).amax(-1, keepdim=True)  # (B, H, 1): the widest key's step (x 127)
+    k_norm = torch.linalg.vector_norm(kf, dim=-1).amax(-1, keepdim=True)
+    risk = qf.abs().amax(-1) * k_norm + torch.linalg.vector_norm(qf, dim=-1) * k_step  # (B, H, M)
+    return risk.reshape(-1, m).amax(0).topk(count).indices
+
+
+def checked_rows(q: torch.Tensor, k: torch.Tensor, guard: Mapping) -> torch.Tensor:
+    """The query rows a check computes exactly: ``rows`` spread evenly, then the
+    ``risky_rows`` most at risk (a row in both is checked twice: no host read to
+    deduplicate)."""
+    return torch.cat([sample_rows(q.shape[2], guard["rows"], q.device), risky_rows(q, k, guard["risky_rows"])])
 
 
 def sample_inputs(q, k, v, attn_bias, causal_offset, rows: torch.Tensor):
@@ -107,19 +138,29 @@ def sample_inputs(q, k, v, attn_bias, causal_offset, rows: torch.Tensor):
     return q_s, bias
 
 
-def compare(lossy: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
-    """(relative L2 error, cosine) of the lossy rows against the exact ones, in float32;
-    NaN or inf anywhere gives (inf, -1). One host synchronisation."""
-    a = lossy.float().flatten()
-    b = exact.float().flatten()
-    diff = torch.linalg.vector_norm(a - b)
-    ref = torch.linalg.vector_norm(b)
-    dot = torch.dot(a, b)
-    na = torch.linalg.vector_norm(a)
-    figures = torch.stack([diff, ref, dot, na]).tolist()
-    diff, ref, dot, na = figures
+def compare(lossy: torch.Tensor, exact: torch.Tensor) -> tuple[float, float, float]:
+    """(relative L2 error, cosine, worst row's relative L2 error) of the lossy rows
+    (..., rows, D) against the exact ones, in float32; NaN or inf anywhere gives
+    (inf, -1, inf). A row's error is against its own norm, floored at a tenth of the rows'
+    RMS norm (a row near zero is not judged on noise). One host synchronisation."""
+    a, b = lossy.float(), exact.float()
+    diff_rows = torch.linalg.vector_norm(a - b, dim=-1).flatten()
+    ref_rows = torch.linalg.vector_norm(b, dim=-1).flatten()
+    floor = 0.1 * torch.sqrt((ref_rows**2).mean()) if ref_rows.numel() else ref_rows.new_zeros(())
+    rows = (diff_rows / torch.maximum(ref_rows, floor).clamp_min(torch.finfo(torch.float32).tiny)).amax()
+    af, bf = a.flatten(), b.flatten()
+    figures = torch.stack(
+        [
+            torch.linalg.vector_norm(af - bf),
+            torch.linalg.vector_norm(bf),
+            torch.dot(af, bf),
+            torch.linalg.vector_norm(af),
+            rows if diff_rows.numel() else torch.zeros((), device=a.device),
+        ]
+    ).tolist()
+    diff, ref, dot, na, row = figures
     if not all(math.isfinite(x) for x in figures):
-        return math.inf, -1.0
+        return math.inf, -1.0, math.inf
     error = diff / ref if ref > 0 else (0.0 if diff == 0 else math.inf)
     cosine = dot / (na * ref) if na > 0 and ref > 0 else (1.0 if na == ref == 0 else 0.0)
-    return error, cosine
+    return error, cosine, row

@@ -16,7 +16,7 @@ import logging
 from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, Signature
 from .fixed import run_backend
-from .guard import GuardState, compare, sample_inputs, sample_rows
+from .guard import GuardState, checked_rows, compare, sample_inputs
 from .policy import describe_call, installed_packages
 
 logger = logging.getLogger("attnkit")
@@ -87,29 +87,33 @@ class Lossy:
         if self.guard is None or not state.due(self.guard["every"]):
             return out
         exact = self._decisions.get(sig) or self._decide(sig, who, args)
-        rows = sample_rows(q.shape[2], self.guard["rows"], q.device)
+        g = self.guard
+        rows = checked_rows(q, k, g)
         q_s, bias_s = sample_inputs(q, k, v, attn_bias, causal_offset, rows)
         reference = run_backend(exact, q_s, k, v, bias_s, scale, upcast, None, 0.0, False)
-        error, cosine = compare(out.index_select(2, rows), reference)
+        error, cosine, row_error = compare(out.index_select(2, rows), reference)
         state.checks += 1
-        state.error, state.cosine = error, cosine
+        state.error, state.cosine, state.row_error = error, cosine, row_error
         state.worst_error = max(state.worst_error, error)
-        state.history.append((state.calls, error, cosine))
-        if error <= self.guard["max_error"] and cosine >= self.guard["min_cosine"]:
+        state.history.append((state.calls, error, cosine, row_error))
+        if error <= g["max_error"] and row_error <= g["max_row_error"] and cosine >= g["min_cosine"]:
             return out
         state.fallen_back = True
         logger.warning(
-            "attnkit: int8 attention in %s [%s] measured a relative L2 error of %.3g and a cosine of %.6f on %d "
-            "sampled query rows (call %d), beyond the guard's %.3g / %.6f: that module runs %s exactly for this "
-            "call signature from now on, this call included (processor.explain() lists every module's figures)",
+            "attnkit: int8 attention in %s [%s] measured a worst row's relative L2 error of %.3g, %.3g over all "
+            "and a cosine of %.6f on %d checked query rows (call %d), beyond the guard's %.3g / %.3g / %.6f: that "
+            "module runs %s exactly for this call signature from now on, this call included (processor.explain() "
+            "lists every module's figures)",
             module,
             state.call,
+            row_error,
             error,
             cosine,
             len(rows),
             state.calls,
-            self.guard["max_error"],
-            self.guard["min_cosine"],
+            g["max_row_error"],
+            g["max_error"],
+            g["min_cosine"],
             exact.name,
         )
         return run_backend(exact, *args)
@@ -126,9 +130,10 @@ class Lossy:
             + (
                 "without a quality guard"
                 if g is None
-                else f"under the quality guard: {g['rows']} sampled query rows checked exactly on the first call of "
-                f"each module and signature and one in {g['every']} after, falling back past a relative L2 "
-                f"error of {g['max_error']:g} or a cosine below {g['min_cosine']:g}"
+                else f"under the quality guard: {g['rows']} evenly spread and {g['risky_rows']} most at risk query "
+                f"rows checked exactly on the first call of each module and signature and one in {g['every']} "
+                f"after, falling back past a worst row's relative L2 error of {g['max_row_error']:g}, "
+                f"{g['max_error']:g} over all, or a cosine below {g['min_cosine']:g}"
             )
             + "; inside torch.compile graphs the exact backends serve every call"
         )

@@ -11,7 +11,7 @@ import torch
 
 import attnkit
 from attnkit.choose.auto import AutoChooser
-from attnkit.choose.guard import compare, sample_inputs, sample_rows
+from attnkit.choose.guard import DEFAULTS, compare, sample_inputs, sample_rows
 from attnkit.testing import make_bias, make_qkv, reference_attention, rel_error
 
 pytest.importorskip("triton")
@@ -110,6 +110,7 @@ def test_inputs_that_int8_gets_wrong_trip_the_guard(make, caplog, seed):
     assert rel_error(out, exact) < 0.01
     warnings = [r for r in caplog.records if "int8 attention in blocks.3.attn2" in r.getMessage()]
     assert len(warnings) == 1 and "relative L2 error" in warnings[0].getMessage()
+    assert state.row_error >= state.error
     # later calls of that module and signature run exactly, with no check and no warning
     caplog.clear()
     again = _attend(chooser, "blocks.3.attn2", q, k, v)
@@ -123,7 +124,7 @@ def test_the_guard_checks_the_first_call_and_one_in_every(seed):
     for _ in range(7):
         _attend(chooser, "m", q, k, v)
     state = _state(chooser, "m")
-    assert state.calls == 7 and [c for c, _, _ in state.history] == [1, 3, 6]
+    assert state.calls == 7 and [c for c, *_ in state.history] == [1, 3, 6]
     unguarded = AutoChooser(lossy="int8", guard=False)
     _attend(unguarded, "m", q, k, v)
     assert _state(unguarded, "m").checks == 0 and "without a quality guard" in unguarded.explain()
@@ -162,12 +163,69 @@ def test_the_sampled_rows_see_what_the_call_sees(kind, causal, seed):
     assert rows[0] == 0 and rows[-1] == 39
 
 
-def test_compare_fails_nan_and_measures_error_and_cosine():
-    a = torch.tensor([1.0, 0.0])
-    assert compare(a, a) == (0.0, 1.0)
-    err, cos = compare(torch.tensor([0.0, 1.0]), a)
-    assert err == pytest.approx(2**0.5) and cos == 0.0
-    assert compare(torch.tensor([float("nan"), 0.0]), a) == (float("inf"), -1.0)
+def test_compare_fails_nan_and_measures_error_cosine_and_the_worst_row():
+    a = torch.tensor([[1.0, 0.0]])
+    assert compare(a, a) == (0.0, 1.0, 0.0)
+    err, cos, row = compare(torch.tensor([[0.0, 1.0]]), a)
+    assert err == pytest.approx(2**0.5) and cos == 0.0 and row == pytest.approx(2**0.5)
+    assert compare(torch.tensor([[float("nan"), 0.0]]), a) == (float("inf"), -1.0, float("inf"))
+    # 1 of 10 rows wrong by 100%: about 32% overall, the worst row 100%
+    exact = torch.randn(10, 8)
+    lossy = exact.clone()
+    lossy[7] = 0.0
+    err, _, row = compare(lossy, exact)
+    assert row == pytest.approx(1.0) and err < 0.6
+    # a row near zero is judged against a tenth of the rows' RMS norm, not its own noise
+    exact[3] = 1e-6
+    lossy = exact.clone()
+    lossy[3] = 2e-6
+    assert compare(lossy, exact)[2] < 1e-4
+
+
+def _few_wide_tokens(q, k, rows):
+    """Tokens of one wide query channel (that channel multiplied out of scale, the
+    others three times larger), the keys blind to that channel, at ``rows``: their
+    scores lose most of their precision under per-token quantisation."""
+    q, k = q.clone(), k.clone() * 2
+    k[..., 5] = 0.0
+    for r in rows:
+        q[:, :, r] *= 3
+        q[:, :, r, 5] = 300.0
+    return q, k
+
+
+def test_a_few_corrupted_tokens_away_from_the_even_sample_trip_the_guard(caplog, seed):
+    """Five of 96 query rows tens of percent wrong (up to 90%), none of them in the even
+    sample: the overall error of the even sample stays near 1%, under max_error; the
+    rows at risk are checked and judged one by one."""
+    q, k, v = make_qkv(1, 2, 96, 96, 64, torch.float16)
+    even = set(sample_rows(96, 32, q.device).tolist())
+    bad = [r for r in (1, 13, 40, 58, 77, 91, 94) if r not in even][:5]
+    q, k = _few_wide_tokens(q, k, bad)
+    exact = reference_attention(q, k, v)
+    with torch.no_grad():
+        lossy = AutoChooser(lossy="int8", guard=False).attention("x", q, k, v, None, None, False)
+    rows = torch.arange(96)
+    row_errors = (lossy.double() - exact).norm(dim=-1) / exact.norm(dim=-1)
+    assert row_errors[..., bad].amax() > 0.3, "the construction corrupts those tokens"
+    even_rows = torch.tensor(sorted(even))
+    assert compare(lossy.index_select(2, even_rows), exact.index_select(2, even_rows))[0] < 0.05, (
+        "an even sample alone would have passed it"
+    )
+    assert rows.numel() == 96
+    chooser = AutoChooser(lossy="int8")
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        out = _attend(chooser, "blocks.7.attn1", q, k, v)
+    state = _state(chooser, "blocks.7.attn1")
+    assert state.fallen_back and state.row_error > DEFAULTS["max_row_error"], state.describe()
+    assert rel_error(out, exact) < 0.01
+    assert any("worst row's relative L2 error" in r.getMessage() for r in caplog.records)
+    # the same module on well-behaved inputs stays lossy, with its worst row well under
+    q2, k2, v2 = make_qkv(1, 2, 96, 96, 64, torch.float16)
+    calm = AutoChooser(lossy="int8")
+    _attend(calm, "blocks.7.attn1", q2, k2, v2)
+    state = _state(calm, "blocks.7.attn1")
+    assert not state.fallen_back and state.row_error < 0.1, state.describe()
 
 
 def test_options_are_checked():
@@ -179,6 +237,10 @@ def test_options_are_checked():
         AutoChooser(lossy="int8", guard={"often": 2})
     with pytest.raises(ValueError, match="guard every=0: use a positive int"):
         AutoChooser(lossy="int8", guard={"every": 0})
+    with pytest.raises(ValueError, match="guard risky_rows=-1: use an int >= 0"):
+        AutoChooser(lossy="int8", guard={"risky_rows": -1})
+    with pytest.raises(ValueError, match="guard max_row_error=0: use a positive number"):
+        AutoChooser(lossy="int8", guard={"max_row_error": 0})
     processor = attnkit.auto(lossy="int8", guard={"every": 8})
     assert processor.chooser.lossy == "int8" and processor.chooser.guard["every"] == 8
 
