@@ -22,6 +22,7 @@ import torch
 
 from .._text import Caller
 from ..backends import signature
+from ..block_masks import block_mask_attention
 from ..choose._compile import is_compiling
 from ..errors import DiffusersBackendUnavailable, UnsupportedModule
 from ..masks import expand_kv_heads, hides_nothing, keep_to_bias, route_bias
@@ -147,6 +148,10 @@ def attention(
             f"attnkit's diffusers backend was given {', '.join(sorted(unknown))}, which it does not "
             "implement; set another attention backend on this model (set_attention_backend) or "
             "leave it to its own processor (attnkit.apply keeps processors it cannot serve)"
+        )
+    if attn_mask is not None and is_block_mask(attn_mask):
+        return _block_masked(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, _parallel_config
         )
     if is_compiling():
         return _attend(
@@ -347,6 +352,39 @@ def check_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
     )
 
 
+def is_block_mask(attn_mask: Any) -> bool:
+    """Whether attn_mask is a FlexAttention BlockMask (by its type's name: importing
+    flex_attention is not needed to ask)."""
+    return not isinstance(attn_mask, torch.Tensor) and type(attn_mask).__name__ == "BlockMask"
+
+
+def _block_masked(query, key, value, block_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, parallel):
+    """A call with a FlexAttention BlockMask, computed exactly by attnkit.block_masks (its
+    element mask where it has a mask_mod, its block lists where it has none: what
+    compiled FlexAttention computes), one query block at a time against the key blocks
+    it visits. What that does not implement is refused, naming the argument."""
+    given = [
+        name
+        for name, on in (
+            ("dropout_p", dropout_p != 0.0),
+            ("is_causal", is_causal),
+            ("return_lse", return_lse),
+            ("a context-parallel config", parallel is not None),
+            ("torch.compile", is_compiling()),
+        )
+        if on
+    ]
+    if given:
+        raise UnsupportedModule(
+            f"attnkit computes a flex-attention BlockMask exactly in eager mode, without {', '.join(given)}; "
+            "set diffusers' flex backend on this model for that (attnkit.apply keeps its processor)"
+        )
+    key, value = check_qkv(query, key, value)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    k, v = expand_kv_heads(q, k, v, enable_gqa)
+    return block_mask_attention(q, k, v, block_mask, scale).transpose(1, 2)
+
+
 def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     """diffusers' attn_mask as an additive bias broadcastable to (B, H, M, N), read as
     diffusers' native backend reads it: a 2-D (B, N) mask is key padding; any other
@@ -358,11 +396,6 @@ def mask_to_bias(attn_mask: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tens
     if not isinstance(attn_mask, torch.Tensor):
         b, _, m, _ = q.shape
         n = k.shape[-2]
-        if "BlockMask" in type(attn_mask).__name__:
-            raise UnsupportedModule(
-                f"attn_mask is a flex-attention {type(attn_mask).__name__}, which attnkit does not implement; "
-                "this module needs diffusers' flex backend (attnkit.apply keeps its processor)"
-            )
         raise ValueError(
             f"attn_mask is a {type(attn_mask).__module__}.{type(attn_mask).__name__}; pass a torch.Tensor of "
             f"shape (batch={b}, keys={n}) or broadcastable to (batch, heads, queries={m}, keys), boolean "

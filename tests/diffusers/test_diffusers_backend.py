@@ -245,12 +245,31 @@ def test_unknown_arguments_are_refused_not_dropped(seed):
         ours(q, q, q, attention_kwargs={"window_size": (8, 8)})
 
 
-def test_a_block_mask_is_refused(seed):
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_block_mask_is_computed_exactly_and_what_it_cannot_take_is_refused(seed):
+    """A FlexAttention BlockMask through the backend: its meaning (the element mask of its
+    mask_mod, what compiled FlexAttention computes) against float64 and against eager
+    flex (the same function for a mask with a mask_mod), GQA included; dropout, causal,
+    LSE are refused, naming the argument and diffusers' flex backend."""
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    q = bsd(1, 4, 2, 16)
-    block_mask = flex.BlockMask.__new__(flex.BlockMask)  # its type is what counts; making one compiles
-    with pytest.raises(UnsupportedModule, match="BlockMask.*flex backend"):
-        ours(q, q, q, attn_mask=block_mask)
+    b, m, n, h, d = 2, 40, 56, 4, 16
+    doc = torch.randint(0, 3, (n,)).sort().values
+
+    def mask_mod(bi, hi, qi, ki):
+        return (ki <= qi + 16) & (doc[ki] == doc[qi.clamp(max=n - 1)])
+
+    block_mask = flex.create_block_mask(mask_mod, b, None, m, n, device="cpu", BLOCK_SIZE=16)
+    q, k, v = bsd(b, m, h, d), bsd(b, n, 2, d), bsd(b, n, 2, d)
+    out = ours(q, k, v, attn_mask=block_mask, enable_gqa=True)
+    qi, ki = torch.arange(m)[:, None], torch.arange(n)[None, :]
+    bias = additive(mask_mod(None, None, qi, ki))
+    k4, v4 = (t.repeat_interleave(2, dim=2) for t in (k, v))
+    assert_close_to_reference(out.transpose(1, 2), q.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2), bias)
+    eager_flex = dispatch_attention_fn(q, k4, v4, attn_mask=block_mask, backend=AttentionBackendName.FLEX)
+    torch.testing.assert_close(out, eager_flex, atol=1e-5, rtol=1e-5)
+    for kw, named in (({"dropout_p": 0.1}, "dropout_p"), ({"is_causal": True}, "is_causal")):
+        with pytest.raises(UnsupportedModule, match=f"BlockMask exactly in eager mode, without {named}.*flex backend"):
+            ours(q, k4, v4, attn_mask=block_mask, **kw)
     with pytest.raises(ValueError, match="attn_mask is a types.SimpleNamespace; pass a torch.Tensor"):
         ours(q, q, q, attn_mask=types.SimpleNamespace())
 
