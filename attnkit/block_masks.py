@@ -16,7 +16,9 @@ Triton kernel and FlexAttention give.
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 
 import torch
 from torch.func import vmap
@@ -84,6 +86,41 @@ def block_mask_attention(
         p = p / torch.where(total > 0, total, torch.ones_like(total))
         outs.append((p @ vs.to(work)).to(q.dtype))
     return torch.cat(outs, dim=2)
+
+
+def hides_nothing(block_mask) -> bool:
+    """Whether a BlockMask shows every key to every query: every key block visited by every
+    query block, whole (a full block, or a partial one under no mask_mod: from_kv_blocks'
+    noop_mask). The attnkit backend then drops it, so auto() may choose a mask-free
+    kernel. Read once per mask object (one host sync), as masks.hides_nothing reads a
+    tensor; a BlockMask is not changed in place."""
+    key = id(block_mask)
+    seen = _SEEN.get(key)
+    if seen is not None and seen[0]() is block_mask:
+        return seen[1]
+    _, kb = _block_size(block_mask.BLOCK_SIZE)
+    n_blocks = -(-int(block_mask.seq_lengths[1]) // kb)
+    whole = torch.zeros_like(block_mask.kv_num_blocks)
+    if block_mask.full_kv_num_blocks is not None:
+        whole = whole + block_mask.full_kv_num_blocks
+    if block_mask.mask_mod is None or getattr(block_mask.mask_mod, "__name__", "") == "noop_mask":
+        whole = whole + block_mask.kv_num_blocks
+    answer = bool((whole >= n_blocks).all())
+    try:
+        ref = weakref.ref(block_mask, functools.partial(_forget, key))
+    except TypeError:
+        return answer  # an object that takes no weak reference: read every call
+    _SEEN[key] = (ref, answer)
+    return answer
+
+
+def _forget(key: int, _ref) -> None:
+    _SEEN.pop(key, None)
+
+
+# id(BlockMask) -> (a weak reference to it, hides_nothing): holds no mask; an entry leaves
+# with its mask, so the table is bounded by the masks alive.
+_SEEN: dict[int, tuple] = {}
 
 
 def _block_size(size) -> tuple[int, int]:

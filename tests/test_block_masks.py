@@ -148,3 +148,35 @@ def test_memory_follows_the_visited_blocks_not_the_score_matrix(seed):
         out = block_mask_attention(q, k, v, bm)
         out.sum().backward()
     assert seen.most <= m * n // 16, f"a tensor of {seen.most:,} elements; the score matrix has {m * n:,}"
+
+
+def test_a_block_mask_that_hides_nothing_is_recognised_once(seed):
+    """Every key block visited whole by every query block (full blocks, or partial ones
+    under from_kv_blocks' noop mask_mod): read once per mask object."""
+    from attnkit.block_masks import hides_nothing
+
+    # (create_block_mask marks the blocks a length ends inside partial: whole lengths here)
+    everything = create_block_mask(lambda b, h, q, k: q >= 0, 2, 1, 64, 96, device="cpu", BLOCK_SIZE=32)
+    causal = create_block_mask(lambda b, h, q, k: q >= k, 2, 1, 70, 90, device="cpu", BLOCK_SIZE=32)
+    every_block = torch.arange(3, dtype=torch.int32).expand(1, 1, 3, 3).contiguous()
+    listed = BlockMask.from_kv_blocks(
+        torch.full((1, 1, 3), 3, dtype=torch.int32), every_block, BLOCK_SIZE=32, seq_lengths=(70, 90)
+    )
+    one_short = BlockMask.from_kv_blocks(
+        torch.tensor([[[3, 3, 2]]], dtype=torch.int32), every_block, BLOCK_SIZE=32, seq_lengths=(70, 90)
+    )
+    assert hides_nothing(everything) and hides_nothing(listed)
+    assert not hides_nothing(causal) and not hides_nothing(one_short)
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Reads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with Reads():
+        for _ in range(3):
+            assert hides_nothing(everything)
+    assert Reads.count == 0, "read once per mask object, before"

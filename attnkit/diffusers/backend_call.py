@@ -23,6 +23,7 @@ import torch
 from .._text import Caller
 from ..backends import signature
 from ..block_masks import block_mask_attention
+from ..block_masks import hides_nothing as block_mask_hides_nothing
 from ..choose._compile import is_compiling
 from ..errors import DiffusersBackendUnavailable, UnsupportedModule
 from ..masks import expand_kv_heads, hides_nothing, keep_to_bias, route_bias
@@ -150,9 +151,14 @@ def attention(
             "leave it to its own processor (attnkit.apply keeps processors it cannot serve)"
         )
     if attn_mask is not None and is_block_mask(attn_mask):
-        return _block_masked(
-            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, _parallel_config
-        )
+        block_mask: Any = attn_mask
+        lengths = (query.shape[1], key.shape[1])
+        if tuple(block_mask.seq_lengths) == lengths and block_mask_hides_nothing(block_mask):
+            attn_mask = None  # every key seen whole: the call is the same without it
+        else:
+            return _block_masked(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, _parallel_config
+            )
     if is_compiling():
         return _attend(
             _holder.traced(),

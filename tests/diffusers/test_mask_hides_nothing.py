@@ -126,3 +126,28 @@ def test_the_sdpa_route_drops_it(seed):
     out = sdpa_call(chooser, q, k, v, keep, 0.0, False, None, False)
     assert chooser.biases[-1] is not None
     assert_close_to_reference(out, q, k, v, additive(keep, torch.float32))
+
+
+def test_the_dispatch_route_drops_a_block_mask_that_hides_nothing(seed):
+    """A BlockMask that shows every key whole is dropped, so auto() chooses as for no
+    mask; one that hides a block is computed under its meaning."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    proc = attnkit.auto()
+    name = AttentionBackendName(diffusers_backend.member_for(proc).value)
+    b, m, n, h, d = 1, 64, 64, 2, 16
+    q, k, v = (torch.randn(b, s, h, d) for s in (m, n, n))
+    everything = flex.create_block_mask(lambda bi, hi, qi, ki: qi >= 0, b, 1, m, n, device="cpu", BLOCK_SIZE=32)
+    with torch.no_grad():
+        out = dispatch_attention_fn(q, k, v, attn_mask=everything, backend=name)
+    assert {r.call.mask for r in proc.decisions} == {"none"}
+    torch.testing.assert_close(out, dispatch_attention_fn(q, k, v, backend=AttentionBackendName.NATIVE))
+    blocks = torch.tensor([[[[0, 1]]]], dtype=torch.int32).expand(1, 1, 2, 2).contiguous()
+    first_keys = flex.BlockMask.from_kv_blocks(
+        torch.ones(1, 1, 2, dtype=torch.int32), blocks, BLOCK_SIZE=32, seq_lengths=(m, n)
+    )  # each query block sees key block 0 only
+    with torch.no_grad():
+        out = dispatch_attention_fn(q, k, v, attn_mask=first_keys, backend=name)
+    bias = torch.zeros(m, n, dtype=torch.float64)
+    bias[:, 32:] = float("-inf")
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    assert_close_to_reference(out.transpose(1, 2), qt, kt, vt, bias)
