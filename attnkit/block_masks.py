@@ -38,11 +38,7 @@ def block_mask_attention(
     scale defaults to D ** -0.5. Returns (B, H, M, Dv) in q's dtype."""
     b, h, m, d = q.shape
     n = k.shape[2]
-    if tuple(block_mask.seq_lengths) != (m, n):
-        raise ValueError(
-            f"the BlockMask is for {block_mask.seq_lengths[0]} queries and {block_mask.seq_lengths[1]} keys, "
-            f"the call has {m} queries and {n} keys: build the mask for the call's lengths"
-        )
+    check(block_mask, b, h, m, n)
     qb, kb = _block_size(block_mask.BLOCK_SIZE)
     scale = d**-0.5 if scale is None else float(scale)
     lists = _visits(block_mask, b, h)
@@ -86,6 +82,22 @@ def block_mask_attention(
         p = p / torch.where(total > 0, total, torch.ones_like(total))
         outs.append((p @ vs.to(work)).to(q.dtype))
     return torch.cat(outs, dim=2)
+
+
+def check(block_mask, b: int, h: int, m: int, n: int) -> None:
+    """ValueError, naming both, where a BlockMask is not for a call of batch b, h heads, m
+    queries and n keys (its batch and heads may be 1: broadcast)."""
+    if tuple(block_mask.seq_lengths) != (m, n):
+        raise ValueError(
+            f"the BlockMask is for {block_mask.seq_lengths[0]} queries and {block_mask.seq_lengths[1]} keys, "
+            f"the call has {m} queries and {n} keys: build the mask for the call's lengths"
+        )
+    mb, mh = block_mask.kv_num_blocks.shape[:2]
+    if mb not in (1, b) or mh not in (1, h):
+        raise ValueError(
+            f"the BlockMask is for batch {mb} and {mh} heads, the call has batch {b} and {h} heads: "
+            "build it for the call's (or for 1, to broadcast)"
+        )
 
 
 def hides_nothing(block_mask) -> bool:

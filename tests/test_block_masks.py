@@ -117,6 +117,10 @@ def test_the_wrong_lengths_are_refused():
     q = torch.randn(1, 1, 48, 8)
     with pytest.raises(ValueError, match="for 64 queries and 64 keys, the call has 48 queries"):
         block_mask_attention(q, q, q, bm)
+    two = create_block_mask(lambda b, h, q, k: q >= k, 2, 1, 64, 64, device="cpu", BLOCK_SIZE=32)
+    q = torch.randn(3, 1, 64, 8)
+    with pytest.raises(ValueError, match="for batch 2 and 1 heads, the call has batch 3 and 1 heads"):
+        block_mask_attention(q, q, q, two)
 
 
 class _Largest(TorchDispatchMode):

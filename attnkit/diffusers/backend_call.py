@@ -23,6 +23,7 @@ import torch
 from .._text import Caller
 from ..backends import signature
 from ..block_masks import block_mask_attention
+from ..block_masks import check as check_block_mask
 from ..block_masks import hides_nothing as block_mask_hides_nothing
 from ..choose._compile import is_compiling
 from ..errors import DiffusersBackendUnavailable, UnsupportedModule
@@ -152,8 +153,8 @@ def attention(
         )
     if attn_mask is not None and is_block_mask(attn_mask):
         block_mask: Any = attn_mask
-        lengths = (query.shape[1], key.shape[1])
-        if tuple(block_mask.seq_lengths) == lengths and block_mask_hides_nothing(block_mask):
+        check_block_mask(block_mask, query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+        if block_mask_hides_nothing(block_mask):
             attn_mask = None  # every key seen whole: the call is the same without it
         else:
             return _block_masked(
