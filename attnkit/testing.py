@@ -187,7 +187,9 @@ def make_bias(
     """A random attention bias of one broadcast kind (see BIAS_KINDS):
 
     none -> None; key_padding: (B, 1, 1, N) additive, 0 on kept keys and -inf on the
-    padded tail of each batch item, a different length each (at least one key kept);
+    padded tail of each batch item, a different length each (at least one key kept, and
+    at least one key padded somewhere when N > 1, so the mask always hides something and
+    is never dropped as a mask that hides nothing);
     key_padding_bool: the same as a boolean mask (True = attend); fewkeys: key padding
     keeping 1 to 3 keys; perhead: (B, H, 1, N); headq: (1, H, M, N); full: (B, H, M, N);
     2d: (M, N); bool: (B, 1, M, N) boolean, about 70% True, key 0 always kept.
@@ -198,7 +200,10 @@ def make_bias(
         return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
 
     def lengths(most: int) -> list[int]:
-        return [int(torch.randint(1, most + 1, (), generator=generator)) for _ in range(batch)]
+        drawn = [int(torch.randint(1, most + 1, (), generator=generator)) for _ in range(batch)]
+        if kv_len > 1 and min(drawn) == kv_len:
+            drawn[0] = kv_len - 1
+        return drawn
 
     if kind == "none":
         return None

@@ -151,3 +151,17 @@ def test_the_dispatch_route_drops_a_block_mask_that_hides_nothing(seed):
     bias[:, 32:] = float("-inf")
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     assert_close_to_reference(out.transpose(1, 2), qt, kt, vt, bias)
+
+
+@pytest.mark.parametrize("kind", ["key_padding", "key_padding_bool", "fewkeys"])
+def test_the_test_suites_padding_masks_always_hide_a_key(kind):
+    """Tests that draw a key-padding mask expect a masked call: a draw that padded nothing
+    (both lengths at N, 1 in 36 for two items of 6 keys) would be dropped as hiding nothing
+    and change the route a test asserts on."""
+    from attnkit.testing import make_bias
+
+    for n in (2, 3, 6):
+        for draw in range(40):
+            g = torch.Generator().manual_seed(draw)
+            mask = make_bias(kind, 2, 1, 1, n, torch.float32, generator=g)
+            assert not hides_nothing(mask), (kind, n, draw)
