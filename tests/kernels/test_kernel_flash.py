@@ -391,7 +391,7 @@ def test_an_expanded_key_mask_stays_a_key_mask_when_converted(dtype, seed):
     same broadcast view in float32, as a key bias, with the same answer."""
     B, H, M, N, D = 2, 3, 40, 70, 64
     q, k, v = make_qkv(B, H, M, N, D, torch.float16)
-    lengths = torch.randint(1, N + 1, (B,))
+    lengths = torch.randint(1, N, (B,))  # a key padded in every item: a mask hiding nothing is dropped
     keep = torch.arange(N)[None, :] < lengths[:, None]
     if dtype == "bool":
         mask = keep.to(DEVICE)
