@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from . import binding, stock
+from .flex import flex_copy
 from .processor import PROCESSORS, AttnkitProcessor, auto
 from .routes import Route, bind_module, bound_processor, classify, classify_forward
 
@@ -67,6 +68,7 @@ class Applied(dict):
             f"{counts[k]} {label}"
             for k, label in (
                 ("dispatch", "through diffusers' dispatch_attention_fn"),
+                ("flex", "by their own processor, with attnkit computing its flex backend's calls"),
                 ("protocol", "by attnkit's processor"),
                 ("sdpa", "by their own processor with attnkit's attention"),
                 ("forward", "by their own code with attnkit's attention"),
@@ -154,7 +156,9 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
     Works on any ``nn.Module`` (it walks the modules itself; the model needs no
     ``set_attn_processor``). Per module, by what its processor computes (see
     :mod:`attnkit.diffusers.routes`): diffusers' transformer processors keep their own work and
-    send their dispatch_attention_fn call to attnkit; processors computing diffusers'
+    send their dispatch_attention_fn call to attnkit (those that name diffusers' flex
+    backend themselves, with a BlockMask, have that call computed by attnkit: the flex
+    route, :mod:`attnkit.diffusers.flex`); processors computing diffusers'
     Attention protocol are replaced by ``proc``; other processors calling
     scaled_dot_product_attention run as they are with that call served by attnkit;
     everything else (IP-Adapter's weights, linear attention, hard-coded backends) keeps
@@ -193,6 +197,8 @@ def apply(model: nn.Module, proc: AttnkitProcessor) -> Applied:
             touched[name] = module
         if route.kind == "dispatch":
             _set(module, binding.dispatch_copy(basis, proc))
+        elif route.kind == "flex":
+            _set(module, flex_copy(basis, proc))
         elif route.kind == "protocol":
             _set(module, proc)
         elif route.kind == "sdpa":

@@ -10,6 +10,8 @@ same routes :func:`attnkit.apply` takes (see :mod:`attnkit.diffusers.routes`):
 * ``protocol``: attnkit's processor computes diffusers' Attention protocol itself;
 * ``dispatch``: a copy of the replaced processor, with its ``dispatch_attention_fn``
   backend pointed at attnkit;
+* ``flex``: a copy of the replaced processor whose calls naming diffusers' flex backend
+  (a BlockMask) attnkit computes (:mod:`attnkit.diffusers.flex`);
 * ``sdpa``: a copy of the replaced processor whose ``scaled_dot_product_attention`` is
   attnkit's;
 * ``kept``: attnkit cannot compute it exactly (linear attention, a flex mask, weights
@@ -42,6 +44,7 @@ from torch import nn
 from .._text import describe_module
 from ..errors import UnsupportedModule
 from . import backend as diffusers_backend
+from .flex import flex_copy
 from .protocol import check_module_problem
 from .routes import Route, bound_processor, classify
 from .stock import (
@@ -94,6 +97,8 @@ def served_by(proc, module: nn.Module):
         inner = None
     elif route.kind == "dispatch":
         inner = dispatch_copy(basis, proc)
+    elif route.kind == "flex":
+        inner = flex_copy(basis, proc)
     elif route.kind == "sdpa":
         inner = bound_processor(basis, proc.chooser)
     elif getattr(proc, "strict", False):

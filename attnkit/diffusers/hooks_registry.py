@@ -105,6 +105,8 @@ def in_use(value: str) -> str | None:
     for holder in gc.get_referrers(member):
         if isinstance(holder, dict) and holder.get("_attention_backend") is member:
             return "a processor's backend (set_attention_backend)"
+        if isinstance(holder, dict) and holder.get("_attnkit_flex_backend") is member:
+            return "a processor's flex calls (attnkit's flex route)"
     return None
 
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backend as diffusers_backend
-from . import hooks
+from . import flex, hooks
 from .adapters import FORWARD_ADAPTERS, SDPA, PerChooser, functional_for, nn_for
 from .protocol import check_module_problem
 
@@ -54,7 +54,8 @@ _LOCK = threading.RLock()
 
 @dataclass(frozen=True)
 class Route:
-    """Where a module's attention goes: "dispatch", "protocol", "sdpa", "forward" (a
+    """Where a module's attention goes: "dispatch", "flex" (a processor naming diffusers'
+    flex backend, see :mod:`attnkit.diffusers.flex`), "protocol", "sdpa", "forward" (a
     module without a processor, served through its own code) or "kept", and why."""
 
     kind: str
@@ -165,6 +166,9 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
         backends += named
         compares = compares or cmp
     if backends:
+        named_flex, why = flex.problem(proc, backends, compares)
+        if named_flex:
+            return Route("kept", why) if why is not None else Route("flex", flex.reason(proc, compares))
         other = sorted({b for b in backends if b != "self._attention_backend"})
         if other and other[0] in ("", "None"):
             return Route(

@@ -31,6 +31,7 @@ from ..choose._compile import is_compiling
 from . import backend as diffusers_backend
 from . import binding, hooks
 from .apply import Applied, plan, remember
+from .flex import is_flex
 from .routes import METHODS
 from .stock import NAME, SERVE, current_processor, is_attnkit, stock_of
 
@@ -180,7 +181,7 @@ def unreached_by_dispatch(
         module = modules.get(name)
         if _served_already(module):
             continue
-        if route.kind in ("protocol", "sdpa", "forward"):
+        if route.kind in ("protocol", "sdpa", "forward") or (route.kind == "flex" and _flex_only(module)):
             missed[name] = _HOW[route.kind].format(route.reason.split()[0])
         elif context and route.kind == "dispatch":
             own = getattr(current_processor(module), "_attention_backend", None) if module is not None else None
@@ -202,7 +203,16 @@ _HOW = {
     "protocol": "{} computes diffusers' Attention protocol itself, without dispatch_attention_fn",
     "sdpa": "{} calls scaled_dot_product_attention itself, not dispatch_attention_fn",
     "forward": "{} computes attention in its own forward, not through dispatch_attention_fn",
+    "flex": "{} names diffusers' flex backend itself (a BlockMask), which a backend set by name does not change",
 }
+
+
+def _flex_only(module: nn.Module | None) -> bool:
+    """Whether a module of the flex route runs no call a backend set by name reaches: its
+    processor names no backend of its own, or names flex (Wan-Animate-2's reference pass
+    runs its own backend; its generation pass, flex, is not reached)."""
+    proc = current_processor(module) if module is not None else None
+    return not hasattr(proc, "_attention_backend") or is_flex(getattr(proc, "_attention_backend", None))
 
 
 def _served_already(module: nn.Module | None) -> bool:

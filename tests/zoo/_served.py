@@ -12,9 +12,13 @@ to the tolerance rule against the model run in float64 with stock attention: its
 most twice stock float32's, plus epsilon.
 
 Modules attnkit keeps must say why, and the reason must be one of those listed in KEPT
-(non-softmax attention, a flex BlockMask, a hard-coded backend, torch's own multi-head
-attention, weights of their own): a model whose softmax attention attnkit merely keeps
-fails here.
+(non-softmax attention, a hard-coded backend, torch's own multi-head attention, weights
+of their own): a model whose softmax attention attnkit merely keeps fails here.
+
+A flex BlockMask is held to its meaning: the stock references run with diffusers' flex
+backend computing it densely (tests/zoo/_flex.py: its block lists, which eager flex
+ignores, and its mask_mod), and attnkit's computing of it (block_mask_attention, through
+the attnkit backend) counts as attnkit computing the module's attention.
 """
 
 from __future__ import annotations
@@ -24,18 +28,14 @@ import torch
 
 import attnkit
 from attnkit.testing import rel_error
+from tests.zoo._flex import flex_meaning
 from tests.zoo._zoo import cast_floats, copy_function, missing_requirement
 
 # Processors and modules attnkit keeps as they are: (kind, why that is right).
-# "flex-only": the processor builds a flex BlockMask and refuses any other backend itself.
 KEPT = {
     "SanaLinearAttnProcessor2_0": ("linear", "ReLU linear attention, not softmax attention"),
     "SanaLinearAttnProcessor3_0": ("linear", "ReLU linear attention, not softmax attention"),
     "SanaMultiscaleAttnProcessor2_0": ("linear", "ReLU linear attention, not softmax attention"),
-    "Kandinsky6SRAttnProcessor": ("hard-coded", "hard-codes diffusers' flex backend (data-dependent NABLA BlockMask)"),
-    "LTX2VideoVaeNeighborhoodAttnProcessor": ("flex-only", "a flex BlockMask (neighbourhood window)"),
-    "AnyFlowCausalAttnProcessor": ("flex-only", "a flex BlockMask (frame-causal, padded to 128)"),
-    "WanAnimate2AttnProcessor": ("hard-coded", "its generation pass hard-codes diffusers' flex backend"),
     "MMAudioAttnProcessor": ("hard-coded", "hard-codes diffusers' native backend"),
     "QwenImage21AttnProcessor": ("process-wide", "runs diffusers' process-wide backend: set_attention_backend"),
     "CosmosAttnProcessor2_0": ("process-wide", "runs diffusers' process-wide backend: set_attention_backend"),
@@ -43,6 +43,11 @@ KEPT = {
     "MultiheadAttention": ("torch", "torch's own nn.MultiheadAttention (it can return its weights)"),
     "HunyuanDiTAttentionPool": ("torch", "attention pooling through torch's multi_head_attention_forward"),
 }
+
+# Processors that refuse, themselves, any backend but diffusers' flex one (their flex
+# BlockMask): model.set_attention_backend("attnkit") makes them raise diffusers' ValueError;
+# attnkit.apply and set_attn_processor serve them (attnkit.diffusers.flex).
+FLEX_ONLY = {"LTX2VideoVaeNeighborhoodAttnProcessor", "AnyFlowCausalAttnProcessor"}
 
 SEED = 0
 EPS = 1e-6  # a few float32 units
@@ -83,6 +88,27 @@ def _no_forced_backend(monkeypatch):
     monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
 
 
+_BLOCK_MASKED: list = []  # listeners told of each BlockMask call attnkit computes (the test's)
+
+
+@pytest.fixture(autouse=True)
+def _count_block_masked(monkeypatch):
+    """attnkit computes a flex BlockMask without its chooser (backend_call._block_masked):
+    the counters below hear of those calls too."""
+    from attnkit.diffusers import backend_call
+
+    real = backend_call._block_masked
+
+    def counted(*args, **kwargs):
+        for listener in _BLOCK_MASKED:
+            listener()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend_call, "_block_masked", counted)
+    yield
+    _BLOCK_MASKED.clear()
+
+
 def _run(case, model, inputs):
     with torch.no_grad():
         return case.run(model, inputs)
@@ -111,7 +137,8 @@ class _References:
         self.case = case
         model = case.build(SEED)
         inputs = inputs_for(case, model)
-        self.stock = _run(case, model, inputs)
+        with flex_meaning():
+            self.stock = _run(case, model, inputs)
         self.ref = None
         try:
             m64 = case.build(SEED, dtype=torch.float64)
@@ -125,7 +152,8 @@ class _References:
         if not same:  # inputs drawn in the model's dtype: not the same draw, no reference
             return
         try:
-            self.ref = _run(case, m64, inputs64)
+            with flex_meaning():
+                self.ref = _run(case, m64, inputs64)
         except RuntimeError:  # a module pinned to float32 inside (dtype mismatch)
             self.ref = None
 
@@ -188,6 +216,7 @@ def _count_calls(proc) -> list[int]:
         return real(*args, **kwargs)
 
     proc.chooser.attention = counting
+    _BLOCK_MASKED.append(lambda: calls.__setitem__(0, calls[0] + 1))
     return calls
 
 
@@ -209,11 +238,7 @@ def test_set_attention_backend_attnkit_matches_stock(case):
     model = case.build(SEED)
     if not _reached_by_set_attention_backend(model):
         pytest.skip("diffusers' set_attention_backend reaches no processor of this model (legacy processors)")
-    needs_flex = [
-        n
-        for n, r in attnkit.apply(case.build(SEED), attnkit.auto()).routes.items()
-        if not r.served and KEPT.get(_kept_class(case.build(SEED), n), ("",))[0] == "flex-only"
-    ]
+    needs_flex = [m for m in model.modules() if type(getattr(m, "processor", None)).__name__ in FLEX_ONLY]
     active = _AttentionBackendRegistry._active_backend
     try:
         model.set_attention_backend("attnkit")
@@ -404,6 +429,12 @@ def _count_calls_per_module(proc, modules=()) -> dict[int, int]:
     for module in modules:
         module.register_forward_pre_hook(enter)
         module.register_forward_hook(leave)
+
+    def block_masked():
+        if running:
+            counts[running[-1]] = counts.get(running[-1], 0) + 1
+
+    _BLOCK_MASKED.append(block_masked)
     real_resolved = getattr(proc.chooser, "resolved", None)
     if real_resolved is not None:
 
@@ -448,6 +479,7 @@ def tests_for(cases) -> dict:
     return {
         "_quiet_single_thread": _quiet_single_thread,
         "_no_forced_backend": _no_forced_backend,
+        "_count_block_masked": _count_block_masked,
         "test_apply_serves_and_matches_stock": case(
             pytest.mark.parametrize("proc_name", ["auto", "vanilla"])(
                 copy_function(test_apply_serves_and_matches_stock)
