@@ -9,6 +9,7 @@ Two sets, from the two halves the zoo was first written in: ``_Case``, ``_like``
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass
@@ -140,13 +141,33 @@ class _ReferenceThenGenerateCase(ZooCase):
     pass's."""
 
     def run(self, model, inputs):
-        from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+        from diffusers.models.transformers import transformer_wan_animate_2 as wa2
 
-        cache = WanAnimate2KVCache(len(model.blocks))
+        cache = wa2.WanAnimate2KVCache(len(model.blocks))
         out = model(**inputs["reference"], kv_cache=cache, kv_cache_mode="extract", return_dict=False)[0]
         if "generation" in inputs:
-            out = out + model(**inputs["generation"], kv_cache=cache, kv_cache_mode="cached", return_dict=False)[0]
+            # extra["eager_mask"]: the model's own mask_mod, its BlockMask built without torch.compile
+            # (create_block_mask(_compile=True) compiles for ~20 s on a CPU; the mask is the same)
+            eager = _eager_create_block_mask(wa2) if self.extra.get("eager_mask") else contextlib.nullcontext()
+            with eager:
+                out = out + model(**inputs["generation"], kv_cache=cache, kv_cache_mode="cached", return_dict=False)[0]
         return tuple(out)
+
+
+@contextlib.contextmanager
+def _eager_create_block_mask(module):
+    """``module.create_block_mask`` building its BlockMask with ``_compile=False``, for the
+    duration of the context (the module's global, put back after)."""
+    real = module.create_block_mask
+
+    def create_block_mask(*args, _compile=False, **kwargs):
+        return real(*args, _compile=False, **kwargs)
+
+    module.create_block_mask = create_block_mask
+    try:
+        yield
+    finally:
+        module.create_block_mask = real
 
 
 @dataclass(frozen=True)

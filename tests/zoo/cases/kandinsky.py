@@ -214,9 +214,21 @@ _add(
         note=(
             "Kandinsky6SRAttention + Kandinsky6SRAttnProcessor -> dispatch_attention_fn with backend=FLEX "
             "hard-coded and a flex BlockMask (NABLA: 64-token blocks chosen from pooled q.k statistics OR'ed with "
-            "a sliding-tile prior); q/k RMSNorm, 3-D RoPE as rotation matrices. Runs flex attention eagerly here."
+            "a sliding-tile prior); q/k RMSNorm, 3-D RoPE as rotation matrices. At this size the mask keeps every "
+            "block (it hides nothing): attnkit drops it."
         ),
-    )
+    ),
+    ZooCase(
+        "Kandinsky6SRTransformer3DModel",
+        dict(_K6SR, nabla_threshold=0.5),
+        _k6sr_inputs(),
+        variant="sparse",
+        note=(
+            "NABLA at threshold 0.5: each 64-token query block keeps about 2 of the 4 key blocks, a mask of block "
+            "lists alone (from_kv_blocks, mask_mod None), which eager flex ignores (it attends to every key; the "
+            "references compute the lists' meaning, tests/zoo/_flex.py) and attnkit's flex route computes."
+        ),
+    ),
 )
 
 

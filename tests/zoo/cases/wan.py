@@ -353,4 +353,13 @@ _add(
         # the generation pass builds its BlockMask with create_block_mask(_compile=True): torch.compile on the CPU
         extra={"slow": "create_block_mask(_compile=True) compiles with torch.compile: ~20 s on a CPU"},
     ),
+    _ReferenceThenGenerateCase(
+        "WanAnimate2Transformer3DModel",
+        _WAN_ANIMATE2,
+        lambda model, gen: _wan_animate2_inputs(model, gen, generation_pass=True),
+        variant="generate-eager-mask",
+        note="Reference pass, then the generation pass, its BlockMask (the model's own mask_mod) built without "
+        "torch.compile, so that the flex call runs in the default suite. " + _WAN_ANIMATE2_NOTE,
+        extra={"eager_mask": True},
+    ),
 )
