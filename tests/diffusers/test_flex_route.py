@@ -1,0 +1,158 @@
+"""The flex route (attnkit/diffusers/flex.py): processors that name diffusers' flex backend
+themselves run their own code, with that call computed by attnkit; what attnkit cannot
+honour of it is refused naming the module and the argument; under torch.compile a
+BlockMask call stays on diffusers' (compiled) flex backend; and nothing of it outlives
+undo() and the chooser. The zoo (tests/zoo, the Kandinsky6SR, LTX2VideoDiffusionDecoder,
+AnyFlowFAR and WanAnimate2 cases) holds every served model to the mask's meaning.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import attnkit
+from attnkit.diffusers import backend as diffusers_backend
+from attnkit.diffusers import backend_call, flex
+from attnkit.errors import UnsupportedModule
+from tests.zoo._zoo import BY_ID
+
+CASE = "LTX2VideoDiffusionDecoderModel"
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    monkeypatch.delenv("ATTNKIT_BACKEND", raising=False)
+
+
+def _model():
+    case = BY_ID[CASE]
+    model = case.build(0)
+    return case, model, case.make_inputs(model, 0)
+
+
+def _diffusers_module():
+    from diffusers.models.autoencoders import ltx2_diffusion_decoder
+
+    return ltx2_diffusion_decoder
+
+
+def _ours(namespace: dict) -> list[str]:
+    return [k for k in namespace if k.startswith(f"_attnkit_{flex.DISPATCH}_")]
+
+
+def _applied_global(model) -> str:
+    """attnkit.apply(model, auto()) on the LTX-2 decoder: the name of the global its flex
+    route reads dispatch_attention_fn under (the chooser is held by the model)."""
+    gc.collect()  # choosers of earlier tests go, with their globals
+    namespace = vars(_diffusers_module())
+    before = set(_ours(namespace))
+    attnkit.apply(model, attnkit.auto())
+    (name,) = set(_ours(namespace)) - before
+    return name
+
+
+@pytest.mark.parametrize("how", ["apply", "set_attn_processor"])
+def test_served_on_the_flex_route_by_attnkit(how, monkeypatch):
+    case, model, inputs = _model()
+    calls = []
+    real = backend_call._block_masked
+    monkeypatch.setattr(backend_call, "_block_masked", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        stock = case.run(model, inputs)
+        proc = attnkit.auto()
+        routes = (attnkit.apply(model, proc) if how == "apply" else attnkit.plan(model)).routes
+        if how == "set_attn_processor":
+            model.set_attn_processor(proc)
+        served = case.run(model, inputs)
+    assert routes and all(r.kind == "flex" for r in routes.values()), routes
+    assert "accepts no other" in next(iter(routes.values())).reason
+    assert calls, "attnkit computed no BlockMask call"
+    for a, b in zip(served, stock):
+        assert attnkit.testing.rel_error(a, b) < 1e-5
+
+
+def test_what_attnkit_cannot_honour_is_refused_naming_module_and_argument():
+    case, model, inputs = _model()
+    name = _applied_global(model)
+    namespace = vars(_diffusers_module())
+    diverting = namespace[name]
+
+    def with_dropout(*args, **kwargs):
+        return diverting(*args, **{**kwargs, "dropout_p": 0.25})
+
+    namespace[name] = with_dropout
+    try:
+        with torch.no_grad(), pytest.raises(UnsupportedModule, match=r"decoder\..*attn.*dropout_p=0\.25"):
+            case.run(model, inputs)
+    finally:
+        namespace[name] = diverting
+    q = torch.randn(1, 8, 2, 16)
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, 8, 8, device="cpu", BLOCK_SIZE=8)
+    for kwargs, named in (
+        (dict(attn_mask=mask, is_causal=True), "is_causal=True"),
+        (dict(attn_mask=mask, attention_kwargs={"return_lse": True}), "return_lse=True"),
+        (dict(attn_mask=mask, parallel_config=object()), "context-parallel"),
+        (dict(attn_mask=torch.ones(1, 8, dtype=torch.bool)), "2-D tensor attn_mask"),
+        (dict(attention_kwargs={"window": 3}), "attention_kwargs window"),
+    ):
+        with pytest.raises(UnsupportedModule, match=named):
+            diverting(q, q, q, backend="flex", **kwargs)
+
+
+def test_a_call_naming_another_backend_goes_on_as_it_was():
+    _, model, _ = _model()
+    name = _applied_global(model)
+    namespace = vars(_diffusers_module())
+    q, k, v = (torch.randn(1, 8, 2, 16) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+    assert torch.allclose(namespace[name](q, k, v, backend="native"), expected, atol=1e-6)
+
+
+def test_under_torch_compile_a_block_mask_stays_on_diffusers_flex(monkeypatch):
+    """Compiled FlexAttention computes a BlockMask exactly: the flex route leaves that call
+    to diffusers' flex backend (read here through is_compiling)."""
+    case, model, inputs = _model()
+    with torch.no_grad():
+        stock = case.run(model, inputs)
+    attnkit.apply(model, attnkit.auto())
+    calls = []
+    real = backend_call._block_masked
+    monkeypatch.setattr(backend_call, "_block_masked", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(flex, "is_compiling", lambda: True)
+    with torch.no_grad():
+        out = case.run(model, inputs)
+    assert not calls
+    for a, b in zip(out, stock):
+        assert torch.equal(a, b)
+
+
+def test_nothing_of_the_flex_route_outlives_undo_and_the_chooser():
+    gc.collect()
+    namespace = vars(_diffusers_module())
+    before = set(_ours(namespace))
+    registered = set(diffusers_backend.registered_names())
+    refs = []
+    for _ in range(3):
+        case, model, inputs = _model()
+        stock_classes = {type(m.processor) for m in model.modules() if hasattr(m, "processor")}
+        proc = attnkit.auto()
+        applied = attnkit.apply(model, proc)
+        with torch.no_grad():
+            case.run(model, inputs)
+        assert set(_ours(namespace)) - before, "the flex route read no global of its own"
+        applied.undo()
+        assert {type(m.processor) for m in model.modules() if hasattr(m, "processor")} == stock_classes
+        refs.append(weakref.ref(proc.chooser))
+        del applied, proc
+        gc.collect()
+        assert refs[-1]() is None, "the chooser outlived undo() with its model alive"
+        del model, inputs
+    gc.collect()
+    assert set(_ours(namespace)) == before, sorted(set(_ours(namespace)) - before)
+    assert set(diffusers_backend.registered_names()) <= registered
