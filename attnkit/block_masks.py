@@ -7,21 +7,37 @@ FlexAttention computes. Its eager path does not: it materialises the whole (M, N
 matrix, and it ignores the block lists of a mask built without a ``mask_mod`` (as
 Kandinsky 5's NABLA builds it), so an eager model would attend to every key.
 
-:func:`block_mask_attention` computes the BlockMask's meaning with torch operations, one
-query block at a time against only the key blocks it visits: its scores hold
-(B, H, query block, visited keys), never (M, N), and autograd differentiates it (eager
-FlexAttention has no CPU backward). A query row that sees no key gives zeros, as the
-Triton kernel and FlexAttention give.
+:func:`block_mask_attention` computes the BlockMask's meaning on one of two routes
+(:func:`route` says which, and why):
+
+- ``kernel``: the block-sparse flash kernel (attnkit/kernels/flash/sparse.py), forward and
+  backward, visiting only the tiles the mask shows (the mask converted once per mask
+  object to the kernel's block table), on a CUDA GPU of compute capability 8.0 or later
+  with Triton, 16-bit or float32 inputs, one head dim of 8-512 for q, k and v;
+- ``chunked``: torch operations, one query block at a time against only the key blocks
+  it visits: its scores hold (B, H, query block, visited keys), never (M, N), and
+  autograd differentiates it (eager FlexAttention has no CPU backward). Everywhere else
+  (the CPU, other dtypes, a value head dim of its own).
+
+A query row that sees no key gives zeros on both, as FlexAttention gives.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import weakref
 
 import torch
 from torch.func import vmap
+
+from .masks import block_size, check_block_mask
+
+# check(block_mask, b, h, m, n): ValueError, naming both, for a BlockMask of another call
+check = check_block_mask
+
+KERNEL, CHUNKED = "kernel", "chunked"
 
 
 def block_mask_attention(
@@ -30,16 +46,61 @@ def block_mask_attention(
     v: torch.Tensor,
     block_mask,
     scale: float | None = None,
+    *,
+    via: str | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale, over the keys ``block_mask`` shows each row) v.
 
     q: (B, H, M, D); k, v: (B, H, N, D) and (B, H, N, Dv). block_mask: a FlexAttention
     BlockMask for M queries and N keys (its seq_lengths), batch and heads B and H or 1.
-    scale defaults to D ** -0.5. Returns (B, H, M, Dv) in q's dtype."""
+    scale defaults to D ** -0.5. Returns (B, H, M, Dv) in q's dtype. via: "kernel" or
+    "chunked" to force a route (the kernel where it cannot run raises, saying why);
+    None takes :func:`route`'s."""
     b, h, m, d = q.shape
     n = k.shape[2]
     check(block_mask, b, h, m, n)
-    qb, kb = _block_size(block_mask.BLOCK_SIZE)
+    if via not in (None, KERNEL, CHUNKED):
+        raise ValueError(f"via={via!r}: pass 'kernel', 'chunked' or None (the route that can run)")
+    chosen, why = route(q, k, v, interpreter=via == KERNEL)
+    if via == KERNEL and chosen != KERNEL:
+        raise ValueError(f"the block-sparse kernel cannot run this call: {why}")
+    if (via or chosen) == KERNEL:
+        from .kernels.flash.sparse import block_sparse_attention
+
+        return block_sparse_attention(q, k, v, block_mask, scale)
+    return _chunked(q, k, v, block_mask, scale)
+
+
+def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, interpreter: bool = False) -> tuple[str, str]:
+    """(route, why) of a BlockMask call: "kernel" (the block-sparse flash kernel) where it
+    can run, else "chunked" with the reason it cannot. From metadata alone. interpreter:
+    CPU tensors may take the kernel under TRITON_INTERPRET=1 (tests and debugging: never
+    chosen on its own)."""
+    d = q.shape[-1]
+    emulated = interpreter and q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if q.device.type != "cuda" and not emulated:
+        return CHUNKED, f"device={q.device.type}: the block-sparse kernel runs on CUDA"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return CHUNKED, f"dtype={q.dtype}: the block-sparse kernel takes float16, bfloat16 and float32"
+    if k.shape[-1] != d or v.shape[-1] != d:
+        return CHUNKED, f"head dims {d}, {k.shape[-1]}, {v.shape[-1]}: the kernel takes one head dim for q, k and v"
+    if not 8 <= d <= 512:
+        return CHUNKED, f"head dim {d}: the block-sparse kernel takes 8 to 512"
+    major, minor = (8, 0) if emulated else torch.cuda.get_device_capability(q.device)
+    if (major, minor) < (8, 0):
+        return CHUNKED, f"compute capability {major}.{minor}: the block-sparse kernel needs 8.0 or later"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return CHUNKED, "triton is not installed: pip install 'attnkit[triton]'"
+    return KERNEL, "the block-sparse flash kernel: only the tiles the mask shows are visited"
+
+
+def _chunked(q, k, v, block_mask, scale):
+    """The chunked route (see the module's docstring)."""
+    b, h, m, d = q.shape
+    n = k.shape[2]
+    qb, kb = block_size(block_mask.BLOCK_SIZE)
     scale = d**-0.5 if scale is None else float(scale)
     lists = _visits(block_mask, b, h)
     n_blocks = -(-n // kb)
@@ -84,22 +145,6 @@ def block_mask_attention(
     return torch.cat(outs, dim=2)
 
 
-def check(block_mask, b: int, h: int, m: int, n: int) -> None:
-    """ValueError, naming both, where a BlockMask is not for a call of batch b, h heads, m
-    queries and n keys (its batch and heads may be 1: broadcast)."""
-    if tuple(block_mask.seq_lengths) != (m, n):
-        raise ValueError(
-            f"the BlockMask is for {block_mask.seq_lengths[0]} queries and {block_mask.seq_lengths[1]} keys, "
-            f"the call has {m} queries and {n} keys: build the mask for the call's lengths"
-        )
-    mb, mh = block_mask.kv_num_blocks.shape[:2]
-    if mb not in (1, b) or mh not in (1, h):
-        raise ValueError(
-            f"the BlockMask is for batch {mb} and {mh} heads, the call has batch {b} and {h} heads: "
-            "build it for the call's (or for 1, to broadcast)"
-        )
-
-
 def hides_nothing(block_mask) -> bool:
     """Whether a BlockMask shows every key to every query: every key block visited by every
     query block, whole (a full block, or a partial one under no mask_mod: from_kv_blocks'
@@ -110,7 +155,7 @@ def hides_nothing(block_mask) -> bool:
     seen = _SEEN.get(key)
     if seen is not None and seen[0]() is block_mask:
         return seen[1]
-    _, kb = _block_size(block_mask.BLOCK_SIZE)
+    _, kb = block_size(block_mask.BLOCK_SIZE)
     n_blocks = -(-int(block_mask.seq_lengths[1]) // kb)
     whole = torch.zeros_like(block_mask.kv_num_blocks)
     if block_mask.full_kv_num_blocks is not None:
@@ -133,12 +178,6 @@ def _forget(key: int, _ref) -> None:
 # id(BlockMask) -> (a weak reference to it, hides_nothing): holds no mask; an entry leaves
 # with its mask, so the table is bounded by the masks alive.
 _SEEN: dict[int, tuple] = {}
-
-
-def _block_size(size) -> tuple[int, int]:
-    if isinstance(size, int):
-        return size, size
-    return int(size[0]), int(size[1])
 
 
 def _visits(block_mask, b: int, h: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -190,3 +190,26 @@ def expand_kv_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gq
 
 
 __all__ = ["DTYPE_ERROR", "SHAPE_ERROR", "expand_kv_heads", "hidden_to_bias", "keep_to_bias", "to_additive_bias"]
+
+
+def check_block_mask(block_mask, b: int, h: int, m: int, n: int) -> None:
+    """ValueError, naming both, where a BlockMask is not for a call of batch b, h heads, m
+    queries and n keys (its batch and heads may be 1: broadcast)."""
+    if tuple(block_mask.seq_lengths) != (m, n):
+        raise ValueError(
+            f"the BlockMask is for {block_mask.seq_lengths[0]} queries and {block_mask.seq_lengths[1]} keys, "
+            f"the call has {m} queries and {n} keys: build the mask for the call's lengths"
+        )
+    mb, mh = block_mask.kv_num_blocks.shape[:2]
+    if mb not in (1, b) or mh not in (1, h):
+        raise ValueError(
+            f"the BlockMask is for batch {mb} and {mh} heads, the call has batch {b} and {h} heads: "
+            "build it for the call's (or for 1, to broadcast)"
+        )
+
+
+def block_size(size) -> tuple[int, int]:
+    """A BlockMask's BLOCK_SIZE as (query rows, keys): an int is both."""
+    if isinstance(size, int):
+        return size, size
+    return int(size[0]), int(size[1])

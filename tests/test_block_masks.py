@@ -44,11 +44,11 @@ def _bias(seen: torch.Tensor) -> torch.Tensor:
     return torch.zeros(seen.shape, dtype=torch.float64).masked_fill(~seen, float("-inf"))
 
 
-def _check(q, k, v, bm, seen):
-    """Forward and gradients against float64 under ``seen``, by the rule of
-    attnkit.testing (twice plain torch math's error in the same dtype)."""
+def _check(q, k, v, bm, seen, attend=block_mask_attention):
+    """Forward and gradients of ``attend(q, k, v, bm)`` against float64 under ``seen``,
+    by the rule of attnkit.testing (twice plain torch math's error in the same dtype)."""
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-    out = block_mask_attention(qg, kg, vg, bm)
+    out = attend(qg, kg, vg, bm)
     assert not out.isnan().any()
     bias = _bias(seen)
     ref_in = [t.double().requires_grad_() for t in (q, k, v)]

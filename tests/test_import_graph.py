@@ -25,6 +25,8 @@ LAZY_ALLOWED = {
     "only when the triton backend runs",
     ("attnkit.backends.int8", "attnkit.kernels"): "the INT8 kernel imports triton (an optional extra), only "
     "when the int8 backend runs",
+    ("attnkit.block_masks", "attnkit.kernels"): "the block-sparse kernel imports triton (an optional extra), "
+    "only when a BlockMask call runs on a GPU",
     ("attnkit.choose.lossy", "attnkit.backends.int8"): "auto(lossy='int8') only: the int8 backend's module "
     "imports attnkit.kernels' limits, which importing attnkit "
     "must not (a later `import attnkit.kernels` without triton "
