@@ -120,12 +120,15 @@ class AutoChooser(Lossy, Tuned, ChooserBase):
         backends: Mapping[str, Backend] | None = None,
         tune_iters: int = 7,
         tune_margin: float = tune_check.DEFAULT_MARGIN,
-        lossy: str | None = None,
+        lossy: Any = None,
         guard: Any = None,
     ) -> None:
         self.tune = bool(tune)
-        if lossy not in (None, "int8"):
-            raise ValueError(f"lossy={lossy!r}: the lossy backend attnkit has is 'int8' (None: exact backends only)")
+        if not (lossy is None or lossy == "int8" or type(lossy).__name__ == "BlockMask"):
+            raise ValueError(
+                f"lossy={lossy!r}: the lossy backend attnkit has is 'int8', or sparse attention under a FlexAttention "
+                "BlockMask (attnkit.sparse_video.sliding_tile(...) or radial(...)) (None: exact backends only)"
+            )
         if guard is not None and lossy is None:
             raise ValueError("guard= sets the quality guard of a lossy backend: pass lossy='int8' with it")
         self.lossy = lossy
@@ -397,7 +400,8 @@ class AutoChooser(Lossy, Tuned, ChooserBase):
         if self.forced:
             opts.append(f"forced by {ENV_VAR}={self.forced!r}")
         if self.lossy is not None:
-            opts.append(f"lossy={self.lossy!r}" + ("" if self.guard is not None else ", guard=False"))
+            named = repr(self.lossy) if isinstance(self.lossy, str) else self._lossy_name()
+            opts.append(f"lossy={named}" + ("" if self.guard is not None else ", guard=False"))
         return f"AutoProcessor({', '.join(opts)})"
 
 

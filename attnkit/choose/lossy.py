@@ -1,6 +1,12 @@
 """auto(lossy="int8"): the lossy backend first where it can serve a call, under its quality
 guard (:mod:`attnkit.choose.guard`); the exact walk serves everything else.
 
+auto(lossy=block_mask), a FlexAttention BlockMask (attnkit.sparse_video's builders): every
+call it fits (no mask of its own, its queries and keys the mask's lengths, no causal mask,
+dropout or log-sum-exp) is computed as sparse attention under that mask
+(block_masks.block_mask_attention), under the same guard, which compares sampled rows with
+full attention.
+
 With ``lossy=`` set (and no backend forced by ATTNKIT_BACKEND) this path runs before the
 exact decision on every eager call and keeps its own state (per signature, whether int8
 can serve it; per module and signature, the guard's figures). It is a mixin of its own so
@@ -12,9 +18,12 @@ decision (``_decisions``, ``_decide``), which it only reads.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, Signature
+from ..block_masks import block_mask_attention
+from ..block_masks import check as check_block_mask
 from .fixed import run_backend
 from .guard import GuardState, checked_rows, compare, sample_inputs
 from .policy import describe_call, installed_packages
@@ -28,7 +37,7 @@ class Lossy:
     decisions and its warn-once notes, all set by the chooser's constructor)."""
 
     # No lossy backend: what a chooser pickled before these options existed unpickles as.
-    lossy: str | None = None
+    lossy: Any = None  # "int8", a BlockMask (sparse attention) or None
     guard: dict | None = None
     # Set by the AutoChooser's constructor; declared here, without a value, for the type checker.
     _lossy_backend: Backend | Exception | None
@@ -45,17 +54,62 @@ class Lossy:
                 self._lossy_backend = exc
         return self._lossy_backend
 
+    @property
+    def _sparse(self) -> bool:
+        return self.lossy is not None and not isinstance(self.lossy, str)
+
+    def _lossy_name(self) -> str:
+        """The lossy backend in words: 'int8', or what the sparse BlockMask computes."""
+        if not self._sparse:
+            return str(self.lossy)
+        rule = self.lossy.mask_mod
+        if hasattr(rule, "description"):
+            return f"sparse {rule.description}"
+        m, n = self.lossy.seq_lengths
+        return f"sparse attention under a BlockMask for {m} queries and {n} keys"
+
+    def _sparse_reasons(self, sig: Signature, args) -> tuple[str, ...]:
+        q, k, _, attn_bias, _, _, causal_offset, dropout_p, return_lse = args
+        m, n = self.lossy.seq_lengths
+        reasons = []
+        if (q.shape[2], k.shape[2]) != (m, n):
+            reasons.append(f"{q.shape[2]} queries and {k.shape[2]} keys, the sparse mask is for {m} and {n}")
+        else:
+            try:
+                check_block_mask(self.lossy, q.shape[0], q.shape[1], m, n)
+            except ValueError as exc:
+                reasons.append(str(exc))
+        if attn_bias is not None:
+            reasons.append("the call has a mask of its own")
+        if causal_offset is not None or dropout_p or return_lse:
+            reasons.append("a causal mask, dropout or the log-sum-exp")
+        return tuple(reasons)
+
+    def _run_lossy(self, args):
+        if not self._sparse:
+            return run_backend(self._lossy_backend, *args)
+        q, k, v, _, scale = args[:5]
+        masks = self.__dict__.setdefault("_sparse_masks", {})
+        mask = masks.get(q.device)
+        if mask is None:
+            mask = masks[q.device] = self.lossy.to(q.device)
+        return block_mask_attention(q, k, v, mask, scale)
+
     def _lossy_attention(self, who, sig, args):
         """The lossy backend's output for this call, under the guard; None where it does
         not serve the call (it cannot, or the guard fell back for this module and
         signature): the exact path then serves it."""
         reasons = self._lossy_reasons.get(sig)
         if reasons is None:
-            backend = self._lossy()
-            if isinstance(backend, Exception):
-                reasons = (f"the int8 backend could not be loaded: {describe_exception(backend)}",)
+            if self._sparse:
+                reasons = self._sparse_reasons(sig, args)
             else:
-                reasons = tuple(backend.not_supported_reasons(AttentionCall.from_signature(sig, installed_packages())))
+                backend = self._lossy()
+                if isinstance(backend, Exception):
+                    reasons = (f"the int8 backend could not be loaded: {describe_exception(backend)}",)
+                else:
+                    call = AttentionCall.from_signature(sig, installed_packages())
+                    reasons = tuple(backend.not_supported_reasons(call))
             self._lossy_reasons[sig] = reasons
         if reasons:
             return None
@@ -71,13 +125,14 @@ class Lossy:
         module = state.module
         q, k, v, attn_bias, scale, upcast, causal_offset, _, _ = args
         try:
-            out = run_backend(self._lossy_backend, *args)
+            out = self._run_lossy(args)
         except Exception as exc:  # noqa: BLE001 - the exact path serves it, and says why once
             state.fallen_back = True
             self._warn_once(
                 ("lossy", module, sig),
-                "attnkit: the int8 backend failed on %s (%s): %s; that module "
+                "attnkit: the %s backend failed on %s (%s): %s; that module "
                 "runs exactly for this call signature from now on",
+                self._lossy_name(),
                 module,
                 state.call,
                 describe_exception(exc),
@@ -100,10 +155,11 @@ class Lossy:
             return out
         state.fallen_back = True
         logger.warning(
-            "attnkit: int8 attention in %s [%s] measured a worst row's relative L2 error of %.3g, %.3g over all "
+            "attnkit: %s attention in %s [%s] measured a worst row's relative L2 error of %.3g, %.3g over all "
             "and a cosine of %.6f on %d checked query rows (call %d), beyond the guard's %.3g / %.3g / %.6f: that "
             "module runs %s exactly for this call signature from now on, this call included (processor.explain() "
             "lists every module's figures)",
+            self._lossy_name(),
             module,
             state.call,
             row_error,
@@ -125,8 +181,13 @@ class Lossy:
 
     def _describe_lossy(self) -> str:
         g = self.guard
+        what = (
+            f"{self._lossy_name()} (LOSSY SPARSE: keys outside the mask are dropped)"
+            if self._sparse
+            else "int8 (LOSSY: INT8 query-key products)"
+        )
         head = (
-            "  lossy backend int8 (LOSSY: INT8 query-key products) first where it can serve a call, "
+            f"  lossy backend {what} first where it can serve a call, "
             + (
                 "without a quality guard"
                 if g is None
@@ -141,7 +202,8 @@ class Lossy:
         for sig, reasons in self._lossy_reasons.items():
             if reasons:
                 lines.append(
-                    f"    int8 cannot serve {describe_call(AttentionCall.from_signature(sig))}: {'; '.join(reasons)}"
+                    f"    {'the sparse mask' if self._sparse else 'int8'} cannot serve "
+                    f"{describe_call(AttentionCall.from_signature(sig))}: {'; '.join(reasons)}"
                 )
         lines += [f"    {state.describe()}" for state in self._guards.values()]
         return "\n".join(lines)
