@@ -97,52 +97,108 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, interpreter: boo
 
 
 def _chunked(q, k, v, block_mask, scale):
-    """The chunked route (see the module's docstring)."""
-    b, h, m, d = q.shape
-    n = k.shape[2]
-    qb, kb = block_size(block_mask.BLOCK_SIZE)
-    scale = d**-0.5 if scale is None else float(scale)
-    lists = _visits(block_mask, b, h)
-    n_blocks = -(-n // kb)
-    pad = n_blocks * kb - n
-    kp = torch.nn.functional.pad(k, (0, 0, 0, pad)) if pad else k
-    vp = torch.nn.functional.pad(v, (0, 0, 0, pad)) if pad else v
-    kp = kp.reshape(b, h, n_blocks, kb, d)
-    vp = vp.reshape(b, h, n_blocks, kb, v.shape[-1])
-    mask_mod = block_mask.mask_mod
-    work = torch.float64 if q.dtype == torch.float64 else torch.float32  # 16-bit inputs: float32 scores
-    outs = []
-    for i in range(-(-m // qb)):
-        rows = slice(i * qb, min(m, (i + 1) * qb))
-        blocks, partial, count = (t[:, :, i] for t in lists)  # (B, H, S), (B, H, S), (B, H)
+    """The chunked route (see the module's docstring), differentiable once: its backward
+    recomputes each chunk's scores from the row log-sum-exps, as a flash backward does,
+    so training holds (B, H, M) statistics and no chunk's scores past its own step."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _Chunked.apply(q, k, v, block_mask, scale)
+
+
+class _Chunks:
+    """One call's walk: per query block, the key blocks it visits, gathered."""
+
+    def __init__(self, q, k, v, block_mask):
+        b, h, m, d = q.shape
+        n = k.shape[2]
+        self.qb, self.kb = block_size(block_mask.BLOCK_SIZE)
+        self.lists = _visits(block_mask, b, h)
+        self.n_blocks = -(-n // self.kb)
+        pad = self.n_blocks * self.kb - n
+        kp = torch.nn.functional.pad(k, (0, 0, 0, pad)) if pad else k
+        vp = torch.nn.functional.pad(v, (0, 0, 0, pad)) if pad else v
+        self.kp = kp.reshape(b, h, self.n_blocks, self.kb, d)
+        self.vp = vp.reshape(b, h, self.n_blocks, self.kb, v.shape[-1])
+        self.mask_mod, self.shape = block_mask.mask_mod, (b, h, m, n)
+        self.work = torch.float64 if q.dtype == torch.float64 else torch.float32  # 16-bit: float32 scores
+
+    def count(self) -> int:
+        return -(-self.shape[2] // self.qb)
+
+    def chunk(self, i: int):
+        """(rows, kv_idx (B, H, S*kb) in the padded keys, ks, vs, seen (B, H, rows|1,
+        S*kb)), or (rows, None, ...) where the block sees no key."""
+        b, h, m, n = self.shape
+        kb, device = self.kb, self.kp.device
+        rows = slice(i * self.qb, min(m, (i + 1) * self.qb))
+        blocks, partial, count = (t[:, :, i] for t in self.lists)  # (B, H, S), (B, H, S), (B, H)
         width = int(count.max()) if count.numel() else 0
-        qi = q[:, :, rows]
         if width == 0:
-            outs.append(torch.zeros(*qi.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device))
-            continue
+            return rows, None, None, None, None
         blocks, partial = blocks[..., :width], partial[..., :width]
-        take = blocks.clamp(0, n_blocks - 1).long()
+        take = blocks.clamp(0, self.n_blocks - 1).long()
         gather = take[..., None, None]
-        ks = torch.gather(kp, 2, gather.expand(-1, -1, -1, kb, d)).reshape(b, h, width * kb, d)
-        vs = torch.gather(vp, 2, gather.expand(-1, -1, -1, kb, v.shape[-1])).reshape(b, h, width * kb, -1)
-        kv_idx = (take[..., None] * kb + torch.arange(kb, device=q.device)).reshape(b, h, width * kb)
-        slot = torch.arange(width, device=q.device)
+        d, dv = self.kp.shape[-1], self.vp.shape[-1]
+        ks = torch.gather(self.kp, 2, gather.expand(-1, -1, -1, kb, d)).reshape(b, h, width * kb, d)
+        vs = torch.gather(self.vp, 2, gather.expand(-1, -1, -1, kb, dv)).reshape(b, h, width * kb, dv)
+        kv_idx = (take[..., None] * kb + torch.arange(kb, device=device)).reshape(b, h, width * kb)
+        slot = torch.arange(width, device=device)
         listed = (slot < count[..., None]).repeat_interleave(kb, dim=-1)  # (B, H, S*kb)
         seen = (listed & (kv_idx < n))[:, :, None, :]  # (B, H, 1, S*kb)
-        q_idx = torch.arange(rows.start, rows.stop, device=q.device)
-        if mask_mod is not None and bool(partial.any()):
-            inner = _evaluate(mask_mod, b, h, q_idx, kv_idx.clamp(max=n - 1))  # (B, H, rows, S*kb)
-            keep = ~partial.repeat_interleave(kb, dim=-1)[:, :, None, :] | inner
-            seen = seen & keep
-        scores = (qi.to(work) @ ks.to(work).transpose(-1, -2)) * scale
-        scores = scores.masked_fill(~seen, -math.inf)
-        best = scores.amax(-1, keepdim=True)
-        best = torch.where(torch.isfinite(best), best, torch.zeros_like(best)).detach()
-        p = torch.exp(scores - best)
-        total = p.sum(-1, keepdim=True)
-        p = p / torch.where(total > 0, total, torch.ones_like(total))
-        outs.append((p @ vs.to(work)).to(q.dtype))
-    return torch.cat(outs, dim=2)
+        if self.mask_mod is not None and bool(partial.any()):
+            q_idx = torch.arange(rows.start, rows.stop, device=device)
+            inner = _evaluate(self.mask_mod, b, h, q_idx, kv_idx.clamp(max=n - 1))  # (B, H, rows, S*kb)
+            seen = seen & (~partial.repeat_interleave(kb, dim=-1)[:, :, None, :] | inner)
+        return rows, kv_idx, ks.to(self.work), vs.to(self.work), seen
+
+
+class _Chunked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block_mask, scale):
+        walk = _Chunks(q, k, v, block_mask)
+        b, h, m, _ = q.shape
+        out = q.new_zeros(b, h, m, v.shape[-1])
+        lse = torch.full((b, h, m, 1), -math.inf, dtype=walk.work, device=q.device)
+        for i in range(walk.count()):
+            rows, kv_idx, ks, vs, seen = walk.chunk(i)
+            if kv_idx is None:
+                continue  # rows that see no key: zeros
+            scores = (q[:, :, rows].to(walk.work) @ ks.transpose(-1, -2)) * scale
+            scores = scores.masked_fill(~seen, -math.inf)
+            best = scores.amax(-1, keepdim=True)
+            best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))
+            p = torch.exp(scores - best)
+            total = p.sum(-1, keepdim=True)
+            out[:, :, rows] = (p @ vs / torch.where(total > 0, total, torch.ones_like(total))).to(q.dtype)
+            lse[:, :, rows] = torch.where(total > 0, best + torch.log(total), -math.inf)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.block_mask, ctx.scale = block_mask, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        scale = ctx.scale
+        walk = _Chunks(q, k, v, ctx.block_mask)
+        work = walk.work
+        b, h, m, n = walk.shape
+        dq = torch.zeros(q.shape, dtype=work, device=q.device)
+        dkp = torch.zeros(b, h, walk.n_blocks * walk.kb, k.shape[-1], dtype=work, device=q.device)
+        dvp = torch.zeros(b, h, walk.n_blocks * walk.kb, v.shape[-1], dtype=work, device=q.device)
+        for i in range(walk.count()):
+            rows, kv_idx, ks, vs, seen = walk.chunk(i)
+            if kv_idx is None:
+                continue
+            qi, doi = q[:, :, rows].to(work), do[:, :, rows].to(work)
+            lse_i = lse[:, :, rows]
+            lse_i = torch.where(torch.isfinite(lse_i), lse_i, math.inf)  # a blind row: p = 0
+            p = torch.exp((qi @ ks.transpose(-1, -2)) * scale - lse_i).masked_fill(~seen, 0.0)
+            delta = (doi * out[:, :, rows].to(work)).sum(-1, keepdim=True)
+            ds = p * (doi @ vs.transpose(-1, -2) - delta)
+            dq[:, :, rows] = (ds @ ks) * scale
+            at = kv_idx[..., None]
+            dkp.scatter_add_(2, at.expand(-1, -1, -1, k.shape[-1]), (ds.transpose(-1, -2) @ qi) * scale)
+            dvp.scatter_add_(2, at.expand(-1, -1, -1, v.shape[-1]), p.transpose(-1, -2) @ doi)
+        return dq.to(q.dtype), dkp[:, :, :n].to(k.dtype), dvp[:, :, :n].to(v.dtype), None, None
 
 
 def hides_nothing(block_mask) -> bool:
