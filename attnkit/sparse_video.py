@@ -145,9 +145,10 @@ class RadialRule(_Rule):
         band = torch.ones_like(d)  # 2**floor(log2(max(d, 1))), by comparisons (exact, vmappable)
         for bit in range(1, max(lay.frames - 1, 1).bit_length()):
             band = torch.where(d >= 2**bit, torch.full_like(d, 2**bit), band)
-        within = dp * band < self.window
-        stride = (band + self.window - 1) // self.window  # ceil(2**r / window), >= 1
-        sparse_frames = (dp == 0) & (d % stride == 0) & (band > self.window)
+        near = band <= self.window  # the band keeps at least one token
+        within = near & (dp * band < self.window)
+        stride = (band + self.window - 1) // self.window  # ceil(2**r / window)
+        sparse_frames = ~near & (dp == 0) & (d % stride == 0)
         return (d == 0) | within | sparse_frames
 
     def frame_class(self, fq: int, fk: int) -> Any:
