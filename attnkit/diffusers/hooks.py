@@ -19,7 +19,8 @@ and ``hooks_registry`` (the backend names). Like this module, they import nothin
 attnkit but each other: what changes diffusers sits below what it calls.
 
 What a served model holds (its processors, the methods ``attnkit.apply`` sets on its
-modules, the module global the sdpa route adds for a chooser, removed with the chooser)
+modules, the module globals the sdpa and flex routes add for a chooser, removed with the
+chooser)
 belongs to that model: ``undo()`` takes it out, and :func:`uninstall` leaves served
 models as they are.
 
@@ -49,10 +50,11 @@ from .hooks_registry import _STAYED, NAMES, add_backend, attnkit_names, check_re
 logger = logging.getLogger("attnkit")
 
 
-# the sdpa route: a module global per chooser -------------------------------------------------------
+# the sdpa and flex routes: a module global per chooser ---------------------------------------------
 def set_global(namespace: dict, name: str, value: Any, owner: Any = None) -> None:
     """``namespace[name] = value`` in a diffusers module's globals: the sdpa route's rebound
-    code reads its attention there (attnkit.diffusers.routes). With ``owner`` (the
+    code reads its attention there (attnkit.diffusers.routes), the flex route's its
+    dispatch_attention_fn (attnkit.diffusers.flex). With ``owner`` (the
     chooser), the name leaves the module when the owner is freed. Not a hook: it belongs
     to the models that chooser serves, and goes with it."""
     namespace[name] = value
