@@ -156,3 +156,17 @@ def test_nothing_of_the_flex_route_outlives_undo_and_the_chooser():
     gc.collect()
     assert set(_ours(namespace)) == before, sorted(set(_ours(namespace)) - before)
     assert set(diffusers_backend.registered_names()) <= registered
+
+
+def test_a_processor_that_accepts_flex_alone_is_served_only_while_it_is_set_to_flex():
+    from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoVaeNeighborhoodAttnProcessor
+    from diffusers.models.transformers.transformer_kandinsky6_sr import Kandinsky6SRAttnProcessor
+
+    from attnkit.diffusers.routes import classify
+
+    assert classify(Kandinsky6SRAttnProcessor()).kind == "flex"
+    proc = LTX2VideoVaeNeighborhoodAttnProcessor()
+    assert classify(proc).kind == "flex"
+    proc._attention_backend = "native"  # its own check would refuse it: kept, as diffusers runs it
+    route = classify(proc)
+    assert route.kind == "kept" and "checks which backend" in route.reason, route
