@@ -73,11 +73,11 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 # --quick: most telling first (the ladder's compiled rows are what the issue is about); the
 # caps are hard limits and sum to at most QUICK_LIMIT.
 QUICK_LIMIT=480
-QUICK_PLAN="table1:35 table2-sdpa:80 table2-attnkit:80 table5-flux:85 kernels16:55 tile-timing:45 overhead:30 launch:35 kernels:35"
-FULL_PLAN="table1:80 table4:45 kernels16:35 overhead:30 launch:35 kernels:110 tiles:120 table2:110 table5-flux:40 table5-sd3:40 table5-wan:40 table3:rest"
-SMOKE_PLAN="table1:80 table4:45 kernels16:35 overhead:30 launch:35 kernels:110 table2:110 table5-flux-cpu:40 table3:rest"
+QUICK_PLAN="table1:35 sparse:55 table2-sdpa:65 table2-attnkit:65 table5-flux:80 kernels16:45 tile-timing:35 overhead:30 launch:35 kernels:35"
+FULL_PLAN="table1:80 sparse:60 table4:45 kernels16:35 overhead:30 launch:35 kernels:110 tiles:120 table2:110 table5-flux:40 table5-sd3:40 table5-wan:40 table3:rest"
+SMOKE_PLAN="table1:80 sparse:60 table4:45 kernels16:35 overhead:30 launch:35 kernels:110 table2:110 table5-flux-cpu:40 table3:rest"
 if [ $QUICK = 1 ]; then PLAN=$QUICK_PLAN; elif [ $SMOKE = 1 ]; then PLAN=$SMOKE_PLAN; else PLAN=$FULL_PLAN; fi
-KNOWN_STEPS=",table1,table4,kernels,tiles,tile-timing,table2,table2-sdpa,table2-attnkit,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,kernels16,overhead,launch,table3,"
+KNOWN_STEPS=",table1,sparse,table4,kernels,tiles,tile-timing,table2,table2-sdpa,table2-attnkit,table5-flux,table5-sd3,table5-wan,table5-flux-cpu,kernels16,overhead,launch,table3,"
 STEPS=${ATTNKIT_SUITE_STEPS:-all}
 STEPS=${STEPS// /}
 if [ "$STEPS" != all ]; then
@@ -258,6 +258,21 @@ mkdir -p "$SECTIONS"
 BENCH=("$PY" -m attnkit bench "${COMMON[@]}")
 
 run_step table1 "${BENCH[@]}" --tables 1 --processors "$ORDER" --budget @INNER@ --out "$LOGS/table1"
+# FlexAttention BlockMasks (bench/block_sparse.py): the block-sparse kernel at 10-90% density
+# and a sliding window against FlexAttention compiled and eager, and a BlockMask model
+# (AnyFlow FAR) stock against attnkit.apply: time, peak memory, error.
+SPARSE_DEVICE=cuda; [ $SMOKE = 1 ] && SPARSE_DEVICE=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+SPARSE_ARGS=(--device "$SPARSE_DEVICE" --json "$LOGS/sparse/sparse.json")
+[ $QUICK = 1 ] && SPARSE_ARGS+=(--tokens 8192 --rounds 5)
+[ $SMOKE = 1 ] && SPARSE_ARGS+=(--tokens 1024 --rounds 2 --frames 4 --latent 16)
+mkdir -p "$LOGS/sparse"
+run_step sparse "$PY" "$REPO/bench/block_sparse.py" "${SPARSE_ARGS[@]}"
+if [ -f "$LOGS/sparse.out" ] && [ "$(stat -c %Y "$LOGS/sparse.out")" -ge "$START" ]; then
+    "$PY" -m attnkit.bench.sections text "$LOGS/sparse.out" --key sparse \
+        --title "FlexAttention BlockMasks (bench/block_sparse.py)" --json "$LOGS/sparse/sparse.json" \
+        --command "python bench/block_sparse.py ${SPARSE_ARGS[*]}" \
+        --out "$SECTIONS/sparse.json" 2>> "$LOG" || say "sparse: no section written"
+fi
 if [ $QUICK = 1 ]; then
     # The ladder on SD1.5 512x512 fp16: each processor eager, under CUDA graphs
     # (torch.compile mode="reduce-overhead") and under torch.compile, how much of a step is
