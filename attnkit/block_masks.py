@@ -24,10 +24,13 @@ A query row that sees no key gives zeros on both, as FlexAttention gives.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import math
 import os
 import weakref
+from collections.abc import Iterator
 
 import torch
 from torch.func import vmap
@@ -64,11 +67,42 @@ def block_mask_attention(
     chosen, why = route(q, k, v, interpreter=via == KERNEL)
     if via == KERNEL and chosen != KERNEL:
         raise ValueError(f"the block-sparse kernel cannot run this call: {why}")
+    if _RECORDERS:
+        record = Computed(via or chosen, why if via is None else f"via={via!r}", tuple(q.shape), tuple(k.shape))
+        for into in _RECORDERS:
+            into.append(record)
     if (via or chosen) == KERNEL:
         from .kernels.flash.sparse import block_sparse_attention
 
         return block_sparse_attention(q, k, v, block_mask, scale)
     return _chunked(q, k, v, block_mask, scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class Computed:
+    """One BlockMask call block_mask_attention computed, as recording() hears of it: its
+    route ("kernel" or "chunked"), why, and the shapes of q and k."""
+
+    route: str
+    why: str
+    q_shape: tuple
+    k_shape: tuple
+
+
+_RECORDERS: list = []
+
+
+@contextlib.contextmanager
+def recording(into=None) -> Iterator:
+    """Every BlockMask call computed inside the with block, as Computed, appended to
+    ``into`` (any object with append; a new list by default), which is yielded: what ran
+    and on which route, for tests and debugging."""
+    into = [] if into is None else into
+    _RECORDERS.append(into)
+    try:
+        yield into
+    finally:
+        _RECORDERS.remove(into)
 
 
 def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, interpreter: bool = False) -> tuple[str, str]:

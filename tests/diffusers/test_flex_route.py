@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import attnkit
+from attnkit import block_masks
 from attnkit.diffusers import backend as diffusers_backend
-from attnkit.diffusers import backend_call, flex
+from attnkit.diffusers import flex
 from attnkit.errors import UnsupportedModule
 from tests.zoo._zoo import BY_ID
 
@@ -58,10 +59,7 @@ def _applied_global(model) -> str:
 @pytest.mark.parametrize("how", ["apply", "set_attn_processor"])
 def test_served_on_the_flex_route_by_attnkit(how, monkeypatch):
     case, model, inputs = _model()
-    calls = []
-    real = backend_call._block_masked
-    monkeypatch.setattr(backend_call, "_block_masked", lambda *a, **k: calls.append(1) or real(*a, **k))
-    with torch.no_grad():
+    with torch.no_grad(), block_masks.recording() as calls:
         stock = case.run(model, inputs)
         proc = attnkit.auto()
         routes = (attnkit.apply(model, proc) if how == "apply" else attnkit.plan(model)).routes
@@ -121,11 +119,8 @@ def test_under_torch_compile_a_block_mask_stays_on_diffusers_flex(monkeypatch):
     with torch.no_grad():
         stock = case.run(model, inputs)
     attnkit.apply(model, attnkit.auto())
-    calls = []
-    real = backend_call._block_masked
-    monkeypatch.setattr(backend_call, "_block_masked", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(flex, "is_compiling", lambda: True)
-    with torch.no_grad():
+    with torch.no_grad(), block_masks.recording() as calls:
         out = case.run(model, inputs)
     assert not calls
     for a, b in zip(out, stock):

@@ -180,16 +180,16 @@ def test_the_table_is_built_once_per_mask_and_leaves_with_it(seed):
     m = n = 64
     bm = create_block_mask(lambda bi, hi, qi, ki: qi >= ki, None, None, m, n, device="cpu", BLOCK_SIZE=32)
     q, k, v = _qkv(1, 1, m, n, 16)
+    before = sparse.table_count()
+    first = block_table(bm, m, n, TILE, torch.device("cpu"))
     block_sparse_attention(q, k, v, bm)
-    tables = dict(sparse._TABLES)
-    block_sparse_attention(q, k, v, bm)
-    assert sparse._TABLES == tables, "the second call builds nothing"
-    before = len(sparse._TABLES)
-    del bm
+    assert block_table(bm, m, n, TILE, torch.device("cpu")) is first, "the second call builds nothing"
+    assert sparse.table_count() == before + 1
+    del bm, first
     import gc
 
     gc.collect()
-    assert len(sparse._TABLES) == before - 1
+    assert sparse.table_count() == before
 
 
 def test_one_launch_each_forward_and_backward_kernel(seed):

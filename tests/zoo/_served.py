@@ -91,21 +91,23 @@ def _no_forced_backend(monkeypatch):
 _BLOCK_MASKED: list = []  # listeners told of each BlockMask call attnkit computes (the test's)
 
 
-@pytest.fixture(autouse=True)
-def _count_block_masked(monkeypatch):
-    """attnkit computes a flex BlockMask without its chooser (backend_call._block_masked):
-    the counters below hear of those calls too."""
-    from attnkit.diffusers import backend_call
+class _Heard(list):
+    """BlockMask calls attnkit computed (block_masks.recording), each told to the listeners."""
 
-    real = backend_call._block_masked
-
-    def counted(*args, **kwargs):
+    def append(self, item):
         for listener in _BLOCK_MASKED:
             listener()
-        return real(*args, **kwargs)
+        super().append(item)
 
-    monkeypatch.setattr(backend_call, "_block_masked", counted)
-    yield
+
+@pytest.fixture(autouse=True)
+def _count_block_masked():
+    """attnkit computes a flex BlockMask without its chooser (attnkit.block_masks): the
+    counters below hear of those calls too."""
+    from attnkit import block_masks
+
+    with block_masks.recording(_Heard()):
+        yield
     _BLOCK_MASKED.clear()
 
 

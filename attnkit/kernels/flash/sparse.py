@@ -114,6 +114,11 @@ def block_table(block_mask, m: int, n: int, tile: tuple[int, int], device: torch
     return table
 
 
+def table_count() -> int:
+    """How many block tables are kept (one per live mask object, tile and device)."""
+    return len(_TABLES)
+
+
 # (id(BlockMask), tile, device) -> (a weak reference to the mask, its BlockTable): an entry
 # leaves with its mask, so the table is bounded by the masks alive.
 _TABLES: dict[tuple, tuple] = {}
