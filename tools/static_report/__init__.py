@@ -67,6 +67,20 @@ limit takes the int8 matmul at twice the 16-bit rate (compile.INT8_RATE: 624 aga
 TOPS on A100, 1979 against 989 on H100). The target int8-vs-exact (targets.py) reports its
 default's instr/score beside the exact forward's default; it has no budget.
 
+The block-sparse kernels (kernels "sparse_fwd", "sparse_dq", "sparse_dkdv":
+attnkit/kernels/flash/sparse_kernels.py, launched by flash/sparse.py) are compiled by
+sparse.py with their one tile per head dim (sparse.tile_for: 64 x 64 on 4 warps to head dim
+128, 64 x 32 on 8 warps above; 2 stages), pointer loads, no bias, not causal (the block
+table is the mask), in fp16 and bf16 at head dims 64, 128 and 256 (sparse.SPARSE_HEAD_DIMS),
+on both targets. Each walks its table in two loops, the full tiles then the partial ones
+(the element mask read from the table's store): the row's figures are the full-tile loop's
+(the first, as for the other kernels), and its partial_* figures the partial-tile loop's.
+The gate applies to both loops (spills, shared memory, duplicated matrix work or
+exponentials); no budget. The target sparse-vs-dense (targets.py) puts both loops'
+instr/score beside the dense kernel's default (fwd, dq, dkdv; no bias, not causal).
+sparse.py is hashed into the source key and into the sparse rows' code keys only: adding
+or changing the sparse rows leaves every other row's code key as it was.
+
 Resuming. A row is keyed by source_key() (key.py: a hash of the code of the kernels,
 limits.py, sass.py, the kernels' calling convention flash/abi.py, bias_form.BIAS_16BIT_ALIGN,
 and this tool's functions that build, compile and read a row; comments and docstrings left

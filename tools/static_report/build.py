@@ -89,6 +89,10 @@ def _signature(fn, dtype: str, pointer_types: dict[str, str], descriptors: dict[
 
 def source_of(job: Job) -> Build:
     """What a row is compiled from: its kernel's ASTSource, target and options."""
+    if job.kernel.startswith("sparse_"):  # the block-sparse kernels: sparse.py
+        from .sparse import sparse_source
+
+        return sparse_source(job)
     return _int8_source(job) if job.kernel == "int8" else _flash_source(job)
 
 
@@ -254,7 +258,14 @@ def code_key(job: Job, b: Build | None = None) -> str:
         ttir, options = _front(b)
     except Exception:  # noqa: BLE001 - a row that does not build has no code key
         return ""
-    return code_hash(b, ttir, options, analysis_key())
+    analysis = analysis_key()
+    if job.kernel.startswith("sparse_"):
+        # The sparse rows are also read by sparse.py (their partial-tile loop); the other
+        # rows' keys do not see that module.
+        from .sparse import sparse_analysis_key
+
+        analysis += sparse_analysis_key()
+    return code_hash(b, ttir, options, analysis)
 
 
 def code_hash(b: Build, ttir: str, options: str, analysis: str) -> str:
@@ -279,13 +290,18 @@ def code_hash(b: Build, ttir: str, options: str, analysis: str) -> str:
 def compile_job(job: Job) -> Result:
     """Compile one configuration for its target and read its cubin."""
     os.environ.pop("TRITON_INTERPRET", None)
-    res = Result(job)
+    sparse_row = job.kernel.startswith("sparse_")
+    if sparse_row:
+        from .sparse import SparseResult, analyse_partial
+    res = SparseResult(job) if sparse_row else Result(job)
     t0 = time.time()
     try:
         b = source_of(job)
         res.code = code_key(job, b)
         kernel = _compile(b.src, b.arch, b.warps, b.stages, b.options)
         analyse(res, kernel, b.warps, b.scores, b.padded, b.matmuls, b.exp_least, int8_padded=b.int8_padded)
+        if sparse_row:
+            analyse_partial(res, kernel, b.warps, b.scores, b.padded, b.matmuls)
     except Exception as e:  # noqa: BLE001 - any failure is a failed configuration
         msg = str(e).strip().splitlines()
         res.error = f"compile failed: {type(e).__name__}: {msg[0] if msg else ''}"[:200]

@@ -45,6 +45,8 @@ DBIAS_KERNELS = ("dkdv_dbias", "dq_dbias")  # with a bias only
 # The int8 forward (attnkit/kernels/int8) has the forward's two: q8 k8^T in int8 (the
 # first, on integer tensor cores at INT8_RATE x), p v in 16 bits.
 MATMULS = {"fwd": 2, "fwd_lo": 2, "dq": 3, "dq_dbias": 3, "dkdv": 4, "dkdv_dbias": 4, "int8": 2}
+# The block-sparse kernels (tools/static_report/sparse.py) have their dense kernels' matmuls.
+MATMULS.update(sparse_fwd=2, sparse_dq=3, sparse_dkdv=4)
 # Exponentials one iteration needs per score: one per score, plus the forward's
 # per-row rescale alpha (1 / BLOCK_N per score, added below).
 DUPLICATION_LIMIT = 1.05  # above this, a loop issues more matrix FLOPs than its matmuls need

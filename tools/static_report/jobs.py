@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from .build import _select
 from .compile import DBIAS_KERNELS, Job
+from .sparse import SPARSE_DTYPES, SPARSE_HEAD_DIMS, SPARSE_KERNELS, sparse_tile
 
 HEAD_DIMS = (40, 64, 80, 96, 128, 160, 256, 320, 384, 512)
 DTYPES = ("fp16", "bf16", "fp32")
 ARCHS = (80, 90)
-KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias", "int8")
+KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias", "int8", *SPARSE_KERNELS)
 BIASES = ("none", "keypad", "full", "full16")
 # The int8 forward (attnkit/kernels/int8): 16-bit inputs, float32 biases only (none, key
 # padding, full), pointer loads only, one tile per target, head dim and bias (int8/ops.py's
@@ -33,6 +34,8 @@ def _variants(kernel: str, dtype: str, arch: int, biases, causals) -> list[tuple
     forward: float32 biases, pointer loads."""
     if kernel == "int8":
         return [(bias, causal, False) for bias in biases if bias in INT8_BIASES for causal in causals]
+    if kernel in SPARSE_KERNELS:  # the block table is the mask: no bias, no causality; pointer loads
+        return [("none", False, False)] if "none" in biases and False in causals else []
     tmas = (True, False) if arch == 90 and dtype != "fp32" else (False,)
     return [
         (bias, causal, tma)
@@ -48,7 +51,7 @@ def launches(kernel: str, head_dim: int) -> list[tuple[int, str]]:
     """(PIECE, GRADS) of each launch of a kernel at a head dim (attnkit/kernels/flash/
     launch.py, BackwardPlan): above 256 the backward runs once per head-dim piece, dK/dV also once
     per gradient; the bias gradient comes with the first dK (or dQ) launch."""
-    if kernel.startswith("fwd") or kernel == "int8" or head_dim <= 256:
+    if kernel.startswith(("fwd", "sparse_")) or kernel == "int8" or head_dim <= 256:
         return [(-1, "dkdv")]
     if kernel == "dq":
         return [(0, "dkdv"), (1, "dkdv")]
@@ -74,6 +77,8 @@ def jobs_for(
                     continue  # fp32 outputs are not rounded: no residual
                 if kernel == "int8" and dtype not in INT8_DTYPES:
                     continue  # 16-bit inputs only
+                if kernel in SPARSE_KERNELS and (dtype not in SPARSE_DTYPES or d not in SPARSE_HEAD_DIMS):
+                    continue  # 16-bit inputs, a few head dims (sparse.py)
                 for arch in archs:
                     for bias, causal, tma in _variants(kernel, dtype, arch, biases, causals):
                         if tmas is not None and tma not in tmas:
@@ -82,6 +87,8 @@ def jobs_for(
                             cands = [(c[:5], (c[5] if len(c) > 5 else 0) or None, False, budget) for c in configs]
                         elif kernel == "int8":
                             cands = [(int8_tile(arch, d, bias), None, True, None)]  # its tile, not gated
+                        elif kernel in SPARSE_KERNELS:
+                            cands = [(sparse_tile(d), None, True, None)]  # its one tile, not gated
                         else:
                             shipped = fl.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
                             if quick:

@@ -5,8 +5,9 @@
   launcher's other host code (launcher.py, flash/ops.py, launch.py, select.py, bias_form.py
   outside BIAS_16BIT_ALIGN; int8/ops.py, int8/quant.py outside qk_pieces) or of the tile
   table (tiles.py) keeps every row, with nothing run. An edit of the kernels' code
-  (flash/kernels.py and int8/kernels.py), of their calling convention (flash/abi.py,
-  hashed whole), of the head-dim split
+  (flash/kernels.py, int8/kernels.py and flash/sparse_kernels.py), of their calling
+  convention (flash/abi.py, hashed whole), of the sparse rows' build and analysis
+  (tools/static_report/sparse.py, hashed whole), of the head-dim split
   (limits.py), of the SASS analysis (sass.py, key.ANALYSIS) or of the functions that
   build, compile and read a row (_ROW_FUNCTIONS, found by name in any module of
   tools/static_report, so they may move between its modules) changes it.
@@ -38,6 +39,10 @@ _ROW_MODULES = (
     "attnkit/kernels/int8/kernels.py",
     "attnkit/kernels/limits.py",
     "tools/static_report/sass.py",
+    # The block-sparse kernels and what builds and reads their rows (hashed whole; also in
+    # the sparse rows' code keys, not in the others').
+    "attnkit/kernels/flash/sparse_kernels.py",
+    "tools/static_report/sparse.py",
 )
 _ROW_FUNCTIONS = (
     "compile_job",

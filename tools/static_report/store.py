@@ -35,6 +35,7 @@ from dataclasses import asdict, fields
 from .compile import Job, Result
 from .jobs import row_order
 from .key import _ROOT, compile_spec, source_key
+from .sparse import SPARSE_KERNELS, SparseResult
 
 REPORT_DIR = os.path.join("bench", "results", "static")
 CHECKPOINT = "rows.partial.jsonl"  # rows appended as they compile; a killed run resumes from it
@@ -72,8 +73,12 @@ def _from_record(rec: dict) -> Result:
         **{k: (tuple(v) if k == "config" else v) for k, v in rec.items() if k in job_fields and k != "config"},
         config=(rec["block_m"], rec["block_n"], rec["num_warps"], rec["num_stages"], rec["reload"]),
     )
-    res_fields = {f.name for f in fields(Result)} - {"job", "loop_mix", "sass_digest"}
-    return Result(job, **{k: (float("nan") if v is None else v) for k, v in rec.items() if k in res_fields})
+    cls = SparseResult if job.kernel in SPARSE_KERNELS else Result
+    res_fields = {f.name for f in fields(cls)} - {"job", "loop_mix", "sass_digest"}
+    return cls(
+        job,
+        **{k: (float("nan") if v is None and k != "partial_mma_mix" else v) for k, v in rec.items() if k in res_fields},
+    )
 
 
 def source_state() -> tuple[str, bool]:

@@ -23,6 +23,12 @@ Targets (sm_90 figures are those of the TMA variant, the one aligned inputs run)
   (TMA on sm_90, pointer loads on sm_80), with their ratio; no speed is required of it:
   its tiles are not tuned, and static figures do not show the memory the int8 operands
   save;
+* sparse-vs-dense (sm_90 and sm_80, fp16 and bf16, head dims 64, 128 and 256): the
+  block-sparse kernels' tile (attnkit/kernels/flash/sparse_kernels.py) compiles clean (no
+  spills, shared memory within the target, no duplicated work in the full-tile or the
+  partial-tile loop). Both loops' instr/score are reported beside the dense kernel's
+  default (pointer loads; on sm_90 also TMA) and, where the dense list has it, the dense
+  candidate of the same tile; no speed is required of them;
 * sm_80: nothing worse than before this report existed: the default tile of every
   kernel, head dim, fp16 / fp32 and bias variant compiles to no more instr/score than
   the kernels of BASELINE_COMMIT did (their figures, read with the same SASS analysis,
@@ -223,6 +229,7 @@ def evaluate(results) -> list[dict]:
         )
     out.extend(compare_full16(results))
     out.extend(compare_int8(results))
+    out.extend(compare_sparse(results))
     out.extend(compare_sm80(results))
     return out
 
@@ -273,6 +280,66 @@ def compare_int8(results) -> list[dict]:
                     exact_instr_per_score=base.instr_per_score,
                     exact_regs=base.regs,
                 )
+            out.append(v)
+    return out
+
+
+def compare_sparse(results) -> list[dict]:
+    """The block-sparse kernels (tools/static_report/sparse.py) on each target, head dim and
+    dtype: met when the row has no problem (no spills, shared memory within the target,
+    tensor cores, no duplicated work in either tile loop). Its value is the full-tile loop's
+    instr/score; beside it the partial-tile loop's, and the dense kernel's (fwd, dq, dkdv; no
+    bias, not causal, same target, head dim and dtype): its default with pointer loads (the
+    sparse kernels' loads), on sm_90 also its TMA default, and the dense candidate with the
+    sparse kernel's own tile where the dense list has one. No speed is required of it."""
+    from .sparse import DENSE_OF
+
+    dense: dict = {}
+    for r in results:
+        j = r.job
+        if j.kernel not in ("fwd", "dq", "dkdv") or j.bias != "none" or j.causal or j.piece >= 0 or r.problems:
+            continue
+        if j.default:
+            dense[(j.kernel, j.arch, j.head_dim, j.dtype, "tma" if j.tma else "ptr")] = r
+        if not j.tma:
+            dense.setdefault((j.kernel, j.arch, j.head_dim, j.dtype, j.config_name), r)
+    out = []
+    for arch in (90, 80):
+        for r in results:
+            j = r.job
+            if j.kernel not in DENSE_OF or j.arch != arch:
+                continue
+            at = (DENSE_OF[j.kernel], arch, j.head_dim, j.dtype)
+            ptr, tma, same = dense.get((*at, "ptr")), dense.get((*at, "tma")), dense.get((*at, j.config_name))
+            note = f"{r.matrix}, {r.regs} regs" + (f", spills {r.stack} B" if r.stack > 0 else "")
+            if r.problems:
+                note += "; " + "; ".join(r.problems)
+            v = _verdict(
+                f"sparse-vs-dense-sm{arch}-{j.kernel}-d{j.head_dim}-{j.dtype}",
+                "block-sparse kernel: clean (no spills, no duplicated work)",
+                r,
+                r.instr_per_score,
+                None,
+                not r.problems,
+                note=note,
+            )
+            v.update(
+                problems=r.problems,
+                regs=r.regs,
+                stack=max(r.stack, 0),
+                loop_length=r.loop_length,
+                partial_loop_length=getattr(r, "partial_loop_length", 0),
+                partial_instr_per_score=getattr(r, "partial_instr_per_score", None),
+            )
+            for name, d in (("dense", ptr), ("dense_tma", tma if arch == 90 else None), ("dense_same_tile", same)):
+                if d is not None and d.loop_length:
+                    v.update(
+                        {
+                            f"{name}_config": d.job.config_name,
+                            f"{name}_instr_per_score": d.instr_per_score,
+                            f"{name}_regs": d.regs,
+                        }
+                    )
             out.append(v)
     return out
 
@@ -375,8 +442,8 @@ def list_order(results) -> list[dict]:
     groups: dict = {}
     for r in results:
         j = r.job
-        if j.dtype != "fp16" or j.causal or (j.arch == 90) != j.tma or r.problems:
-            continue
+        if j.dtype != "fp16" or j.causal or (j.arch == 90) != j.tma or r.problems or j.kernel.startswith("sparse_"):
+            continue  # (the block-sparse kernels have one tile, not a list)
         groups.setdefault((j.arch, j.kernel, j.bias, j.band), {}).setdefault(j.config_name, []).append(r)
     out = []
     for (arch, kernel, bias, band), cands in sorted(groups.items()):
@@ -399,6 +466,58 @@ def list_order(results) -> list[dict]:
             }
         )
     return out
+
+
+def _short(problems: list[str]) -> str:
+    """A sparse row's problems, the partial-tile loop's folded into the full-tile loop's
+    where they are the same kind."""
+    full = [p for p in problems if not p.startswith("partial-tile loop: ")]
+    both = {p[len("partial-tile loop: ") :].split(" (")[0] for p in problems if p.startswith("partial-tile loop: ")}
+    out = [p + (" (both loops)" if p.split(" (")[0] in both else "") for p in full]
+    out += [
+        p
+        for p in problems
+        if p.startswith("partial-tile loop: ")
+        and p.split(": ", 1)[1].split(" (")[0] not in {q.split(" (")[0] for q in full}
+    ]
+    return "; ".join(out)
+
+
+def _sparse_section(sparse: list[dict]) -> list[str]:
+    """report.md's comparison of the block-sparse kernels with the dense ones (compare_sparse)."""
+
+    def ratio(a, b):
+        return _f(a / b if a is not None and b else None, 2)
+
+    lines = [
+        "",
+        "## Block-sparse kernels beside the dense ones",
+        "",
+        "attnkit/kernels/flash/sparse_kernels.py (flash/sparse.py's tile: 64 x 64 on 4 warps to head dim 128, "
+        "64 x 32 on 8 warps above; 2 stages; pointer loads; 16-bit inputs). Each walks its block table in two "
+        "loops: the full tiles (no mask) first, then the partial ones (element mask read from the table's store). "
+        "full and partial: the instr/score of each loop; dense: the dense kernel's default (no bias, not causal, "
+        "same target, head dim and dtype) with pointer loads, the sparse kernels' loads; on sm_90 also its TMA "
+        "default, the one aligned inputs run. The dense defaults have their own tiles (often 128 rows), so "
+        "full / dense is the table walk's cost together with the smaller tile's; same tile: the dense list's "
+        "candidate with the sparse tile, where it has one (pointer loads). partial - full is the element mask's "
+        f"cost. {sum(v['met'] for v in sparse)} of {len(sparse)} rows clean (no spills, no duplicated work); "
+        "no speed is required of them.",
+        "",
+        "| target | kernel | D | dtype | tile | regs | spills (B) | full | partial | dense ptr tile | dense ptr "
+        "| full / dense ptr | partial / dense ptr | same tile | dense TMA (sm_90) | clean |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in sparse:
+        dense = v.get("dense_instr_per_score")
+        lines.append(
+            f"| sm_{v['arch']} | {v['kernel']} | {v['head_dim']} | {v['dtype']} | {v['config']} | {v['regs']} | "
+            f"{v['stack']} | {_f(v['value'])} | {_f(v['partial_instr_per_score'])} | "
+            f"{v.get('dense_config', '-')} | {_f(dense)} | {ratio(v['value'], dense)} | "
+            f"{ratio(v['partial_instr_per_score'], dense)} | {_f(v.get('dense_same_tile_instr_per_score'))} | "
+            f"{_f(v.get('dense_tma_instr_per_score'))} | {'yes' if v['met'] else '**no**: ' + _short(v['problems'])} |"
+        )
+    return lines
 
 
 def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: list[dict]) -> str:
@@ -450,7 +569,7 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for v in verdicts:
-        if v["id"].startswith(("sm80-", "int8-vs-exact-")):
+        if v["id"].startswith(("sm80-", "int8-vs-exact-", "sparse-vs-dense-")):
             continue
         lines.append(
             f"| {v['target']} | {v.get('kernel', '')} | {v.get('head_dim', '')} | {v.get('dtype', '')} | "
@@ -511,6 +630,10 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
                 f"{_f(v['value'] / ex if ex else None, 2)} | {'yes' if v['met'] else '**no**'} | "
                 f"{v.get('note', '').split(';')[0]} |"
             )
+
+    sparse = [v for v in verdicts if v["id"].startswith("sparse-vs-dense-")]
+    if sparse:
+        lines += _sparse_section(sparse)
 
     def table(rows, title):
         out = [
