@@ -27,15 +27,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import math
 import os
 import weakref
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.func import vmap
 
-from .masks import block_size, check_block_mask
+from .masks import EMPTY, FULL, PARTIAL, block_size, block_states, check_block_mask, noop_mask_mod
 
 # check(block_mask, b, h, m, n): ValueError, naming both, for a BlockMask of another call
 check = check_block_mask
@@ -50,18 +52,25 @@ def block_mask_attention(
     block_mask,
     scale: float | None = None,
     *,
+    keys: torch.Tensor | None = None,
+    causal: bool = False,
     via: str | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale, over the keys ``block_mask`` shows each row) v.
 
     q: (B, H, M, D); k, v: (B, H, N, D) and (B, H, N, Dv). block_mask: a FlexAttention
     BlockMask for M queries and N keys (its seq_lengths), batch and heads B and H or 1.
-    scale defaults to D ** -0.5. Returns (B, H, M, Dv) in q's dtype. via: "kernel" or
+    scale defaults to D ** -0.5. Returns (B, H, M, Dv) in q's dtype. keys: a (B, N) boolean
+    key mask combined with the BlockMask (True = attend: a text padding mask); causal: also
+    hide the keys after each query (key j from query i iff j <= i, torch's is_causal). Both
+    make a restricted BlockMask (:func:`restricted`, once per mask and key mask). via: "kernel" or
     "chunked" to force a route (the kernel where it cannot run raises, saying why);
     None takes :func:`route`'s."""
     b, h, m, d = q.shape
     n = k.shape[2]
     check(block_mask, b, h, m, n)
+    if keys is not None or causal:
+        block_mask = restricted(block_mask, keys, causal, b, m, n)
     if via not in (None, KERNEL, CHUNKED):
         raise ValueError(f"via={via!r}: pass 'kernel', 'chunked' or None (the route that can run)")
     chosen, why = route(q, k, v, interpreter=via == KERNEL)
@@ -76,6 +85,104 @@ def block_mask_attention(
 
         return block_sparse_attention(q, k, v, block_mask, scale)
     return _chunked(q, k, v, block_mask, scale)
+
+
+def restricted(block_mask, keys: torch.Tensor | None, causal: bool, b: int, m: int, n: int):
+    """The BlockMask that also hides what ``keys`` (B, N) bool hides and, with causal, the
+    keys after each query: blocks both show whole stay full, blocks either hides go,
+    the rest are partial under a mask_mod that ANDs the three (the original's full blocks
+    count as seen whole, as compiled FlexAttention counts them). Kept per (mask, key mask
+    bits, causal) while the mask lives, so the layers that share them share its
+    block table too. The key mask is read once per call (one copy to the host, B x N bits)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if keys is not None and (keys.dtype != torch.bool or tuple(keys.shape) != (b, n)):
+        raise ValueError(
+            f"keys must be a ({b}, {n}) boolean key mask (True = attend); got {keys.dtype} {tuple(keys.shape)}"
+        )
+    digest = None
+    if keys is not None:  # by content: a model may build its key mask afresh for every call
+        packed = np.packbits(keys.detach().cpu().numpy(), axis=-1)
+        digest = hashlib.blake2b(packed.tobytes(), digest_size=16).hexdigest()
+    key = (id(block_mask), digest, tuple(keys.shape) if keys is not None else None, bool(causal))
+    hit = _RESTRICTED.get(key)
+    if hit is not None and hit[0]() is block_mask:
+        return hit[1]
+    qb, kb = block_size(block_mask.BLOCK_SIZE)
+    n_qb, n_kb = -(-m // qb), -(-n // kb)
+    original = block_states(block_mask, n_qb, n_kb)
+    states = original
+    device = original.device
+    if keys is not None:
+        every = torch.ones(b, n_kb * kb, dtype=torch.bool, device=device)  # past N: no key to hide
+        some = torch.zeros(b, n_kb * kb, dtype=torch.bool, device=device)
+        every[:, :n] = some[:, :n] = keys.to(device)
+        whole, seen = every.view(b, n_kb, kb).all(-1), some.view(b, n_kb, kb).any(-1)
+        states = _meet(states, torch.where(whole, FULL, torch.where(seen, PARTIAL, EMPTY))[:, None, None])
+    if causal:
+        q_lo = torch.arange(n_qb, device=device) * qb
+        q_hi = (q_lo + qb).clamp(max=m) - 1
+        k_lo = torch.arange(n_kb, device=device) * kb
+        k_hi = (k_lo + kb).clamp(max=n) - 1
+        seen_all = k_hi[None, :] <= q_lo[:, None]
+        seen_any = k_lo[None, :] <= q_hi[:, None]
+        states = _meet(states, torch.where(seen_all, FULL, torch.where(seen_any, PARTIAL, EMPTY))[None, None])
+    states = states.to(torch.uint8)
+
+    def lists(state):
+        chosen = states == state
+        order = torch.sort((~chosen).to(torch.uint8), dim=-1, stable=True).indices.to(torch.int32)
+        return chosen.sum(-1).to(torch.int32), order
+
+    num, idx = lists(PARTIAL)
+    full_num, full_idx = lists(FULL)
+    mask_mod = _Restricted(block_mask.mask_mod, original, (qb, kb), keys, causal)
+    out = BlockMask.from_kv_blocks(
+        num, idx, full_num, full_idx, BLOCK_SIZE=(qb, kb), mask_mod=mask_mod, seq_lengths=(m, n)
+    )
+    try:
+        ref = weakref.ref(block_mask)
+    except TypeError:
+        return out
+    if len(_RESTRICTED) >= RESTRICTED_LIMIT:
+        _RESTRICTED.pop(next(iter(_RESTRICTED)))
+    _RESTRICTED[key] = (ref, out)
+    return out
+
+
+# (id(mask), a digest of the key mask's bits or None, its shape, causal) -> (a weak ref to
+# the mask, the restricted mask). Stale when the mask is gone (its id may be reused: the
+# reference tells); bounded (oldest out first) since an entry holds the restricted mask.
+_RESTRICTED: dict[tuple, tuple] = {}
+RESTRICTED_LIMIT = 64
+
+
+def _meet(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Two block states together: hidden where either hides, whole where both show whole."""
+    return torch.where((a == EMPTY) | (c == EMPTY), EMPTY, torch.where((a == FULL) & (c == FULL), FULL, PARTIAL))
+
+
+class _Restricted:
+    """The restricted mask's mask_mod: the original's element mask (its full blocks whole,
+    a list-only mask's listed blocks whole), AND the key mask, AND causality."""
+
+    def __init__(self, mask_mod, states, block, keys, causal):
+        self.mask_mod = None if noop_mask_mod(mask_mod) else mask_mod
+        self.whole = states == FULL
+        self.block, self.keys, self.causal = block, keys, causal
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        bm, hm = self.whole.shape[:2]
+        bi = b if bm > 1 else 0
+        hi = h if hm > 1 else 0
+        seen = self.whole[bi, hi, q_idx // self.block[0], kv_idx // self.block[1]]
+        if self.mask_mod is not None:
+            seen = seen | self.mask_mod(b, h, q_idx, kv_idx)
+        if self.keys is not None:
+            seen = seen & self.keys[b, kv_idx]
+        if self.causal:
+            seen = seen & (kv_idx <= q_idx)
+        return seen
 
 
 @dataclasses.dataclass(frozen=True)

@@ -213,3 +213,28 @@ def block_size(size) -> tuple[int, int]:
     if isinstance(size, int):
         return size, size
     return int(size[0]), int(size[1])
+
+
+# A BlockMask block's state: hidden, seen through the mask_mod, seen whole.
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def noop_mask_mod(mask_mod) -> bool:
+    """Whether a BlockMask's mask_mod hides nothing (none, or from_kv_blocks' noop_mask)."""
+    return mask_mod is None or getattr(mask_mod, "__name__", "") == "noop_mask"
+
+
+def block_states(block_mask, n_qb: int, n_kb: int) -> torch.Tensor:
+    """(Bm, Hm, n_qb, n_kb) uint8: EMPTY, PARTIAL or FULL per mask block (a listed block
+    of a mask without a mask_mod is FULL)."""
+    num = block_mask.kv_num_blocks
+    bm, hm = num.shape[:2]
+    states = torch.zeros(bm, hm, num.shape[2], n_kb + 1, dtype=torch.uint8, device=num.device)
+    lists = [(num, block_mask.kv_indices, FULL if noop_mask_mod(block_mask.mask_mod) else PARTIAL)]
+    if block_mask.full_kv_num_blocks is not None:
+        lists.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices, FULL))
+    for count, idx, state in lists:
+        listed = torch.arange(idx.shape[-1], device=idx.device) < count[..., None].long()
+        target = torch.where(listed, idx.long().clamp(0, n_kb), n_kb)  # unlisted slots: a spare column
+        states.scatter_(-1, target, torch.full_like(target, state, dtype=torch.uint8))
+    return states[:, :, :n_qb, :n_kb]

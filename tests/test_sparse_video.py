@@ -277,3 +277,33 @@ def test_without_lossy_no_mask_is_applied(seed):
 def test_invalid_arguments_say_what_to_do(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_text_padding_mask_combines_with_the_sparse_mask(seed, caplog):
+    """HunyuanVideo passes its text padding as a (B, 1, 1, N) key mask: the sparse mask
+    serves the call with those keys hidden too, checked by the guard against full
+    attention under the same key mask; a key-shaped bias that is not a mask (finite
+    values) cannot be expressed and runs exactly, saying so."""
+    bm = sv.sliding_tile(4, 6, 6, tile=(1, 2, 2), window=(3, 3, 3), block_size=16)
+    q, k, v = _local_qkv(4, 6, 6)
+    n = q.shape[2]
+    keep = torch.arange(n) < n - 20
+    bias = torch.zeros(1, 1, 1, n).masked_fill(~keep, float("-inf"))
+    chooser = AutoChooser(lossy=bm)
+    out = _attend(chooser, "blocks.0.attn1", q, k, v, bias)
+    assert torch.equal(out, block_mask_attention(q, k, v, bm, 1.0, keys=keep.expand(1, n)))
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+    assert attnkit.testing.rel_error(out, full) < 0.05
+    (state,) = chooser.guard_states()
+    assert not state.fallen_back and state.checks == 1
+    with torch.no_grad():  # torch's is_causal (offset 0) combines too
+        causal = chooser.attention("blocks.2.attn1", q, k, v, bias, 1.0, False, causal_offset=0)
+    expected = block_mask_attention(q, k, v, bm, 1.0, keys=keep.expand(1, n), causal=True)
+    assert torch.equal(causal, expected)
+    other = torch.randn(1, 1, 1, n)
+    with caplog.at_level(logging.WARNING, logger="attnkit"):
+        out = _attend(chooser, "blocks.1.attn1", q, k, v, other)
+    torch.testing.assert_close(
+        out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=other, scale=1.0)
+    )
+    assert any("values other than 0 and -inf" in r.getMessage() for r in caplog.records)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
 from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, Signature
 from ..block_masks import block_mask_attention
@@ -79,21 +81,25 @@ class Lossy:
                 check_block_mask(self.lossy, q.shape[0], q.shape[1], m, n)
             except ValueError as exc:
                 reasons.append(str(exc))
-        if attn_bias is not None:
-            reasons.append("the call has a mask of its own")
-        if causal_offset is not None or dropout_p or return_lse:
-            reasons.append("a causal mask, dropout or the log-sum-exp")
+        if attn_bias is not None and not (attn_bias.dim() == 4 and attn_bias.shape[1:3] == (1, 1)):
+            reasons.append("the call has a mask of its own that is not a key mask (B, N)")
+        if causal_offset not in (None, 0):
+            reasons.append(f"a causal mask with offset {causal_offset} (the sparse mask combines with 0 only)")
+        if dropout_p or return_lse:
+            reasons.append("dropout or the log-sum-exp")
         return tuple(reasons)
 
     def _run_lossy(self, args):
         if not self._sparse:
             return run_backend(self._lossy_backend, *args)
-        q, k, v, _, scale = args[:5]
+        q, k, v, attn_bias, scale = args[:5]
+        causal_offset = args[6]
         masks = self.__dict__.setdefault("_sparse_masks", {})
         mask = masks.get(q.device)
         if mask is None:
             mask = masks[q.device] = self.lossy.to(q.device)
-        return block_mask_attention(q, k, v, mask, scale)
+        keys = None if attn_bias is None else key_mask_of(attn_bias, q.shape[0], k.shape[2])
+        return block_mask_attention(q, k, v, mask, scale, keys=keys, causal=causal_offset == 0)
 
     def _lossy_attention(self, who, sig, args):
         """The lossy backend's output for this call, under the guard; None where it does
@@ -210,3 +216,14 @@ class Lossy:
 
 
 __all__ = ["Lossy"]
+
+
+def key_mask_of(attn_bias: torch.Tensor, b: int, n: int) -> torch.Tensor:
+    """A (B|1, 1, 1, N) additive key mask as (B, N) booleans (True = attend), for a sparse
+    mask to combine with. ValueError where it holds values other than 0 and -inf (a bias
+    a BlockMask cannot express): the lossy path then falls back to exact, saying so."""
+    row = attn_bias[:, 0, 0, :].detach()
+    keep = row == 0
+    if not bool((keep | (row == float("-inf"))).all()):
+        raise ValueError("the call's key mask holds values other than 0 and -inf, which a BlockMask cannot express")
+    return keep.expand(b, n).contiguous()

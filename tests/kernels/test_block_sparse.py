@@ -231,3 +231,42 @@ def test_block_mask_attention_takes_the_kernel_where_it_can_run_and_says_why_not
         block_mask_attention(q, k, v[..., :8], bm, via="kernel")
     with pytest.raises(ValueError, match="via='fast': pass 'kernel', 'chunked' or None"):
         block_mask_attention(q, k, v, bm, via="fast")
+
+
+@pytest.mark.parametrize("via", ["kernel", "chunked"])
+@pytest.mark.parametrize("base", ["lists", "mask_mod"])
+def test_key_padding_and_causality_combine_with_a_block_mask(seed, via, base):
+    """A text padding mask (B, N) and torch's is_causal with a BlockMask, on both routes:
+    the restricted mask hides what any of the three hides (a list-only mask's listed
+    blocks whole), built once per mask and key mask (by its bits: a model may build it
+    afresh per call) and again for other bits."""
+    from attnkit.block_masks import block_mask_attention
+
+    b, h, m, n = 2, 2, 70, 90
+    if base == "lists":
+        bm = _lists_mask(1, h, m, n, 16, 0.6)
+        seen = _dense_from_lists(bm, 1, h, m, n).expand(b, h, m, n)
+    else:
+
+        def window(bi, hi, qi, ki):
+            return (ki - qi).abs() <= 30
+
+        bm = create_block_mask(window, None, None, m, n, device="cpu", BLOCK_SIZE=16)
+        qi, ki = torch.arange(m)[:, None], torch.arange(n)[None, :]
+        seen = window(None, None, qi, ki).expand(b, h, m, n)
+    keys = torch.arange(n)[None, :] < torch.tensor([[n - 23], [n]])
+    causal = torch.arange(n)[None, :] <= torch.arange(m)[:, None]
+    expected = seen & keys[:, None, None, :] & causal
+
+    def attend(q, k, v, mask):
+        return block_mask_attention(q, k, v, mask, keys=keys, causal=True, via=via)
+
+    _check(*_qkv(b, h, m, n, 16), bm, expected, attend=attend)
+    from attnkit.block_masks import restricted
+
+    first = restricted(bm, keys, True, b, m, n)
+    assert restricted(bm, keys.clone(), True, b, m, n) is first, "the same key mask, built afresh"
+    keys[1, -5:] = False
+    assert restricted(bm, keys, True, b, m, n) is not first
+    with pytest.raises(ValueError, match=r"keys must be a \(2, 90\) boolean key mask"):
+        block_mask_attention(*_qkv(b, h, m, n, 16), bm, keys=keys.float())

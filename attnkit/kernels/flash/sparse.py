@@ -26,14 +26,13 @@ from dataclasses import dataclass
 import torch
 from torch.func import vmap
 
-from ...masks import block_size, check_block_mask
+from ...masks import EMPTY, FULL, PARTIAL, block_size, block_states, check_block_mask, noop_mask_mod
 from ..launcher import Launch, run, settings
 from .abi import COMPILE_OPTIONS, align, precision
 from .kernels import LOG2E
 from .select import INTERPRET_TILE, pieces
 from .sparse_kernels import SPARSE_KERNELS
 
-EMPTY, PARTIAL, FULL = 0, 1, 2
 # Elements of mask_mod evaluated at once while building a table's store (bounded memory).
 EVAL_CHUNK = 1 << 20
 
@@ -128,31 +127,11 @@ def _forget(key, _ref) -> None:
     _TABLES.pop(key, None)
 
 
-def _noop(mask_mod) -> bool:
-    return mask_mod is None or getattr(mask_mod, "__name__", "") == "noop_mask"
-
-
-def _block_states(block_mask, n_qb: int, n_kb: int) -> torch.Tensor:
-    """(Bm, Hm, n_qb, n_kb) uint8: EMPTY, PARTIAL or FULL per mask block (a listed block
-    of a mask without a mask_mod is FULL)."""
-    num = block_mask.kv_num_blocks
-    bm, hm = num.shape[:2]
-    states = torch.zeros(bm, hm, num.shape[2], n_kb + 1, dtype=torch.uint8, device=num.device)
-    lists = [(num, block_mask.kv_indices, FULL if _noop(block_mask.mask_mod) else PARTIAL)]
-    if block_mask.full_kv_num_blocks is not None:
-        lists.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices, FULL))
-    for count, idx, state in lists:
-        listed = torch.arange(idx.shape[-1], device=idx.device) < count[..., None].long()
-        target = torch.where(listed, idx.long().clamp(0, n_kb), n_kb)  # unlisted slots: a spare column
-        states.scatter_(-1, target, torch.full_like(target, state, dtype=torch.uint8))
-    return states[:, :, :n_qb, :n_kb]
-
-
 def _build(block_mask, m: int, n: int, tile: tuple[int, int], device: torch.device) -> BlockTable:
     bm_rows, bm_cols = tile
     qb, kb = block_size(block_mask.BLOCK_SIZE)
     n_qb, n_kb = -(-m // qb), -(-n // kb)
-    states = _block_states(block_mask, n_qb, n_kb).to(device)
+    states = block_states(block_mask, n_qb, n_kb).to(device)
     bmask, hmask = states.shape[:2]
     tq, tk = -(-m // bm_rows), -(-n // bm_cols)
     # Cells: the largest units that lie in one mask block and one tile.
@@ -197,7 +176,7 @@ def _store(block_mask, states, part, m, n, tile, block) -> torch.Tensor:
     where = part.nonzero()  # (P, 4), row-major
     if where.shape[0] == 0:
         return torch.zeros(1, bm_rows, bm_cols, dtype=torch.uint8, device=device)
-    mask_mod = None if _noop(block_mask.mask_mod) else block_mask.mask_mod
+    mask_mod = None if noop_mask_mod(block_mask.mask_mod) else block_mask.mask_mod
     out = []
     step = max(1, EVAL_CHUNK // (bm_rows * bm_cols))
     r_off = torch.arange(bm_rows, device=device)
