@@ -69,6 +69,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, cast
 
+from .. import block_masks
 from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from ..backends.base import compile_key
@@ -378,14 +379,34 @@ class AutoChooser(Lossy, Tuned, ChooserBase):
         lines = [f"{self.describe()}: {len(self._records)} call signature(s){dropped}"]
         if self.lossy is not None:
             lines.append(self._describe_lossy())
-        if not self._records and not self._compiled and not self.guard_states():
+        if not self._records and not self._compiled and not self.guard_states() and not self._block_mask_calls():
             lines.append("  no attention call yet: run the model once, or pass an AttentionCall")
         for record in self._records.values():
             lines.append(format_decision(record))
         for sig, label in self._compiled.items():
             call = AttentionCall.from_signature(sig)
             lines.append(f"[compiled] {describe_call(call)} -> {label}")
+        for (dev, dtype, d, m, n), (route, why, calls) in self._block_mask_calls().items():
+            lines.append(f"[BlockMask] {dev} {dtype} D={d} M={m} N={n} -> {route} ({why}); {calls} call(s)")
         return "\n".join(lines)
+
+    def note_block_mask(self, q, k, v) -> None:
+        """A BlockMask call attnkit.block_masks computes for this chooser's model: counted
+        by shape for explain(), with its route and why."""
+        key = (q.device.type, str(q.dtype).replace("torch.", ""), q.shape[-1], q.shape[2], k.shape[2])
+        table = self._block_mask_calls()
+        seen = table.get(key)
+        if seen is None:
+            if len(table) >= DECISIONS_MAX:
+                table.pop(next(iter(table)))
+            seen = table[key] = [*block_masks.route(q, k, v), 0]
+        seen[2] += 1
+
+    def _block_mask_calls(self) -> dict:
+        """Shape -> [route, why, calls] of the BlockMask calls noted, for explain(); stale
+        never (a shape's route is fixed), bounded by DECISIONS_MAX. Made on first use (a
+        chooser pickled before it has none)."""
+        return vars(self).setdefault("_block_masked", {})
 
     def describe(self) -> str:
         opts = []

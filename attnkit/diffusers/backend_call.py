@@ -158,8 +158,9 @@ def attention(
             attn_mask = None  # every key seen whole: the call is the same without it
         else:
             return _block_masked(
-                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, _parallel_config
-            )
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, _parallel_config,
+                _holder.get(),
+            )  # fmt: skip
     if is_compiling():
         return _attend(
             _holder.traced(),
@@ -365,7 +366,9 @@ def is_block_mask(attn_mask: Any) -> bool:
     return not isinstance(attn_mask, torch.Tensor) and type(attn_mask).__name__ == "BlockMask"
 
 
-def _block_masked(query, key, value, block_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, parallel):
+def _block_masked(
+    query, key, value, block_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, parallel, chooser=None
+):
     """A call with a FlexAttention BlockMask, computed exactly by attnkit.block_masks (its
     element mask where it has a mask_mod, its block lists where it has none: what
     compiled FlexAttention computes), one query block at a time against the key blocks
@@ -389,6 +392,9 @@ def _block_masked(query, key, value, block_mask, dropout_p, is_causal, scale, en
     key, value = check_qkv(query, key, value)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     k, v = expand_kv_heads(q, k, v, enable_gqa)
+    note = getattr(chooser, "note_block_mask", None)  # explain() lists it (any chooser may)
+    if note is not None:
+        note(q, k, v)
     return block_mask_attention(q, k, v, block_mask, scale).transpose(1, 2)
 
 

@@ -165,3 +165,17 @@ def test_a_processor_that_accepts_flex_alone_is_served_only_while_it_is_set_to_f
     proc._attention_backend = "native"  # its own check would refuse it: kept, as diffusers runs it
     route = classify(proc)
     assert route.kind == "kept" and "checks which backend" in route.reason, route
+
+
+def test_explain_lists_the_block_mask_calls_with_their_route():
+    """A BlockMask call is attnkit.block_masks', not a backend's: explain() lists it by
+    shape with its route and why, counted."""
+    case, model, inputs = _model()
+    proc = attnkit.auto()
+    attnkit.apply(model, proc)
+    with torch.no_grad(), block_masks.recording() as calls:
+        case.run(model, inputs)
+    text = proc.explain()
+    lines = [line for line in text.splitlines() if line.startswith("[BlockMask]")]
+    assert lines and all("-> chunked (device=cpu: the block-sparse kernel runs on CUDA)" in x for x in lines), text
+    assert sum(int(x.rsplit("; ", 1)[1].split()[0]) for x in lines) == len(calls)
