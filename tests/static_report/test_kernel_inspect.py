@@ -310,6 +310,7 @@ def _copy_tree(root) -> str:
         "attnkit/kernels/flash/launch.py",
         "attnkit/kernels/flash/ops.py",
         "attnkit/kernels/flash/select.py",
+        "attnkit/kernels/flash/sparse_kernels.py",
         "attnkit/kernels/int8/kernels.py",
         "attnkit/kernels/int8/quant.py",
         "attnkit/kernels/limits.py",
@@ -388,6 +389,11 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     assert key_after(quant, "    padded = -(-head_dim // 32) * 32", "    padded = -(-head_dim // 64) * 64") != base
     assert key_after(quant, "QMAX = 127", "QMAX = 126") == base
     assert key_after("tools/static_report/sass.py", "import re\n", "import os\nimport re\n") != base
+    # The block-sparse kernels and what builds and reads their rows (tools/static_report/sparse.py).
+    sparse = "attnkit/kernels/flash/sparse_kernels.py"
+    assert key_after(sparse, '"""The block-sparse flash kernels', '"""The block sparse flash kernels') == base
+    assert key_after(sparse, "return bits != 0", "return bits > 0") != base
+    assert key_after("tools/static_report/sparse.py", "SPARSE_HEAD_DIMS = (64,", "SPARSE_HEAD_DIMS = (40, 64,") != base
     assert (
         key_after(
             "tools/static_report/build.py", "res.seconds = time.time() - t0", "res.seconds = time.time() - t0 + 1"
@@ -540,7 +546,7 @@ def test_the_single_file_layout_is_read_and_rewritten(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     new = store.read_record(str(tmp_path))
     assert new["rows"] == rows and new["source_key"] == "k1"
-    assert set(new["row_files"]) == {f"sm{a}-{k}" for a in (80, 90) for k in ("fwd", "dkdv", "dq", "int8")}
+    assert set(new["row_files"]) == {f"sm{a}-{k}" for a in (80, 90) for k in ("fwd", "dkdv", "dq", "int8", "sparse")}
     for name in new["row_files"]:
         for line in (tmp_path / "rows" / f"{name}.jsonl").read_text().splitlines():
             r = json.loads(line)

@@ -177,11 +177,19 @@ def shared_memory_needs(results) -> dict:
     """What devices.NEEDS must hold for these rows: the default tiles of the sm80 lists
     above SMEM_LIMIT_SM86, the most bytes per key. The int8 forward is not the flash
     backend's, whose calls devices.NEEDS refuses: its rows above that are reported as
-    problems, not listed."""
+    problems, not listed; nor are the block-sparse kernels' (flash/sparse.py launches them
+    without consulting devices.NEEDS)."""
     needs: dict = {}
     for r in results:
         j = r.job
-        if j.default and j.arch == 80 and r.smem > SMEM_LIMIT_SM86 and not r.error and j.kernel != "int8":
+        if (
+            j.default
+            and j.arch == 80
+            and r.smem > SMEM_LIMIT_SM86
+            and not r.error
+            and j.kernel != "int8"
+            and not j.kernel.startswith("sparse_")
+        ):
             needs[needs_key(j)] = max(needs.get(needs_key(j), 0), r.smem)
     return needs
 
