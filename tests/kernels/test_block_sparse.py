@@ -220,6 +220,10 @@ def test_block_mask_attention_takes_the_kernel_where_it_can_run_and_says_why_not
     q, k, v = _qkv(2, 2, m, n, 16)
     assert route(q, k, v) == ("chunked", "device=cpu: the block-sparse kernel runs on CUDA")
     assert route(q, k, v[..., :8])[0] == "chunked"
+    wide = torch.randn(2, 2, m, 320)
+    assert route(wide, wide, wide, interpreter=True)[1].startswith(
+        "head dim 320: the block-sparse kernel takes 8 to 256"
+    )
     with launcher.recording() as seen:
         chunked = block_mask_attention(q, k, v, bm)
     assert not seen
