@@ -13,8 +13,7 @@ Kandinsky 5's NABLA builds it), so an eager model would attend to every key.
 - ``kernel``: the block-sparse flash kernel (attnkit/kernels/flash/sparse.py), forward and
   backward, visiting only the tiles the mask shows (the mask converted once per mask
   object to the kernel's block table), on a CUDA GPU of compute capability 8.0 or later
-  with Triton, 16-bit or float32 inputs, one head dim of 8-256 for q, k and v (above
-  128, a GPU with 104,960 B of shared memory per block: A100, H100);
+  with Triton, 16-bit or float32 inputs, one head dim of 8-256 for q, k and v;
 - ``chunked``: torch operations, one query block at a time against only the key blocks
   it visits: its scores hold (B, H, query block, visited keys), never (M, N), and its
   backward recomputes them block by block (eager FlexAttention has no CPU backward).
@@ -215,10 +214,8 @@ def recording(into=None) -> Iterator:
 
 
 # The block-sparse kernel's checked reach (bench/results/static, rows sparse_*): head dims
-# to 256; above 128 its backward's tile needs 104,960 B of shared memory per block on
-# sm_80 code (sm_86/89/120 GPUs have 101,376 B).
+# to 256, every tile under the 101,376 B of shared memory per block of sm_86/89/120.
 KERNEL_MAX_HEAD_DIM = 256
-KERNEL_SHARED_ABOVE_128 = 104960
 
 
 def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, interpreter: bool = False) -> tuple[str, str]:
@@ -242,14 +239,6 @@ def route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, interpreter: boo
     major, minor = (8, 0) if emulated else torch.cuda.get_device_capability(q.device)
     if (major, minor) < (8, 0):
         return CHUNKED, f"compute capability {major}.{minor}: the block-sparse kernel needs 8.0 or later"
-    if d > 128 and not emulated:
-        props = torch.cuda.get_device_properties(q.device)
-        shared = getattr(props, "shared_memory_per_block_optin", 0)
-        if shared < KERNEL_SHARED_ABOVE_128:
-            return CHUNKED, (
-                f"head dim {d} on a GPU with {shared} B of shared memory per block: the block-sparse "
-                f"backward needs {KERNEL_SHARED_ABOVE_128} B above head dim 128"
-            )
     try:
         import triton  # noqa: F401
     except ImportError:

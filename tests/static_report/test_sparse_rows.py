@@ -20,6 +20,7 @@ SPARSE = ("sparse_fwd", "sparse_dq", "sparse_dkdv")
 
 def test_a_full_run_has_the_sparse_kernels_on_both_targets():
     from attnkit.kernels.flash import sparse_kernels
+    from attnkit.kernels.flash.sparse import CONFIGS
     from tools.static_report import jobs
 
     assert set(SPARSE) <= set(jobs.KERNELS) and set(SPARSE) == set(sparse_kernels.SPARSE_KERNELS)
@@ -32,8 +33,8 @@ def test_a_full_run_has_the_sparse_kernels_on_both_targets():
     }
     assert len(rows) == 3 * 2 * 3 * 2  # one row each: one tile, no bias, not causal, pointer loads
     for j in rows:
-        # flash/sparse.py's tile_for and _launch: 64 x 64 on 4 warps to 128, 64 x 32 on 8 above
-        tile = (64, 64, 4, 2, 0) if j.head_dim <= 128 else (64, 32, 8, 2, 0)
+        # flash/sparse.py's CONFIGS, as the launcher runs them
+        tile = (*CONFIGS[j.head_dim][j.kernel], 0)
         assert j.config == tile and j.default and j.budget is None, j
         assert (j.bias, j.causal, j.tma, j.piece) == ("none", False, False, -1), j
     # The dense kernels' jobs are what they were without the sparse ones.
@@ -56,7 +57,7 @@ from tools.static_report import build, sparse
 from tools.static_report.compile import Job
 
 dense = Job("fwd", 64, "fp16", (128, 64, 8, 2, 0), 90, "none", default=True)
-sparse_job = Job("sparse_fwd", 64, "fp16", sparse.sparse_tile(64), 90, "none", default=True)
+sparse_job = Job("sparse_fwd", 64, "fp16", sparse.sparse_tile(64, "sparse_fwd"), 90, "none", default=True)
 before = (build.code_key(dense), build.code_key(sparse_job))
 sparse.sparse_analysis_key = lambda: "another sparse analysis"
 after = (build.code_key(dense), build.code_key(sparse_job))

@@ -88,7 +88,7 @@ def jobs_for(
                         elif kernel == "int8":
                             cands = [(int8_tile(arch, d, bias), None, True, None)]  # its tile, not gated
                         elif kernel in SPARSE_KERNELS:
-                            cands = [(sparse_tile(d), None, True, None)]  # its one tile, not gated
+                            cands = [(sparse_tile(d, kernel), None, True, None)]  # its one tile, not gated
                         else:
                             shipped = fl.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
                             if quick:

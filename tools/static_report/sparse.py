@@ -1,7 +1,7 @@
 """Rows of the block-sparse flash kernels (attnkit/kernels/flash/sparse_kernels.py): kernels
 "sparse_fwd" (_sparse_fwd), "sparse_dq" (_sparse_bwd_dq) and "sparse_dkdv" (_sparse_bwd_dkdv),
-launched by flash/sparse.py with one tile per head dim (sparse.tile_for; num_warps and
-num_stages as sparse._launch passes them), pointer loads, no bias, no causality (the block
+launched by flash/sparse.py with its tile per kernel and head dim (sparse.launch_config:
+tile, num_warps and num_stages), pointer loads, no bias, no causality (the block
 table is the mask), no autotuner.
 
 Each kernel walks its block table in two loops: the full tiles first (no mask inside), then
@@ -31,22 +31,20 @@ from .compile import DUPLICATION_LIMIT, EXP_DUPLICATION, Job, Result, _read_cubi
 SPARSE_KERNELS = ("sparse_fwd", "sparse_dq", "sparse_dkdv")
 # The dense kernel each sparse one is compared with (targets.compare_sparse).
 DENSE_OF = {"sparse_fwd": "fwd", "sparse_dq": "dq", "sparse_dkdv": "dkdv"}
-# A small representative set: the tile is (64, 64) up to head dim 128 and (64, 32) above
-# (sparse.tile_for); 4 warps up to 128, 8 above.
+# A small representative set: each kernel's tile per head-dim band (sparse.CONFIGS).
 SPARSE_HEAD_DIMS = (64, 128, 256)
 SPARSE_DTYPES = ("fp16", "bf16")
 
 
-def sparse_tile(head_dim: int) -> tuple[int, int, int, int, int]:
-    """(block_m, block_n, num_warps, num_stages, reload) of the sparse kernels at a head dim,
-    on a GPU: flash/sparse.py's tile_for and _launch (4 warps up to head dim 128, 8 above;
-    2 stages)."""
+def sparse_tile(head_dim: int, kernel: str = "sparse_fwd") -> tuple[int, int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages, reload) of a sparse kernel at a head dim,
+    on a GPU: flash/sparse.py's launch_config."""
     from attnkit.kernels import launcher
     from attnkit.kernels.flash import sparse
 
     with launcher.override(interpret=False):  # the GPU's tile, also under the interpreter
-        bm, bn = sparse.tile_for(head_dim)
-    return (bm, bn, 4 if head_dim <= 128 else 8, 2, 0)
+        bm, bn, warps, stages = sparse.launch_config(kernel, head_dim)
+    return (bm, bn, warps, stages, 0)
 
 
 def sparse_source(job: Job):

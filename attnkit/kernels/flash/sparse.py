@@ -86,15 +86,33 @@ class BlockTable:
         return (self.full_tiles + self.partial_tiles) / max(self.tiles, 1)
 
 
-def tile_for(head_dim: int) -> tuple[int, int]:
-    """The block-sparse kernel's (BLOCK_M, BLOCK_N): 64 x 64 to 128, 64 x 32 above (the
-    FlexAttention block sizes 64 and 128 map onto it whole); the interpreter's small tile
-    under TRITON_INTERPRET."""
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head-dim band on a GPU: the
+# tiles whose static rows are clean (no spills, no duplicated work) on sm_80 and sm_90
+# (bench/results/static, rows sparse_*), one table per tile. Up to 64: 64 x 64 for all
+# three; to 128: dK/dV at 32 x 32 (64 x 64 spills); to 256: 32 x 32, dK/dV 32 x 16 (the
+# least spilling: 8 B on sm_80). Every tile needs under 101,376 B of shared memory.
+CONFIGS = {
+    64: {"sparse_fwd": (64, 64, 4, 2), "sparse_dq": (64, 64, 4, 2), "sparse_dkdv": (64, 64, 4, 2)},
+    128: {"sparse_fwd": (64, 64, 4, 2), "sparse_dq": (64, 64, 4, 2), "sparse_dkdv": (32, 32, 4, 2)},
+    256: {"sparse_fwd": (32, 32, 4, 2), "sparse_dq": (32, 32, 4, 2), "sparse_dkdv": (32, 16, 4, 2)},
+    512: {"sparse_fwd": (32, 32, 4, 2), "sparse_dq": (32, 32, 4, 2), "sparse_dkdv": (32, 16, 4, 2)},
+}
+
+
+def launch_config(kernel: str, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a sparse kernel at a head dim: CONFIGS
+    on a GPU; the interpreter's small tile under TRITON_INTERPRET."""
     s = settings()
     if s.interpret:
         t = s.interpret_tile or INTERPRET_TILE
-        return t.block_m, t.block_n
-    return (64, 64) if head_dim <= 128 else (64, 32)
+        return t.block_m, t.block_n, 4, 1
+    band = next(b for b in sorted(CONFIGS) if head_dim <= b)
+    return CONFIGS[band][kernel]
+
+
+def tile_for(head_dim: int, kernel: str = "sparse_fwd") -> tuple[int, int]:
+    """The (BLOCK_M, BLOCK_N) a sparse kernel's table is built for (launch_config)."""
+    return launch_config(kernel, head_dim)[:2]
 
 
 def block_table(block_mask, m: int, n: int, tile: tuple[int, int], device: torch.device) -> BlockTable:
@@ -243,10 +261,12 @@ def _common(q, k, v, table: BlockTable, tensors: tuple) -> dict:
 
 
 def _launch(kernel: str, grid_rows: int, axis: str, b: int, h: int, tile, static: dict, tensors: dict, d: int):
-    meta = dict(BLOCK_M=tile[0], BLOCK_N=tile[1])
+    bm, bn, warps, stages = launch_config(kernel, d)
+    assert (bm, bn) == tuple(tile), f"{kernel}: a table for {tile}, the kernel's tile is {(bm, bn)}"
+    meta = dict(BLOCK_M=bm, BLOCK_N=bn)
     options = dict(COMPILE_OPTIONS)
     if not settings().interpret:
-        options.update(num_warps=4 if d <= 128 else 8, num_stages=2)
+        options.update(num_warps=warps, num_stages=stages)
     jit = SPARSE_KERNELS[kernel]
     launch = Launch(kernel, jit, jit, static, grid_rows, axis, b, h, meta=meta, options=options, cuda=True)
     launch.cuda = tensors["Q"].device.type == "cuda"
@@ -277,15 +297,16 @@ def forward(q, k, v, table: BlockTable, scale: float) -> tuple[torch.Tensor, tor
     return out, lse
 
 
-def backward(do, q, k, v, out, lse, table: BlockTable, scale: float):
-    """(dq, dk, dv), each with its input's strides."""
+def backward(do, q, k, v, out, lse, rows_table: BlockTable, cols_table: BlockTable, scale: float):
+    """(dq, dk, dv), each with its input's strides: dQ walks rows_table's rows (built for
+    sparse_dq's tile), dK/dV cols_table's columns (sparse_dkdv's)."""
     b, h, m, d = q.shape
     n = k.shape[2]
     do = _dense(do)
     delta = (do.float() * out.float()).sum(-1).contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = dict(
-        _common(q, k, v, table, (q, k, v, do)),
+        _common(q, k, v, rows_table, (q, k, v, do)),
         **_strides(q, ("stride_qb", "stride_qh", "stride_qm")),
         **_strides(k, ("stride_kb", "stride_kh", "stride_kn")),
         **_strides(v, ("stride_vb", "stride_vh", "stride_vn")),
@@ -293,26 +314,32 @@ def backward(do, q, k, v, out, lse, table: BlockTable, scale: float):
         qk_scale=scale * LOG2E,
         sm_scale=scale,
     )
-    base = dict(Q=q, K=k, V=v, DO=do, Lse=lse, Delta=delta, Store=table.store)
-    rows = dict(base, DQ=dq, PartSlot=table.rows.part_slot, **table.rows.arguments())
-    _launch("sparse_dq", m, "BLOCK_M", b, h, table.tile, dict(common, **table.rows.strides()), rows, d)
-    cols = dict(base, DK=dk, DV=dv, PartSlot=table.cols.part_slot, **table.cols.arguments())
-    _launch("sparse_dkdv", n, "BLOCK_N", b, h, table.tile, dict(common, **table.cols.strides()), cols, d)
+    base = dict(Q=q, K=k, V=v, DO=do, Lse=lse, Delta=delta)
+    t = rows_table
+    rows = dict(base, DQ=dq, Store=t.store, PartSlot=t.rows.part_slot, **t.rows.arguments())
+    _launch("sparse_dq", m, "BLOCK_M", b, h, t.tile, dict(common, **t.rows.strides()), rows, d)
+    t = cols_table
+    cols = dict(base, DK=dk, DV=dv, Store=t.store, PartSlot=t.cols.part_slot, **t.cols.arguments())
+    _launch("sparse_dkdv", n, "BLOCK_N", b, h, t.tile, dict(common, **t.cols.strides()), cols, d)
     return dq, dk, dv
 
 
 class _BlockSparse(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, scale):
-        out, lse = forward(q, k, v, table, scale)
+    def forward(ctx, q, k, v, block_mask, scale):
+        m, n, d = q.shape[2], k.shape[2], q.shape[-1]
+        out, lse = forward(q, k, v, block_table(block_mask, m, n, tile_for(d), q.device), scale)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.table, ctx.scale = table, scale
+        ctx.block_mask, ctx.scale = block_mask, scale
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = backward(do, q, k, v, out, lse, ctx.table, ctx.scale)
+        m, n, d = q.shape[2], k.shape[2], q.shape[-1]
+        rows = block_table(ctx.block_mask, m, n, tile_for(d, "sparse_dq"), q.device)
+        cols = block_table(ctx.block_mask, m, n, tile_for(d, "sparse_dkdv"), q.device)
+        dq, dk, dv = backward(do, q, k, v, out, lse, rows, cols, ctx.scale)
         return dq, dk, dv, None, None
 
 
@@ -332,5 +359,4 @@ def block_sparse_attention(q, k, v, block_mask, scale: float | None = None) -> t
     check_block_mask(block_mask, b, h, m, n)
     q, k, v = _dense(q), _dense(k), _dense(v)
     scale = d**-0.5 if scale is None else float(scale)
-    table = block_table(block_mask, m, n, tile_for(d), q.device)
-    return _BlockSparse.apply(q, k, v, table, scale)
+    return _BlockSparse.apply(q, k, v, block_mask, scale)
