@@ -22,6 +22,14 @@ and the argument.
 
 The renamed global is added to the diffusers module's globals through
 :func:`attnkit.diffusers.hooks.set_global`, and leaves with the chooser.
+
+``model.set_attention_backend("attnkit")`` reaches the processors that accept the flex
+backend alone (LTX-2's decoder, AnyFlow FAR) another way: they pass their own
+``_attention_backend`` to dispatch_attention_fn, and refuse, by their own check against
+their ``_SUPPORTED_BACKENDS``, any name that is not flex. :func:`accept_attnkit` lets that
+instance accept attnkit's names as well (diffusers' registry then sends the call, its
+BlockMask with it, to attnkit's backend); a later ``set_attention_backend`` of another
+name takes it back, so the processor refuses again as diffusers wrote it.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ DISPATCH = "dispatch_attention_fn"
 FLEX = "flex"
 # how a processor's source names the flex backend (ast.unparse of the backend argument)
 FLEX_SOURCES = frozenset({"AttentionBackendName.FLEX", "'flex'"})
+SUPPORTED = "_SUPPORTED_BACKENDS"  # the backends a flex-only processor's own check accepts
 MARK = "_attnkit_flex_backend"  # the attnkit backend a flex copy sends its flex calls to
 # dispatch_attention_fn's parameters, as the diverting function takes them
 PARAMETERS = (
@@ -71,6 +80,63 @@ _CALLER = Caller("its flex attention call, served by attnkit")
 def is_flex(backend: Any) -> bool:
     """Whether ``backend`` (a name or an AttentionBackendName) is diffusers' flex backend."""
     return backend is not None and getattr(backend, "value", backend) == FLEX
+
+
+def is_attnkit_name(backend: Any) -> bool:
+    """Whether ``backend`` (a name or an AttentionBackendName) is one of attnkit's."""
+    value = getattr(backend, "value", backend)
+    return isinstance(value, str) and value.lower().startswith(diffusers_backend.PREFIX)
+
+
+class WithAttnkit(tuple):
+    """A flex-only processor's own ``_SUPPORTED_BACKENDS``, accepting attnkit's names
+    too (every one: ``attnkit``, ``attnkit_int8``, the per-chooser names attnkit.apply
+    gives). Copied as it is; pickled as the plain tuple, so a saved model loads with
+    diffusers' own check."""
+
+    def __contains__(self, name: object) -> bool:
+        return tuple.__contains__(self, name) or is_attnkit_name(name)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return tuple, (tuple(self),)
+
+
+def accepts_flex_alone(proc: Any) -> bool:
+    """Whether ``proc`` refuses, by its own check against its class's
+    ``_SUPPORTED_BACKENDS`` (a tuple naming flex), every backend but flex."""
+    supported = getattr(type(proc), SUPPORTED, None)
+    if not isinstance(supported, tuple) or FLEX not in supported:
+        return False
+    return any(SUPPORTED in fn.__code__.co_names for fn in _methods(type(proc)).values())
+
+
+def accept_attnkit(proc: Any, on: bool) -> bool:
+    """``set_attention_backend`` named an attnkit backend (``on``) or another: a
+    processor that accepts flex alone accepts attnkit's names too, or again only its
+    own (the instance's entry goes; the class's tuple is never changed). Returns
+    whether ``proc`` is such a processor."""
+    if proc is None or not accepts_flex_alone(proc):
+        return False
+    own = vars(proc)
+    if on:
+        if not isinstance(own.get(SUPPORTED), WithAttnkit):
+            own[SUPPORTED] = WithAttnkit(getattr(type(proc), SUPPORTED))
+    elif isinstance(own.get(SUPPORTED), WithAttnkit):
+        del own[SUPPORTED]
+    return True
+
+
+def accepts_attnkit(proc: Any) -> bool:
+    """Whether ``proc``, a flex-only processor, accepts attnkit's names now
+    (:func:`accept_attnkit`) and is set to one."""
+    own = getattr(proc, "__dict__", {})
+    return isinstance(own.get(SUPPORTED), WithAttnkit) and is_attnkit_name(getattr(proc, "_attention_backend", None))
 
 
 def _methods(cls: type) -> dict[str, types.FunctionType]:
@@ -237,4 +303,16 @@ def refuse(attn_mask, block_mask: bool, dropout_p, is_causal, attention_kwargs, 
         )
 
 
-__all__ = ["FLEX", "flex_copy", "is_flex", "problem", "reason", "refuse"]
+__all__ = [
+    "FLEX",
+    "WithAttnkit",
+    "accept_attnkit",
+    "accepts_attnkit",
+    "accepts_flex_alone",
+    "flex_copy",
+    "is_attnkit_name",
+    "is_flex",
+    "problem",
+    "reason",
+    "refuse",
+]

@@ -183,6 +183,12 @@ def classify(proc: Any, module: nn.Module | None = None) -> Route:
                 f"{name} calls dispatch_attention_fn with backend={other[0]}: "
                 "its attention is not this module's to route",
             )
+        if compares and flex.accepts_attnkit(proc):
+            return Route(
+                "dispatch",
+                f"{name} accepts attnkit's backend names (set_attention_backend): attnkit serves its "
+                "dispatch_attention_fn call, its BlockMask too",
+            )
         if compares:
             return Route(
                 "kept",

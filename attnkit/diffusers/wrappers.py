@@ -31,7 +31,7 @@ from ..choose._compile import is_compiling
 from . import backend as diffusers_backend
 from . import binding, hooks
 from .apply import Applied, plan, remember
-from .flex import is_flex
+from .flex import accept_attnkit, is_attnkit_name, is_flex
 from .routes import METHODS
 from .stock import NAME, SERVE, current_processor, is_attnkit, stock_of
 
@@ -146,9 +146,17 @@ def _after_set(model: nn.Module, ours: list, kept: list) -> None:
 # -- set_attention_backend("attnkit") ----------------------------------------------------------
 def after_set_attention_backend(model: nn.Module, backend: Any) -> None:
     """``model.set_attention_backend(backend)`` ran: for an attnkit name, its chooser is
-    made now and the model is told what the dispatcher does not reach in it."""
+    made now, the processors that accept flex alone accept attnkit's names (LTX-2's
+    decoder, AnyFlow FAR: :func:`attnkit.diffusers.flex.accept_attnkit`) and the model is
+    told what the dispatcher does not reach in it; for another name, those processors
+    accept only their own names again."""
     name = getattr(backend, "value", backend)
-    if isinstance(name, str) and name.lower().startswith(diffusers_backend.PREFIX):
+    ours = is_attnkit_name(name)
+    for module in model.modules():  # processors that accept flex alone accept attnkit's names, or no longer
+        proc = getattr(module, "processor", None) if isinstance(module, nn.Module) else None
+        if proc is not None and hasattr(proc, "_attention_backend"):
+            accept_attnkit(proc, ours)
+    if ours:
         diffusers_backend.prepare(name.lower())
         _tell_once(model, f"set_attention_backend({name.lower()!r})")
 

@@ -179,3 +179,50 @@ def test_explain_lists_the_block_mask_calls_with_their_route():
     lines = [line for line in text.splitlines() if line.startswith("[BlockMask]")]
     assert lines and all("-> chunked (device=cpu: the block-sparse kernel runs on CUDA)" in x for x in lines), text
     assert sum(int(x.rsplit("; ", 1)[1].split()[0]) for x in lines) == len(calls)
+
+
+def test_set_attention_backend_attnkit_serves_a_processor_that_accepts_flex_alone(caplog):
+    """LTX-2's decoder refuses any backend but flex by its own check: set by name, attnkit
+    is accepted and computes its BlockMask; another name set later takes that back (the
+    processor refuses as diffusers wrote it), and the class is never changed."""
+    import copy
+    import pickle
+
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    from attnkit.diffusers.routes import classify
+
+    case, model, inputs = _model()
+    procs = [m.processor for m in model.modules() if type(getattr(m, "processor", None)).__name__.startswith("LTX2")]
+    assert procs and all(flex.accepts_flex_alone(p) for p in procs)
+    cls_supported = type(procs[0])._SUPPORTED_BACKENDS
+    with torch.no_grad():
+        stock = case.run(model, inputs)
+    active = _AttentionBackendRegistry._active_backend
+    try:
+        with caplog.at_level("WARNING", logger="attnkit"):
+            model.set_attention_backend("attnkit")
+        assert "does not reach" not in caplog.text, caplog.text
+        route = classify(procs[0])
+        assert route.kind == "dispatch" and "accepts attnkit's backend names" in route.reason, route
+        with torch.no_grad(), block_masks.recording() as calls:
+            served = case.run(model, inputs)
+        assert calls and all(c.route == "chunked" for c in calls), calls
+        for a, b in zip(served, stock):
+            assert attnkit.testing.rel_error(a, b) < 1e-5
+        # a copy accepts as the model does; a pickle saves diffusers' own check
+        assert isinstance(copy.deepcopy(procs[0]).__dict__[flex.SUPPORTED], flex.WithAttnkit)
+        assert type(pickle.loads(pickle.dumps(procs[0]._SUPPORTED_BACKENDS))) is tuple
+        model.set_attention_backend("flex")
+        assert all(flex.SUPPORTED not in vars(p) for p in procs)
+        with torch.no_grad(), block_masks.recording() as calls:
+            again = case.run(model, inputs)
+        assert not calls, "diffusers' flex backend was named, and attnkit computed its calls"
+        for a, b in zip(again, stock):
+            assert torch.equal(a, b)
+        model.set_attention_backend("native")
+        with torch.no_grad(), pytest.raises(ValueError, match="requires the 'flex' attention backend"):
+            case.run(model, inputs)
+    finally:  # set_attention_backend also sets diffusers' process-wide backend
+        _AttentionBackendRegistry.set_active_backend(active)
+    assert type(procs[0])._SUPPORTED_BACKENDS is cls_supported == ("flex", "_native_flex")

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import attnkit
+from attnkit import block_masks
 from attnkit.testing import rel_error
 from tests.zoo._flex import flex_meaning
 from tests.zoo._zoo import cast_floats, copy_function, missing_requirement
@@ -45,8 +46,8 @@ KEPT = {
 }
 
 # Processors that refuse, themselves, any backend but diffusers' flex one (their flex
-# BlockMask): model.set_attention_backend("attnkit") makes them raise diffusers' ValueError;
-# attnkit.apply and set_attn_processor serve them (attnkit.diffusers.flex).
+# BlockMask): model.set_attention_backend("attnkit") makes them accept attnkit's names
+# (attnkit.diffusers.flex.accept_attnkit), and attnkit computes their BlockMask.
 FLEX_ONLY = {"LTX2VideoVaeNeighborhoodAttnProcessor", "AnyFlowCausalAttnProcessor"}
 
 SEED = 0
@@ -239,19 +240,20 @@ def test_set_attention_backend_attnkit_matches_stock(case):
     refs = _refs_of(case)
     model = case.build(SEED)
     if not _reached_by_set_attention_backend(model):
-        pytest.skip("diffusers' set_attention_backend reaches no processor of this model (legacy processors)")
+        pytest.skip(
+            "diffusers' set_attention_backend reaches no processor of this model (none has an _attention_backend: "
+            "legacy processors, or a backend named in the code)"
+        )
     needs_flex = [m for m in model.modules() if type(getattr(m, "processor", None)).__name__ in FLEX_ONLY]
     active = _AttentionBackendRegistry._active_backend
     try:
         model.set_attention_backend("attnkit")
-        if needs_flex:
-            # diffusers' own processor refuses, clearly, any backend but flex
-            with pytest.raises(ValueError, match="flex"):
-                _run(case, model, inputs_for(case, model))
-            return
-        outs = _run(case, model, inputs_for(case, model))
+        with block_masks.recording() as calls:
+            outs = _run(case, model, inputs_for(case, model))
     finally:  # set_attention_backend also sets diffusers' process-wide backend
         _AttentionBackendRegistry.set_active_backend(active)
+    if needs_flex and "no mask" not in case.note:  # their BlockMask calls reached attnkit, not diffusers' flex
+        assert calls, f"{case.id}: no BlockMask call reached attnkit"
     refs.check(outs, f"{case.id} with set_attention_backend('attnkit')")
 
 
