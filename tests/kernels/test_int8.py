@@ -26,7 +26,7 @@ from tests._masks import additive, causal_bias
 triton = pytest.importorskip("triton")
 
 from attnkit.kernels.int8 import int8_attention  # noqa: E402
-from attnkit.kernels.int8.quant import dequantize, qk_pieces, quantize_qk, smooth  # noqa: E402
+from attnkit.kernels.int8.quant import K_BLOCK, dequantize, per_key, qk_pieces, quantize_qk, smooth  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -95,17 +95,38 @@ def test_the_kernel_computes_what_its_quantised_inputs_say(case, seed):
     _assert_matches_its_quantised_inputs(out, q, k, v, _full_mask(bias, M, N, causal, off))
 
 
-def _assert_matches_its_quantised_inputs(out, q, k, v, mask):
+def _assert_matches_its_quantised_inputs(out, q, k, v, mask, scale=None, k_block=K_BLOCK):
     """out against float64 attention on the dequantised Q and K, within twice plain
     torch's error in the same dtype on those inputs (plus rounding)."""
     D = q.shape[3]
-    scale = D**-0.5
-    q8, qs, k8, ks, _ = quantize_qk(q, k, scale)
-    q_hat, k_hat = dequantize(q8, qs, k8, ks, D, scale)
-    ref = _reference(q_hat, k_hat, v.double(), mask)
-    base = rel_error(torch_math_attention(q_hat.to(q.dtype), k_hat.to(q.dtype), v, mask), ref)
+    scale = D**-0.5 if scale is None else scale
+    q8, qs, k8, ks, _ = quantize_qk(q, k, scale, k_block)
+    q_hat, k_hat = dequantize(q8, qs, k8, ks, D, scale, k_block)
+    ref = _reference(q_hat, k_hat, v.double(), mask, scale)
+    base = rel_error(torch_math_attention(q_hat.to(q.dtype), k_hat.to(q.dtype), v, mask, scale), ref)
     err = rel_error(out, ref)
     assert err <= 2 * base + testing.EPSILON[q.dtype], (err, base)
+
+
+@pytest.mark.parametrize("k_block", [1, K_BLOCK])
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5]], ids=_case_id)
+def test_either_k_scale_form_and_a_negative_scale(case, k_block, seed):
+    """K scales per key (an outer product per score, natural units) and per block of
+    K_BLOCK keys (one factor per row and tile: base-2 units without a bias), with the
+    softmax scale of either sign (its sign goes into q8, so qs >= 0 and the row max may
+    be taken on the integer products): each computes what its quantised inputs say."""
+    q, k, v, bias, causal, off = _build(case)
+    M, N, D = q.shape[2], k.shape[2], q.shape[3]
+    mask = _full_mask(bias, M, N, causal, off)
+    for scale in (D**-0.5, -0.7 * D**-0.5):
+        with torch.no_grad():
+            out = int8_attention(q, k, v, bias, scale, causal=causal, causal_offset=off, k_block=k_block)
+        assert not out.isnan().any()
+        _assert_matches_its_quantised_inputs(out, q, k, v, mask, scale, k_block)
+        q8, qs, _, ks, _ = quantize_qk(q, k, scale, k_block)
+        assert (qs >= 0).all() and (ks >= 0).all() and ks.shape[-1] == -(-N // k_block)
+    with pytest.raises(ValueError, match="k_block=3: keys per K scale, one of 1, 128"):
+        int8_attention(q, k, v, k_block=3)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -121,7 +142,7 @@ def test_each_rows_error_is_within_the_quantisation_bound(case, seed):
     q_hat, k_hat = dequantize(q8, qs, k8, ks, D, scale)
     quantised = _reference(q_hat, k_hat, v.double(), mask)
     sq = (qs.double() / scale).abs()  # (B, H, M)
-    sk = ks.double()  # (B, H, N)
+    sk = per_key(ks.double(), N, K_BLOCK)  # (B, H, N): each key's block scale
     k_s = smooth(k).double()
     delta = abs(scale) * (
         q_hat.abs().sum(-1)[..., :, None] * sk[..., None, :] / 2
@@ -231,6 +252,9 @@ def test_the_int8_plan_launches_its_kernel_directly_after_the_first_call(seed):
     "arch,d,kind,causal",
     [
         ("sm90", 64, "none", False),
+        ("sm90", 128, "key_padding", False),
+        ("sm80", 128, "none", True),
+        ("sm80", 64, "full", False),
         ("sm90", 128, "full", True),
         ("sm80", 160, "key_padding", False),
         ("sm90", 256, "none", True),
@@ -256,6 +280,16 @@ def test_each_targets_int8_tile_runs(arch, d, kind, causal, seed):
     assert launch.description["tile_name"] == f"M{bm}-N{bn}-w{warps}-s{stages}"
     assert launch.description["variant"] == variant
     _assert_matches_its_quantised_inputs(out, q, k, v, _full_mask(bias, M, N, causal, off))
+
+
+def test_every_tile_sees_one_k_scale():
+    """A tile's keys share one K scale (the kernel asserts it when it compiles): every
+    shipped tile's BLOCK_N, and the interpreter's, divides quant.K_BLOCK."""
+    from attnkit.kernels.flash import select
+    from attnkit.kernels.int8 import ops
+
+    widths = {tile[1] for *_, tile in ops.TILES} | {select.INTERPRET_TILE.block_n}
+    assert all(K_BLOCK % n == 0 for n in widths), (K_BLOCK, widths)
 
 
 def test_an_int8_call_plan_is_the_proof_of_its_checks():

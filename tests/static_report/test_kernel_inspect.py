@@ -381,13 +381,14 @@ def test_the_source_key_follows_the_code_not_comments_or_host_code(tmp_path):
     bias_form = "attnkit/kernels/bias_form.py"
     assert key_after(bias_form, "BIAS_16BIT_ALIGN = 2", "BIAS_16BIT_ALIGN = 4") != base
     assert key_after(bias_form, "_SPAN_LIMIT = 2**31", "_SPAN_LIMIT = 2**30") == base
-    # The int8 forward: its kernel code and the head-dim split compile_job reads (qk_pieces)
+    # The int8 forward: its kernel code, the head-dim split and the keys per K scale compile_job reads
     # are in the key; the rest of its quantisation is host code.
     int8, quant = "attnkit/kernels/int8/kernels.py", "attnkit/kernels/int8/quant.py"
     assert key_after(int8, "LOG2E = tl.constexpr(", "# log2(e)\nLOG2E = tl.constexpr(") == base
     assert key_after(int8, "DQ: tl.constexpr = DQ0 + DQ1", "DQ: tl.constexpr = DQ1 + DQ0") != base
     assert key_after(quant, "    padded = -(-head_dim // 32) * 32", "    padded = -(-head_dim // 64) * 64") != base
     assert key_after(quant, "QMAX = 127", "QMAX = 126") == base
+    assert key_after(quant, "K_BLOCK = 64", "K_BLOCK = 128") != base  # keys per K scale: a constexpr
     assert key_after("tools/static_report/sass.py", "import re\n", "import os\nimport re\n") != base
     # The block-sparse kernels and what builds and reads their rows (tools/static_report/sparse.py).
     sparse = "attnkit/kernels/flash/sparse_kernels.py"

@@ -193,6 +193,7 @@ def _int8_source(job: Job) -> Build:
         D1=d1,
         DQ0=dq0,
         DQ1=dq1,
+        KB=iq.K_BLOCK,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BIAS={"none": fk.NO_BIAS, "keypad": fk.KEY_BIAS, "full": fk.FULL_BIAS}[job.bias],

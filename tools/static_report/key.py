@@ -3,7 +3,7 @@
 * source_key(): a hash of the code every row is compiled and analysed from. A row is kept
   by --resume while it is the same: a comment, a docstring, a line moved, an edit of the
   launcher's other host code (launcher.py, flash/ops.py, launch.py, select.py, bias_form.py
-  outside BIAS_16BIT_ALIGN; int8/ops.py, int8/quant.py outside qk_pieces) or of the tile
+  outside BIAS_16BIT_ALIGN; int8/ops.py, int8/quant.py outside qk_pieces and K_BLOCK) or of the tile
   table (tiles.py) keeps every row, with nothing run. An edit of the kernels' code
   (flash/kernels.py, int8/kernels.py and flash/sparse_kernels.py), of their calling
   convention (flash/abi.py, hashed whole), of the sparse rows' build and analysis
@@ -69,9 +69,9 @@ _ROW_FUNCTIONS = (
 # left out of the key. (The flash kernels' calling convention, flash/abi.py, is hashed
 # whole: _ROW_MODULES.)
 _ROW_HELPERS = (("BIAS_16BIT_ALIGN", "attnkit/kernels/bias_form.py"),)
-# The host helper of attnkit/kernels/int8/quant.py that compile_job reads (the int8 head-dim
-# split); the rest of that module is host code.
-_INT8_HELPERS = ("qk_pieces",)
+# The host helpers of attnkit/kernels/int8/quant.py that compile_job reads (the int8 head-dim
+# split, the keys per K scale); the rest of that module is host code.
+_INT8_HELPERS = ("qk_pieces", "K_BLOCK")
 # What reads a compiled kernel into a row's figures, besides sass.py (hashed whole): these
 # definitions, found by name in any module of the tool (analysis_definitions).
 ANALYSIS = ("analyse", "_read_cubin", "_tool", "Result", "TENSOR_FLOPS_PER_CLOCK", "INT8_RATE", "ISSUE_PER_CLOCK")

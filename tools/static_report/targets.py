@@ -16,6 +16,7 @@ Targets (sm_90 figures are those of the TMA variant, the one aligned inputs run)
   float32 bias at the same head dim, dtype and loads: reading the bias as it is must
   not cost the loop what it saves in memory traffic (half the bias bytes) and in the
   float32 conversion it drops (a pass over B*H*M*N elements);
+* int8-loop: see tools/static_report/int8_loop.py;
 * int8-vs-exact (sm_90 and sm_80, fp16 and bf16, every head dim, no bias, not causal):
   the int8 forward's tile (attnkit/kernels/int8) compiles clean (no spills, shared
   memory within the target, no duplicated work) and its Q.K runs on integer tensor
@@ -43,6 +44,8 @@ import json
 import os
 
 from attnkit.kernels import devices
+
+from . import int8_loop
 
 BASELINE_COMMIT = "fdd42b7"
 BASELINE = os.path.join("bench", "results", "static", f"baseline-{BASELINE_COMMIT}.json")
@@ -229,6 +232,7 @@ def evaluate(results) -> list[dict]:
         )
     out.extend(compare_full16(results))
     out.extend(compare_int8(results))
+    out.extend(int8_loop.compare(results))
     out.extend(compare_sparse(results))
     out.extend(compare_sm80(results))
     return out
@@ -630,6 +634,8 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
                 f"{_f(v['value'] / ex if ex else None, 2)} | {'yes' if v['met'] else '**no**'} | "
                 f"{v.get('note', '').split(';')[0]} |"
             )
+
+    lines += int8_loop.section(verdicts)
 
     sparse = [v for v in verdicts if v["id"].startswith("sparse-vs-dense-")]
     if sparse:

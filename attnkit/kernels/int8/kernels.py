@@ -10,11 +10,13 @@ Inputs (int8/quant.py makes them):
 
 * q8 (B, H, M, DQ0 + DQ1) and k8 (B, H, N, DQ0 + DQ1), int8, contiguous, the head dim
   zero-padded to two power-of-two pieces of at least 32 (an int8 tensor-core product
-  reduces over 32): q and k - mean_n(k) quantised per token, symmetrically, to
-  [-127, 127];
-* qs (B, H, M) and ks (B, H, N), float32: the tokens' scales, the softmax scale folded
-  into qs. A score is (q8 . k8) * qs[m] * ks[n], in natural units: the product of two
-  int8 vectors is exact in int32 (at most 512 * 127^2 < 2^24, so exact in float32 too).
+  reduces over 32): q per token and k - mean_n(k) per block of KB keys, quantised
+  symmetrically to [-127, 127] (the softmax scale's sign in q8);
+* qs (B, H, M) and ks (B, H, cdiv(N, KB)), float32, >= 0: the tokens' and the key
+  blocks' scales, |softmax scale| folded into qs. A score is (q8 . k8) * qs[m] *
+  ks[n // KB]: the product of two int8 vectors is exact in int32 (at most 512 * 127^2 <
+  2^24, so exact in float32 too), and with KB a multiple of BLOCK_N one tile's keys
+  share their scale (_int8_tile).
 
 Subtracting K's mean over tokens adds the same q.mean to every score of a query row,
 which the softmax does not see: it is exact, and it takes out the per-channel offsets
@@ -44,10 +46,10 @@ LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: read inside @triton.jit
 
 
 @triton.jit
-def _int8_scores(
-    q8,
+def _int8_products(
+    q0,
+    q1,
     K8,
-    KS,
     start_n,
     offs_n,
     offs_dq0,
@@ -58,20 +60,14 @@ def _int8_scores(
     DQ1: tl.constexpr,
     MASK: tl.constexpr,
 ):
-    """(q8 . k8) * ks for the keys start_n + offs_n, int32 products, fp32 out (the rows'
-    scales are applied by the caller). q8 = (q8_0, q8_1, qs)."""
-    q0, q1, qs = q8
+    """q8 . k8 for the keys start_n + offs_n: int32 products on integer tensor cores, exact."""
     base = K8 + tl.cast(start_n, tl.int64) * stride_k8n
     k0 = _load_tile(base, offs_n, offs_dq0, stride_k8n, n_left, DQ0, MASK, False, 16)
     s = tl.dot(q0, tl.trans(k0), out_dtype=tl.int32)
     if DQ1 > 0:
         k1 = _load_tile(base, offs_n, offs_dq1, stride_k8n, n_left, DQ0 + DQ1, MASK, False, 16)
         s += tl.dot(q1, tl.trans(k1), out_dtype=tl.int32)
-    if MASK:
-        ks = tl.load(KS + start_n + offs_n, mask=offs_n < n_left, other=0.0)
-    else:
-        ks = tl.load(KS + start_n + offs_n)
-    return s.to(tl.float32) * (qs[:, None] * ks[None, :])
+    return s
 
 
 @triton.jit
@@ -97,6 +93,7 @@ def _int8_tile(
     D1: tl.constexpr,
     DQ0: tl.constexpr,
     DQ1: tl.constexpr,
+    KB: tl.constexpr,
     BIAS: tl.constexpr,
     MASK: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -105,18 +102,53 @@ def _int8_tile(
     BIAS_CONTIG: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
 ):
-    """One K/V tile of the online softmax, in natural units (as the exact kernel with a
-    bias: the subtraction before the exp2, so that a huge finite bias never overflows)."""
+    """One K/V tile of the online softmax: update (acc, m, l) for the program's queries.
+
+    Dequantisation. With a K scale per block of KB keys (KB > 1, a multiple of BLOCK_N)
+    the tile's keys share one scale, so a score is its integer product times its row's
+    factor qs[m] * ks[block]: no outer product per score. Without a bias that factor
+    takes log2(e) too and the loop is the exact kernel's (flash/kernels.py _fwd_tile):
+    the row max is taken on the integer products (the factor is >= 0: quant.py puts the
+    softmax scale's sign in q8) and p = exp2(s * factor - m) is one conversion and one
+    FFMA per score; masked tiles scale before masking. With a bias, or per-key scales
+    (KB == 1: qs[m] * ks[n] per score), scores stay in natural units and p =
+    exp2((s - m) * log2(e)), the subtraction first, so a huge finite bias never
+    overflows (as the exact kernel with a bias)."""
     offs_m, offs_n, offs_d0, offs_d1, offs_dq0, offs_dq1 = geo
-    s = _int8_scores(q8, K8, KS, start_n, offs_n, offs_dq0, offs_dq1, n_left, stride_k8n, DQ0, DQ1, MASK)
-    if BIAS != 0:
-        s = s + _load_bias(bs, row0, start_n, offs_m, offs_n, m_left, n_left, BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG)
-    if MASK:
-        s = tl.where(_causal_keep(offs_m, offs_n, n_left, diag, CAUSAL), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2((m_i - m_ref) * LOG2E)
-    p = tl.math.exp2((s - m_ref[:, None]) * LOG2E)
+    q0, q1, qs = q8
+    s_int = _int8_products(q0, q1, K8, start_n, offs_n, offs_dq0, offs_dq1, n_left, stride_k8n, DQ0, DQ1, MASK)
+    if KB == 1 or BIAS != 0:
+        if KB == 1:
+            if MASK:
+                ks = tl.load(KS + start_n + offs_n, mask=offs_n < n_left, other=0.0)
+            else:
+                ks = tl.load(KS + start_n + offs_n)
+            s = s_int.to(tl.float32) * (qs[:, None] * ks[None, :])
+        else:
+            s = s_int.to(tl.float32) * (qs * tl.load(KS + start_n // KB))[:, None]
+        if BIAS != 0:
+            s = s + _load_bias(
+                bs, row0, start_n, offs_m, offs_n, m_left, n_left, BIAS, True, MASK, BIAS_ALIGN, BIAS_CONTIG
+            )
+        if MASK:
+            s = tl.where(_causal_keep(offs_m, offs_n, n_left, diag, CAUSAL), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2((m_i - m_ref) * LOG2E)
+        p = tl.math.exp2((s - m_ref[:, None]) * LOG2E)
+    else:
+        row = qs * (tl.load(KS + start_n // KB) * LOG2E)  # base-2 units
+        if MASK:
+            s = s_int.to(tl.float32) * row[:, None]
+            s = tl.where(_causal_keep(offs_m, offs_n, n_left, diag, CAUSAL), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_ref[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s_int, 1).to(tl.float32) * row)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s_int.to(tl.float32) * row[:, None] - m_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     v_base, stride_vn = v_src
     v_base = v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN)
@@ -159,6 +191,7 @@ def _attn_fwd_int8(
     D1: tl.constexpr,
     DQ0: tl.constexpr,
     DQ1: tl.constexpr,
+    KB: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BIAS: tl.constexpr,
@@ -175,6 +208,7 @@ def _attn_fwd_int8(
     tl.static_assert(
         DQ1 == 0 or (DQ1 >= 32 and DQ1 <= DQ0 and (DQ1 & (DQ1 - 1)) == 0), "DQ1: 0 or a power of two in [32, DQ0]"
     )
+    tl.static_assert(KB == 1 or KB % BLOCK_N == 0, "KB: 1 (a scale per key) or a multiple of BLOCK_N")
     # Stand-ins for the arguments passed as None (see flash/kernels.py's docstring).
     if BIAS == 0:
         Bias, stride_bb, stride_bh, stride_bm, stride_bn = V, 0, 0, 0, 0
@@ -211,7 +245,7 @@ def _attn_fwd_int8(
     qs = tl.load(QS + bh * M + row0 + offs_m, mask=offs_m < m_left, other=0.0)
     q8 = (q0, q1, qs)
     k8 = K8 + bh * N * DQ
-    ks = KS + bh * N
+    ks = KS + bh * ((N + KB - 1) // KB)  # one scale per block of KB keys
     v_src = (V + tl.multiple_of(b64 * stride_vb + h64 * stride_vh, ALIGN), stride_vn)
     bs = (Bias + tl.multiple_of(b64 * stride_bb + h64 * stride_bh, BIAS_ALIGN), stride_bm, stride_bn)
 
@@ -244,6 +278,7 @@ def _attn_fwd_int8(
                 D1,
                 DQ0,
                 DQ1,
+                KB,
                 0,
                 False,
                 CAUSAL,
@@ -275,6 +310,7 @@ def _attn_fwd_int8(
                 D1,
                 DQ0,
                 DQ1,
+                KB,
                 0,
                 True,
                 CAUSAL,
@@ -307,6 +343,7 @@ def _attn_fwd_int8(
                 D1,
                 DQ0,
                 DQ1,
+                KB,
                 BIAS,
                 False,
                 CAUSAL,
@@ -338,6 +375,7 @@ def _attn_fwd_int8(
                 D1,
                 DQ0,
                 DQ1,
+                KB,
                 BIAS,
                 True,
                 CAUSAL,

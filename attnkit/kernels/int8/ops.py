@@ -2,7 +2,7 @@
 inference. Lossy: docs/int8.md says what it costs in accuracy and when to use it.
 
     from attnkit.kernels.int8 import int8_attention
-    out = int8_attention(q, k, v, attn_bias=None, scale=None, causal=False, causal_offset=0)
+    out = int8_attention(q, k, v, attn_bias=None, scale=None, causal=False, causal_offset=0, k_block=128)
 
 The arguments are flash_attention's: q (B, H, M, D), k and v (B, H, N, D), 16-bit, head
 dims 8-512, any strides with a contiguous last dim; attn_bias None, additive float or bool
@@ -10,7 +10,10 @@ dims 8-512, any strides with a contiguous last dim; attn_bias None, additive flo
 bias as lengths, padded key tiles skipped); causal with an offset. A call that needs
 gradients is refused (ValueError): the kernel has no backward, and a quantised
 gradient would be a silent loss of a different kind. fp32 inputs are refused too: a
-caller who chose fp32 asked for accuracy.
+caller who chose fp32 asked for accuracy. ``k_block``: keys per K scale (int8/quant.py):
+128, the default, lets the main loop dequantise with one multiply per score; 1 (a scale
+per key) is the more accurate form, with an outer product per score (docs/int8.md
+measures both).
 """
 
 from __future__ import annotations
@@ -26,25 +29,33 @@ from ..flash import select
 from ..flash.abi import COMPILE_OPTIONS, absent_arguments, align, causal_args
 from ..launcher import Launch, new_like, plan_key, run, settings
 from .kernels import _attn_fwd_int8
-from .quant import qk_pieces, quantize_qk
+from .quant import K_BLOCK, qk_pieces, quantize_qk
 
 # The tile of a call, by target, head dim and bias variant (no autotuning yet), chosen from
 # the static report's int8 rows (python -m tools.static_report --kernel int8 --config ...):
 # the fastest-looking tile that compiles without spilling for every variant and causality
-# of its band. Head dims above 128 hold more of V's and the output's columns per query
-# row, so fewer rows; at 384 on sm_90 with a bias even 16 x 32 spills (the report lists
-# it). Under the interpreter the exact kernel's small tile (select.INTERPRET_TILE), so that
-# tests cross tiles, unless settings().shipped_tiles. Launched through attnkit's launcher
-# (launcher.py: its plans, Launch and run), as the exact kernel.
+# of its band. BLOCK_N divides quant.K_BLOCK (one K scale per tile). Without a bias or with
+# key padding 128 x 128 on 8 warps (sm_80 above head dim 64: 128 x 64, as 128 x 128 spills
+# there); a full bias holds a float32 tile of it beside the scores, so narrower tiles.
+# Head dims above 128 hold more of V's and the output's columns per query row, so fewer
+# rows; at 384 on sm_90 with a bias even 16 x 32 spills (the report lists it). Under the
+# interpreter the exact kernel's small tile (select.INTERPRET_TILE), so that tests cross
+# tiles, unless settings().shipped_tiles. Launched through attnkit's launcher (launcher.py:
+# its plans, Launch and run), as the exact kernel.
 # (target or None for both, largest head dim, bias variants, (block_m, block_n, warps, stages))
 TILES = (
-    ("sm90", 128, ("none", "keypad"), (64, 64, 4, 2)),
+    ("sm90", 128, ("none", "keypad"), (128, 128, 8, 2)),
+    ("sm90", 64, ("full",), (128, 64, 8, 2)),
     ("sm90", 128, ("full",), (128, 32, 8, 2)),
-    ("sm80", 128, ("none", "keypad", "full"), (128, 32, 8, 2)),
+    ("sm80", 64, ("none", "keypad"), (128, 128, 8, 2)),
+    ("sm80", 128, ("none", "keypad"), (128, 64, 8, 2)),
+    ("sm80", 64, ("full",), (128, 64, 4, 2)),
+    ("sm80", 128, ("full",), (128, 32, 8, 2)),
     (None, 192, ("none", "keypad", "full"), (128, 32, 8, 2)),
     (None, 256, ("none", "keypad", "full"), (32, 32, 4, 2)),
     (None, 512, ("none", "keypad", "full"), (16, 32, 4, 2)),
 )
+K_BLOCKS = (1, K_BLOCK)  # keys per K scale int8_attention takes: per key, or per block
 
 
 def tile_for(target: str, head_dim: int, variant: str) -> tuple[int, int, int, int]:
@@ -79,9 +90,12 @@ def int8_attention(
     *,
     causal: bool = False,
     causal_offset: int = 0,
+    k_block: int = K_BLOCK,
 ) -> torch.Tensor:
     """softmax(q8 k8^T (dequantised) + attn_bias) v: see the module docstring."""
     causal, causal_offset = fo.check_causal(causal, causal_offset)
+    if k_block not in K_BLOCKS:
+        raise ValueError(f"k_block={k_block!r}: keys per K scale, one of {', '.join(map(str, K_BLOCKS))}")
     if not fo.eager_call(q, k, v, attn_bias):
         _check(q, k, v, attn_bias)
         attn_bias, scale = fo.prepare(q, k, v, attn_bias, scale)
@@ -89,9 +103,9 @@ def int8_attention(
             attn_bias = fo.float32_bias(attn_bias)
         if q.numel() == 0:
             return torch.empty_like(q)
-        return _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset)(q, k, v, attn_bias, scale)
+        return _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset, k_block)(q, k, v, attn_bias, scale)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, attn_bias))
-    key = plan_key("int8 call", (q, k, v, attn_bias), scale, causal, causal_offset, needs_grad)
+    key = plan_key("int8 call", (q, k, v, attn_bias), scale, causal, causal_offset, needs_grad, k_block)
     call = launcher.cached_plan(key)
     if call is None:
         call = launcher.plan(key, lambda: Int8Call(q, k, v, attn_bias, scale))
@@ -100,7 +114,7 @@ def int8_attention(
         return torch.empty_like(q)
     found = call.launch
     if found is None:
-        found = call.launch = _launch_plan(q, k, v, bias, call.scale, causal, causal_offset)
+        found = call.launch = _launch_plan(q, k, v, bias, call.scale, causal, causal_offset, k_block)
     return found(q, k, v, bias, call.scale)
 
 
@@ -120,11 +134,11 @@ class Int8Call:
         self.launch = None
 
 
-def _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset) -> "Int8Plan":
-    key = plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset)
+def _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset, k_block) -> "Int8Plan":
+    key = plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset, k_block)
     found = launcher.cached_plan(key)
     if found is None:
-        found = launcher.plan(key, lambda: Int8Plan(q, k, v, attn_bias, causal, causal_offset))
+        found = launcher.plan(key, lambda: Int8Plan(q, k, v, attn_bias, causal, causal_offset, k_block))
     return found
 
 
@@ -133,8 +147,9 @@ class Int8Plan:
     (as the exact kernel's launch plans: the same table, Launch and run, so later calls
     launch the compiled kernel directly)."""
 
-    def __init__(self, q, k, v, attn_bias, causal, causal_offset):
-        self.s = s = settings()  # those of plan_key: the plan's calls allocate under them
+    def __init__(self, q, k, v, attn_bias, causal, causal_offset, k_block):
+        self.s = s = settings()
+        self.k_block = k_block  # those of plan_key: the plan's calls allocate under them
         B, H, M, D = q.shape
         N = k.shape[2]
         self.n = N
@@ -167,6 +182,7 @@ class Int8Plan:
             D1=d1,
             DQ0=self.dq0,
             DQ1=self.dq1,
+            KB=k_block,
             BLOCK_M=bm,
             BLOCK_N=bn,
             CAUSAL=causal,
@@ -202,7 +218,7 @@ class Int8Plan:
     def __call__(self, q, k, v, attn_bias, scale):
         out = new_like(q, self.s)
         # The scale folds into qs, of either sign: the scores are taken in natural units.
-        q8, qs, k8, ks, _ = quantize_qk(q, k, scale)
+        q8, qs, k8, ks, _ = quantize_qk(q, k, scale, self.k_block)
         if self.copy_v:
             v = v.contiguous()
         o = out if self.o_in_place else new_like(out, self.s, memory_format=torch.contiguous_format)
