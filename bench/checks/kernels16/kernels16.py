@@ -1,12 +1,15 @@
 """attnkit's Triton kernel against SDPA, forward, 16-bit: a full (B, H, M, N) bias, and plain
 calls at head dims 40, 64 and 128 against cuDNN's SDPA; attnkit's lossy INT8 attention
-(attnkit-int8) beside them, its rel. diff against SDPA being what it costs in accuracy.
+(attnkit-int8) beside them, its rel. diff against SDPA being what it costs in accuracy,
+and with its quality guard at the default cadence (attnkit-int8-guard-default) and
+checking every call (attnkit-int8-guard-every-call): what the guard costs.
 
     python bench/checks/kernels16/kernels16.py --section OUT.json [--seconds 30]
     python bench/checks/kernels16/kernels16.py --small --section OUT.json   # CPU: the plumbing only
 
 Shapes are the models': SD1.5 at 512x512 (2 x 8 heads x 4096 tokens, D=40), SDXL (2 x 10 x
-4096, D=64), Flux at 1024x1024 (1 x 24 x 4608, D=128). The bias is an additive float
+4096, D=64), Flux at 1024x1024 (1 x 24 x 4608, D=128), Wan 2.1 1.3B at 480p, 81 frames
+(1 x 12 x 32760, D=128). The bias is an additive float
 tensor of the inputs' dtype in its full (B, H, M, N) shape (Flux's: 1 GB in 16 bits).
 Each implementation runs once untimed (its first call: compilation, autotuning, cuDNN's
 plan; reported as "first call s"), then `--reps` times between CUDA events; the median is
@@ -40,6 +43,7 @@ PLAIN = [
     ("d40", 2, 8, 4096, 4096, 40, "SD1.5 512x512 self-attention"),
     ("d64", 2, 10, 4096, 4096, 64, "SDXL 1024x1024, 64x64 level"),
     ("d128", 1, 24, 4608, 4608, 128, "Flux 1024x1024, 4096 image + 512 text tokens"),
+    ("wan-d128", 1, 12, 32760, 32760, 128, "Wan 2.1 1.3B 480x832, 81 frames (21 x 30 x 52 tokens)"),
 ]
 # (name, B, H, M, N, D, dtype, what): fp16 at SDXL's shape, bf16 (Flux's dtype) at Flux's
 BIASED = [
@@ -87,6 +91,19 @@ def attnkit_int8():
     return call
 
 
+def attnkit_int8_guard_default():
+    """auto(lossy="int8") with its quality guard at the default cadence (the first call of
+    a signature and one in 64 after it): what a user who turns int8 on gets."""
+    from attnkit.choose.auto import AutoChooser
+
+    chooser = AutoChooser(lossy="int8")
+
+    def call(q, k, v, bias):
+        return chooser.attention("kernels16", q, k, v, bias, None, False)
+
+    return call
+
+
 def attnkit_int8_guarded():
     """auto(lossy="int8") with its quality guard checking every call (every=1): against
     attnkit-int8, what one check costs (32 query rows exactly, one host sync). The
@@ -108,6 +125,7 @@ def implementations(device: torch.device, biased: bool) -> dict:
         "sdpa": lambda: sdpa(None),
         "attnkit": attnkit_kernel if cuda else None,
         "attnkit-int8": attnkit_int8 if cuda else None,
+        "attnkit-int8-guard-default": attnkit_int8_guard_default if cuda else None,
         "attnkit-int8-guard-every-call": attnkit_int8_guarded if cuda else None,
         "sdpa-cudnn": lambda: sdpa("cudnn"),
         "sdpa-efficient": lambda: sdpa("efficient"),
