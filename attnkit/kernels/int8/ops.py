@@ -29,7 +29,8 @@ from ..flash import select
 from ..flash.abi import COMPILE_OPTIONS, absent_arguments, align, causal_args
 from ..launcher import Launch, new_like, plan_key, run, settings
 from .kernels import _attn_fwd_int8
-from .quant import K_BLOCK, qk_pieces, quantize_qk
+from .quant import K_BLOCK, qk_pieces
+from .quant_kernel import quantize_qk_fused
 
 # The tile of a call, by target, head dim and bias variant (no autotuning yet), chosen from
 # the static report's int8 rows (python -m tools.static_report --kernel int8 --config ...):
@@ -218,7 +219,8 @@ class Int8Plan:
     def __call__(self, q, k, v, attn_bias, scale):
         out = new_like(q, self.s)
         # The scale folds into qs, of either sign: the scores are taken in natural units.
-        q8, qs, k8, ks, _ = quantize_qk(q, k, scale, self.k_block)
+        # one fused Triton pass per tensor (K's token mean first), bit-equal to quant.py's torch form
+        q8, qs, k8, ks, _ = quantize_qk_fused(q, k, scale, self.k_block)
         if self.copy_v:
             v = v.contiguous()
         o = out if self.o_in_place else new_like(out, self.s, memory_format=torch.contiguous_format)
