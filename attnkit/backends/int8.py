@@ -27,7 +27,8 @@ class Int8Backend(TritonBackend):
         min_head_dim=limits.MIN_HEAD_DIM,
         max_head_dim=limits.MAX_HEAD_DIM,
         # integer tensor-core MMA (mma.sync s8) from Ampere; the kernel is compiled and
-        # checked for sm_80 and sm_90 (the static report's int8 rows)
+        # checked for sm_80 and sm_90 (the static report's int8 rows); Triton does not compile
+        # an int8 tl.dot for sm_75 (Turing's IMMA.8816 is not emitted)
         min_capability=(8, 0),
         masks=frozenset(MASK_KINDS),
         backward=False,

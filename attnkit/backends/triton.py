@@ -53,7 +53,9 @@ class TritonBackend(Backend):
         max_head_dim=limits.MAX_HEAD_DIM,
         # 8.0: bf16 tensor-core MMA starts with Ampere, and the tile configurations are
         # compiled and checked (registers, shared memory) for sm_80 and sm_90 only
-        # (python -m tools.static_report). Turing would need its own fp16-only tiles.
+        # (python -m tools.static_report), and sm_86 / sm_89 compile the sm_80 defaults clean
+        # (its consumer section). Not Turing: Triton emits no tensor-core MMA for sm_75 (its
+        # rows fall back to FMA and spill); it would need that and fp16-only tiles in 64 KiB.
         min_capability=(8, 0),
         masks=frozenset(MASK_KINDS),
         backward=True,

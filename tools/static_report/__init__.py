@@ -81,6 +81,17 @@ instr/score beside the dense kernel's default (fwd, dq, dkdv; no bias, not causa
 sparse.py is hashed into the source key and into the sparse rows' code keys only: adding
 or changing the sparse rows leaves every other row's code key as it was.
 
+The consumer targets (consumer.py: sm_75 for the T4, sm_86 and sm_89 for the RTX 30xx /
+40xx, A10, L4, L40) get a few rows in a full run, not the whole matrix: the sm80 lists'
+default tile of fwd, dq and dkdv at head dims 40-256, no bias and key padding, not
+causal, pointer loads, fp16 and (not on sm_75) bf16, against the target's shared memory
+(64 KiB on sm_75, 99 KiB on sm_86 / sm_89); no budget. Their section of report.md puts
+each beside sm_80's same row; the targets and the other sections leave them out. Rows of
+a (target, kernel) that consumer.NOT_CLEAN explains (sm_75: Triton emits no tensor-core
+MMA there) are reported, not gated; the others gate as sm_80's do. Their tensor rate
+(compile.CONSUMER_TENSOR_FLOPS) is in their code keys only: the other rows' keys stay.
+--arch 75 / 86 / 89 compiles them alone.
+
 Resuming. A row is keyed by source_key() (key.py: a hash of the code of the kernels,
 limits.py, sass.py, the kernels' calling convention flash/abi.py, bias_form.BIAS_16BIT_ALIGN,
 and this tool's functions that build, compile and read a row; comments and docstrings left
@@ -111,5 +122,6 @@ Modules: cli.py (this command line), jobs.py (which rows, in what order), compil
 (one row: compile, read the cubin, gate), key.py (source key), store.py (the report's
 files, resuming), targets.py (targets and report.md), sass.py (the SASS analysis),
 reference.py (the tutorial kernel), warpspec.py (the warp-specialization check),
-tiles.py (the tile table attnkit/kernels/flash/tiles.py, and its subcommand).
+tiles.py (the tile table attnkit/kernels/flash/tiles.py, and its subcommand), consumer.py
+(the consumer targets' rows and section).
 """

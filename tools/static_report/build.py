@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from attnkit.kernels import limits
 
-from .compile import DBIAS_KERNELS, MATMULS, Job, Result, _compile, analyse
+from .compile import CONSUMER_TENSOR_FLOPS, DBIAS_KERNELS, MATMULS, Job, Result, _compile, analyse
 
 _PTR = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 _INTS = ("H", "M", "N", "OFF")
@@ -266,6 +266,9 @@ def code_key(job: Job, b: Build | None = None) -> str:
         from .sparse import sparse_analysis_key
 
         analysis += sparse_analysis_key()
+    if job.arch in CONSUMER_TENSOR_FLOPS:
+        # The consumer targets' tensor rate (compile.py), in their rows' keys only.
+        analysis += f" tensor FLOPs per clock {CONSUMER_TENSOR_FLOPS[job.arch]}"
     return code_hash(b, ttir, options, analysis)
 
 

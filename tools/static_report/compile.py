@@ -21,7 +21,9 @@ from attnkit.kernels import devices, limits
 from . import sass
 
 # Shared memory per block (opt-in maximum) of each target, bytes.
-SMEM_LIMIT = {80: 166912, 90: 232448}  # A100: 163 KiB, H100: 227 KiB
+# A100: 163 KiB, H100: 227 KiB; the consumer targets (consumer.py): T4 64 KiB (opt-in),
+# RTX 30xx / 40xx 99 KiB.
+SMEM_LIMIT = {80: 166912, 90: 232448, 75: 65536, 86: 101376, 89: 101376}
 # The sm80 lists also serve sm_86 / sm_89 / sm_120 (RTX 30xx / 40xx / 50xx, A10, L4, L40)
 # with 99 KiB: the autotuner skips candidates that do not fit there, and the first
 # candidate of each list (the one used when autotuning is off) must fit, or the call be
@@ -32,6 +34,14 @@ MAX_REGS = 255
 # Dense 16-bit tensor-core FLOPs per clock per SM, and warp instructions issued per clock
 # per SM (4 schedulers, one instruction each), by target (see the module docstring).
 TENSOR_FLOPS_PER_CLOCK = {80: 2048, 90: 4096}
+# The consumer targets' dense 16-bit tensor FLOPs per clock per SM (consumer.py): 1024 on
+# sm_75 (T4: 65 TFLOP/s, 40 SMs, 1.59 GHz), sm_86 and sm_89 (A10 / L4 / L40 and the RTX
+# 30xx / 40xx with 16-bit accumulation; GeForce cards halve it with float32 accumulation,
+# which the kernels use: their tensor-bound limit is then twice the one reported).
+# Added apart from the literal above, which the sm_80 / sm_90 rows' code keys hash
+# (key.ANALYSIS): these are in the consumer rows' code keys only (build.code_key).
+CONSUMER_TENSOR_FLOPS = {75: 1024, 86: 1024, 89: 1024}
+TENSOR_FLOPS_PER_CLOCK.update(CONSUMER_TENSOR_FLOPS)
 # Dense int8 tensor-core operations per clock against 16-bit FLOPs: twice as many on
 # sm_80-89 (A100: 624 TOPS against 312 TFLOP/s) and on sm_90 (H100: 1979 against 989).
 INT8_RATE = 2

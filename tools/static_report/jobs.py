@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from .build import _select
 from .compile import DBIAS_KERNELS, Job
+from .consumer import CONSUMER_ARCHS, is_consumer, tile_target, wanted
 from .sparse import SPARSE_DTYPES, SPARSE_HEAD_DIMS, SPARSE_KERNELS, sparse_tile
 
 HEAD_DIMS = (40, 64, 80, 96, 128, 160, 256, 320, 384, 512)
 DTYPES = ("fp16", "bf16", "fp32")
 ARCHS = (80, 90)
+# A full run also compiles a few rows for the consumer targets (consumer.py: sm_75, sm_86,
+# sm_89, with the sm80 lists' default tiles); ARCHS are the targets of the whole matrix.
+ALL_ARCHS = ARCHS + CONSUMER_ARCHS
 KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias", "int8", *SPARSE_KERNELS)
 BIASES = ("none", "keypad", "full", "full16")
 # The int8 forward (attnkit/kernels/int8): 16-bit inputs, float32 biases only (none, key
@@ -24,7 +28,7 @@ def int8_tile(arch: int, head_dim: int, bias: str) -> tuple[int, int, int, int, 
     head dim and bias: ops.py's tile_for."""
     from attnkit.kernels.int8 import ops
 
-    return (*ops.tile_for(f"sm{arch}", head_dim, bias), 0)
+    return (*ops.tile_for(tile_target(arch), head_dim, bias), 0)
 
 
 def _variants(kernel: str, dtype: str, arch: int, biases, causals) -> list[tuple[str, bool, bool]]:
@@ -83,6 +87,8 @@ def jobs_for(
                     for bias, causal, tma in _variants(kernel, dtype, arch, biases, causals):
                         if tmas is not None and tma not in tmas:
                             continue
+                        if is_consumer(arch) and not wanted(kernel, d, dtype, arch, bias, causal, tma):
+                            continue
                         if configs:
                             cands = [(c[:5], (c[5] if len(c) > 5 else 0) or None, False, budget) for c in configs]
                         elif kernel == "int8":
@@ -90,15 +96,15 @@ def jobs_for(
                         elif kernel in SPARSE_KERNELS:
                             cands = [(sparse_tile(d, kernel), None, True, None)]  # its one tile, not gated
                         else:
-                            shipped = fl.configs_for(kernel, d, tdt[dtype], f"sm{arch}", bias, causal, tma)
-                            if quick:
+                            shipped = fl.configs_for(kernel, d, tdt[dtype], tile_target(arch), bias, causal, tma)
+                            if quick or is_consumer(arch):  # a consumer target: the default only
                                 shipped = shipped[:1]
                             cands = [
                                 (
                                     (c.block_m, c.block_n, c.num_warps, c.num_stages, int(c.reload)),
                                     c.maxnreg,
                                     i == 0,
-                                    c.budget,
+                                    None if is_consumer(arch) else c.budget,  # no budget there
                                 )
                                 for i, c in enumerate(shipped)
                             ]

@@ -68,7 +68,11 @@ _ROW_FUNCTIONS = (
 # helper not found there is an error: a moved helper is moved here too, never silently
 # left out of the key. (The flash kernels' calling convention, flash/abi.py, is hashed
 # whole: _ROW_MODULES.)
-_ROW_HELPERS = (("BIAS_16BIT_ALIGN", "attnkit/kernels/bias_form.py"),)
+_ROW_HELPERS = (
+    ("BIAS_16BIT_ALIGN", "attnkit/kernels/bias_form.py"),
+    # The consumer targets' tensor rate (their rows' code keys hold it too: build.code_key).
+    ("CONSUMER_TENSOR_FLOPS", "tools/static_report/compile.py"),
+)
 # The host helpers of attnkit/kernels/int8/quant.py that compile_job reads (the int8 head-dim
 # split, the keys per K scale); the rest of that module is host code.
 _INT8_HELPERS = ("qk_pieces", "K_BLOCK")

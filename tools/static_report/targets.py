@@ -45,7 +45,7 @@ import os
 
 from attnkit.kernels import devices
 
-from . import int8_loop
+from . import consumer, int8_loop
 
 BASELINE_COMMIT = "fdd42b7"
 BASELINE = os.path.join("bench", "results", "static", f"baseline-{BASELINE_COMMIT}.json")
@@ -165,7 +165,9 @@ def _verdict(tid, what, r, value, limit, met, note=""):
 
 def evaluate(results) -> list[dict]:
     """The verdict of each target on this run's rows (targets whose rows were not
-    compiled in this run are left out)."""
+    compiled in this run are left out). The consumer targets' rows have their own section
+    (consumer.py), no verdict."""
+    results, _ = consumer.split(results)
     out = []
     for dtype in ("fp16", "bf16"):
         for bias in ("none", "keypad"):
@@ -525,6 +527,7 @@ def _sparse_section(sparse: list[dict]) -> list[str]:
 
 
 def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: list[dict]) -> str:
+    results, consumer_rows = consumer.split(results)  # the latter: their own section
     lines = [
         "# Static performance report of the flash-attention kernels",
         "",
@@ -724,6 +727,8 @@ def markdown(meta: dict, results, reference, verdicts: list[dict], warp_spec: li
         ]
         for (arch, kernel, width, band, bias, causal), need in needs:
             lines.append(f"| {kernel} | {width} | {band} | {bias} | {'yes' if causal else 'no'} | {need:,} B |")
+    lines += consumer.section(results, consumer_rows)
+    results = results + [r for r in consumer_rows if consumer.gated(r)]  # consumer.NOT_CLEAN's: reported
     failed = [r for r in results if r.problems]
     lines += [
         "",
