@@ -39,7 +39,9 @@ from .quant_kernel import quantize_qk_fused
 # key padding 128 x 128 on 8 warps (sm_80 above head dim 64: 128 x 64, as 128 x 128 spills
 # there); a full bias holds a float32 tile of it beside the scores, so narrower tiles.
 # Head dims above 128 hold more of V's and the output's columns per query row, so fewer
-# rows; at 384 on sm_90 with a bias even 16 x 32 spills (the report lists it). Under the
+# rows; with key padding to 384 one stage (two spilled 8-16 B); with a full bias at 320-512
+# on sm_90 and 384 on sm_80 even 16 x 32 spills 8-16 B (the report lists them: every
+# smaller tile computed exponentials twice). Under the
 # interpreter the exact kernel's small tile (select.INTERPRET_TILE), so that tests cross
 # tiles, unless settings().shipped_tiles. Launched through attnkit's launcher (launcher.py:
 # its plans, Launch and run), as the exact kernel.
@@ -54,6 +56,7 @@ TILES = (
     ("sm80", 128, ("full",), (128, 32, 8, 2)),
     (None, 192, ("none", "keypad", "full"), (128, 32, 8, 2)),
     (None, 256, ("none", "keypad", "full"), (32, 32, 4, 2)),
+    (None, 384, ("keypad",), (16, 32, 4, 1)),
     (None, 512, ("none", "keypad", "full"), (16, 32, 4, 2)),
 )
 K_BLOCKS = (1, K_BLOCK)  # keys per K scale int8_attention takes: per key, or per block
