@@ -18,12 +18,13 @@ PREFIX = "int8-loop-"
 
 _NO_TMA = (
     "The exact forward's default on sm_90 streams K and V through TMA; the int8 forward loads them "
-    "through pointers. Against the exact forward with pointer loads ({ptr}) the int8 loop is about as "
-    "long: its integer Q.K (IGMMA, 32-deep, half the 16-bit MMA instructions) saves about what the "
-    "conversion of each product to float costs (one I2FP per score, 1/32 instr/score), which the exact "
-    "kernel does not have. TMA loads in the int8 kernel were tried (128 x 128 tile, 8 warps, fp16): "
-    "0.254 at head dim 64 and 0.278 at 128 against 0.252 and 0.283 with pointers, so the loads are not "
-    "the gap; the conversion is, and no form of it is shorter than one instruction per score."
+    "through pointers. The exact forward with pointer loads, the int8 kernel's, reads {ptr}: the int8 "
+    "loop is within a few percent of that or shorter, its integer Q.K (IGMMA, 32-deep: half the 16-bit "
+    "MMA instructions) saving about what the conversion of each product to float costs (one I2FP per "
+    "score, 1/32 instr/score), which the exact kernel does not have. TMA loads in the int8 kernel were "
+    "tried (128 x 128 tile, 8 warps, fp16): 0.254 at head dim 64 and 0.278 at 128 against 0.252 and "
+    "0.283 with pointers, so the loads are not the gap; the conversion is, and no form of it is shorter "
+    "than one instruction per score."
 )
 NOT_MET = {f"{PREFIX}sm90-d{d}-{dt}": _NO_TMA for d in LOOP_HEAD_DIMS for dt in ("fp16", "bf16")}
 
