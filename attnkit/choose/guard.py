@@ -95,9 +95,10 @@ def sample_rows(m: int, rows: int, device) -> torch.Tensor:
 
 def risky_rows(q: torch.Tensor, k: torch.Tensor, count: int) -> torch.Tensor:
     """The ``count`` query rows whose scores int8 quantisation disturbs most, on the
-    device (no host synchronisation): per-token quantisation perturbs a score q.k by
-    about step(q) * |k| + |q| * step(k), where a token's step is its largest magnitude
-    over 127; a row of one wide channel (a large step against its norm) or of large
+    device (no host synchronisation): quantisation perturbs a score q.k by about
+    step(q) * |k| + |q| * step(k), where a query's step is its largest magnitude over 127
+    and a key's is its block's (int8/quant.py), at most the widest key's, which is what is
+    used here; a row of one wide channel (a large step against its norm) or of large
     scores ranks high. The highest over the batch and heads ranks each row."""
     m = q.shape[2]
     count = min(count, m)

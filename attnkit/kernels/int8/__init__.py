@@ -2,7 +2,7 @@
 by its mean over tokens, P.V in the inputs' 16-bit dtype (lossy; docs/int8.md).
 
     kernels.py       the @triton.jit code
-    quant.py         the smoothing and the per-token quantisation of Q and K
+    quant.py         the smoothing and the quantisation of Q (per token) and K (per block of keys)
     quant_kernel.py  the same in Triton, one fused pass per tensor (bit for bit quant.py's)
     ops.py           int8_attention: checks, quantisation, launch
 

@@ -3,7 +3,7 @@
 
     q8, qs, k8, ks, pieces = quantize_qk_fused(q, k, scale)               # as quant.quantize_qk
     mean = token_mean(k)                                                   # (B, H, D) float32
-    k8, ks = quantize_rows(k, width, mean=mean, k_block=64)                # K, given its mean
+    k8, ks = quantize_rows(k, width, mean=mean, k_block=128)               # K, given its mean
     q8, qs = quantize_rows(q, width, factor=abs(scale), negate=scale < 0)  # Q
 
 The torch form makes some fifteen passes over each tensor (float32 copies, abs, amax,
@@ -26,8 +26,8 @@ how close token_mean is).
 
 Tiles. A program holds ROWS rows of the next power of two of the padded width (8K
 elements). When a K block (``k_block`` rows; Q's is one row) fits in a tile, a program
-holds GROUPS whole blocks and reads them once. A larger block (k_block = 64 at head dims
-above 128 with the default budget) is read twice by its program, once for its amax and
+holds GROUPS whole blocks and reads them once. A larger block (the default 128 keys at
+head dims above 64 with the default budget) is read twice by its program, once for its amax and
 once to quantise; the second read is of the block just read (k_block x D x 2 bytes), so it
 should come from L2 rather than memory (the tiles are not yet timed on a GPU).
 """
