@@ -12,7 +12,9 @@ score) is measured on the same inputs, drawn fresh from one seed:
   attention's error beside them (the tolerance rule's baseline);
 * whole tiny transformers (Flux, Wan, SD3, built from diffusers' configs as the model zoo
   builds them, bf16): ``attnkit.auto(lossy="int8")`` with the guard off against
-  ``attnkit.auto()`` in the same dtype, the output's relative L2 error.
+  ``attnkit.auto()`` in the same dtype, the output's relative L2 error;
+* P.V accumulated in float16 (``pv_accumulate="fp16"``, for GeForce tensor cores): the
+  kernel's difference from float32 accumulation, and that rounding emulated per MMA.
 
 The integer products are exact in the interpreter as on a GPU, so the figures are the
 kernel's. Prints a markdown table.
@@ -62,6 +64,37 @@ def per_call(head_dims, seed: int) -> list[list[str]]:
     return rows
 
 
+def pv16_rounding(q, k, v, block_n: int = 128, k_step: int = 16) -> float:
+    """The relative L2 error that accumulating P.V in float16 adds, emulated in float64 as
+    a tensor core does it: each MMA sums ``k_step`` keys' products exactly and rounds to
+    float16, and each tile of ``block_n`` keys joins the float32 accumulator (the
+    interpreter's float16 product rounds only once, so it understates this)."""
+    s = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    p = torch.softmax(s, dim=-1).half().double()  # P rounded to the inputs' dtype, as the kernel does
+    exact = p @ v.double()
+    out = torch.zeros_like(exact)
+    for t in range(0, k.shape[2], block_n):
+        tile = torch.zeros_like(exact)
+        for c in range(t, min(t + block_n, k.shape[2]), k_step):
+            tile = (tile + p[..., c : c + k_step] @ v.double()[..., c : c + k_step, :]).half().double()
+        out = out + tile
+    return testing.rel_error(out, exact)
+
+
+def pv16(head_dims, seed: int) -> list[list[str]]:
+    """P.V accumulated in float16 (pv_accumulate="fp16"): the kernel's relative difference
+    from the float32-accumulating kernel in the interpreter, and the emulated error."""
+    rows = []
+    for d in head_dims:
+        gen = torch.Generator().manual_seed(seed + d)
+        q, k, v = (torch.randn(1, 2, 256, d, generator=gen).half() for _ in range(3))
+        with torch.no_grad():
+            a = int8.int8_attention(q, k, v)
+            b = int8.int8_attention(q, k, v, pv_accumulate="fp16")
+        rows.append([f"call, fp16, D={d}", f"{testing.rel_error(b, a):.3%}", f"{pv16_rounding(q, k, v):.3%}"])
+    return rows
+
+
 def whole_models(names, seed: int) -> list[list[str]]:
     from tests.zoo._zoo import cast_floats
     from tests.zoo.cases import flux, sd3, wan
@@ -101,12 +134,22 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     head_dims = (64, 128) if args.quick else HEAD_DIMS
     models = ("Flux",) if args.quick else ("Flux", "Wan", "SD3")
-    rows = per_call(head_dims, args.seed) + whole_models(models, args.seed)
-    header = ["what", *(f"K scales {f}" for f in FORMS), "plain fp16 torch"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    tables = (
+        (
+            ["what", *(f"K scales {f}" for f in FORMS), "plain fp16 torch"],
+            per_call(head_dims, args.seed) + whole_models(models, args.seed),
+        ),
+        (
+            ["P.V accumulated in fp16", "kernel, against fp32 accumulation", "emulated per 16-key MMA, against exact"],
+            pv16((64, 128), args.seed),
+        ),
+    )
+    for header, rows in tables:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        print()
     return 0
 
 

@@ -282,6 +282,29 @@ def test_each_targets_int8_tile_runs(arch, d, kind, causal, seed):
     _assert_matches_its_quantised_inputs(out, q, k, v, _full_mask(bias, M, N, causal, off))
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[6]], ids=_case_id)
+def test_p_v_accumulated_in_float16(case, seed):
+    """pv_accumulate="fp16" (GeForce tensor cores run a float16-accumulating product at twice
+    the rate): each tile's P.V is summed in float16, then joins the float32 accumulator. The
+    output stays within the tight check on its quantised inputs, and within a float16
+    rounding of each tile's sum (2^-11 relative, a few tiles deep: 4e-3) of the float32
+    accumulation's; bfloat16 inputs are refused (their products accumulate in float32 only)."""
+    q, k, v, bias, causal, off = _build(case)
+    M, N = q.shape[2], k.shape[2]
+    with torch.no_grad():
+        plain = int8_attention(q, k, v, bias, causal=causal, causal_offset=off)
+        half = int8_attention(q, k, v, bias, causal=causal, causal_offset=off, pv_accumulate="fp16")
+    assert not half.isnan().any()
+    assert not torch.equal(half, plain), "pv_accumulate='fp16' changed nothing: the option was dropped"
+    assert rel_error(half, plain) <= 4e-3, rel_error(half, plain)
+    _assert_matches_its_quantised_inputs(half, q, k, v, _full_mask(bias, M, N, causal, off))
+    qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
+    with pytest.raises(ValueError, match="pv_accumulate='fp16' takes float16 inputs"):
+        int8_attention(qb, kb, vb, pv_accumulate="fp16")
+    with pytest.raises(ValueError, match="'fp32' \\(the default\\) or 'fp16'"):
+        int8_attention(q, k, v, pv_accumulate="fp8")
+
+
 def test_every_tile_sees_one_k_scale():
     """A tile's keys share one K scale (the kernel asserts it when it compiles): every
     shipped tile's BLOCK_N, and the interpreter's, divides quant.K_BLOCK."""

@@ -202,6 +202,7 @@ def _int8_source(job: Job) -> Build:
         BIAS_ALIGN=1,
         BIAS_CONTIG=True,
         EMULATE_BF16=False,
+        PV16=False,
     )
     for name in fl.absent_arguments(fn, constexprs):  # passed as None: constants
         sig[name] = "constexpr"

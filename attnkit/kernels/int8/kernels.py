@@ -101,6 +101,7 @@ def _int8_tile(
     BIAS_ALIGN: tl.constexpr,
     BIAS_CONTIG: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
+    PV16: tl.constexpr,
 ):
     """One K/V tile of the online softmax: update (acc, m, l) for the program's queries.
 
@@ -153,9 +154,14 @@ def _int8_tile(
     v_base, stride_vn = v_src
     v_base = v_base + tl.multiple_of(tl.cast(start_n, tl.int64) * stride_vn, ALIGN)
     v0, v1 = _load_pieces(v_base, offs_n, offs_d0, offs_d1, stride_vn, n_left, HEAD_DIM, D0, D1, MASK, ALIGN)
-    acc0 = _dot(p.to(v0.dtype), v0, acc0 * alpha[:, None], "tf32", EMULATE_BF16)
-    if D1 > 0:
-        acc1 = _dot(p.to(v1.dtype), v1, acc1 * alpha[:, None], "tf32", EMULATE_BF16)
+    if PV16:  # the tile's P.V accumulated in float16 (fp16 inputs), added to the float32 accumulator
+        acc0 = acc0 * alpha[:, None] + tl.dot(p.to(tl.float16), v0, out_dtype=tl.float16).to(tl.float32)
+        if D1 > 0:
+            acc1 = acc1 * alpha[:, None] + tl.dot(p.to(tl.float16), v1, out_dtype=tl.float16).to(tl.float32)
+    else:
+        acc0 = _dot(p.to(v0.dtype), v0, acc0 * alpha[:, None], "tf32", EMULATE_BF16)
+        if D1 > 0:
+            acc1 = _dot(p.to(v1.dtype), v1, acc1 * alpha[:, None], "tf32", EMULATE_BF16)
     return acc0, acc1, m_new, l_i
 
 
@@ -200,6 +206,7 @@ def _attn_fwd_int8(
     BIAS_ALIGN: tl.constexpr,
     BIAS_CONTIG: tl.constexpr,
     EMULATE_BF16: tl.constexpr,
+    PV16: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), H, B): one program per BLOCK_M query rows of one head.
     q8, k8, qs and ks are contiguous (int8/quant.py); V, the bias and the output are read
@@ -286,6 +293,7 @@ def _attn_fwd_int8(
                 BIAS_ALIGN,
                 BIAS_CONTIG,
                 EMULATE_BF16,
+                PV16,
             )
         for start_n in range(n_unmasked, n_hi, BLOCK_N):
             acc0, acc1, m_i, l_i = _int8_tile(
@@ -318,6 +326,7 @@ def _attn_fwd_int8(
                 BIAS_ALIGN,
                 BIAS_CONTIG,
                 EMULATE_BF16,
+                PV16,
             )
     else:
         for start_n in range(0, n_unmasked, BLOCK_N):
@@ -351,6 +360,7 @@ def _attn_fwd_int8(
                 BIAS_ALIGN,
                 BIAS_CONTIG,
                 EMULATE_BF16,
+                PV16,
             )
         for start_n in range(n_unmasked, n_hi, BLOCK_N):
             acc0, acc1, m_i, l_i = _int8_tile(
@@ -383,6 +393,7 @@ def _attn_fwd_int8(
                 BIAS_ALIGN,
                 BIAS_CONTIG,
                 EMULATE_BF16,
+                PV16,
             )
 
     # Rows that saw no key have l = 0: they output 0.

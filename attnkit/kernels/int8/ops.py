@@ -2,7 +2,8 @@
 inference. Lossy: docs/int8.md says what it costs in accuracy and when to use it.
 
     from attnkit.kernels.int8 import int8_attention
-    out = int8_attention(q, k, v, attn_bias=None, scale=None, causal=False, causal_offset=0, k_block=128)
+    out = int8_attention(q, k, v, attn_bias=None, scale=None, causal=False, causal_offset=0, k_block=128,
+                         pv_accumulate="fp32")
 
 The arguments are flash_attention's: q (B, H, M, D), k and v (B, H, N, D), 16-bit, head
 dims 8-512, any strides with a contiguous last dim; attn_bias None, additive float or bool
@@ -13,7 +14,10 @@ gradient would be a silent loss of a different kind. fp32 inputs are refused too
 caller who chose fp32 asked for accuracy. ``k_block``: keys per K scale (int8/quant.py):
 128, the default, lets the main loop dequantise with one multiply per score; 1 (a scale
 per key) is the more accurate form, with an outer product per score (docs/int8.md
-measures both).
+measures both). ``pv_accumulate``: "fp32", the default, or "fp16" (float16 inputs only):
+each tile's P.V accumulated in float16 on the tensor cores before it joins the float32
+accumulator, which GeForce GPUs (RTX 30xx / 40xx) run at twice the float32-accumulate
+rate; docs/int8.md gives its error.
 """
 
 from __future__ import annotations
@@ -95,11 +99,20 @@ def int8_attention(
     causal: bool = False,
     causal_offset: int = 0,
     k_block: int = K_BLOCK,
+    pv_accumulate: str = "fp32",
 ) -> torch.Tensor:
     """softmax(q8 k8^T (dequantised) + attn_bias) v: see the module docstring."""
     causal, causal_offset = fo.check_causal(causal, causal_offset)
     if k_block not in K_BLOCKS:
         raise ValueError(f"k_block={k_block!r}: keys per K scale, one of {', '.join(map(str, K_BLOCKS))}")
+    if pv_accumulate not in ("fp32", "fp16"):
+        raise ValueError(f"pv_accumulate={pv_accumulate!r}: 'fp32' (the default) or 'fp16'")
+    pv16 = pv_accumulate == "fp16"
+    if pv16 and isinstance(v, torch.Tensor) and v.dtype != torch.float16:
+        raise ValueError(
+            f"pv_accumulate='fp16' takes float16 inputs, not {v.dtype}: tensor cores accumulate a "
+            "bfloat16 product in float32 only"
+        )
     if not fo.eager_call(q, k, v, attn_bias):
         _check(q, k, v, attn_bias)
         attn_bias, scale = fo.prepare(q, k, v, attn_bias, scale)
@@ -107,9 +120,9 @@ def int8_attention(
             attn_bias = fo.float32_bias(attn_bias)
         if q.numel() == 0:
             return torch.empty_like(q)
-        return _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset, k_block)(q, k, v, attn_bias, scale)
+        return _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset, k_block, pv16)(q, k, v, attn_bias, scale)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, attn_bias))
-    key = plan_key("int8 call", (q, k, v, attn_bias), scale, causal, causal_offset, needs_grad, k_block)
+    key = plan_key("int8 call", (q, k, v, attn_bias), scale, causal, causal_offset, needs_grad, k_block, pv16)
     call = launcher.cached_plan(key)
     if call is None:
         call = launcher.plan(key, lambda: Int8Call(q, k, v, attn_bias, scale))
@@ -118,7 +131,7 @@ def int8_attention(
         return torch.empty_like(q)
     found = call.launch
     if found is None:
-        found = call.launch = _launch_plan(q, k, v, bias, call.scale, causal, causal_offset, k_block)
+        found = call.launch = _launch_plan(q, k, v, bias, call.scale, causal, causal_offset, k_block, pv16)
     return found(q, k, v, bias, call.scale)
 
 
@@ -138,11 +151,11 @@ class Int8Call:
         self.launch = None
 
 
-def _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset, k_block) -> "Int8Plan":
-    key = plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset, k_block)
+def _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset, k_block, pv16=False) -> "Int8Plan":
+    key = plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset, k_block, pv16)
     found = launcher.cached_plan(key)
     if found is None:
-        found = launcher.plan(key, lambda: Int8Plan(q, k, v, attn_bias, causal, causal_offset, k_block))
+        found = launcher.plan(key, lambda: Int8Plan(q, k, v, attn_bias, causal, causal_offset, k_block, pv16))
     return found
 
 
@@ -151,7 +164,7 @@ class Int8Plan:
     (as the exact kernel's launch plans: the same table, Launch and run, so later calls
     launch the compiled kernel directly)."""
 
-    def __init__(self, q, k, v, attn_bias, causal, causal_offset, k_block):
+    def __init__(self, q, k, v, attn_bias, causal, causal_offset, k_block, pv16=False):
         self.s = s = settings()
         self.k_block = k_block  # those of plan_key: the plan's calls allocate under them
         B, H, M, D = q.shape
@@ -192,6 +205,7 @@ class Int8Plan:
             CAUSAL=causal,
             ALIGN=alignment,
             EMULATE_BF16=s.interpret and q.dtype == torch.bfloat16,
+            PV16=pv16,
             **bias_constexprs,
         )
         static.update(absent_arguments(_attn_fwd_int8, static))
