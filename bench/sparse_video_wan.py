@@ -16,28 +16,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
+import sys
 
 import torch
 from diffusers import WanTransformer3DModel
 
-import attnkit
-from attnkit import sparse_video as sv
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CONFIG = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=16,
-    in_channels=4,
-    out_channels=4,
-    text_dim=24,
-    freq_dim=16,
-    ffn_dim=48,
-    num_layers=2,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    rope_max_seq_len=32,
-)
+import attnkit  # noqa: E402
+from attnkit import sparse_video as sv  # noqa: E402
+from tests.zoo.cases import wan as wan_cases  # noqa: E402
+
+# the model zoo's tiny Wan (tests/zoo/cases/wan.py), built from diffusers' own config keys
+CONFIG = next(c for c in wan_cases.CASES if c.name == "WanTransformer3DModel" and not c.variant).config
 FRAMES, HEIGHT, WIDTH = 8, 16, 16  # latents: 8 x 8 x 8 = 512 tokens after the (1, 2, 2) patch
 TOKENS = (FRAMES, HEIGHT // 2, WIDTH // 2)
 BLOCK = 64
