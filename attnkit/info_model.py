@@ -12,8 +12,8 @@ import json
 
 import torch
 
-from ._text import describe_exception
 from .diffusers.apply import plan
+from .text import describe_exception
 
 
 def shipped_models() -> list[str]:

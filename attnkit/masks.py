@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from ._text import describe_module
+from .text import describe_module
 
 # dispatch_attention_fn's attn_mask (diffusers' native backend reads it as torch SDPA does)
 SHAPE_ERROR = (
@@ -48,7 +48,7 @@ def to_additive_bias(
     key_padding: a 2-D mask of shape (full's batch, full's keys) is key padding,
     (B, N) -> (B, 1, 1, N), as diffusers' native backend reads it.
     The messages are format strings: ``{shape}`` (the mask's), ``{full}``, ``{dtype}``
-    and ``{who}`` (:func:`~attnkit._text.describe_module` of ``who``).
+    and ``{who}`` (:func:`~attnkit.text.describe_module` of ``who``).
     """
     shaped = _broadcast(mask, full, key_padding, shape_error, who)
     return _converted(mask, shaped, dtype, full, dtype_error, who)

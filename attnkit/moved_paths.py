@@ -15,7 +15,11 @@ import types
 # old module -> {module the names live in now: (names, ...)}: every public name each old
 # module defined, and the private classes a pickle can name (tests/test_moved_paths.py).
 MOVED: dict[str, dict[str, tuple[str, ...]]] = {
-    "attnkit._compile": {"attnkit.choose._compile": ("CompileOwner", "F", "compile_owner", "mark_compile_constant")},
+    "attnkit._compile": {"attnkit.choose.compiling": ("CompileOwner", "F", "compile_owner", "mark_compile_constant")},
+    "attnkit._text": {"attnkit.text": ("Caller", "describe_exception", "describe_module", "short")},
+    "attnkit.choose._compile": {
+        "attnkit.choose.compiling": ("CompileOwner", "F", "compile_owner", "is_compiling", "mark_compile_constant")
+    },
     "attnkit.apply": {
         "attnkit.diffusers.apply": (
             "Applied",
@@ -124,7 +128,7 @@ MOVED: dict[str, dict[str, tuple[str, ...]]] = {
         ),
     },
     "attnkit.protocol": {
-        "attnkit._text": ("Caller", "describe_module"),
+        "attnkit.text": ("Caller", "describe_module"),
         "attnkit.choose.fixed": ("CHECK_FINITE_VAR",),
         "attnkit.diffusers.processor": ("APPLY_HINT", "PROCESSOR_ARGUMENTS"),
         "attnkit.diffusers.protocol": ("advertised_signature", "check_module", "check_module_problem", "prepare_bias"),

@@ -166,7 +166,7 @@ def test_no_hidden_import_between_attnkit_modules():
 
 def test_the_core_and_the_choosers_import_nothing_of_diffusers():
     """The choosers, the backends and the masks sit below the diffusers wing."""
-    low = ("attnkit.choose", "attnkit.backends", "attnkit.masks", "attnkit.errors", "attnkit._text")
+    low = ("attnkit.choose", "attnkit.backends", "attnkit.masks", "attnkit.errors", "attnkit.text")
     bad = [
         f"{name}:{line} imports {target}"
         for name, imports in GRAPH.items()

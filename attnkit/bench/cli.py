@@ -22,7 +22,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from attnkit._text import describe_exception
+from attnkit.text import describe_exception
 
 from . import report
 from .availability import resolve_names

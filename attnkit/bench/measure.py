@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import torch
 
 from attnkit import BackendUnavailable, UnsupportedModule
-from attnkit._text import describe_exception
+from attnkit.text import describe_exception
 
 from .env import free_memory
 from .models import LoopTiming

@@ -9,7 +9,7 @@
   (the GPU records' rules: :mod:`~attnkit.choose.record_rules`);
 * :mod:`~attnkit.choose.tuning`: auto(tune=True)'s timings (the cache file:
   :mod:`~attnkit.choose.tune_cache`);
-* :mod:`~attnkit.choose._compile`: torch.compile helpers (trace-time constants).
+* :mod:`~attnkit.choose.compiling`: torch.compile helpers (trace-time constants).
 
 Every route of attnkit (:mod:`attnkit.diffusers`) hands its calls to a chooser; the
 choosers import nothing above them.

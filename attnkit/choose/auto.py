@@ -70,11 +70,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, cast
 
 from .. import block_masks
-from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from ..backends.base import compile_key
+from ..text import describe_exception, describe_module
 from . import policy, tune_cache, tune_check
-from ._compile import compile_owner, is_compiling, mark_compile_constant
+from .compiling import compile_owner, is_compiling, mark_compile_constant
 from .decision import Decision, format_decision, log_line
 from .fixed import ChooserBase, call_flags, check_finite_on, run_backend
 from .guard import GuardState, guard_options

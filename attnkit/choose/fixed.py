@@ -16,10 +16,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from .._text import describe_module
 from ..backends import AttentionCall, Backend, BackendUnavailable, Signature, signature
 from ..backends.base import compile_key
-from ._compile import CompileOwner, compile_owner, is_compiling, mark_compile_constant
+from ..text import describe_module
+from .compiling import CompileOwner, compile_owner, is_compiling, mark_compile_constant
 
 # ATTNKIT_CHECK_FINITE=1: stop at the first attention whose inputs or output hold NaN or
 # inf, naming the module (a debugging aid for black images; it synchronises every call).

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from .._text import describe_exception, describe_module
 from ..backends import AttentionCall, Backend, Signature
 from ..block_masks import block_mask_attention
 from ..block_masks import check as check_block_mask
+from ..text import describe_exception, describe_module
 from .fixed import run_backend
 from .guard import GuardState, checked_rows, compare, sample_inputs
 from .policy import describe_call, installed_packages

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from .._text import describe_exception
 from ..backends.base import Backend, dtype_name
+from ..text import describe_exception
 from . import tune_check
 from .fixed import run_backend
 from .policy import CANDIDATES, LAST_RESORT, describe_call

@@ -17,8 +17,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .._text import Caller
 from ..masks import expand_kv_heads, route_bias
+from ..text import Caller
 
 SDPA = "scaled_dot_product_attention"
 

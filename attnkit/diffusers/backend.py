@@ -34,8 +34,8 @@ import logging
 import weakref
 from typing import Any, Callable
 
-from ..choose._compile import is_compiling, mark_compile_constant
 from ..choose.auto import AutoChooser
+from ..choose.compiling import is_compiling, mark_compile_constant
 from ..choose.fixed import FixedChooser
 from ..choose.policy import CANDIDATES, default_backend
 from ..errors import DiffusersBackendUnavailable

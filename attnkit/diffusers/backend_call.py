@@ -20,14 +20,14 @@ from typing import Any, Callable
 
 import torch
 
-from .._text import Caller
 from ..backends import signature
 from ..block_masks import block_mask_attention
 from ..block_masks import check as check_block_mask
 from ..block_masks import hides_nothing as block_mask_hides_nothing
-from ..choose._compile import is_compiling
+from ..choose.compiling import is_compiling
 from ..errors import DiffusersBackendUnavailable, UnsupportedModule
 from ..masks import expand_kv_heads, hides_nothing, keep_to_bias, route_bias
+from ..text import Caller
 from .context_parallel import context_parallel
 
 DISPATCH_WHO = "through dispatch_attention_fn"

@@ -41,8 +41,8 @@ from typing import Any
 from diffusers.models import attention_processor as ap
 from torch import nn
 
-from .._text import describe_module
 from ..errors import UnsupportedModule
+from ..text import describe_module
 from . import backend as diffusers_backend
 from .flex import flex_copy
 from .protocol import check_module_problem

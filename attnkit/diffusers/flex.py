@@ -41,9 +41,9 @@ import threading
 import types
 from typing import Any
 
-from .._text import Caller
-from ..choose._compile import is_compiling
+from ..choose.compiling import is_compiling
 from ..errors import UnsupportedModule
+from ..text import Caller
 from . import backend as diffusers_backend
 from . import hooks
 from .adapters import PerChooser

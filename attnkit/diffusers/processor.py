@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._text import describe_module
 from ..backends import AttentionCall, Backend, get_backend
-from ..choose._compile import is_compiling
 from ..choose.auto import AUTO_OPTIONS, AutoChooser
+from ..choose.compiling import is_compiling
 from ..choose.decision import Decision
 from ..choose.fixed import Chooser, FixedChooser
 from ..errors import UnsupportedModule
+from ..text import describe_module
 from .binding import keep_accepted, protocol_fits, served_by, strict_default
 from .protocol import (  # noqa: F401  (check_module_problem, PROCESSOR_ARGUMENTS: read here by code older than attnkit.diffusers)
     _PROTOCOL_FIELDS,

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._text import describe_module
 from ..errors import UnsupportedModule
 from ..masks import hides_nothing, to_additive_bias
+from ..text import describe_module
 
 APPLY_HINT = (
     "attnkit.apply(model, processor) keeps this module's own processor and serves only its "

@@ -26,8 +26,8 @@ from typing import Any
 
 from torch import nn
 
-from .._text import describe_module
-from ..choose._compile import is_compiling
+from ..choose.compiling import is_compiling
+from ..text import describe_module
 from . import backend as diffusers_backend
 from . import binding, hooks
 from .apply import Applied, plan, remember

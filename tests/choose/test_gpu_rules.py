@@ -120,8 +120,7 @@ def _case(case, ratio, d=128, bias="none", autotune=False, backward=False, m=409
     }
 
 
-def test_threshold_newest_run_and_class(tmp_path, monkeypatch):
-    monkeypatch.setattr(gen, "WITHDRAWN", {})
+def test_threshold_newest_run_and_class(tmp_path):
     _record(
         tmp_path,
         "nvidia-x1",
@@ -142,7 +141,7 @@ def test_threshold_newest_run_and_class(tmp_path, monkeypatch):
             ),
         },
     )
-    text = gen.generate(tmp_path)
+    text = gen.generate(tmp_path, withdrawn_table={})
     namespace: dict = {}
     exec(text, namespace)
     rules = namespace["RULES"]
@@ -153,24 +152,22 @@ def test_threshold_newest_run_and_class(tmp_path, monkeypatch):
     assert namespace["GPUS"] == {"nvidia-x1": namespace["GPU"]("NVIDIA X1", (9, 0))}
 
 
-def test_unreadable_records_say_which_file_and_what(tmp_path, monkeypatch):
-    monkeypatch.setattr(gen, "WITHDRAWN", {})
+def test_unreadable_records_say_which_file_and_what(tmp_path):
     _record(tmp_path, "nvidia-x2", "NVIDIA X2", {"run": ("2026-01-01 10:00", [_case("a", 2.0)])})
     (tmp_path / "nvidia-x2" / "run" / "summary.md").write_text("# no heading\n")
     with pytest.raises(gen.RecordError, match=r"summary.md: no heading"):
-        gen.generate(tmp_path)
+        gen.generate(tmp_path, withdrawn_table={})
     _record(tmp_path, "wrong-folder", "NVIDIA X3", {})
     with pytest.raises(gen.RecordError, match=r"would be recorded in nvidia-x3/, not wrong-folder/"):
         gen.read_gpus(tmp_path)
 
 
-def test_a_withdrawal_must_name_a_measurement(tmp_path, monkeypatch):
+def test_a_withdrawal_must_name_a_measurement(tmp_path):
     _record(tmp_path, "nvidia-x4", "NVIDIA X4", {"run": ("2026-01-01 10:00", [_case("a", 2.0)])})
-    monkeypatch.setattr(gen, "WITHDRAWN", {("nvidia-x4/run/timing.json", "a"): "made up"})
-    assert "RULES = (\n)" in gen.generate(tmp_path)
-    monkeypatch.setattr(gen, "WITHDRAWN", {("nvidia-x4/run/timing.json", "zz"): "made up"})
+    assert "RULES = (\n)" not in gen.generate(tmp_path, withdrawn_table={})
+    assert "RULES = (\n)" in gen.generate(tmp_path, withdrawn_table={("nvidia-x4/run/timing.json", "a"): "made up"})
     with pytest.raises(gen.RecordError, match="which no record holds"):
-        gen.generate(tmp_path)
+        gen.generate(tmp_path, withdrawn_table={("nvidia-x4/run/timing.json", "zz"): "made up"})
 
 
 # -- `attnkit info` ---------------------------------------------------------------------------

@@ -420,17 +420,15 @@ def test_a_processor_keeps_no_model_alive():
     ],
     ids=["qk-norm-under-AttnProcessor", "scale-under-AttnProcessor2_0"],
 )
-def test_where_the_protocol_computes_what_a_generic_processor_skips_it_says_so(
-    seed, kw, stock_name, what, caplog, monkeypatch
-):
+def test_where_the_protocol_computes_what_a_generic_processor_skips_it_says_so(seed, kw, stock_name, what, caplog):
     """diffusers' AttnProcessor skips qk-norm and AttnProcessor2_0 ignores attn.scale;
     attnkit's processor set on such a module follows the module's configuration (its
     whole reason), which then differs from stock: never silently."""
     from diffusers.models import attention_processor as ap
 
-    monkeypatch.setattr(attnkit.diffusers.binding, "_SAID", set())  # said once per kind of module and process
-
-    attn = ap.Attention(query_dim=32, heads=2, dim_head=16, **kw).eval()
+    # said once per kind of module and process: a kind of module of this test's own
+    fresh = type("Attention", (ap.Attention,), {})
+    attn = fresh(query_dim=32, heads=2, dim_head=16, **kw).eval()
     attn.set_processor(getattr(ap, stock_name)())
     with caplog.at_level(logging.WARNING, logger="attnkit"):
         attn.set_processor(attnkit.processor("vanilla"))

@@ -404,7 +404,7 @@ def test_apply_keeps_ip_adapter_processors_and_names_modules():
     assert isinstance(unet.attn_processors[ip_name], IPAdapterAttnProcessor2_0)
     module = dict(unet.named_modules())[ip_module]
     assert module._attnkit_name == ip_module
-    from attnkit._text import describe_module
+    from attnkit.text import describe_module
 
     assert describe_module(module).startswith(module._attnkit_name + " [Attention(heads=")
 
@@ -468,7 +468,7 @@ def test_trace_time_choices_take_only_constants(monkeypatch, seed, proc_name):
 
     import torch._dynamo as dynamo
 
-    from attnkit.choose._compile import mark_compile_constant
+    from attnkit.choose.compiling import mark_compile_constant
 
     processor_mod = importlib.import_module("attnkit.choose.fixed")  # FixedChooser's trace-time function
     chooser_mod = importlib.import_module("attnkit.choose.auto")
@@ -530,7 +530,7 @@ def test_copies_of_a_processor_choose_for_compile_with_their_own_chooser():
     import copy
     import pickle
 
-    from attnkit.choose._compile import compile_owner
+    from attnkit.choose.compiling import compile_owner
 
     for proc in (attnkit.auto(), attnkit.SDPAProcessor()):
         copies = [copy.deepcopy(proc), pickle.loads(pickle.dumps(proc)), copy.copy(proc.chooser)]

@@ -7,9 +7,13 @@ caller outside it. And no test flips a module's switch: an attnkit module's
 UPPER_CASE attribute is never set by a test (the launcher's settings are changed with
 override(), and a table a test needs replaced is a setting).
 
-Read from the source (no import): every `from X import _y`, every `import X._y`, every
-`alias._y` where alias names an attnkit module (imported, or through
-importlib.import_module), and every setattr(alias, "_y" or "SWITCH", ...)."""
+The same holds for the tools package (tools/: the static report, the record generators),
+whose tests are outside it.
+
+Read from the source (no import): every `from X import _y`, every `from X._m import y`
+and `import X._y`, every `alias._y` and `alias.m._y` where alias names an attnkit or tools
+module (imported, `import attnkit` included, or through importlib.import_module), and
+every setattr(alias or alias.m, "_y" or "SWITCH", ...)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPS = ("attnkit", "tests", "tools", "bench")
+FIRST_PARTY = ("attnkit", "tools")  # the packages whose private names are checked
+
+
+def _first_party(name: str) -> bool:
+    return name.split(".")[0] in FIRST_PARTY
 
 
 def _module_name(path: Path) -> tuple[str, str]:
@@ -59,6 +68,9 @@ def _resolve(node: ast.ImportFrom, package: str) -> str:
 def _findings(path: Path) -> list[str]:
     module, package = _module_name(path)
     tree = ast.parse(path.read_text(encoding="utf-8"))
+    for parent in ast.walk(tree):
+        for child in ast.iter_child_nodes(parent):
+            setattr(child, "parent", parent)
     out: list[str] = []
     aliases: dict[str, str] = {}  # local name -> attnkit module it names
 
@@ -66,11 +78,34 @@ def _findings(path: Path) -> list[str]:
         if _private(name) and not _inside(package, _package_of(target_module)):
             out.append(f"{path.relative_to(ROOT)}:{line}: {how} {target_module}.{name}")
 
+    def use_path(line: int, dotted: str, how: str) -> None:
+        """A private module on the path (``from attnkit.choose._x import y``)."""
+        parts = dotted.split(".")
+        for i in range(1, len(parts)):
+            if _private(parts[i]) and not _inside(package, ".".join(parts[:i])):
+                out.append(f"{path.relative_to(ROOT)}:{line}: {how} the private module {'.'.join(parts[: i + 1])}")
+                return
+
+    def resolve_chain(node: ast.AST) -> tuple[str, list[str]] | None:
+        """(the attnkit module a chain of attributes reaches, the attributes after it)."""
+        attrs: list[str] = []
+        while isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or node.id not in aliases:
+            return None
+        target, attrs = aliases[node.id], attrs[::-1]
+        while attrs and _is_module(f"{target}.{attrs[0]}"):
+            use(node.lineno, target, attrs[0], "reads")
+            target = f"{target}.{attrs.pop(0)}"
+        return target, attrs
+
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = _resolve(node, package)
-            if not base.startswith("attnkit"):
+            if not _first_party(base):
                 continue
+            use_path(node.lineno, base, "imports from")
             for a in node.names:
                 full = f"{base}.{a.name}"
                 if _is_module(full):
@@ -80,43 +115,40 @@ def _findings(path: Path) -> list[str]:
                     use(node.lineno, base, a.name, "imports")
         elif isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("attnkit"):
+                if _first_party(a.name):
                     parts = a.name.split(".")
                     for i, part in enumerate(parts[1:], 1):
                         use(node.lineno, ".".join(parts[:i]), part, "imports the private module")
                     if a.asname:
                         aliases[a.asname] = a.name
+                    else:
+                        aliases[parts[0]] = parts[0]
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             func, args = node.value.func, node.value.args
             if (
                 getattr(func, "attr", getattr(func, "id", "")) == "import_module"
                 and args
                 and isinstance(args[0], ast.Constant)
-                and str(args[0].value).startswith("attnkit")
+                and _first_party(str(args[0].value))
             ):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
                         aliases[t.id] = str(args[0].value)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
-            use(node.lineno, aliases[node.value.id], node.attr, "reads")
+        if isinstance(node, ast.Attribute) and not isinstance(getattr(node, "parent", None), ast.Attribute):
+            found = resolve_chain(node)
+            if found and found[1]:
+                use(node.lineno, found[0], found[1][0], "reads")
         elif isinstance(node, ast.Call) and len(node.args) >= 2:
             func = node.func
             name = getattr(func, "attr", getattr(func, "id", ""))
             target, attr = node.args[0], node.args[1]
-            if (
-                name == "setattr"
-                and isinstance(target, ast.Name)
-                and target.id in aliases
-                and isinstance(attr, ast.Constant)
-                and isinstance(attr.value, str)
-            ):
-                use(node.lineno, aliases[target.id], attr.value, "sets")
+            found = resolve_chain(target) if name == "setattr" else None
+            if found and not found[1] and isinstance(attr, ast.Constant) and isinstance(attr.value, str):
+                use(node.lineno, found[0], attr.value, "sets")
                 if module.startswith("tests") and attr.value.isupper() and attr.value not in _TABLES:
-                    out.append(
-                        f"{path.relative_to(ROOT)}:{node.lineno}: flips the switch {aliases[target.id]}.{attr.value}"
-                    )
-    return out
+                    out.append(f"{path.relative_to(ROOT)}:{node.lineno}: flips the switch {found[0]}.{attr.value}")
+    return sorted(set(out), key=out.index)
 
 
 # Data a test may stand in for (not a switch of how code runs): the shared-memory table a
@@ -146,15 +178,31 @@ def test_the_check_sees_what_it_forbids():
         "tune_cache._keep_owner\n"
         "def test(monkeypatch):\n"
         "    monkeypatch.setattr(fl, 'INTERPRET_TILE', None)\n"
+        "import attnkit.diffusers.binding\n"
+        "from attnkit.choose._gone import helper\n"
+        "from tools.records import generate as gen\n"
+        "def test_more(monkeypatch):\n"
+        "    monkeypatch.setattr(attnkit.diffusers.binding, '_SAID', set())\n"
+        "    attnkit.diffusers.binding._ORIGIN.clear()\n"
+        "    monkeypatch.setattr(gen, 'WITHDRAWN', {})\n"
+        "    gen._summary\n"
     )
     path.write_text(sample, encoding="utf-8")
     try:
         found = _findings(path)
     finally:
         path.unlink()
-    assert [f.split(": ", 1)[1] for f in found] == [
-        "imports attnkit.kernels.flash.launch._Streams",
-        "reads attnkit.kernels.flash.select._TUNERS",
-        "reads attnkit.choose.tune_cache._keep_owner",
-        "flips the switch attnkit.kernels.flash.select.INTERPRET_TILE",
-    ], found
+    assert sorted(f.split(": ", 1)[1] for f in found) == sorted(
+        [
+            "imports attnkit.kernels.flash.launch._Streams",
+            "reads attnkit.kernels.flash.select._TUNERS",
+            "reads attnkit.choose.tune_cache._keep_owner",
+            "flips the switch attnkit.kernels.flash.select.INTERPRET_TILE",
+            "imports from the private module attnkit.choose._gone",
+            "sets attnkit.diffusers.binding._SAID",
+            "flips the switch attnkit.diffusers.binding._SAID",
+            "reads attnkit.diffusers.binding._ORIGIN",
+            "flips the switch tools.records.generate.WITHDRAWN",
+            "reads tools.records.generate._summary",
+        ]
+    ), found

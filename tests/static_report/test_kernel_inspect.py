@@ -444,7 +444,7 @@ def test_everything_a_row_reads_of_the_flash_package_is_in_the_key():
             with open(os.path.join(here, name)) as f:
                 tree = ast.parse(f.read())
             for n in tree.body:
-                if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in sk._ROW_FUNCTIONS:
+                if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in sk.ROW_FUNCTIONS:
                     for x in ast.walk(n):
                         if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id in read:
                             read[x.value.id].add(x.attr)
@@ -454,7 +454,7 @@ def test_everything_a_row_reads_of_the_flash_package_is_in_the_key():
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         for n in tree.body:
             if isinstance(n, (ast.Assign, ast.AnnAssign)):
-                defined |= sk._assigned(n)
+                defined |= sk.assigned_names(n)
         assert read[alias] and read[alias] <= defined, (alias, read[alias] - defined)
 
 
@@ -467,7 +467,9 @@ def test_a_row_is_kept_across_a_budget_change_and_dropped_with_its_tile(tmp_path
     from tools.static_report.compile import Job, Result
 
     job = Job("fwd", 64, "fp16", (128, 64, 8, 2, 0), 90, "none", tma=True, default=True, budget=0.5)
-    rec = dict(store._record(Result(job, regs=128, stack=0, smem=1000, loop_length=100, instr_per_score=0.4)), key="k1")
+    rec = dict(
+        store.to_record(Result(job, regs=128, stack=0, smem=1000, loop_length=100, instr_per_score=0.4)), key="k1"
+    )
     other = dict(rec, key="k0", head_dim=80)
     (tmp_path / store.CHECKPOINT).write_text(json.dumps(rec) + "\n" + json.dumps(other) + "\n" + json.dumps(rec)[:40])
     rebudgeted = Job("fwd", 64, "fp16", (128, 64, 8, 2, 0), 90, "none", tma=True, default=False, budget=0.3)
@@ -485,14 +487,14 @@ def test_a_row_is_kept_across_a_budget_change_and_dropped_with_its_tile(tmp_path
     (tmp_path / store.CHECKPOINT).write_text(json.dumps(rec) + "\n" + json.dumps(stale_row) + "\n")
     store.retire_checkpoint(str(tmp_path), [r], "k1")
     assert [json.loads(x) for x in (tmp_path / store.CHECKPOINT).read_text().splitlines()] == [stale_row]
-    store.retire_checkpoint(str(tmp_path), [r, store._from_record(stale_row)], "k1")
+    store.retire_checkpoint(str(tmp_path), [r, store.from_record(stale_row)], "k1")
     assert not (tmp_path / store.CHECKPOINT).exists()
     # A report's rows are keyed by its source_key (the single-file layout's too).
-    (tmp_path / "report.json").write_text(json.dumps({"source_key": "k1", "rows": [store._record(r)]}))
+    (tmp_path / "report.json").write_text(json.dumps({"source_key": "k1", "rows": [store.to_record(r)]}))
     assert list(store.resumable_rows(str(tmp_path), [job], "k1")[0]) == [job]
     assert store.resumable_rows(str(tmp_path), [job], "k2")[0] == {}
     # The current committed report predates source keys: nothing of it is resumed.
-    (tmp_path / "report.json").write_text(json.dumps({"rows": [store._record(r)]}))
+    (tmp_path / "report.json").write_text(json.dumps({"rows": [store.to_record(r)]}))
     assert store.resumable_rows(str(tmp_path), [job], "k1")[0] == {}
 
 
@@ -541,7 +543,7 @@ def test_the_single_file_layout_is_read_and_rewritten(tmp_path):
     old.update(rows=rows, source_key="k1")
     (tmp_path / "report.json").write_text(json.dumps(old, separators=(",", ":")))
     assert store.read_record(str(tmp_path))["rows"] == rows
-    job = store._from_record(rows[0]).job
+    job = store.from_record(rows[0]).job
     assert list(store.resumable_rows(str(tmp_path), [job], "k1")[0]) == [job]
     res = _run("--render", str(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -571,7 +573,7 @@ def test_the_targets_rows_compile_first():
     jobs = jb.jobs_for(
         ["fwd", "dq"], [64, 320], ["fp32", "fp16"], [80, 90], ["full", "none"], [True, False], quick=False
     )
-    pri = [jb._priority(j) for j in jobs]
+    pri = [jb.priority(j) for j in jobs]
     assert pri == sorted(pri) and pri[0] == 0 and pri[-1] == 4
     first = jobs[0]
     assert (first.arch, first.tma, first.causal, first.default, first.dtype) == (90, True, False, True, "fp16")
@@ -586,7 +588,7 @@ def test_the_shared_memory_table_is_what_the_committed_report_measured():
     from attnkit.kernels import devices
     from tools.static_report import compile, store
 
-    rows = [store._from_record(r) for r in store.read_record(os.path.join(ROOT, store.REPORT_DIR))["rows"]]
+    rows = [store.from_record(r) for r in store.read_record(os.path.join(ROOT, store.REPORT_DIR))["rows"]]
     assert devices.NEEDS == compile.shared_memory_needs(rows)
 
 

@@ -142,7 +142,7 @@ def test_budgets_are_5_percent_above_the_worst_gated_row(copy, tmp_path):
     # The command: the rows of a report folder, the budgets written into the table.
     report = tmp_path / "report"
     report.mkdir()
-    store.write_layout(str(report), {"triton": "x", "source_key": "k", "rows": [store._record(r) for r in rows]})
+    store.write_layout(str(report), {"triton": "x", "source_key": "k", "rows": [store.to_record(r) for r in rows]})
     before = [e for e in tiles.read_entries(str(copy)) if e[:4] == entry[:4] and str(e[4]) == "M128-N128-w8-s2"]
     assert before and before[0][4].loads == entry[4].loads
     res = _tiles("--file", str(copy), "--budgets", "--report", str(report))

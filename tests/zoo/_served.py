@@ -411,7 +411,7 @@ def _count_calls_per_module(proc, modules=()) -> dict[int, int]:
     A call signature the dispatch route has served once runs again without the chooser:
     the backend its ``resolved()`` gave is kept and called directly. Those calls are
     counted too, for the one of ``modules`` running them (forward hooks say which)."""
-    from attnkit._text import Caller
+    from attnkit.text import Caller
 
     counts: dict[int, int] = {}
     real = proc.chooser.attention

@@ -170,10 +170,11 @@ def read_measurements(gpus: dict[str, GPU], results: Path = RESULTS) -> list[Mea
     return out
 
 
-def withdrawn(measurements: list[Measurement]) -> list[tuple[Measurement, str]]:
-    """The measurements :data:`WITHDRAWN` names, with why; each entry must name one."""
+def withdrawn(measurements: list[Measurement], table: dict | None = None) -> list[tuple[Measurement, str]]:
+    """The measurements ``table`` (:data:`WITHDRAWN` by default) names, with why; each
+    entry must name one."""
     out = []
-    for (path, case), why in WITHDRAWN.items():
+    for (path, case), why in (WITHDRAWN if table is None else table).items():
         hits = [m for m in measurements if f"{m.gpu}/{m.path}" == path and m.case == case]
         if not hits:
             raise RecordError(f"WITHDRAWN names {path} case {case!r}, which no record holds: remove the entry")
@@ -181,9 +182,10 @@ def withdrawn(measurements: list[Measurement]) -> list[tuple[Measurement, str]]:
     return out
 
 
-def current(measurements: list[Measurement]) -> list[Measurement]:
-    """Per GPU, case and autotuning setting, the newest run's measurement."""
-    gone = {m for m, _ in withdrawn(measurements)}
+def current(measurements: list[Measurement], table: dict | None = None) -> list[Measurement]:
+    """Per GPU, case and autotuning setting, the newest run's measurement (those
+    ``table`` withdraws left out)."""
+    gone = {m for m, _ in withdrawn(measurements, table)}
     newest: dict[tuple, Measurement] = {}
     for m in measurements:
         if m in gone:
@@ -194,9 +196,9 @@ def current(measurements: list[Measurement]) -> list[Measurement]:
     return sorted(newest.values(), key=lambda m: (m.gpu, m.path, m.row))
 
 
-def make_rules(measurements: list[Measurement]) -> list[Rule]:
+def make_rules(measurements: list[Measurement], table: dict | None = None) -> list[Rule]:
     classes: dict[tuple, list[Measurement]] = {}
-    for m in current(measurements):
+    for m in current(measurements, table):
         classes.setdefault(m.cls, []).append(m)
     rules = []
     for (gpu, mask, dtype, d, causal, grad), ms in classes.items():
@@ -241,10 +243,10 @@ HEADER = f"""\
 """
 
 
-def render(gpus: dict[str, GPU], measurements: list[Measurement]) -> str:
-    rules = make_rules(measurements)
+def render(gpus: dict[str, GPU], measurements: list[Measurement], table: dict | None = None) -> str:
+    rules = make_rules(measurements, table)
     lines = [HEADER.rstrip("\n")]
-    gone = withdrawn(measurements)
+    gone = withdrawn(measurements, table)
     if gone:
         lines += ["#", "# Not used (tools/records/generate.py: WITHDRAWN):"]
         for m, why in gone:
@@ -273,10 +275,11 @@ def render(gpus: dict[str, GPU], measurements: list[Measurement]) -> str:
     return "\n".join(lines)
 
 
-def generate(results: Path = RESULTS) -> str:
-    """The text of attnkit/choose/gpu_rules.py for the records under ``results``."""
+def generate(results: Path = RESULTS, withdrawn_table: dict | None = None) -> str:
+    """The text of attnkit/choose/gpu_rules.py for the records under ``results``, without
+    the measurements ``withdrawn_table`` names (:data:`WITHDRAWN` by default)."""
     gpus = read_gpus(results)
-    return render(gpus, read_measurements(gpus, results))
+    return render(gpus, read_measurements(gpus, results), withdrawn_table)
 
 
 def main(argv: list[str] | None = None) -> int:

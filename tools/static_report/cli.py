@@ -24,13 +24,13 @@ from .reference import compile_reference
 from .store import (
     CHECKPOINT,
     REPORT_DIR,
-    _record,
     render,
     resumable_reference,
     resumable_rows,
     retire_checkpoint,
     rows_by_code,
     source_state,
+    to_record,
     write_report,
 )
 from .warpspec import check_warp_specialization
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
         os.makedirs(out_dir, exist_ok=True)
         checkpoint = open(os.path.join(out_dir, CHECKPOINT), "a")
         for r in by_code.values():  # kept under this key now: a killed run keeps them too
-            checkpoint.write(json.dumps(dict(_record(r), key=key), separators=(",", ":")) + "\n")
+            checkpoint.write(json.dumps(dict(to_record(r), key=key), separators=(",", ":")) + "\n")
         checkpoint.flush()
 
     print(
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
         for i, r in enumerate(rows, 1):
             results.append(r)  # before it is shown: a row on screen is a row in the report
             if checkpoint:
-                checkpoint.write(json.dumps(dict(_record(r), key=key), separators=(",", ":")) + "\n")
+                checkpoint.write(json.dumps(dict(to_record(r), key=key), separators=(",", ":")) + "\n")
                 checkpoint.flush()
             print(_row(r), flush=True)
             if i % 50 == 0 and i < len(todo):

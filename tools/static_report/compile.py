@@ -2,7 +2,7 @@
 read (Job, analyse, Result, and the figures they gate on).
 
 What a row is compiled from, its code key and compile_job are in build.py. The functions
-and classes named in key._ROW_FUNCTIONS are found by name in this package and hashed into
+and classes named in key.ROW_FUNCTIONS are found by name in this package and hashed into
 the source key (key.source_key): a change of their code makes every row stale; a comment
 or a docstring does not.
 """

@@ -130,7 +130,7 @@ def jobs_for(
     return order_jobs(jobs)
 
 
-def _priority(j: Job) -> int:
+def priority(j: Job) -> int:
     """Rows the targets read first, so an interrupted run still evaluates them: sm_90
     16-bit TMA defaults of the target variants, then the full-bias candidates, then the
     sm_80 defaults compared with the baseline, then everything else (fp32 and head dims
@@ -160,7 +160,7 @@ def _priority(j: Job) -> int:
 
 def order_jobs(jobs: list[Job]) -> list[Job]:
     """jobs, the targets' rows first (stable within a priority)."""
-    return sorted(jobs, key=_priority)
+    return sorted(jobs, key=priority)
 
 
 def row_order(results: list) -> list:
@@ -172,7 +172,7 @@ def row_order(results: list) -> list:
     def key(r):
         j = r.job
         return (
-            _priority(j),
+            priority(j),
             KERNELS.index(j.kernel) if j.kernel in KERNELS else len(KERNELS),
             j.head_dim,
             DTYPES.index(j.dtype) if j.dtype in DTYPES else len(DTYPES),

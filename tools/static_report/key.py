@@ -9,7 +9,7 @@
   convention (flash/abi.py, hashed whole), of the sparse rows' build and analysis
   (tools/static_report/sparse.py, hashed whole), of the head-dim split
   (limits.py), of the SASS analysis (sass.py, key.ANALYSIS) or of the functions that
-  build, compile and read a row (_ROW_FUNCTIONS, found by name in any module of
+  build, compile and read a row (ROW_FUNCTIONS, found by name in any module of
   tools/static_report, so they may move between its modules) changes it.
 * build.code_key(): a hash of what one row's figures are a function of: the Triton IR of
   its kernel (Triton's front end, a few hundredths of a second a row), its target,
@@ -44,7 +44,7 @@ _ROW_MODULES = (
     "attnkit/kernels/flash/sparse_kernels.py",
     "tools/static_report/sparse.py",
 )
-_ROW_FUNCTIONS = (
+ROW_FUNCTIONS = (
     "compile_job",
     "source_of",
     "_flash_source",
@@ -109,12 +109,12 @@ def _named(tree: ast.Module, names) -> list[str]:
     for n in tree.body:
         if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names:
             out.append(ast.dump(n))
-        elif isinstance(n, (ast.Assign, ast.AnnAssign)) and _assigned(n) & set(names):
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)) and assigned_names(n) & set(names):
             out.append(ast.dump(n))
     return out
 
 
-def _assigned(node: ast.AST) -> set[str]:
+def assigned_names(node: ast.AST) -> set[str]:
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     return {x.id for t in targets for x in ast.walk(t) if isinstance(x, ast.Name)}  # a, b = ... too
 
@@ -149,12 +149,12 @@ def source_key(root: str = _ROOT) -> str:
             with open(os.path.join(here, name)) as f:
                 tree = _code(f.read())
             for n in tree.body:
-                if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in _ROW_FUNCTIONS:
+                if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in ROW_FUNCTIONS:
                     found[n.name] = ast.dump(n)
-    missing = set(_ROW_FUNCTIONS) - set(found)
+    missing = set(ROW_FUNCTIONS) - set(found)
     if missing:
         raise RuntimeError(f"source_key: {sorted(missing)} not found in tools/static_report")
-    for name in _ROW_FUNCTIONS:
+    for name in ROW_FUNCTIONS:
         h.update(found[name].encode())
     # The constants the analysis reads (ANALYSIS): what the code key holds, this key holds.
     h.update(analysis_definitions(here).encode())

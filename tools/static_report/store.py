@@ -49,7 +49,7 @@ def _git(*args: str) -> str:
         return "unknown"
 
 
-def _record(r: Result) -> dict:
+def to_record(r: Result) -> dict:
     out = asdict(r.job)
     out.update({k: v for k, v in asdict(r).items() if k != "job"})
     out["config"] = r.job.config_name
@@ -66,7 +66,7 @@ def _record(r: Result) -> dict:
     return out
 
 
-def _from_record(rec: dict) -> Result:
+def from_record(rec: dict) -> Result:
     """A row of the report back as a Result (the loop's mix and digest are not kept)."""
     job_fields = {f.name for f in fields(Job)}
     job = Job(
@@ -171,7 +171,7 @@ def read_record(out_dir: str, stem: str = "report", rows: bool = True) -> dict:
         if len(recs) != count:
             raise ValueError(f"{path}: {len(recs)} rows, {stem}.json says {count}")
         found += recs
-    results = [_from_record(r) for r in found]
+    results = [from_record(r) for r in found]
     position = {id(r): i for i, r in enumerate(results)}
     record["rows"] = [found[position[id(r)]] for r in row_order(results)]
     return record
@@ -227,8 +227,8 @@ def write_report(
             **meta,
             "targets": verdicts,
             "warp_specialization": warp_spec or [],
-            "reference": [_record(r) for r in reference],
-            "rows": [_record(r) for r in results],
+            "reference": [to_record(r) for r in reference],
+            "rows": [to_record(r) for r in results],
         },
     )
     md = targets.markdown(meta, results, reference, verdicts, warp_spec or [])
@@ -252,8 +252,8 @@ def render(out_dir: str) -> tuple[str, str]:
             f"{out_dir}/report.json was compiled with triton {record.get('triton')}, this is "
             f"{triton.__version__}: rerun python -m tools.static_report instead"
         )
-    results = [_from_record(r) for r in record["rows"]]
-    reference = [_from_record(r) for r in record.get("reference", [])]
+    results = [from_record(r) for r in record["rows"]]
+    reference = [from_record(r) for r in record.get("reference", [])]
     record["targets"] = targets.evaluate(results)
     path = write_layout(out_dir, {k: v for k, v in record.items() if k != "row_files"})
     md = targets.markdown(record, results, reference, record["targets"], record.get("warp_specialization", []))
@@ -281,7 +281,7 @@ def _read_rows(path: str, key: str | None) -> dict:
     else:
         record = read_record(os.path.dirname(path), os.path.basename(path)[: -len(".json")])
         rows = [dict(r, key=r.get("key", record.get("source_key"))) for r in record.get("rows", [])]
-    return {compile_spec(_from_record(r).job): r for r in rows if key is None or r.get("key") == key}
+    return {compile_spec(from_record(r).job): r for r in rows if key is None or r.get("key") == key}
 
 
 def resumable_rows(out_dir: str, jobs: list[Job], key: str) -> tuple[dict, str]:
@@ -294,7 +294,7 @@ def resumable_rows(out_dir: str, jobs: list[Job], key: str) -> tuple[dict, str]:
     for j in jobs:
         rec = found.get(compile_spec(j))
         if rec is not None:
-            r = _from_record(rec)
+            r = from_record(rec)
             r.job = j
             kept[j] = r
     return kept, f"{len(found)} rows compiled from source key {key} in {out_dir}"
@@ -311,7 +311,7 @@ def rows_by_code(out_dir: str, jobs: list[Job]) -> dict:
     for j in jobs:
         rec = found.get(compile_spec(j))
         if rec is not None and rec.get("code") and not rec.get("error"):
-            r = _from_record(rec)
+            r = from_record(rec)
             r.job = j
             out[j] = r
     return out
@@ -341,4 +341,4 @@ def resumable_reference(out_dir: str) -> list[Result]:
     record = read_record(out_dir, rows=False)
     if record.get("triton") != triton.__version__:
         return []
-    return [_from_record(r) for r in record.get("reference", [])]
+    return [from_record(r) for r in record.get("reference", [])]

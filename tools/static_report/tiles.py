@@ -430,7 +430,7 @@ def main(argv=None) -> int:
                 f"note: {args.report} was not compiled from this code (source key {record.get('source_key')}, "
                 f"this checkout's {store.source_key()}): its figures may be stale"
             )
-        entries, notes = budgets(entries, [store._from_record(r) for r in record["rows"]])
+        entries, notes = budgets(entries, [store.from_record(r) for r in record["rows"]])
         print("\n".join(notes) or "budgets: no change")
     out = render(canonical(entries))
     if out == text:
