@@ -242,15 +242,22 @@ def report(data: dict[str, Any] | None = None) -> str:
         lines.append(f"  {name:<13} {version if version is not None else missing}")
     hooks_ = data.get("diffusers_hooks", [])
     if hooks_:
-        installed = [h["name"] for h in hooks_ if h["installed"]]
+        at_import = [h for h in hooks_ if not h.get("on_demand")]
+        installed = [h["name"] for h in at_import if h["installed"]]
         lines += [
             "",
-            f"changes to diffusers (attnkit/diffusers/hooks.py): {len(installed)} of {len(hooks_)} installed"
+            f"changes to diffusers (attnkit/diffusers/hooks.py): {len(installed)} of {len(at_import)} installed"
             + (f": {', '.join(installed)}" if installed else ""),
         ]
-        for h in hooks_:
+        for h in at_import:
             if not h["installed"]:
                 lines.append(f"  {h['name']}: not installed ({h['problem'] or 'hooks.uninstall()'})")
+        for h in hooks_:
+            if h.get("on_demand"):
+                state = (
+                    "installed" if h["installed"] else f"not installed ({h['problem']})" if h["problem"] else "not used"
+                )
+                lines.append(f"  on demand: {h['name']}: {state}")
     lines += ["", "devices:"]
     for dev in data["devices"]:
         extra = ""

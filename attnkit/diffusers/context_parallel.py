@@ -22,14 +22,13 @@ accelerator and NCCL).
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 
 from ..masks import expand_kv_heads, to_additive_bias
 from ..parallel.api import context_parallel_attention
+from . import hooks, hooks_base
 
 WHO = "a context-parallel shard"
 
@@ -114,50 +113,23 @@ def enable_parallelism(model, config, *, cp_plan: Optional[dict] = None) -> None
       0 without an accelerator: ZeroDivisionError. During this call only,
       ``torch.accelerator.device_count()`` reads 1 there (the one device, the CPU); it is
       restored before this returns.
-    - Its "anything" split (``ring_anything=True`` / ``ulysses_anything=True``) gathers the
-      model's output, unequal shards, with ``dist.all_gather``, which NCCL serves and gloo
-      refuses. On a group served by gloo the gather pads to the longest shard and trims:
-      the same tensor. Installed in diffusers' context-parallel hooks module the first
-      time; every other group still goes to diffusers' own gather.
-    - Its split hook logs through ``logger.warning_once``, a method transformers adds to
-      ``logging.Logger`` when imported (every pipeline with a text encoder imports it);
-      without transformers, that one logger gets it.
+    - Its "anything" split gathers unequal shards with ``dist.all_gather``, which gloo
+      refuses, and its split hook logs through ``logger.warning_once``, which only
+      transformers adds: both filled in by the hook ``hooks.GLOO``
+      (attnkit/diffusers/hooks_parallel.py), installed here the first time and taken out
+      by ``hooks.uninstall()``.
 
-    Raises RuntimeError naming the diffusers version if the private functions this
-    relies on are not there.
+    Raises RuntimeError naming the diffusers version if the hook cannot be installed
+    (what diffusers lacks).
     """
-    hooks = _diffusers_hooks()
-    _install_gloo_gather(hooks)
-    if not hasattr(hooks.logger, "warning_once"):
-        hooks.logger.warning_once = functools.lru_cache(None)(hooks.logger.warning)
+    if not hooks.GLOO.install():
+        raise RuntimeError(
+            f"attnkit's enable_parallelism cannot run on diffusers {hooks_base.diffusers_version()}: "
+            f"{hooks.GLOO.problem} (written against diffusers 0.42.1); on GPUs with NCCL call "
+            "model.enable_parallelism(config=...) directly"
+        )
     with _one_device_without_accelerator():
         model.enable_parallelism(config=config, cp_plan=cp_plan)
-
-
-def _diffusers_hooks():
-    try:
-        import diffusers
-        from diffusers.hooks import context_parallel as hooks
-        from diffusers.models import _modeling_parallel
-    except Exception as exc:
-        raise RuntimeError(
-            f"diffusers' context parallelism could not be imported: {type(exc).__name__}: {exc}"
-        ) from exc
-    missing = [
-        name
-        for mod, name in (
-            (hooks, "_all_gather_anything"),
-            (hooks, "logger"),
-            (_modeling_parallel, "gather_size_by_comm"),
-        )
-        if not hasattr(mod, name)
-    ]
-    if missing:
-        raise RuntimeError(
-            f"diffusers {diffusers.__version__} has no {', '.join(missing)} (attnkit's enable_parallelism was written "
-            "against diffusers 0.42.1); on GPUs with NCCL call model.enable_parallelism(config=...) directly"
-        )
-    return hooks
 
 
 @contextlib.contextmanager
@@ -171,33 +143,6 @@ def _one_device_without_accelerator():
         yield
     finally:
         torch.accelerator.device_count = original
-
-
-def _served_by_gloo(tensor: torch.Tensor, group) -> bool:
-    backend = str(dist.get_backend(group))
-    return backend == "gloo" or (tensor.device.type == "cpu" and "cpu:gloo" in backend)
-
-
-def _install_gloo_gather(hooks) -> None:
-    original = hooks._all_gather_anything
-    if getattr(original, "_attnkit_wraps", None) is not None:
-        return
-    from diffusers.models._modeling_parallel import gather_size_by_comm
-
-    @functools.wraps(original)
-    def all_gather_anything(tensor: torch.Tensor, dim: int, group) -> torch.Tensor:
-        if not _served_by_gloo(tensor, group):
-            return original(tensor, dim, group)
-        tensor = tensor.contiguous()
-        sizes = gather_size_by_comm(tensor.shape[dim], group)
-        pad = [0, 0] * (tensor.dim() - 1 - dim) + [0, max(sizes) - tensor.shape[dim]]
-        padded = torch.nn.functional.pad(tensor, pad)
-        parts = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(parts, padded, group=group)
-        return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)
-
-    setattr(all_gather_anything, "_attnkit_wraps", original)
-    hooks._all_gather_anything = all_gather_anything
 
 
 __all__ = ["context_parallel", "enable_parallelism", "local_attention_for"]

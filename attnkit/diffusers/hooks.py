@@ -11,11 +11,15 @@ The hooks (:data:`HOOKS`; the table in docs/models.md, "What attnkit changes in
 diffusers"): attnkit's backend names in diffusers' enum and registry; ``set_processor``
 of diffusers' attention modules; ``set_attn_processor``, ``set_default_attn_processor``
 and ``set_attention_backend`` of its models; and its registry's ``set_active_backend``,
-with ``ModelMixin.__call__`` while an attnkit name is the process-wide backend.
+with ``ModelMixin.__call__`` while an attnkit name is the process-wide backend. One more
+is installed on demand (:data:`ON_DEMAND`), by the attnkit function that needs it, not by
+``import attnkit``: context parallelism over gloo (``hooks_parallel``), by
+``attnkit.diffusers.enable_parallelism``.
 
 Each hook is written in one of the modules this one gathers: ``hooks_base`` (the Hook
 class, and what every hook shares), ``hooks_methods`` (the hooks on diffusers' methods)
-and ``hooks_registry`` (the backend names). Like this module, they import nothing of
+``hooks_registry`` (the backend names) and ``hooks_parallel`` (context parallelism over
+gloo). Like this module, they import nothing of
 attnkit but each other: what changes diffusers sits below what it calls.
 
 What a served model holds (its processors, the methods ``attnkit.apply`` sets on its
@@ -45,6 +49,7 @@ from .hooks_methods import (
     SET_PROCESSOR,
     watching,
 )
+from .hooks_parallel import GLOO
 from .hooks_registry import _STAYED, NAMES, add_backend, attnkit_names, check_registry, in_use, remove_backend
 
 logger = logging.getLogger("attnkit")
@@ -64,6 +69,8 @@ def set_global(namespace: dict, name: str, value: Any, owner: Any = None) -> Non
 
 # -- the table ---------------------------------------------------------------------------------------
 HOOKS: tuple[Hook, ...] = (NAMES, SET_PROCESSOR, SET_ATTN_PROCESSOR, SET_DEFAULT, SET_ATTENTION_BACKEND, ACTIVE_BACKEND)
+# installed by what needs them (each says which), not by install(); uninstall() takes them out too
+ON_DEMAND: tuple[Hook, ...] = (GLOO,)
 
 
 def install() -> list[Hook]:
@@ -89,19 +96,24 @@ def uninstall() -> list[tuple[str, str]]:
     processors (``undo()`` takes them out). Returns the names that stayed, with why.
     :func:`install` puts everything back."""
     with _LOCK:
-        for hook in reversed(HOOKS):
+        for hook in reversed(HOOKS + ON_DEMAND):
             hook.uninstall()
         return list(_STAYED)
 
 
 def status() -> list[dict[str, Any]]:
-    """Each hook: name, where, installed, problem (``attnkit info`` prints it)."""
-    return [{"name": h.name, "where": h.where, "installed": h.installed, "problem": h.problem} for h in HOOKS]
+    """Each hook: name, where, installed, problem, on_demand (``attnkit info`` prints it)."""
+    return [
+        {"name": h.name, "where": h.where, "installed": h.installed, "problem": h.problem, "on_demand": h in ON_DEMAND}
+        for h in HOOKS + ON_DEMAND
+    ]
 
 
 __all__ = [
+    "GLOO",
     "HOOKS",
     "Hook",
+    "ON_DEMAND",
     "PREFIX",
     "add_backend",
     "attnkit_names",

@@ -202,7 +202,7 @@ def test_a_hook_diffusers_does_not_allow_is_named_and_left_out():
     status = {s["name"]: s for s in result["status"]}
     assert not status["set_attn_processor"]["installed"]
     assert "AttentionMixin.set_attn_processor is missing" in status["set_attn_processor"]["problem"]
-    assert all(s["installed"] for name, s in status.items() if name != "set_attn_processor")
+    assert all(s["installed"] for name, s in status.items() if name != "set_attn_processor" and not s["on_demand"])
     warnings = result["warnings"]
     assert len(warnings) == 1, warnings
     import diffusers
@@ -212,7 +212,35 @@ def test_a_hook_diffusers_does_not_allow_is_named_and_left_out():
 
 
 def test_status_on_this_diffusers():
-    assert all(s["installed"] and s["problem"] is None for s in hooks.status()), hooks.status()
+    at_import = [s for s in hooks.status() if not s["on_demand"]]
+    assert len(at_import) == len(hooks.HOOKS)
+    assert all(s["installed"] and s["problem"] is None for s in at_import), hooks.status()
+    assert [s["name"] for s in hooks.status() if s["on_demand"]] == [h.name for h in hooks.ON_DEMAND]
+
+
+def test_the_gloo_hook_is_installed_on_demand_and_uninstall_takes_it_out(reinstall):
+    """attnkit.diffusers.enable_parallelism's changes to diffusers' context parallelism are
+    a hook like the others: not made by import attnkit, made by the call that needs them,
+    named by status(), and undone by uninstall() (diffusers' own function back, the
+    logger without the method attnkit gave it)."""
+    from diffusers.hooks import context_parallel as cp
+
+    if hooks.GLOO.installed:  # an earlier test ran enable_parallelism in this process
+        hooks.GLOO.uninstall()
+    original = cp._all_gather_anything
+    had_warning_once = "warning_once" in vars(cp.logger)
+    assert not getattr(original, hooks_base.WRAPPED, False)
+    hooks.install()
+    assert cp._all_gather_anything is original, "install() made an on-demand change"
+    assert hooks.GLOO.install() and hooks.GLOO.install()  # idempotent
+    wrapped = cp._all_gather_anything
+    assert wrapped is not original and getattr(wrapped, hooks_base.WRAPPED) and wrapped.__wrapped__ is original
+    assert callable(cp.logger.warning_once)
+    assert {s["name"]: s["installed"] for s in hooks.status()}[hooks.GLOO.name]
+    hooks.uninstall()
+    assert cp._all_gather_anything is original
+    assert ("warning_once" in vars(cp.logger)) == had_warning_once
+    assert not hooks.GLOO.installed
 
 
 # -- in this process: uninstall() with models served, and install() again ----------------------

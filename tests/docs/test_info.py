@@ -60,7 +60,7 @@ def test_report_on_this_machine():
 
 def test_report_names_the_changes_to_diffusers():
     data = info.collect()
-    assert [h["name"] for h in data["diffusers_hooks"]] == [h.name for h in hooks.HOOKS]
+    assert [h["name"] for h in data["diffusers_hooks"]] == [h.name for h in hooks.HOOKS + hooks.ON_DEMAND]
     assert "changes to diffusers (attnkit/diffusers/hooks.py): 6 of 6 installed" in info.report(data)
     missing = dict(
         data,
@@ -75,6 +75,7 @@ def test_report_names_the_changes_to_diffusers():
     )
     text = info.report(missing)
     assert "5 of 6 installed" in text
+    assert "  on demand: context parallel over gloo: " in text
     assert "  set_attn_processor: not installed (AttentionMixin.set_attn_processor is missing)" in text
 
 
