@@ -119,7 +119,8 @@ def keep_to_bias(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(keep, *ends)
 
 
-# (dtype, device) -> (0, -inf) as 0-dim tensors, for keep_to_bias
+# (dtype, device) -> (0, -inf) as 0-dim tensors, for keep_to_bias: bounded by the dtypes and
+# devices a process uses; never stale (constants).
 _ENDS: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
 

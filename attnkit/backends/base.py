@@ -78,6 +78,8 @@ class DeviceInfo:
         return device_info(device.type, device.index)
 
 
+# (device type, index) -> what it is: bounded by the devices of the machine; never stale (a
+# device's capability and name do not change)
 _DEVICE_CACHE: dict[tuple[str, int | None], DeviceInfo] = {}
 
 

@@ -256,6 +256,7 @@ def _pinned(kernel: str | None) -> SDPABackend:
     return backend
 
 
+# one backend per SDPA kernel name (bounded by them; never stale)
 _PINNED: dict[str | None, SDPABackend] = {}
 
 

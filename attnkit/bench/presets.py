@@ -138,6 +138,7 @@ class TransformerPreset:
         return asdict(self)
 
 
+# name -> preset, filled once at import (below); never changed after
 PRESETS: dict[str, Preset | TransformerPreset] = {}
 
 

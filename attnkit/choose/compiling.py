@@ -70,6 +70,7 @@ class CompileOwner:
         self._take_compile_token()
 
 
+# token -> its live owner, for compile_owner (weak: an entry leaves with its owner)
 _TOKENS = itertools.count(1)
 _OWNERS: "weakref.WeakValueDictionary[str, CompileOwner]" = weakref.WeakValueDictionary()
 

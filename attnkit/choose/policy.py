@@ -201,6 +201,8 @@ def order_for(call: AttentionCall) -> tuple[str, tuple[str, ...]]:
 
 
 # -- installed packages and backend instances -------------------------------------------
+# the optional packages' versions, read once (installed_packages(refresh=True) reads again), and
+# one backend instance per CANDIDATES label (bounded by it; an import error is kept as its answer)
 _PACKAGES_SNAPSHOT: dict[str, str | None] | None = None
 _DEFAULT_BACKENDS: dict[str, Backend | Exception] = {}
 LOCK = threading.RLock()

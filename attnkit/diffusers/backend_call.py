@@ -113,7 +113,8 @@ def _gone():
     return None
 
 
-# registered name -> its holder, for _make_chooser (a trace-time constant takes a string)
+# registered name -> its holder, for _make_chooser (a trace-time constant takes a string):
+# one per registered attnkit name (a chooser's own name leaves with it, backend.registered_names)
 HOLDERS: dict[str, _ChooserHolder] = {}
 
 

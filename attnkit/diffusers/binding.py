@@ -182,7 +182,9 @@ def routing_basis(stock: Any, module: nn.Module, replacing: bool, say: bool = Tr
     return standard, None, f"{name} (not diffusers' or attnkit's) replaced by the module's {type(standard).__name__}: "
 
 
-_REPLACED: set = set()  # foreign processor classes attnkit has said it replaced
+# foreign processor classes attnkit has said it replaced (said once per class and process;
+# bounded by the classes a process defines)
+_REPLACED: set = set()
 # module -> the diffusers processor a foreign one replaced on it (see standard_of)
 _ORIGIN: "weakref.WeakKeyDictionary[nn.Module, Any]" = weakref.WeakKeyDictionary()
 
@@ -232,6 +234,8 @@ def _generic(stock: Any, module: nn.Module) -> tuple[bool, str | None]:
 _GENERIC = (ap.AttnProcessor, ap.AttnProcessor2_0)
 
 
+# (module class, processor class, what differs) said once per process by _say_what_differs:
+# bounded by the classes a process defines
 _SAID: set = set()
 
 

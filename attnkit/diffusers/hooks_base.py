@@ -55,6 +55,7 @@ HANDLER_NAMES = (
     "register names",
     "forget name",
 )
+# HANDLER_NAMES -> what attnkit's side connected (one each)
 _HANDLERS: dict[str, Callable] = {}
 
 

@@ -91,6 +91,7 @@ class Settings:
 
 
 _ENV = ("ATTNKIT_TRITON_AUTOTUNE", "ATTNKIT_TILE_RECORDS")
+# the settings override() holds now (one entry per Settings field at most)
 _overrides: dict = {}
 _snapshot: tuple = (None, None, None)  # (overrides' version, environment values, Settings)
 _version = 0
@@ -430,6 +431,7 @@ def _capturing() -> bool:
 # by id with the object itself, PLAN_LIMIT at most.
 _CHECKED: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
 _CHECKED_BY_ID: dict = {}
+# the Triton versions whose direct launch was found wrong, said once each: bounded by them
 _WARNED: set = set()
 
 

@@ -34,13 +34,14 @@ def band(padded: int) -> int:
     return devices.band(padded)
 
 
-@functools.lru_cache(maxsize=None)
+# Remembered per head dim: at most 1,024 (the kernels take 8 to 512); never stale.
+@functools.lru_cache(maxsize=1024)
 def pieces(head_dim: int) -> tuple[int, int]:
     """limits.split_head_dim, remembered (the launchers ask on every new signature)."""
     return limits.split_head_dim(head_dim)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)
 def padded(head_dim: int) -> int:
     """limits.padded_head_dim, remembered."""
     return limits.padded_head_dim(head_dim)
@@ -65,7 +66,8 @@ def arch_of(device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _cuda_target(index: int) -> str:
-    """devices.target of CUDA device `index` (a capability does not change)."""
+    """devices.target of CUDA device `index` (a capability does not change; one entry a
+    device)."""
     return devices.target(torch.cuda.get_device_capability(index))
 
 
@@ -98,6 +100,7 @@ def configs_for(
 
 @functools.lru_cache(maxsize=None)
 def _cuda_record(index: int) -> str:
+    """The record folder of CUDA device `index` (one entry a device; a name does not change)."""
     return devices.record_folder(torch.cuda.get_device_name(index))
 
 
