@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass
-class Plan:
+class Request:
     """What the command line asks for, checked and resolved against the device."""
 
     args: argparse.Namespace
@@ -199,7 +199,7 @@ def parse_tables(spec: str, allowed: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(tables))
 
 
-def make_plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
+def make_request(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Request:
     """The preset with the command line's overrides; bad arguments exit 2 with the reason."""
     import torch
 
@@ -229,7 +229,7 @@ def make_plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
                 )
             preset = preset.with_overrides(**common)
             compile_ = device.type == "cuda" if args.compile == "auto" else args.compile == "on"
-            return Plan(args, device, preset, tables, resolve_settings(args.attention), compile_, False)
+            return Request(args, device, preset, tables, resolve_settings(args.attention), compile_, False)
         if args.attention is not None:
             raise ValueError(f"--attention is table 5's option; preset {preset.name} runs tables 1-4 (--processors)")
         sweep_dtypes = tuple(s.strip() for s in args.sweep_dtypes.split(",")) if args.sweep_dtypes else None
@@ -250,21 +250,21 @@ def make_plan(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
         compile_, compile_t1 = preset.compile and device.type == "cuda", False
     else:
         compile_ = compile_t1 = args.compile == "on"
-    return Plan(args, device, preset, tables, names, compile_, compile_t1)
+    return Request(args, device, preset, tables, names, compile_, compile_t1)
 
 
-def build(plan: Plan):
+def build(request: Request):
     """The model under test, and what results.json says about it."""
     start = time.perf_counter()
-    if plan.preset.kind == "transformer":
-        model = build_transformer(plan.preset, plan.device, seed=plan.args.seed)
+    if request.preset.kind == "transformer":
+        model = build_transformer(request.preset, request.device, seed=request.args.seed)
         net = model.transformer
         info = {"source": model.source, "family": model.family}
     else:
-        if plan.args.model:
-            model = load_model(plan.args.model, plan.device, plan.preset.dtype)
+        if request.args.model:
+            model = load_model(request.args.model, request.device, request.preset.dtype)
         else:
-            model = build_model(plan.preset, plan.device, plan.preset.dtype, seed=plan.args.seed)
+            model = build_model(request.preset, request.device, request.preset.dtype, seed=request.args.seed)
         net = model.unet
         info = {"source": model.source, "family": model.family}
 
@@ -276,23 +276,23 @@ def build(plan: Plan):
     return model, info
 
 
-def run(plan: Plan, model, model_info: dict, env: dict, deadline) -> dict:
-    """Every table of the plan, in order, within the budget: the results dict."""
+def run(request: Request, model, model_info: dict, env: dict, deadline) -> dict:
+    """Every table asked for, in order, within the budget: the results dict."""
 
-    args = plan.args
+    args = request.args
     notes: list[str] = []
-    if plan.device.type == "cuda":
+    if request.device.type == "cuda":
         notes.append("TF32 matmuls on (torch.backends.cuda.matmul.allow_tf32), as in the PyTorch 2.0 post")
-    device_name = env["device_name"] if plan.device.type == "cuda" else "cpu"
+    device_name = env["device_name"] if request.device.type == "cuda" else "cpu"
     cap = int(args.mem_cap * (1 << 30)) if args.mem_cap else int((available_memory_bytes() or 8 << 30) * 0.75)
     ctx = Context(
         model=model,
-        preset=plan.preset,
-        processors=plan.names,
-        device=plan.device,
+        preset=request.preset,
+        processors=request.names,
+        device=request.device,
         device_name=device_name,
-        compile=plan.compile,
-        compile_table1=plan.compile_table1,
+        compile=request.compile,
+        compile_table1=request.compile_table1,
         progress=not args.no_progress,
         seed=args.seed,
         compile_mode=args.compile_mode,
@@ -305,16 +305,16 @@ def run(plan: Plan, model, model_info: dict, env: dict, deadline) -> dict:
     results: dict = {
         "schema": report.SCHEMA,
         "environment": env,
-        "preset": plan.preset.to_dict(),
+        "preset": request.preset.to_dict(),
         "model": model_info,
-        "processors": plan.names,
-        "compile": {"tables_2_3": plan.compile, "table_1": plan.compile_table1, "backend": args.compile_backend},
-        "budget_seconds": plan.preset.budget,
+        "processors": request.names,
+        "compile": {"tables_2_3": request.compile, "table_1": request.compile_table1, "backend": args.compile_backend},
+        "budget_seconds": request.preset.budget,
         "notes": notes,
         "elapsed_seconds": 0.0,
     }
     results["tables"], results["table_seconds"] = run_tables(
-        ctx, plan.tables, deadline, lambda text: print(f"{PROG}: {text}", file=sys.stderr)
+        ctx, request.tables, deadline, lambda text: print(f"{PROG}: {text}", file=sys.stderr)
     )
     env["load_average_end"] = load_average()
     return results
@@ -333,10 +333,10 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     quiet_diffusers()
-    plan = make_plan(ap, args)  # parse -> preset
+    request = make_request(ap, args)  # parse -> preset
     if args.threads:
         torch.set_num_threads(args.threads)
-    if plan.device.type == "cuda":  # as the PyTorch 2.0 post: fast fp32 matmuls (TF32) where the GPU has them
+    if request.device.type == "cuda":  # as the PyTorch 2.0 post: fast fp32 matmuls (TF32) where the GPU has them
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     missing = missing_extras()
@@ -344,19 +344,19 @@ def main(argv: list[str] | None = None) -> int:
         what = " and ".join({"matplotlib": "plots", "tqdm": "progress bars"}[m] for m in missing)
         print(f"{PROG}: no {what}: {' and '.join(missing)} not installed ({EXTRA_HINT} installs them)", file=sys.stderr)
     start = time.perf_counter()
-    deadline = Deadline(plan.preset.budget)
-    env = environment(plan.device, argv)
+    deadline = Deadline(request.preset.budget)
+    env = environment(request.device, argv)
     print(
-        f"{PROG}: {env['device_name']} | preset {plan.preset.name} | {', '.join(plan.names)} | "
-        f"tables {','.join(plan.tables)} | compile {'on' if plan.compile else 'off'}"
-        f"{' (table 1 too)' if plan.compile_table1 else ''}"
-        + (f" | budget {plan.preset.budget:.0f} s" if plan.preset.budget else ""),
+        f"{PROG}: {env['device_name']} | preset {request.preset.name} | {', '.join(request.names)} | "
+        f"tables {','.join(request.tables)} | compile {'on' if request.compile else 'off'}"
+        f"{' (table 1 too)' if request.compile_table1 else ''}"
+        + (f" | budget {request.preset.budget:.0f} s" if request.preset.budget else ""),
         file=sys.stderr,
     )
 
-    model, model_info = build(plan)  # -> model
+    model, model_info = build(request)  # -> model
     print(f"{PROG}: model ready in {model_info['build_seconds']:.1f} s ({model.source})", file=sys.stderr)
-    results = run(plan, model, model_info, env, deadline)  # -> run
+    results = run(request, model, model_info, env, deadline)  # -> run
     results["elapsed_seconds"] = time.perf_counter() - start
 
     print(report.render_markdown(results))  # -> report

@@ -87,15 +87,6 @@ def ring_bytes(shape: Shape, ring: int, causal: bool = False, heads: int | None 
     return block * hops
 
 
-def ring_backward_bytes(shape: Shape, ring: int, causal: bool = False) -> float:
-    """Mean bytes a rank sends in the backward: the blocks again, and their dK/dV
-    accumulators (float32) the same number of hops."""
-    if ring <= 1:
-        return 0.0
-    acc = ring_bytes(Shape(shape.batch, shape.heads, shape.q_len, shape.kv_len, shape.head_dim, 4), ring, causal)
-    return ring_bytes(shape, ring, causal) + acc
-
-
 def ulysses_bytes(shape: Shape, ulysses: int, seq_fraction: float = 1.0) -> float:
     """Bytes a rank sends in the forward of Ulysses over ``ulysses`` ranks: its shard of
     q, k, v to the others (all but its own heads slice) and its heads' outputs back:

@@ -217,6 +217,6 @@ def test_the_raw_forward_op_converts_a_16_bit_bias_when_a_backward_will_follow(s
     converts the bias, whoever called it."""
     q, k, v = _qkv(torch.float16)
     bias = torch.randn(2, 2, 33, 48, dtype=torch.float16, device=DEVICE)
-    out, lse, shift, lo = torch.ops.attnkit.flash_attention_forward(q, k, v, bias, 0.125, False, True, False, 0)
+    out, lse, shift, lo = torch.ops.attnkit.flash_attention_forward(q, k, v, bias, 0.125, False, True, None)
     assert lo.shape == q.shape and not out.isnan().any()
     assert_close_to_reference(out, q, k, v, bias, scale=0.125)

@@ -15,6 +15,8 @@ TUNE_KEY         what an autotuner's choice depends on
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..launcher import INTERPRETED
@@ -63,11 +65,12 @@ def align(*strides: int) -> int:
     return a
 
 
-def causal_args(causal: bool, offset: int, M: int, N: int) -> tuple[bool, int]:
-    """(CAUSAL, OFF) for the kernels. Offsets beyond [-M, N - 1] mean the same as their
-    bound (every row blind, or every key visible), so they are clamped into 32 bits;
-    an offset that hides nothing is no mask at all."""
-    if not causal:
+def causal_args(offset: Optional[int], M: int, N: int) -> tuple[bool, int]:
+    """(CAUSAL, OFF) for the kernels of a call whose causality is ``offset`` (None: not
+    causal). Offsets beyond [-M, N - 1] mean the same as their bound (every row blind,
+    or every key visible), so they are clamped into 32 bits; an offset that hides
+    nothing is no mask at all."""
+    if offset is None:
         return False, 0
     offset = max(-M, min(int(offset), N - 1))
     if offset >= N - 1:

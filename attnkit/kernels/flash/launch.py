@@ -241,28 +241,26 @@ def forward(
     scale: float,
     allow_tf32: bool,
     store_lo: bool = False,
-    causal: bool = False,
-    causal_offset: int = 0,
+    causal_offset: Optional[int] = None,
     placeholders: bool = True,
 ):
     """Launch the forward. Returns (out like q, lse, lse_shift, out_lo): lse (B, H, M) is
     the base-2 log of each row's sum relative to lse_shift, (B, H, M) in natural units
     with a bias and empty without one (see _attn_fwd; None instead of empty if not
     placeholders): the natural LSE is lse_shift + lse * ln(2). out_lo, only if store_lo
-    and the dtype is 16-bit (else None), is what rounding out lost, with out's strides."""
-    found = forward_plan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+    and the dtype is 16-bit (else None), is what rounding out lost, with out's strides.
+    causal_offset: None where the call is not causal, else its offset (ops.check_causal)."""
+    found = forward_plan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset)
     return found(q, k, v, attn_bias, placeholders)
 
 
-def forward_plan(q, k, v, attn_bias, scale, allow_tf32, store_lo=False, causal=False, causal_offset=0):
+def forward_plan(q, k, v, attn_bias, scale, allow_tf32, store_lo=False, causal_offset=None):
     """The forward's launch plan of this call signature (built on its first call: the
     shared-memory check runs then), called as plan(q, k, v, attn_bias, placeholders)."""
-    key = plan_key("fwd", (q, k, v, attn_bias), scale, allow_tf32, store_lo, causal, causal_offset)
+    key = plan_key("fwd", (q, k, v, attn_bias), scale, allow_tf32, store_lo, causal_offset)
     found = launcher.cached_plan(key)
     if found is None:
-        found = launcher.plan(
-            key, lambda: ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
-        )
+        found = launcher.plan(key, lambda: ForwardPlan(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset))
     return found
 
 
@@ -280,8 +278,8 @@ def _with_bias(tensors: dict, attn_bias: Optional[torch.Tensor], shift, plan) ->
 class ForwardPlan:
     """Everything of a forward call but its tensors (see launcher.plan)."""
 
-    def __init__(self, q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
-        check_shared_memory(q, attn_bias, causal, store_lo)
+    def __init__(self, q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset):
+        check_shared_memory(q, attn_bias, causal_offset is not None, store_lo)
         self.s = settings()  # those of plan_key: the plan's calls allocate under them
         B, H, M, D = q.shape
         N = k.shape[2]
@@ -305,7 +303,7 @@ class ForwardPlan:
         compact, sb, sl, bias_constexprs, variant = bias_layout(attn_bias, (B, H, M, N))
         self.bias_compact = compact
         self.lengths = lengths_launch(attn_bias, N) if variant == "keypad" else None
-        causal, off = causal_args(causal, causal_offset, M, N)
+        causal, off = causal_args(causal_offset, M, N)
         kernel = "fwd_lo" if store_lo else "fwd"
         arch = arch_of(q.device)
         ready = ready_for_tma(arch, q.dtype, (k, v), (kernel,), D, variant, causal)
@@ -406,8 +404,7 @@ def backward(
     dlse=None,
     bias_grad: bool = False,
     out_lo=None,
-    causal: bool = False,
-    causal_offset: int = 0,
+    causal_offset: Optional[int] = None,
 ):
     """Launch the three backward kernels. Returns (dq, dk, dv, dbias): dq, dk, dv like
     their inputs; dbias shaped and typed like attn_bias if bias_grad, else None.
@@ -440,7 +437,6 @@ def backward(
             allow_tf32,
             dlse,
             out_lo=out_lo,
-            causal=causal,
             causal_offset=causal_offset,
         )
         if dlse is None:
@@ -454,16 +450,13 @@ def backward(
         bias_grad,
         scale,
         allow_tf32,
-        causal,
         causal_offset,
     )
     found = launcher.cached_plan(key)
     if found is None:
         found = launcher.plan(
             key,
-            lambda: BackwardPlan(
-                do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad, causal, causal_offset
-            ),
+            lambda: BackwardPlan(do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad, causal_offset),
         )
     return found(do, q, k, v, attn_bias, out, lse, shift, dlse, out_lo)
 
@@ -471,12 +464,12 @@ def backward(
 class BackwardPlan:
     """Everything of a backward call but its tensors (see launcher.plan)."""
 
-    def __init__(self, do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad, causal, causal_offset):
+    def __init__(self, do, q, k, v, attn_bias, out, out_lo, scale, allow_tf32, bias_grad, causal_offset):
         self.s = settings()  # those of plan_key: the plan's calls allocate under them
         B, H, M, D = q.shape
         N = k.shape[2]
         self.n, self.bias_grad = N, bias_grad
-        causal, off = causal_args(causal, causal_offset, M, N)
+        causal, off = causal_args(causal_offset, M, N)
         # Which kernel writes the bias gradient: dQ the whole dS (B, H, M, N), or dK/dV dS
         # summed over the queries (B, H, N).
         self.per_query = per_query = bias_grad and attn_bias.dim() >= 2 and attn_bias.shape[-2] != 1

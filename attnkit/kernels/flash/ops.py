@@ -36,29 +36,28 @@ def forward_op(
     scale: float,
     allow_tf32: bool,
     store_lo: bool,
-    causal: bool,
-    causal_offset: int,
+    causal_offset: Optional[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, lse_shift, out_lo): the natural LSE is lse_shift + lse * ln(2) (see
     launch.forward); lse_shift is empty without a bias, out_lo an empty placeholder
     unless store_lo (16-bit only). The row statistics are differentiable only through
     that sum, the one way this module combines them."""
-    return _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+    return _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset)
 
 
-def _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
+def _forward_body(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset):
     # Here rather than in the Python wrappers: torch.compile traces those, and runs this.
     if attn_bias is not None and attn_bias.dtype != torch.float32 and _bias_form(q, k, attn_bias, store_lo).to_float32:
         # A 16-bit bias that prepare kept on its layout while traced (no address then),
         # whose real tensor is not aligned for reading it as it is; or the op called
         # for a forward that a backward will follow (store_lo), which reads float32.
         attn_bias = float32_bias(attn_bias)
-    out, lse, shift, out_lo = launch.forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+    out, lse, shift, out_lo = launch.forward(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset)
     return out, lse, shift, (q.new_empty(0) if out_lo is None else out_lo)
 
 
 @forward_op.register_fake
-def _(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
+def _(q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset):
     B, H, M, _ = q.shape
     out_lo = torch.empty_like(q) if store_lo and q.dtype != torch.float32 else q.new_empty(0)
     shift = q.new_empty((B, H, M) if attn_bias is not None else (0,), dtype=torch.float32)
@@ -80,18 +79,17 @@ def backward_op(
     scale: float,
     allow_tf32: bool,
     bias_grad: bool,
-    causal: bool,
-    causal_offset: int,
+    causal_offset: Optional[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dbias); dbias is an empty placeholder unless bias_grad. out_lo: the
     forward's placeholder or residual."""
     return _backward_body(
-        do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal, causal_offset
+        do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal_offset
     )
 
 
 def _backward_body(
-    do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal, causal_offset
+    do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal_offset
 ):
     dq, dk, dv, dbias = launch.backward(
         do,
@@ -107,14 +105,13 @@ def _backward_body(
         dlse,
         bias_grad,
         out_lo if out_lo.numel() else None,
-        causal,
         causal_offset,
     )
     return dq, dk, dv, (q.new_empty(0) if dbias is None else dbias)
 
 
 @backward_op.register_fake
-def _(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal, causal_offset):
+def _(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf32, bias_grad, causal_offset):
     dbias = (
         torch.empty(attn_bias.shape, dtype=attn_bias.dtype, device=attn_bias.device)
         if bias_grad and attn_bias is not None
@@ -124,12 +121,11 @@ def _(do, q, k, v, attn_bias, out, lse, lse_shift, out_lo, dlse, scale, allow_tf
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset = inputs
+    q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset = inputs
     out, lse, shift, out_lo = output
     ctx.save_for_backward(q, k, v, attn_bias, out, lse, shift, out_lo)
     ctx.scale = scale
     ctx.allow_tf32 = allow_tf32
-    ctx.causal = causal
     ctx.causal_offset = causal_offset
 
 
@@ -156,10 +152,9 @@ def _backward(ctx, dout, dlse, _dshift, _dout_lo, run=None):
         ctx.scale,
         ctx.allow_tf32,
         bias_grad,
-        ctx.causal,
         ctx.causal_offset,
     )
-    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None
+    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -178,8 +173,8 @@ def _eager_flash() -> type:
 
     class _EagerFlash(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset):
-            inputs = (q, k, v, attn_bias, scale, allow_tf32, store_lo, causal, causal_offset)
+        def forward(ctx, q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset):
+            inputs = (q, k, v, attn_bias, scale, allow_tf32, store_lo, causal_offset)
             output = _forward_body(*inputs)
             _setup_context(ctx, inputs, output)
             ctx.set_materialize_grads(False)
@@ -261,19 +256,18 @@ def eager_call(q, k, v, attn_bias) -> bool:
     )
 
 
-def _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset) -> tuple:
+def _attention(q, k, v, attn_bias, scale, allow_tf32, causal_offset) -> tuple:
     """(out, lse, lse_shift, has_bias) of a public call: the checks, the bias's
     conversion and the forward. An eager call (eager_call) goes through its CallPlan:
     inference runs the forward's body, training (a gradient to record: store_lo) runs
     _eager_flash(), the same body and backward in a plain autograd.Function whose
     backward skips the backward op's dispatch too (a diffusion model's denoising loop is
     the first case, fine-tuning at small shapes the second). Any other call runs the
-    ops."""
-    causal, causal_offset = check_causal(causal, causal_offset)
+    ops. causal_offset: check_causal's form (None: not causal)."""
     allow_tf32 = bool(allow_tf32)
     if eager_call(q, k, v, attn_bias):
         needs_grad = _needs_grad(q, k, v, attn_bias)
-        key = launcher.plan_key("call", (q, k, v, attn_bias), scale, allow_tf32, causal, causal_offset, needs_grad)
+        key = launcher.plan_key("call", (q, k, v, attn_bias), scale, allow_tf32, causal_offset, needs_grad)
         cp = launcher.cached_plan(key)
         if cp is None:
             cp = launcher.plan(key, lambda: CallPlan(q, k, v, attn_bias, scale, needs_grad))
@@ -281,16 +275,14 @@ def _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset) -> 
         if not needs_grad:
             fp = cp.inference
             if fp is None:
-                fp = cp.inference = launch.forward_plan(
-                    q, k, v, bias, cp.scale, allow_tf32, False, causal, causal_offset
-                )
+                fp = cp.inference = launch.forward_plan(q, k, v, bias, cp.scale, allow_tf32, False, causal_offset)
             out, lse, shift, _ = fp(q, k, v, bias, False)
         else:
-            out, lse, shift, _ = _eager_flash().apply(q, k, v, bias, cp.scale, allow_tf32, True, causal, causal_offset)
+            out, lse, shift, _ = _eager_flash().apply(q, k, v, bias, cp.scale, allow_tf32, True, causal_offset)
         return out, lse, shift, bias is not None
     bias, scale = prepare(q, k, v, attn_bias, scale)
     needs_grad = _needs_grad(q, k, v, attn_bias)
-    out, lse, shift, _ = forward_op(q, k, v, bias, scale, allow_tf32, needs_grad, causal, causal_offset)
+    out, lse, shift, _ = forward_op(q, k, v, bias, scale, allow_tf32, needs_grad, causal_offset)
     return out, lse, shift, bias is not None
 
 
@@ -394,9 +386,13 @@ def _needs_grad(q, k, v, attn_bias) -> bool:
     )
 
 
-def check_causal(causal, causal_offset) -> tuple[bool, int]:
+def check_causal(causal, causal_offset) -> Optional[int]:
+    """The public pair (causal, causal_offset) as the one form below the public functions:
+    None where the call is not causal, else the offset (query row i sees key j only if
+    j <= i + offset). ValueError for a non-bool causal, a non-int offset, or an offset
+    without causal=True (it would be ignored)."""
     if causal is False and type(causal_offset) is int and causal_offset == 0:
-        return False, 0  # the common call, in one test
+        return None  # the common call, in one test
     if not isinstance(causal, bool):
         raise ValueError(f"causal={causal!r} must be a bool")
     if isinstance(causal_offset, bool) or not isinstance(causal_offset, (int, torch.SymInt)):
@@ -405,7 +401,7 @@ def check_causal(causal, causal_offset) -> tuple[bool, int]:
         raise ValueError(
             f"causal_offset={causal_offset} without causal=True would be ignored: pass causal=True or drop the offset"
         )
-    return causal, int(causal_offset)
+    return int(causal_offset) if causal else None
 
 
 def flash_attention_with_lse(
@@ -426,7 +422,7 @@ def flash_attention_with_lse(
     results over disjoint key sets combine exactly through it (ring / context-parallel
     attention). Arguments as in flash_attention.
     """
-    out, lse, shift, has_bias = _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset)
+    out, lse, shift, has_bias = _attention(q, k, v, attn_bias, scale, allow_tf32, check_causal(causal, causal_offset))
     lse = lse * LN2
     return out, (lse + shift if has_bias else lse)
 
@@ -459,4 +455,4 @@ def flash_attention(
     skipped, not computed. Returns q's dtype and layout. A query row that sees no key
     (all masked, or a negative offset) outputs zeros.
     """
-    return _attention(q, k, v, attn_bias, scale, allow_tf32, causal, causal_offset)[0]
+    return _attention(q, k, v, attn_bias, scale, allow_tf32, check_causal(causal, causal_offset))[0]

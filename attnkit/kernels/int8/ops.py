@@ -102,7 +102,7 @@ def int8_attention(
     pv_accumulate: str = "fp32",
 ) -> torch.Tensor:
     """softmax(q8 k8^T (dequantised) + attn_bias) v: see the module docstring."""
-    causal, causal_offset = fo.check_causal(causal, causal_offset)
+    causal_offset = fo.check_causal(causal, causal_offset)
     if k_block not in K_BLOCKS:
         raise ValueError(f"k_block={k_block!r}: keys per K scale, one of {', '.join(map(str, K_BLOCKS))}")
     if pv_accumulate not in ("fp32", "fp16"):
@@ -120,9 +120,9 @@ def int8_attention(
             attn_bias = fo.float32_bias(attn_bias)
         if q.numel() == 0:
             return torch.empty_like(q)
-        return _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset, k_block, pv16)(q, k, v, attn_bias, scale)
+        return _launch_plan(q, k, v, attn_bias, scale, causal_offset, k_block, pv16)(q, k, v, attn_bias, scale)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, attn_bias))
-    key = plan_key("int8 call", (q, k, v, attn_bias), scale, causal, causal_offset, needs_grad, k_block, pv16)
+    key = plan_key("int8 call", (q, k, v, attn_bias), scale, causal_offset, needs_grad, k_block, pv16)
     call = launcher.cached_plan(key)
     if call is None:
         call = launcher.plan(key, lambda: Int8Call(q, k, v, attn_bias, scale))
@@ -131,7 +131,7 @@ def int8_attention(
         return torch.empty_like(q)
     found = call.launch
     if found is None:
-        found = call.launch = _launch_plan(q, k, v, bias, call.scale, causal, causal_offset, k_block, pv16)
+        found = call.launch = _launch_plan(q, k, v, bias, call.scale, causal_offset, k_block, pv16)
     return found(q, k, v, bias, call.scale)
 
 
@@ -151,11 +151,11 @@ class Int8Call:
         self.launch = None
 
 
-def _launch_plan(q, k, v, attn_bias, scale, causal, causal_offset, k_block, pv16=False) -> "Int8Plan":
-    key = plan_key("int8", (q, k, v, attn_bias), scale, causal, causal_offset, k_block, pv16)
+def _launch_plan(q, k, v, attn_bias, scale, causal_offset: Optional[int], k_block, pv16=False) -> "Int8Plan":
+    key = plan_key("int8", (q, k, v, attn_bias), scale, causal_offset, k_block, pv16)
     found = launcher.cached_plan(key)
     if found is None:
-        found = launcher.plan(key, lambda: Int8Plan(q, k, v, attn_bias, causal, causal_offset, k_block, pv16))
+        found = launcher.plan(key, lambda: Int8Plan(q, k, v, attn_bias, causal_offset, k_block, pv16))
     return found
 
 
@@ -164,7 +164,7 @@ class Int8Plan:
     (as the exact kernel's launch plans: the same table, Launch and run, so later calls
     launch the compiled kernel directly)."""
 
-    def __init__(self, q, k, v, attn_bias, causal, causal_offset, k_block, pv16=False):
+    def __init__(self, q, k, v, attn_bias, causal_offset: Optional[int], k_block, pv16=False):
         self.s = s = settings()
         self.k_block = k_block  # those of plan_key: the plan's calls allocate under them
         B, H, M, D = q.shape
@@ -178,7 +178,7 @@ class Int8Plan:
         compact, sb, sl, bias_constexprs, variant = fl.bias_layout(attn_bias, (B, H, M, N))
         self.bias_compact = compact
         self.lengths = fl.lengths_launch(attn_bias, N) if variant == "keypad" else None
-        causal, off = causal_args(causal, causal_offset, M, N)
+        causal, off = causal_args(causal_offset, M, N)
         d0, d1 = select.pieces(D)
         self.dq0, self.dq1 = qk_pieces(D)
         alignment = align(*v.stride()[:3], *o.stride()[:3])
