@@ -779,7 +779,7 @@ def test_a_tuned_kernel_runs_the_tuners_choice_directly_once_it_has_chosen():
     def call(dtype=torch.float16, m=100, causal=False, head_dim=64, bias_dtype=None):
         q = torch.randn(2, 3, m, head_dim, dtype=dtype)
         bias = None if bias_dtype is None else torch.zeros(2, 3, m, m, dtype=bias_dtype)
-        plans.forward(q, q, q, bias, 0.125, False, causal=causal)
+        plans.forward(q, q, q, bias, 0.125, False, causal_offset=0 if causal else None)
 
     with settings:
         call()
