@@ -5,7 +5,8 @@ not by the tools, the benchmarks or the tests. What a test needs of a module is 
 launcher.recording, a plan's describe()), so a refactor inside a package breaks no
 caller outside it. And no test flips a module's switch: an attnkit module's
 UPPER_CASE attribute is never set by a test (the launcher's settings are changed with
-override(), and a table a test needs replaced is a setting).
+override(), and a table a test needs replaced is a setting; the one exception, _TABLES
+below, is data a GPU fills, not a switch).
 
 The same holds for the tools package (tools/: the static report, the record generators),
 whose tests are outside it.
