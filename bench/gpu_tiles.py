@@ -68,14 +68,14 @@ def _torch_dtype(name):
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
-def _fa():
+def select_module():
     """Which tile serves a flash kernel's launch (its tile lists: configs_for)."""
     return importlib.import_module("attnkit.kernels.flash.select")
 
 
 def list_lengths(lists: str, dt: str, D: int, variant: str, causal: bool, loads: str) -> dict:
     """{kernel: number of candidates} of the lists a call of this kind uses."""
-    fa = _fa()
+    fa = select_module()
     v = variant.removesuffix("_grad")
     return {
         k: len(fa.configs_for(k, D, _torch_dtype(dt), lists, v, causal, loads == "tma"))
@@ -243,7 +243,7 @@ def _worker(jobs, results):
 def sweep(outdir: str, seconds: float, workers: int, min_index: int = 0, **only) -> list[dict]:
     import torch
 
-    native = _fa().arch_of(torch.device("cuda"))
+    native = select_module().arch_of(torch.device("cuda"))
     jobs = plan(native, min_index=min_index, **only)
     ctx = mp.get_context("spawn")
     jq, rq = ctx.Queue(), ctx.Queue()
@@ -289,7 +289,7 @@ def sweep(outdir: str, seconds: float, workers: int, min_index: int = 0, **only)
 def shipped_tiles(native: str, dtypes=DTYPES, head_dims=HEAD_DIMS, variants=VARIANTS, lists_too=True) -> set:
     """Every (lists, kernel, loads, tile) the lists hold for the dtypes, head dims and
     variants the sweep runs."""
-    fa = _fa()
+    fa = select_module()
     out = set()
     for lists in [native] + (["sm80"] if native == "sm90" and lists_too else []):
         for dt in dtypes:
@@ -357,7 +357,7 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
             if time.time() > deadline:
                 rows.append({"case": name, "skipped": "time budget"})
                 continue
-            _time_case(rows, autotune, name, B, H, M, N, D, causal, kind, bwd)
+            time_case(rows, autotune, name, B, H, M, N, D, causal, kind, bwd)
     except KeyboardInterrupt:  # keep what was measured; the cases not reached are named
         rows += [{"case": c[0], "skipped": INTERRUPTED} for c in todo[len(rows) :]]
     if autotune:
@@ -368,15 +368,13 @@ def timing(outdir: str, seconds: float, autotune: bool, cases=None) -> list[dict
         # Tuners of one list whose candidates differ by head dim log under the list's name
         # (their keys hold the head dim).
         choices: dict = {}
-        for key, t in _fa()._TUNERS.items():
-            choices.setdefault("/".join(map(str, key[:7])), {}).update(
-                {str(k): str(c) for k, c in getattr(t, "attnkit_chosen", {}).items()}
-            )
+        for key, chosen in select_module().tuner_choices().items():
+            choices.setdefault("/".join(map(str, key[:7])), {}).update({str(k): str(c) for k, c in chosen.items()})
         rows.append({"case": "autotuner choices", "choices": choices})
     return rows
 
 
-def _time_case(rows, autotune, name, B, H, M, N, D, causal, kind, bwd):
+def time_case(rows, autotune, name, B, H, M, N, D, causal, kind, bwd):
     """One case of TIMING, its row appended to rows."""
     import torch
     import torch.nn.functional as F
@@ -454,7 +452,7 @@ def overhead(outdir: str) -> list[dict]:
         ("sdpa", "1", lambda: F.scaled_dot_product_attention(q, k, v)),
     ):
         os.environ["ATTNKIT_TRITON_AUTOTUNE"] = autotune
-        _fa().clear_plans()  # the switch is read when a call signature is first met
+        select_module().clear_plans()  # the switch is read when a call signature is first met
         with torch.no_grad():
             for _ in range(20):
                 fn()
@@ -615,7 +613,7 @@ def main(argv=None):
             "Triton's interpreter"
         )
     os.makedirs(args.outdir, exist_ok=True)
-    records, jobs, native = ([], [], _fa().arch_of(torch.device("cuda")))
+    records, jobs, native = ([], [], select_module().arch_of(torch.device("cuda")))
     if not args.skip_tiles:
         records, jobs, native = sweep(args.outdir, args.seconds, args.workers, args.min_index, **only)
     timings = []

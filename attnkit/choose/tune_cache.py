@@ -161,7 +161,7 @@ def lock(path: Path):
     return FileLock(_lock_path(path), timeout=LOCK_TIMEOUT_S)
 
 
-def _tmp_prefix(path: Path) -> str:
+def tmp_prefix(path: Path) -> str:
     return f"{path.name}.{os.getpid()}."
 
 
@@ -227,7 +227,7 @@ def update_cache(path: str | os.PathLike, entries: Mapping[str, dict], known: Ma
         current = document.setdefault("entries", {})
         current.update({k: v for k, v in entries.items() if valid_entry(v, known)})
         document["version"] = CACHE_VERSION
-        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(target), suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(document, fh, indent=1, sort_keys=True)

@@ -23,7 +23,7 @@ is imported: if diffusers changed them, :data:`PROBLEM` says how (naming the dif
 version) and every use raises it.
 
 What a registered name runs when diffusers calls it (the backend function, what it
-takes and refuses, and the plans of repeated calls) is :mod:`attnkit.diffusers.backend_call`.
+takes and refuses, and the served calls kept for repeated calls) is :mod:`attnkit.diffusers.backend_call`.
 """
 
 from __future__ import annotations

@@ -188,12 +188,12 @@ def attention(
         return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
     call_key = served_key(query, key, value, attn_mask, enable_gqa)
     served = _holder.served
-    plan = served.get(call_key)
-    if plan is not None:
+    found = served.get(call_key)
+    if found is not None:
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-        bias = None if attn_mask is None or plan.drops_mask else plan.bias_of(attn_mask, q.dtype)
+        bias = None if attn_mask is None or found.drops_mask else found.bias_of(attn_mask, q.dtype)
         try:
-            return plan.backend.forward(q, k, v, bias, scale, False).transpose(1, 2)
+            return found.backend.forward(q, k, v, bias, scale, False).transpose(1, 2)
         except Exception:  # noqa: BLE001  (the whole way now: auto()'s fall-back, or the error as it is)
             served.pop(call_key, None)
             return _attend(chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
@@ -215,10 +215,12 @@ def attention(
 
 
 def served_key(query, key, value, attn_mask: torch.Tensor | None, enable_gqa: bool) -> tuple:
-    """The key of a plain call's served call: the shapes, dtypes and devices of q, k, v
-    and the mask, whether the mask hides nothing (masks.hides_nothing: then it is served
-    as no mask), enable_gqa, whether a gradient is needed and torch's deterministic mode:
-    everything the first call's checks and decision read."""
+    """The key of a plain call's served call: the shapes of q, k, v, q's dtype and device
+    (a k or v of another dtype or device fails in the kept backend, which sends the call
+    the whole way, checks and all), the mask's shape, dtype, device and whether it hides
+    nothing (masks.hides_nothing: then it is served as no mask), enable_gqa, whether a
+    gradient is needed and torch's deterministic mode: everything the first call's checks
+    and decision read."""
     mask_key = None
     if attn_mask is not None:
         mask_key = (
@@ -265,7 +267,7 @@ class _ServedCall:
         self.last: tuple[weakref.ReferenceType[torch.Tensor], int, torch.Tensor] | None = None
 
     def bias_of(self, attn_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The bias the backend takes for ``attn_mask`` (a mask of this plan's key)."""
+        """The bias the backend takes for ``attn_mask`` (a mask of this served call's key)."""
         last = self.last  # one read: another thread may replace it meanwhile
         if last is not None and last[0]() is attn_mask and last[1] == attn_mask._version:
             return last[2]
@@ -295,12 +297,12 @@ def _attend(
     record=None,
 ):
     """The whole way: every check, the mask conversion, the chooser. With ``record``
-    ((plans, key)), a plain call's plan is kept there once it has been served."""
+    ((served, key)), a plain call's _ServedCall is kept there once it has been served."""
     if parallel_config is not None:
         return context_parallel(
             chooser, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, parallel_config
         )
-    # a key batch of 1 broadcast over the queries', or key heads repeated (GQA): never planned
+    # a key batch of 1 broadcast over the queries', or key heads repeated (GQA): never kept
     expanded = key.shape[:1] != query.shape[:1] or key.shape[2:3] != query.shape[2:3]
     key, value = check_qkv(query, key, value)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
@@ -321,18 +323,18 @@ def _attend(
     if return_lse:
         out, lse = out
         return out.transpose(1, 2), lse.transpose(1, 2)
-    resolved = getattr(chooser, "resolved", None)  # a chooser of the protocol alone is never planned
+    resolved = getattr(chooser, "resolved", None)  # a chooser of the protocol alone: never kept
     if record is not None and not expanded and resolved is not None:
         backend = resolved(signature(q, k, v, bias))
         if backend is not None:
-            plans, call_key = record
-            if len(plans) >= SERVED_MAX:
-                plans.clear()
+            kept, call_key = record
+            if len(kept) >= SERVED_MAX:
+                kept.clear()
             mask_shape = (
                 None if attn_mask is None or bias is None or bias.shape == attn_mask.shape else tuple(bias.shape)
             )
             keep_mask = attn_mask is not None and attn_mask.dtype == torch.bool
-            plans[call_key] = _ServedCall(backend, mask_shape, keep_mask, attn_mask is not None and bias is None)
+            kept[call_key] = _ServedCall(backend, mask_shape, keep_mask, attn_mask is not None and bias is None)
     return out.transpose(1, 2)
 
 

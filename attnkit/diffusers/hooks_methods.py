@@ -196,6 +196,8 @@ def _watching_call(self, *args, **kwargs):
     return nn.Module.__call__(self, *args, **kwargs)
 
 
+setattr(_watching_call, WRAPPED, True)
+setattr(_subclass_hook, WRAPPED, True)
 _CALL_SAVED: list = []  # ModelMixin.__call__'s own entry while _watching_call is in its place
 
 

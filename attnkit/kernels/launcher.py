@@ -431,7 +431,7 @@ def _capturing() -> bool:
 # by id with the object itself, PLAN_LIMIT at most.
 _CHECKED: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
 _CHECKED_BY_ID: dict = {}
-# the Triton versions whose direct launch was found wrong, said once each: bounded by them
+# the warnings said (kernel, Triton version, what failed): once each; bounded by the kernels
 _WARNED: set = set()
 
 

@@ -33,7 +33,8 @@ class _Call:
 
 # -- local checks ---------------------------------------------------------------------------
 
-# What the probe of each (local attention, dtype, device type, head dims) said: probed once.
+# What the probe of each (local attention, dtype, device type, head dims) said: probed once;
+# at most _PROBED_MAX entries (cleared when full); never stale (a callable's answer is fixed).
 _PROBED: dict = {}
 _PROBED_MAX = 256  # a caller that makes a new callable per call is probed every call
 

@@ -85,8 +85,8 @@ def test_a_sigint_keeps_the_cases_measured_and_the_autotuners_choices(gpu_tiles,
         def clear_plans():
             pass
 
-    monkeypatch.setattr(gpu_tiles, "_time_case", time_case)
-    monkeypatch.setattr(gpu_tiles, "_fa", lambda: Launch)
+    monkeypatch.setattr(gpu_tiles, "time_case", time_case)
+    monkeypatch.setattr(gpu_tiles, "select_module", lambda: Launch)
     monkeypatch.setenv("ATTNKIT_TRITON_AUTOTUNE", "0")
     monkeypatch.setenv("ATTNKIT_TILE_RECORDS", "1")
     rows = gpu_tiles.timing("out", 60, autotune=True, cases=["d128", "sd15 d40", "d64"])

@@ -429,7 +429,7 @@ import os, sys, time, tempfile
 from pathlib import Path
 from attnkit.choose import tune_cache
 path = Path(sys.argv[1])
-fd, tmp = tempfile.mkstemp(prefix=tune_cache._tmp_prefix(path), suffix=".tmp", dir=path.parent)
+fd, tmp = tempfile.mkstemp(prefix=tune_cache.tmp_prefix(path), suffix=".tmp", dir=path.parent)
 os.write(fd, b'{"version": 1, "entries": {"half": ')
 print(tmp, flush=True)
 time.sleep(60)

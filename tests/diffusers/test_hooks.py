@@ -75,7 +75,7 @@ _SCRIPT = textwrap.dedent(
     active0 = d._AttentionBackendRegistry._active_backend
     s0 = snapshot()
     import attnkit
-    from attnkit.diffusers import hooks, hooks_methods
+    from attnkit.diffusers import hooks
     from tests.zoo._zoo import BY_ID
     s1 = snapshot()
     changed = diff(s0, s1)
@@ -86,8 +86,7 @@ _SCRIPT = textwrap.dedent(
         obj = vars(sys.modules[mod]).get(cls_name)
         item = vars(obj).get(attr) if isinstance(obj, type) and attr else None
         fn = getattr(item, "__func__", item)
-        wrapped[key] = bool(getattr(fn, "_attnkit_wrapped", False) or fn is hooks_methods._watching_call
-                            or fn is hooks_methods._subclass_hook)
+        wrapped[key] = bool(getattr(fn, "_attnkit_wrapped", False))
     out["import"] = {"changed": changed, "wrapped": wrapped,
                      "names": sorted(set(s1["enum"]) - set(s0["enum"])),
                      "registry": sorted(set(s1["registry"]) - set(s0["registry"]))}

@@ -19,6 +19,7 @@ every setattr(alias or alias.m, "_y" or "SWITCH", ...)."""
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +69,29 @@ def _resolve(node: ast.ImportFrom, package: str) -> str:
 
 def _findings(path: Path) -> list[str]:
     module, package = _module_name(path)
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return _findings_in(ast.parse(path.read_text(encoding="utf-8")), path, module, package)
+
+
+def _scripts(tree: ast.AST) -> list[ast.Module]:
+    """The Python programs a file holds as strings (a test's subprocess script): each
+    string constant of several lines that names attnkit or tools and parses as Python."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "\n" in node.value:
+            if not any(f"{top}." in node.value or f"import {top}" in node.value for top in FIRST_PARTY):
+                continue
+            try:
+                script = ast.parse(textwrap.dedent(node.value))
+            except SyntaxError:
+                continue
+            for child in ast.walk(script):  # report the string's line
+                if hasattr(child, "lineno"):
+                    child.lineno = node.lineno
+            out.append(script)
+    return out
+
+
+def _findings_in(tree: ast.Module, path: Path, module: str, package: str) -> list[str]:
     for parent in ast.walk(tree):
         for child in ast.iter_child_nodes(parent):
             setattr(child, "parent", parent)
@@ -149,6 +172,8 @@ def _findings(path: Path) -> list[str]:
                 use(node.lineno, found[0], attr.value, "sets")
                 if module.startswith("tests") and attr.value.isupper() and attr.value not in _TABLES:
                     out.append(f"{path.relative_to(ROOT)}:{node.lineno}: flips the switch {found[0]}.{attr.value}")
+    for script in _scripts(tree) if module.startswith("tests") and path != Path(__file__) else ():
+        out += _findings_in(script, path, module, "tests")  # a script runs outside every package
     return sorted(set(out), key=out.index)
 
 
@@ -187,6 +212,7 @@ def test_the_check_sees_what_it_forbids():
         "    attnkit.diffusers.binding._ORIGIN.clear()\n"
         "    monkeypatch.setattr(gen, 'WITHDRAWN', {})\n"
         "    gen._summary\n"
+        'SCRIPT = """\nfrom attnkit.choose import tune_cache\ntune_cache._tmp_prefix(\'x\')\n"""\n'
     )
     path.write_text(sample, encoding="utf-8")
     try:
@@ -205,5 +231,6 @@ def test_the_check_sees_what_it_forbids():
             "reads attnkit.diffusers.binding._ORIGIN",
             "flips the switch tools.records.generate.WITHDRAWN",
             "reads tools.records.generate._summary",
+            "reads attnkit.choose.tune_cache._tmp_prefix",
         ]
     ), found

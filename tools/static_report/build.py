@@ -28,7 +28,7 @@ _PTR = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 _INTS = ("H", "M", "N", "OFF")
 
 
-def _flash():
+def flash_modules():
     """(kernels, abi): the Triton code of the flash-attention kernels and their calling
     convention (what every launch is compiled with and passed besides its tensors)."""
     from attnkit.kernels.flash import abi, kernels
@@ -101,7 +101,7 @@ def _flash_source(job: Job) -> Build:
 
     from attnkit.kernels.bias_form import BIAS_16BIT_ALIGN
 
-    fk, fl = _flash()
+    fk, fl = flash_modules()
     fn = fk.KERNELS[job.kernel]
     d0, d1 = limits.split_head_dim(job.head_dim)
     bm, bn, warps, stages, reload = job.config
@@ -171,7 +171,7 @@ def _int8_source(job: Job) -> Build:
     and a bias float32, V and the output 16-bit; pointer loads only."""
     from triton.compiler import ASTSource
 
-    fk, fl = _flash()
+    fk, fl = flash_modules()
     ik, iq = _int8()
     fn = ik._attn_fwd_int8
     d0, d1 = limits.split_head_dim(job.head_dim)

@@ -182,6 +182,15 @@ _TUNERS: dict[tuple, object] = {}
 _TUNERS_LOCK = threading.Lock()
 
 
+def tuner_choices() -> dict[tuple, dict]:
+    """What each autotuner chose so far: its key (target, kernel, width, band, variant,
+    causal, loads, candidates) -> {length bucket: the tile its later calls run}
+    (bench/gpu_tiles.py records them)."""
+    with _TUNERS_LOCK:
+        tuners = list(_TUNERS.items())
+    return {key: dict(getattr(t, "attnkit_chosen", {})) for key, t in tuners}
+
+
 def kernel_for(
     kernel: str,
     head_dim: int,
