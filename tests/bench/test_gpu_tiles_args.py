@@ -107,3 +107,28 @@ def test_the_autotuned_share_of_the_timing(gpu_tiles, capsys):
             gpu_tiles.parse_args(["out", "--autotune-share", bad])
         assert exc.value.code == 2
         assert f"--autotune-share {float(bad)}: must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_what_the_script_reads_of_attnkit_exists(gpu_tiles):
+    """The GPU-only parts of the script (host time, tile sweeps) run on no CPU test: every
+    name they read of attnkit's modules (through select_module() or an imported module)
+    exists, so a rename inside attnkit cannot leave them broken until a GPU is lent."""
+    import ast
+    import importlib
+
+    tree = ast.parse(SCRIPT.read_text(encoding="utf-8"))
+    read = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Call)):
+            continue
+        call = node.value
+        name = getattr(call.func, "id", getattr(call.func, "attr", ""))
+        if name == "select_module":
+            read.append(("attnkit.kernels.flash.select", node.attr))
+        elif name == "import_module" and call.args and isinstance(call.args[0], ast.Constant):
+            if str(call.args[0].value).startswith("attnkit"):
+                read.append((call.args[0].value, node.attr))
+    assert ("attnkit.kernels.launcher", "clear_plans") in read and len(read) >= 4, read
+    missing = [f"{m}.{a}" for m, a in read if not hasattr(importlib.import_module(m), a)]
+    assert not missing, missing
+    assert gpu_tiles.select_module() is importlib.import_module("attnkit.kernels.flash.select")
