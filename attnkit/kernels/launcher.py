@@ -431,7 +431,8 @@ def _capturing() -> bool:
 # by id with the object itself, PLAN_LIMIT at most.
 _CHECKED: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
 _CHECKED_BY_ID: dict = {}
-# the warnings said (kernel, Triton version, what failed): once each; bounded by the kernels
+# the launchers whose direct launch was found wrong, said once each (Triton's version and the
+# test stand-ins in effect): bounded by them
 _WARNED: set = set()
 
 
@@ -606,12 +607,14 @@ def _check_direct(launch: Launch, tensors: dict, values: list, stream: int, dire
     _set_checked(compiled, failure is None)
     if failure is not None:
         _through_triton(launch)
-        message = (
-            f"attnkit: the direct launch of the {launch.kernel} kernel does not reproduce Triton "
-            f"{triton.__version__}'s own launch ({failure}); it launches through Triton from now on "
-            "(a few microseconds more a call; results are Triton's)"
-        )
-        if message not in _WARNED:
-            _WARNED.add(message)
+        said = (triton.__version__, s.launch_through, s.direct_launch)  # one warning per launcher
+        if said not in _WARNED:
+            _WARNED.add(said)
+            message = (
+                f"attnkit: the direct launch of the {launch.kernel} kernel does not reproduce Triton "
+                f"{triton.__version__}'s own launch ({failure}); it launches through Triton from now on, "
+                "as does any other kernel found so, without a further warning (a few microseconds more a "
+                "call; results are Triton's)"
+            )
             warnings.warn(message, RuntimeWarning, stacklevel=3)
     return True
