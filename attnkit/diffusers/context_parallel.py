@@ -122,7 +122,7 @@ def enable_parallelism(model, config, *, cp_plan: Optional[dict] = None) -> None
     Raises RuntimeError naming the diffusers version if the hook cannot be installed
     (what diffusers lacks).
     """
-    if not hooks.GLOO.install():
+    if not hooks.install_on_demand(hooks.GLOO):
         raise RuntimeError(
             f"attnkit's enable_parallelism cannot run on diffusers {hooks_base.diffusers_version()}: "
             f"{hooks.GLOO.problem} (written against diffusers 0.42.1); on GPUs with NCCL call "

@@ -14,7 +14,7 @@ and ``set_attention_backend`` of its models; and its registry's ``set_active_bac
 with ``ModelMixin.__call__`` while an attnkit name is the process-wide backend. One more
 is installed on demand (:data:`ON_DEMAND`), by the attnkit function that needs it, not by
 ``import attnkit``: context parallelism over gloo (``hooks_parallel``), by
-``attnkit.diffusers.enable_parallelism``.
+``attnkit.diffusers.context_parallel.enable_parallelism``.
 
 Each hook is written in one of the modules this one gathers: ``hooks_base`` (the Hook
 class, and what every hook shares), ``hooks_methods`` (the hooks on diffusers' methods)
@@ -74,9 +74,11 @@ ON_DEMAND: tuple[Hook, ...] = (GLOO,)
 
 
 def install() -> list[Hook]:
-    """Install every hook that diffusers allows (idempotent); one warning names those it
-    does not, with why and what works without them. Returns the hooks not installed."""
+    """Install every hook that diffusers allows (idempotent), and the on-demand hooks
+    that were asked for (install_on_demand) before an uninstall(); one warning names the
+    hooks it could not install, with why and what works without them. Returns those."""
     missing = [hook for hook in HOOKS if not hook.install()]
+    missing += [hook for hook in ON_DEMAND if hook.wanted and not hook.install()]
     if missing and IMPORT_PROBLEM is None:
         logger.warning(
             "attnkit: diffusers %s: %d of attnkit's %d changes to diffusers could not be installed, and attnkit works "
@@ -88,6 +90,15 @@ def install() -> list[Hook]:
             TESTED,
         )
     return missing
+
+
+def install_on_demand(hook: Hook) -> bool:
+    """Install an on-demand hook (one of :data:`ON_DEMAND`) for the call that needs it;
+    from then on install() puts it back after an uninstall(). False: diffusers does not
+    allow it (``hook.problem`` says why)."""
+    with _LOCK:
+        hook.wanted = True
+        return hook.install()
 
 
 def uninstall() -> list[tuple[str, str]]:
@@ -121,6 +132,7 @@ __all__ = [
     "connect",
     "in_use",
     "install",
+    "install_on_demand",
     "remove_backend",
     "set_global",
     "status",

@@ -86,6 +86,7 @@ class Hook:
     _uninstall: Callable[[], None]
     installed: bool = False
     problem: str | None = None
+    wanted: bool = False  # an on-demand hook (hooks.ON_DEMAND) asked for: install() puts it back too
     _saved: list = field(default_factory=list)
 
     def check(self) -> str | None:

@@ -1,5 +1,5 @@
 """The hook on diffusers' context parallelism over gloo: installed on demand, by
-``attnkit.diffusers.enable_parallelism`` (not by ``import attnkit``), and taken out by
+``attnkit.diffusers.context_parallel.enable_parallelism`` (not by ``import attnkit``), and taken out by
 ``hooks.uninstall()`` like the others.
 
 diffusers (0.42.1) assumes NCCL in two places of ``diffusers.hooks.context_parallel``:
@@ -79,7 +79,7 @@ def _install() -> None:
 GLOO = Hook(
     "context parallel over gloo",
     "diffusers.hooks.context_parallel._all_gather_anything (and its logger's warning_once where missing)",
-    "attnkit.diffusers.enable_parallelism refuses: on GPUs with NCCL call model.enable_parallelism directly",
+    "attnkit.diffusers.context_parallel.enable_parallelism refuses: on GPUs with NCCL call model.enable_parallelism directly",
     _check,
     _install,
     lambda: _restore(_SAVED),

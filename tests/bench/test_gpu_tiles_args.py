@@ -111,24 +111,56 @@ def test_the_autotuned_share_of_the_timing(gpu_tiles, capsys):
 
 def test_what_the_script_reads_of_attnkit_exists(gpu_tiles):
     """The GPU-only parts of the script (host time, tile sweeps) run on no CPU test: every
-    name they read of attnkit's modules (through select_module() or an imported module)
-    exists, so a rename inside attnkit cannot leave them broken until a GPU is lent."""
+    name they read of attnkit's modules exists, so a rename inside attnkit cannot leave
+    them broken until a GPU is lent. Read from the source: `from attnkit... import name`,
+    and attributes of select_module() or importlib.import_module("attnkit..."), called
+    directly or through a variable bound to the call."""
     import ast
     import importlib
 
     tree = ast.parse(SCRIPT.read_text(encoding="utf-8"))
-    read = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Call)):
-            continue
-        call = node.value
+
+    def module_of(call: ast.AST) -> str | None:
+        if not isinstance(call, ast.Call):
+            return None
         name = getattr(call.func, "id", getattr(call.func, "attr", ""))
         if name == "select_module":
-            read.append(("attnkit.kernels.flash.select", node.attr))
-        elif name == "import_module" and call.args and isinstance(call.args[0], ast.Constant):
-            if str(call.args[0].value).startswith("attnkit"):
-                read.append((call.args[0].value, node.attr))
-    assert ("attnkit.kernels.launcher", "clear_plans") in read and len(read) >= 4, read
-    missing = [f"{m}.{a}" for m, a in read if not hasattr(importlib.import_module(m), a)]
+            return "attnkit.kernels.flash.select"
+        if name == "import_module" and call.args and isinstance(call.args[0], ast.Constant):
+            return str(call.args[0].value) if str(call.args[0].value).startswith("attnkit") else None
+        return None
+
+    bound = {}  # variable -> the attnkit module a call bound it to
+    read = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and module_of(node.value):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    bound[t.id] = module_of(node.value)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnkit"):
+            read += [(node.module, a.name) for a in node.names]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            target = module_of(node.value) or (isinstance(node.value, ast.Name) and bound.get(node.value.id))
+            if target:
+                read.append((target, node.attr))
+    names = {f"{m}.{a}" for m, a in read}
+    assert {
+        "attnkit.kernels.launcher.clear_plans",
+        "attnkit.kernels.flash.select.configs_for",
+        "attnkit.kernels.launcher.override",
+    } <= names, sorted(names)
+
+    def exists(module: str, attr: str) -> bool:
+        found = importlib.import_module(module)
+        if hasattr(found, attr):
+            return True
+        try:
+            importlib.import_module(f"{module}.{attr}")
+        except ImportError:
+            return False
+        return True
+
+    missing = sorted(f"{m}.{a}" for m, a in read if not exists(m, a))
     assert not missing, missing
     assert gpu_tiles.select_module() is importlib.import_module("attnkit.kernels.flash.select")

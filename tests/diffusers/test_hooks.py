@@ -218,20 +218,22 @@ def test_status_on_this_diffusers():
 
 
 def test_the_gloo_hook_is_installed_on_demand_and_uninstall_takes_it_out(reinstall):
-    """attnkit.diffusers.enable_parallelism's changes to diffusers' context parallelism are
+    """attnkit.diffusers.context_parallel.enable_parallelism's changes to diffusers' context parallelism are
     a hook like the others: not made by import attnkit, made by the call that needs them,
     named by status(), and undone by uninstall() (diffusers' own function back, the
     logger without the method attnkit gave it)."""
     from diffusers.hooks import context_parallel as cp
 
+    wanted = hooks.GLOO.wanted
     if hooks.GLOO.installed:  # an earlier test ran enable_parallelism in this process
         hooks.GLOO.uninstall()
+    hooks.GLOO.wanted = False
     original = cp._all_gather_anything
     had_warning_once = "warning_once" in vars(cp.logger)
     assert not getattr(original, hooks_base.WRAPPED, False)
     hooks.install()
     assert cp._all_gather_anything is original, "install() made an on-demand change"
-    assert hooks.GLOO.install() and hooks.GLOO.install()  # idempotent
+    assert hooks.install_on_demand(hooks.GLOO) and hooks.install_on_demand(hooks.GLOO)  # idempotent
     wrapped = cp._all_gather_anything
     assert wrapped is not original and getattr(wrapped, hooks_base.WRAPPED) and wrapped.__wrapped__ is original
     assert callable(cp.logger.warning_once)
@@ -240,6 +242,10 @@ def test_the_gloo_hook_is_installed_on_demand_and_uninstall_takes_it_out(reinsta
     assert cp._all_gather_anything is original
     assert ("warning_once" in vars(cp.logger)) == had_warning_once
     assert not hooks.GLOO.installed
+    hooks.install()  # puts back what was asked for: a model set up over gloo keeps working
+    assert cp._all_gather_anything is not original and getattr(cp._all_gather_anything, hooks_base.WRAPPED)
+    hooks.uninstall()
+    hooks.GLOO.wanted = wanted
 
 
 # -- in this process: uninstall() with models served, and install() again ----------------------
