@@ -29,25 +29,36 @@ _NO_TMA = (
 NOT_MET = {f"{PREFIX}sm90-d{d}-{dt}": _NO_TMA for d in LOOP_HEAD_DIMS for dt in ("fp16", "bf16")}
 
 
-def _exact(results, tma: bool) -> dict:
+def exact_defaults(results, tma=None) -> dict:
+    """(arch, head dim, dtype) -> the exact forward's default row without bias, not
+    causal, with TMA loads (tma=True), pointer loads (False), or the loads aligned inputs
+    run on its target (None: TMA on sm_90, pointers on sm_80)."""
     out = {}
     for r in results:
         j = r.job
-        if j.kernel == "fwd" and j.bias == "none" and j.default and not j.causal and j.tma == tma:
+        loads = (j.arch == 90) if tma is None else tma
+        if j.kernel == "fwd" and j.bias == "none" and j.default and not j.causal and j.tma == loads:
             out[(j.arch, j.head_dim, j.dtype)] = r
     return out
+
+
+def int8_defaults(results, arch: int) -> list:
+    """The int8 forward's default rows without bias, not causal, on target ``arch``."""
+    return [
+        r
+        for r in results
+        if r.job.kernel == "int8" and r.job.arch == arch and r.job.bias == "none" and not r.job.causal and r.job.default
+    ]
 
 
 def compare(results) -> list[dict]:
     """One verdict per target, head dim of LOOP_HEAD_DIMS and dtype whose int8 and exact
     rows this run has."""
-    tma, ptr = _exact(results, True), _exact(results, False)
+    tma, ptr = exact_defaults(results, True), exact_defaults(results, False)
     out = []
     for arch in (90, 80):
-        for r in results:
+        for r in int8_defaults(results, arch):
             j = r.job
-            if j.kernel != "int8" or j.arch != arch or j.bias != "none" or j.causal or not j.default:
-                continue
             if j.head_dim not in LOOP_HEAD_DIMS or not r.loop_length:
                 continue
             key = (arch, j.head_dim, j.dtype)

@@ -248,17 +248,11 @@ def compare_int8(results) -> list[dict]:
     dtype: met when it has no problems and issues integer MMAs; its instr/score beside
     the exact forward's default (kernel fwd, same target, head dim and dtype, no bias,
     not causal; TMA on sm_90, the loads aligned inputs run), their ratio in the note."""
-    exact = {}
-    for r in results:
-        j = r.job
-        if j.kernel == "fwd" and j.bias == "none" and j.default and not j.causal and j.tma == (j.arch == 90):
-            exact[(j.arch, j.head_dim, j.dtype)] = r
+    exact = int8_loop.exact_defaults(results)
     out = []
     for arch in (90, 80):
-        for r in results:
+        for r in int8_loop.int8_defaults(results, arch):
             j = r.job
-            if j.kernel != "int8" or j.arch != arch or j.bias != "none" or j.causal or not j.default:
-                continue
             base = exact.get((arch, j.head_dim, j.dtype))
             met = not r.problems and r.matrix in INT8_MATRIX
             note = f"{r.matrix}, {r.regs} regs" + (f", spills {r.stack} B" if r.stack > 0 else "")
