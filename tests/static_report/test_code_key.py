@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+
+from tests.static_report._compiled import compiled_run
 
 pytest.importorskip("triton")
 
@@ -78,15 +79,7 @@ def test_the_code_key_follows_the_compiled_code_not_the_text(tmp_path):
             'out = tl.dot(a, b, acc, input_precision="ieee")',
         ),
     ]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run(
-        [sys.executable, "-c", _KEYS, KERNELS, str(tmp_path), json.dumps(edits)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=ROOT,
-    )
+    res = compiled_run("-c", _KEYS, KERNELS, str(tmp_path), json.dumps(edits), timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     keys = json.loads(res.stdout.strip().splitlines()[-1])
     base = keys["same"]
@@ -100,15 +93,7 @@ def test_the_code_key_follows_the_compiled_code_not_the_text(tmp_path):
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run(
-        [sys.executable, "-m", "tools.static_report", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-        cwd=ROOT,
-    )
+    return compiled_run("-m", "tools.static_report", *args)
 
 
 def test_resume_keeps_a_row_of_another_source_key_by_its_code(tmp_path):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.static_report._compiled import compiled_run
 
 pytest.importorskip("triton")
 
@@ -78,8 +78,7 @@ print(json.dumps([before, after]))
 
 
 def test_the_consumer_tensor_rate_is_in_the_consumer_rows_code_keys_only():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", _KEYS], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    out = compiled_run("-c", _KEYS, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     (a100, ada), (a100_2, ada_2) = json.loads(out.stdout.strip().splitlines()[-1])
     assert a100 and ada and a100 != ada

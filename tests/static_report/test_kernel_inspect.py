@@ -23,6 +23,8 @@ import sys
 
 import pytest
 
+from tests.static_report._compiled import compiled_run
+
 pytest.importorskip("triton")
 
 KERNELS = ("fwd", "dkdv", "dq", "fwd_lo", "dkdv_dbias", "dq_dbias")
@@ -30,17 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    # A process of its own, without TRITON_INTERPRET: the kernels must be defined for the
-    # compiler, not the interpreter.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run(
-        [sys.executable, "-m", "tools.static_report", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return compiled_run("-m", "tools.static_report", *args, timeout=timeout)
 
 
 def _rows(stdout: str) -> list[list[str]]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
+
+from tests.static_report._compiled import compiled_run
 
 pytest.importorskip("triton")
 
@@ -17,15 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _tiles(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run(
-        [sys.executable, "-m", "tools.static_report", "tiles", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=ROOT,
-    )
+    return compiled_run("-m", "tools.static_report", "tiles", *args, timeout=300)
 
 
 @pytest.fixture
